@@ -1,0 +1,127 @@
+"""The model catalogue: per model, a capability per role, a cost per call and a latency.
+
+A model is a candidate for a role exactly when the catalogue gives it a capability for
+that role; that is the per-role action mask every policy shares.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from sage_pipeline.routing.errors import ConfigError
+from sage_pipeline.routing.schema import ROLES
+
+DEFAULT_CATALOGUE = Path(__file__).with_name("data") / "model_catalogue.yaml"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    cost_per_call: float  # USD per call
+    cost_per_1k_prompt_tokens: float  # USD per 1,000 prompt tokens
+    latency_s: float  # seconds per call at 4k prompt tokens
+    timeout_rate: float  # probability of a timeout per call at 4k prompt tokens
+    context_tokens: int  # prompts longer than this degrade the model
+    capability: dict[str, float]  # role -> capability in [0, 1]
+
+
+@dataclass(frozen=True)
+class ModelCatalogue:
+    models: tuple[ModelSpec, ...]
+    source: str = "<memory>"
+
+    @property
+    def actions(self) -> tuple[str, ...]:
+        """The ordered action tuple: every policy's column order."""
+        return tuple(m.name for m in self.models)
+
+    @property
+    def index(self) -> dict[str, int]:
+        return {m.name: i for i, m in enumerate(self.models)}
+
+    def candidates(self, role: str) -> tuple[str, ...]:
+        return tuple(m.name for m in self.models if role in m.capability)
+
+    def role_mask(self) -> np.ndarray:
+        """(n_roles, K) bool: model k is a candidate for role r."""
+        return np.array([[r in m.capability for m in self.models] for r in ROLES], dtype=bool)
+
+    def array(self, field: str) -> np.ndarray:
+        return np.array([getattr(m, field) for m in self.models], dtype=np.float64)
+
+    def capability_matrix(self) -> np.ndarray:
+        """(n_roles, K) capability; NaN where the model is not a candidate."""
+        return np.array(
+            [[m.capability.get(r, np.nan) for m in self.models] for r in ROLES], dtype=np.float64
+        )
+
+    def cost_usd(self, action: np.ndarray, prompt_tokens: np.ndarray) -> np.ndarray:
+        per_call = self.array("cost_per_call")[action]
+        per_tok = self.array("cost_per_1k_prompt_tokens")[action]
+        return per_call + per_tok * np.asarray(prompt_tokens, dtype=np.float64) / 1000.0
+
+    def latency_s(self, action: np.ndarray, prompt_tokens: np.ndarray) -> np.ndarray:
+        base = self.array("latency_s")[action]
+        return base * (0.5 + 0.5 * np.asarray(prompt_tokens, dtype=np.float64) / 4000.0)
+
+    @classmethod
+    def load(cls, path: str | Path = DEFAULT_CATALOGUE) -> "ModelCatalogue":
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(path, "<file>", "model catalogue not found",
+                              "set model_catalogue in the sage resource or SAGE_MODEL_CATALOGUE")
+        try:
+            doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (yaml.YAMLError, UnicodeDecodeError) as exc:
+            raise ConfigError(path, "<file>", f"not valid YAML: {exc}") from exc
+        return cls.from_dict(doc, source=str(path))
+
+    @classmethod
+    def from_dict(cls, doc: object, source: str = "<memory>") -> "ModelCatalogue":
+        if not isinstance(doc, dict) or not isinstance(doc.get("models"), dict) or not doc["models"]:
+            raise ConfigError(source, "models", "expected a non-empty mapping of model name -> spec")
+        models = []
+        for name, spec in doc["models"].items():
+            where = f"models.{name}"
+            if not isinstance(spec, dict):
+                raise ConfigError(source, where, "expected a mapping")
+
+            def num(key: str, default: float | None = None, lo: float = 0.0, hi: float = math.inf) -> float:
+                val = spec.get(key, default)
+                if val is None:
+                    raise ConfigError(source, f"{where}.{key}", "missing")
+                if isinstance(val, bool) or not isinstance(val, (int, float)) or not math.isfinite(val):
+                    raise ConfigError(source, f"{where}.{key}", f"expected a finite number, got {val!r}")
+                if not lo <= val <= hi:
+                    raise ConfigError(source, f"{where}.{key}", f"{val} outside [{lo}, {hi}]")
+                return float(val)
+
+            cap = spec.get("capability")
+            if not isinstance(cap, dict) or not cap:
+                raise ConfigError(source, f"{where}.capability", "expected a mapping role -> capability")
+            for role, val in cap.items():
+                if role not in ROLES:
+                    raise ConfigError(source, f"{where}.capability.{role}",
+                                      f"unknown role (roles are {', '.join(ROLES)})")
+                if isinstance(val, bool) or not isinstance(val, (int, float)) or not 0.0 <= val <= 1.0:
+                    raise ConfigError(source, f"{where}.capability.{role}",
+                                      f"expected a number in [0, 1], got {val!r}")
+            models.append(ModelSpec(
+                name=str(name),
+                cost_per_call=num("cost_per_call"),
+                cost_per_1k_prompt_tokens=num("cost_per_1k_prompt_tokens", 0.0),
+                latency_s=num("latency_s", lo=0.0),
+                timeout_rate=num("timeout_rate", 0.0, hi=0.5),
+                context_tokens=int(num("context_tokens", 128000, lo=1)),
+                capability={r: float(v) for r, v in cap.items()},
+            ))
+        cat = cls(tuple(models), source=source)
+        for role in ROLES:
+            if len(cat.candidates(role)) < 1:
+                raise ConfigError(source, "models.*.capability", f"no model is a candidate for role {role!r}")
+        return cat

@@ -1,0 +1,148 @@
+"""SAGE's static routing table (``models.yaml``): per role a primary, a fallback and
+``fallback_triggers``. The fallback is used when any trigger fires.
+
+Triggers are ``var op number`` over ``task_complexity_score``, ``primary_failure_count``
+and ``failure_count``. SAGE silently ignored a trigger it could not parse; here that is a
+load error naming the role and the expression.
+"""
+
+from __future__ import annotations
+
+import operator
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from sage_pipeline.routing.catalogue import ModelCatalogue
+from sage_pipeline.routing.errors import ConfigError
+from sage_pipeline.routing.schema import ROLES
+
+DEFAULT_TABLE = Path(__file__).with_name("data") / "models.yaml"
+
+TRIGGER_VARS = ("task_complexity_score", "primary_failure_count", "failure_count")
+_OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le,
+        "==": operator.eq, "!=": operator.ne}
+_TRIGGER_RE = re.compile(
+    r"^\s*(?P<var>[A-Za-z_][A-Za-z0-9_]*)\s*(?P<op>>=|<=|==|!=|>|<)\s*"
+    r"(?P<num>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*$"
+)
+
+
+@dataclass(frozen=True)
+class Trigger:
+    var: str
+    op: str
+    value: float
+
+    @classmethod
+    def parse(cls, expr: object, *, source: str, role: str, i: int) -> "Trigger":
+        where = f"routing.{role}.fallback_triggers[{i}]"
+        if not isinstance(expr, str):
+            raise ConfigError(source, where, f"expected a string like 'primary_failure_count >= 2', got {expr!r}")
+        m = _TRIGGER_RE.match(expr)
+        if not m:
+            raise ConfigError(source, where, f"cannot parse trigger {expr!r} for role {role!r}",
+                              "write 'variable op number', e.g. 'task_complexity_score > 0.8'")
+        if m["var"] not in TRIGGER_VARS:
+            raise ConfigError(source, where, f"unknown variable {m['var']!r} in trigger {expr!r} for role {role!r}",
+                              f"use one of {', '.join(TRIGGER_VARS)}")
+        return cls(m["var"], m["op"], float(m["num"]))
+
+    def fires(self, values: dict[str, np.ndarray]) -> np.ndarray:
+        return _OPS[self.op](np.asarray(values[self.var]), self.value)
+
+    def __str__(self) -> str:
+        return f"{self.var} {self.op} {self.value:g}"
+
+
+@dataclass(frozen=True)
+class RoleRoute:
+    role: str
+    primary: str
+    fallback: str
+    triggers: tuple[Trigger, ...]
+
+
+@dataclass(frozen=True)
+class RoutingTable:
+    routes: dict[str, RoleRoute]
+    source: str = "<memory>"
+
+    def primary_index(self, catalogue: ModelCatalogue) -> np.ndarray:
+        """(n_roles,) catalogue index of each role's primary model."""
+        idx = catalogue.index
+        return np.array([idx[self.routes[r].primary] for r in ROLES], dtype=np.int64)
+
+    def fallback_index(self, catalogue: ModelCatalogue) -> np.ndarray:
+        idx = catalogue.index
+        return np.array([idx[self.routes[r].fallback] for r in ROLES], dtype=np.int64)
+
+    def fallback_fires(self, role: np.ndarray, task_complexity_score: np.ndarray,
+                       primary_failure_count: np.ndarray, failure_count: np.ndarray) -> np.ndarray:
+        """Vectorised: does any fallback trigger of the row's role fire?"""
+        role = np.asarray(role)
+        values = {"task_complexity_score": np.asarray(task_complexity_score, dtype=np.float64),
+                  "primary_failure_count": np.asarray(primary_failure_count, dtype=np.float64),
+                  "failure_count": np.asarray(failure_count, dtype=np.float64)}
+        out = np.zeros(role.shape, dtype=bool)
+        for r_i, r in enumerate(ROLES):
+            sel = role == r_i
+            if not sel.any():
+                continue
+            sub = {k: v[sel] for k, v in values.items()}
+            fired = np.zeros(int(sel.sum()), dtype=bool)
+            for trig in self.routes[r].triggers:
+                fired |= trig.fires(sub)
+            out[sel] = fired
+        return out
+
+    def choose(self, catalogue: ModelCatalogue, role: np.ndarray, task_complexity_score: np.ndarray,
+               primary_failure_count: np.ndarray, failure_count: np.ndarray) -> np.ndarray:
+        """Vectorised SAGE routing: the catalogue index of the chosen model per row."""
+        role = np.asarray(role, dtype=np.int64)
+        fired = self.fallback_fires(role, task_complexity_score, primary_failure_count, failure_count)
+        return np.where(fired, self.fallback_index(catalogue)[role], self.primary_index(catalogue)[role])
+
+    @classmethod
+    def load(cls, path: str | Path = DEFAULT_TABLE, catalogue: ModelCatalogue | None = None) -> "RoutingTable":
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(path, "<file>", "routing table not found",
+                              "set routing_table in the sage resource or SAGE_ROUTING_TABLE")
+        try:
+            doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (yaml.YAMLError, UnicodeDecodeError) as exc:
+            raise ConfigError(path, "<file>", f"not valid YAML: {exc}") from exc
+        return cls.from_dict(doc, source=str(path), catalogue=catalogue)
+
+    @classmethod
+    def from_dict(cls, doc: object, source: str = "<memory>",
+                  catalogue: ModelCatalogue | None = None) -> "RoutingTable":
+        if not isinstance(doc, dict) or not isinstance(doc.get("routing"), dict):
+            raise ConfigError(source, "routing", "expected a mapping 'routing: {<role>: {primary, fallback, fallback_triggers}}'")
+        routing = doc["routing"]
+        routes: dict[str, RoleRoute] = {}
+        for role, spec in routing.items():
+            if role not in ROLES:
+                raise ConfigError(source, f"routing.{role}", f"unknown role (roles are {', '.join(ROLES)})")
+            if not isinstance(spec, dict):
+                raise ConfigError(source, f"routing.{role}", "expected a mapping with primary, fallback, fallback_triggers")
+            for key in ("primary", "fallback"):
+                if not isinstance(spec.get(key), str) or not spec[key]:
+                    raise ConfigError(source, f"routing.{role}.{key}", "missing or not a model name")
+                if catalogue is not None and spec[key] not in catalogue.candidates(role):
+                    raise ConfigError(source, f"routing.{role}.{key}",
+                                      f"model {spec[key]!r} is not a candidate for {role!r} in {catalogue.source}",
+                                      f"candidates: {', '.join(catalogue.candidates(role))}")
+            raw = spec.get("fallback_triggers", []) or []
+            if not isinstance(raw, list):
+                raise ConfigError(source, f"routing.{role}.fallback_triggers", "expected a list of expressions")
+            triggers = tuple(Trigger.parse(t, source=source, role=role, i=i) for i, t in enumerate(raw))
+            routes[role] = RoleRoute(role, spec["primary"], spec["fallback"], triggers)
+        missing = [r for r in ROLES if r not in routes]
+        if missing:
+            raise ConfigError(source, "routing", f"no route for role(s) {', '.join(missing)}")
+        return cls(routes, source=source)
