@@ -39,7 +39,8 @@ def sage_step_reward(reviewer_score: np.ndarray, verification_passed: np.ndarray
                      step: np.ndarray, spec: RewardSpec = RewardSpec()) -> np.ndarray:
     """SAGE's step reward (reward_v1) from an attempt's outcome, vectorised.
 
-    A timed-out attempt has no reviewer score and no verification.
+    A timed-out attempt scores 0 and takes the timeout penalty instead of the verification
+    bonus or penalty (SAGE logs it with ``verification_passed: false``).
     """
     score = np.where(timed_out, 0.0, np.asarray(reviewer_score, dtype=np.float64))
     passed = np.asarray(verification_passed, dtype=bool) & ~np.asarray(timed_out, dtype=bool)

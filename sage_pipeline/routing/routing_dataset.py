@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 from sage_pipeline import artifacts
 from sage_pipeline.routing.catalogue import ModelCatalogue
 from sage_pipeline.routing.reward import RewardSpec, apply_version
-from sage_pipeline.routing.schema import DATASET_COLUMNS, ROLE_INDEX, ROLES, SCHEMA_VERSION
+from sage_pipeline.routing.schema import DATASET_COLUMNS, ROLE_INDEX, SCHEMA_VERSION
 from sage_pipeline.routing.table import RoutingTable
 
 PARQUET_NAME = f"routing_v{SCHEMA_VERSION}.parquet"
@@ -82,13 +82,13 @@ def build_routing_dataset(trajectories: pd.DataFrame, catalogue: ModelCatalogue,
     out["action_index"] = action_index.astype("int64")
     # SAGE logs that lack failure_count: every earlier attempt of the episode failed
     failure_count = df["failure_count"].fillna(df["step"]).astype("int64")
-    chosen = table.choose(catalogue, role_idx, df["task_complexity_score"].to_numpy(),
-                          df["primary_failure_count"].to_numpy(), failure_count.to_numpy())
+    fired = table.fallback_fires(role_idx, df["task_complexity_score"].to_numpy(),
+                                 df["primary_failure_count"].to_numpy(), failure_count.to_numpy())
+    chosen = np.where(fired, table.fallback_index(catalogue)[role_idx], table.primary_index(catalogue)[role_idx])
     out["table_model"] = np.asarray(catalogue.actions, dtype=object)[chosen]
-    primary = np.array([table.routes[r].primary for r in ROLES], dtype=object)[role_idx]
-    fallback = np.array([table.routes[r].fallback for r in ROLES], dtype=object)[role_idx]
-    model = out["model"].to_numpy(dtype=object)
-    out["action_kind"] = np.where(model == primary, "primary", np.where(model == fallback, "fallback", "explore"))
+    out["fallback_triggered"] = fired
+    followed = out["model"].to_numpy(dtype=object) == out["table_model"].to_numpy(dtype=object)
+    out["action_kind"] = np.where(~followed, "explore", np.where(fired, "fallback", "primary"))
     out["propensity"] = df["propensity"].astype("float64")
     out["propensity_source"] = np.where(df["propensity"].isna(), "missing", "logged")
     out["task_complexity_score"] = df["task_complexity_score"].astype("float64")
@@ -108,7 +108,7 @@ def build_routing_dataset(trajectories: pd.DataFrame, catalogue: ModelCatalogue,
     out["reward_version"] = config.reward.version
     out["schema_version"] = SCHEMA_VERSION
     out["terminal"] = df["terminal"].astype(bool)
-    out["episode_complete"] = _episode_complete(out.assign(terminal=out["terminal"]))
+    out["episode_complete"] = _episode_complete(out)
     out["split"] = session_split(out["session_id"], config.eval_fraction, config.split_salt)
     out["data_source"] = df["data_source"]
     out["timestamp"] = df["timestamp"]

@@ -60,7 +60,9 @@ DATASET_COLUMNS: dict[str, str] = {
     "model": "model chosen (the logged action)",
     "action_index": "index of the model in the catalogue's ordered action tuple",
     "table_model": "model the static YAML table would choose in this state",
-    "action_kind": "primary, fallback or explore (neither: an exploration action)",
+    "fallback_triggered": "whether a fallback trigger of the static table fired in this state",
+    "action_kind": "primary or fallback: the table's choice was followed (and which it was); "
+                   "explore: the logged model differs from the table's choice",
     "propensity": "behaviour policy's probability of the logged action; null if not logged",
     "propensity_source": "logged or missing",
     "task_complexity_score": "task complexity in [0, 1]",

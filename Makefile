@@ -1,0 +1,47 @@
+# The README's commands. Each target creates the virtualenv and installs what it needs.
+#   make run    materialize every asset on embedded defaults (DAGSTER_HOME=.dagster_home)
+#   make test   run the test suite
+#   make dev    open the Dagster UI on the same instance
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# CPU-only torch. On a machine whose package index serves CUDA builds by default, set
+# TORCH_PIP_ARGS="--index-url <your CPU wheel index>"; never let pip resolve torch itself.
+TORCH_PIP_ARGS ?=
+export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
+export GX_ANALYTICS_ENABLED := false
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: install run test dev validate bench clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml constraints.txt
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python >= 3.11 is required, found " + sys.version' 
+	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
+	  echo "python3 -m venv failed: installing Debian's python3-venv" >&2; \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq python3-venv && $(PYTHON) -m venv $(VENV); \
+	  else echo "run: sudo apt-get install -y python3-venv" >&2; exit 1; fi; }
+	$(BIN)/pip install -q $(TORCH_PIP_ARGS) torch==2.13.0
+	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
+	@touch $@
+
+run: install
+	@mkdir -p $(DAGSTER_HOME)
+	$(BIN)/dagster asset materialize -m sage_pipeline --select '*'
+	@echo "Done. Open the UI on these runs with: make dev"
+
+test: install
+	@$(BIN)/pytest; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: that is a failure here" >&2; exit 1; fi; \
+	exit $$rc
+
+dev: install
+	@mkdir -p $(DAGSTER_HOME)
+	$(BIN)/dagster dev -w workspace.yaml
+
+validate: install
+	$(BIN)/dagster definitions validate -w workspace.yaml
+
+clean:
+	rm -rf $(VENV) *.egg-info

@@ -1,0 +1,27 @@
+"""The Definitions every entry point loads: ``dagster dev`` (workspace.yaml),
+``dagster asset materialize -m sage_pipeline`` and ``dagster definitions validate``."""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from sage_pipeline.defs import routing_assets, routing_checks
+from sage_pipeline.defs.resources import SageResource
+
+ROUTING_ASSETS = [routing_assets.synthetic_sessions, routing_assets.trajectories,
+                  routing_assets.routing_dataset, routing_assets.reward_report]
+
+offline_routing_job = dg.define_asset_job(
+    "offline_routing", selection=dg.AssetSelection.groups(routing_assets.GROUP),
+    description="The offline routing chain: logs -> trajectories -> routing_dataset -> reports.")
+
+sage_main_job = dg.define_asset_job(
+    "sage_main", selection=dg.AssetSelection.all(),
+    description="Everything, on embedded defaults: what the README's first command runs.")
+
+defs = dg.Definitions(
+    assets=ROUTING_ASSETS,
+    asset_checks=[routing_checks.routing_dataset_contract, routing_checks.routing_dataset_volume],
+    jobs=[offline_routing_job, sage_main_job],
+    resources={"sage": SageResource()},
+)

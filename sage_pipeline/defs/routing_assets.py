@@ -1,0 +1,156 @@
+"""The offline routing chain's data assets:
+synthetic_sessions -> trajectories -> routing_dataset -> reward_report.
+
+Thin on purpose: read config, call the pure core, write artifacts, return metadata.
+"""
+# No `from __future__ import annotations` here: Dagster resolves Config and resource
+# types from the real annotations of asset functions.
+
+
+import dagster as dg
+import pyarrow.parquet as pq
+from pydantic import Field
+
+from sage_pipeline import markdown
+from sage_pipeline.defs.resources import SageResource
+from sage_pipeline.routing import collector, ingest, reward_report as rr, routing_dataset as rd
+from sage_pipeline.routing.reward import RewardSpec
+from sage_pipeline.routing.schema import DATASET_COLUMNS, ROLES
+from sage_pipeline.routing.simulator import RoutingSimulator, SimulatorConfig
+
+GROUP = "offline_routing"
+
+
+class SyntheticSessionsConfig(dg.Config):
+    episodes: int = Field(5000, description="episodes (tasks) to simulate")
+    seed: int = Field(0, description="random seed of the simulator and the collector")
+    epsilon: float = Field(0.3, description="exploration rate over each role's candidate models")
+    max_attempts: int = Field(4, description="attempts per task before the episode ends")
+    sessions_per_file: int = Field(250, description="sessions per JSON-lines log file")
+
+
+@dg.asset(group_name=GROUP, kinds={"python", "jsonl"},
+          description="SAGE-format session logs from the routing simulator: the static YAML table "
+                      "with epsilon-exploration, with propensities. Writes sessions/synthetic/ and "
+                      "the simulator's exact ground-truth policy values.")
+def synthetic_sessions(context: dg.AssetExecutionContext, config: SyntheticSessionsConfig,
+                       sage: SageResource) -> dg.MaterializeResult:
+    sim = RoutingSimulator(sage.catalogue, sage.table, SimulatorConfig(max_attempts=config.max_attempts))
+    res = collector.collect(sim, sage.path("sessions", "synthetic"), collector.CollectorConfig(
+        episodes=config.episodes, seed=config.seed, epsilon=config.epsilon,
+        sessions_per_file=config.sessions_per_file), progress=context.log.info)
+    gt = [{"policy": k, "value (all roles)": v, **{r: res.ground_truth_by_role[k].get(r) for r in ROLES}}
+          for k, v in res.ground_truth.items()]
+    return dg.MaterializeResult(metadata={
+        "episodes": res.episodes, "sessions": res.sessions, "decisions": res.decisions,
+        "events": res.events, "files": len(res.files),
+        "path": dg.MetadataValue.path(str(res.manifest.parent)),
+        "manifest": dg.MetadataValue.path(str(res.manifest)),
+        "ground_truth": dg.MetadataValue.md(
+            "Exact expected return per episode (simulator ground truth):\n\n" + markdown.table(gt)),
+        "static_table_value": res.ground_truth["static_table"],
+        "oracle_value": res.ground_truth["oracle"],
+    })
+
+
+class TrajectoriesConfig(dg.Config):
+    log_dirs: list[str] = Field(["sessions"], description="folders (relative to the artifact root, or "
+                                "absolute) searched recursively for *.jsonl and *.jsonl.gz session logs")
+    max_line_bytes: int = Field(1 << 20, description="longer lines are quarantined, never held whole")
+    max_quarantined_fraction: float = Field(0.01, description="the blocking check fails above this")
+
+
+@dg.asset(group_name=GROUP, deps=[synthetic_sessions], kinds={"python", "parquet"},
+          description="Every TRAJECTORY_STEP event of every session log, validated, with provenance "
+                      "(data_source, file, line). Bad lines go to routing/quarantine.jsonl with the "
+                      "reason; other SAGE event types are counted and skipped.",
+          check_specs=[dg.AssetCheckSpec("quarantine_below_threshold", asset="trajectories", blocking=True,
+                                         description="Fails when the quarantined share of log lines "
+                                                     "exceeds max_quarantined_fraction (default 1%).")])
+def trajectories(context: dg.AssetExecutionContext, config: TrajectoriesConfig,
+                 sage: SageResource) -> dg.MaterializeResult:
+    dirs = tuple(sage.root() / d for d in config.log_dirs)  # absolute entries stay absolute
+    res = ingest.ingest(ingest.IngestConfig(dirs, max_line_bytes=config.max_line_bytes,
+                                            setting="trajectories config log_dirs"),
+                        sage.catalogue, sage.path("routing"), progress=context.log.info)
+    s = res.stats
+    if s.steps_accepted == 0:
+        raise ingest.NoTrajectorySteps(
+            f"no valid TRAJECTORY_STEP events in {', '.join(map(str, dirs))} ({s.lines_read} lines read, "
+            f"{s.quarantined} quarantined: see {res.quarantine}). Point log_dirs at SAGE session logs.")
+    frac = s.quarantined_fraction
+    reasons = [{"reason": k, "lines": v} for k, v in s.quarantine_reasons.most_common()]
+    return dg.MaterializeResult(
+        metadata={
+            "dagster/row_count": s.steps_accepted, "lines_read": s.lines_read,
+            "accepted_lines": s.accepted_lines, "quarantined_lines": s.quarantined,
+            "quarantined_fraction": frac, "accepted + quarantined == lines read":
+                s.accepted_lines + s.quarantined == s.lines_read,
+            "other_events": dg.MetadataValue.json(dict(s.other_events)),
+            "rows_by_source": dg.MetadataValue.json(dict(s.rows_by_source)),
+            "quarantine_reasons": dg.MetadataValue.md(markdown.table(reasons)),
+            "empty_files": dg.MetadataValue.json(s.empty_files), "files": len(s.files),
+            "lines_per_s": s.lines_read / max(s.seconds, 1e-9), "MB_per_s": s.bytes_read / 1e6 / max(s.seconds, 1e-9),
+            "path": dg.MetadataValue.path(str(res.trajectories)),
+            "quarantine": dg.MetadataValue.path(str(res.quarantine)),
+        },
+        check_results=[dg.AssetCheckResult(
+            check_name="quarantine_below_threshold", passed=frac <= config.max_quarantined_fraction,
+            metadata={"quarantined_fraction": frac, "threshold": config.max_quarantined_fraction,
+                      "quarantine": dg.MetadataValue.path(str(res.quarantine))},
+            description=f"{s.quarantined} of {s.lines_read} lines quarantined; see {res.quarantine}")],
+    )
+
+
+class RoutingDatasetConfig(dg.Config):
+    reward_version: str = Field("reward_v1", description="reward_v1 (SAGE's reward) or reward_v2 (minus cost)")
+    cost_weight: float = Field(5.0, description="reward_v2: reward units subtracted per USD of cost")
+    eval_fraction: float = Field(0.2, description="share of sessions in the eval split (by session hash)")
+
+
+@dg.asset(group_name=GROUP, deps=[trajectories], kinds={"python", "parquet"},
+          description="One row per routing decision, versioned (schema_version, reward_version), with "
+                      "the static table's choice, the action kind and a train/eval split by session "
+                      "hash. Written as routing/routing_v1.parquet and routing_v1.jsonl.")
+def routing_dataset(context: dg.AssetExecutionContext, config: RoutingDatasetConfig,
+                    sage: SageResource) -> dg.MaterializeResult:
+    traj = pq.read_table(sage.path("routing", "trajectories.parquet")).to_pandas()
+    cfg = rd.DatasetConfig(reward=RewardSpec(version=config.reward_version, cost_weight=config.cost_weight),
+                           eval_fraction=config.eval_fraction)
+    df = rd.build_routing_dataset(traj, sage.catalogue, sage.table, cfg)
+    files = rd.write_routing_dataset(df, sage.path("routing"))
+    context.log.info(f"routing dataset: {len(df):,} decisions, {df['episode_id'].nunique():,} episodes")
+    per_role = df.groupby("role").size().reindex(list(ROLES), fill_value=0)
+    return dg.MaterializeResult(metadata={
+        "dagster/row_count": len(df),
+        "dagster/column_schema": dg.TableSchema(columns=[
+            dg.TableColumn(c, str(df[c].dtype), description=d) for c, d in DATASET_COLUMNS.items()]),
+        "episodes": int(df["episode_id"].nunique()), "sessions": int(df["session_id"].nunique()),
+        "rows_per_role": dg.MetadataValue.json({r: int(n) for r, n in per_role.items()}),
+        "rows_per_split": dg.MetadataValue.json(df["split"].value_counts().to_dict()),
+        "incomplete_episodes": int((~df["episode_complete"]).groupby(df["episode_id"]).any().sum()),
+        "reward_version": config.reward_version, "schema_version": int(df["schema_version"].iat[0]),
+        "propensities_logged": float((df["propensity_source"] == "logged").mean()),
+        "path": dg.MetadataValue.path(str(files.parquet)), "jsonl": dg.MetadataValue.path(str(files.jsonl)),
+        "sha256": files.parquet_sha256,
+    })
+
+
+@dg.asset(group_name=GROUP, deps=[routing_dataset], kinds={"python", "json"},
+          description="Rewards per role, per model and per action kind (counts, mean, quantiles, "
+                      "success and fallback rates, reward vs complexity), as reports/reward_report.json "
+                      "with tables and plots in the metadata.")
+def reward_report(context: dg.AssetExecutionContext, sage: SageResource) -> dg.MaterializeResult:
+    df = rd.read_routing_dataset(sage.path("routing", rd.PARQUET_NAME))
+    report = rr.compute_reward_report(df)
+    pngs = {"reward_by_role": rr.plot_reward_by_role(df), "reward_vs_complexity": rr.plot_reward_vs_complexity(report)}
+    paths = rr.write_reward_report(report, pngs, sage.path("reports"))
+    context.log.info(f"reward report over {len(df):,} decisions written to {paths['reward_report']}")
+    return dg.MaterializeResult(metadata={
+        "report": dg.MetadataValue.md(rr.report_markdown(report)),
+        "reward_by_role": dg.MetadataValue.md(markdown.image(pngs["reward_by_role"], "reward by role")),
+        "reward_vs_complexity": dg.MetadataValue.md(
+            markdown.image(pngs["reward_vs_complexity"], "mean reward vs task complexity per model")),
+        "mean_reward": report["overall"]["mean"], "rows": report["overall"]["rows"],
+        "path": dg.MetadataValue.path(str(paths["reward_report"])),
+    })

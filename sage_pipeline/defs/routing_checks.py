@@ -1,0 +1,32 @@
+"""Great Expectations suites on routing_dataset, as Dagster asset checks."""
+
+
+import dagster as dg
+
+from sage_pipeline.defs.resources import SageResource
+from sage_pipeline.routing import expectations, routing_dataset as rd
+
+
+@dg.asset_check(asset="routing_dataset", blocking=True,
+                description="Great Expectations contract: required columns and types, ranges "
+                            "(complexity in [0,1], finite rewards in [-2,2], propensity in (0,1]), "
+                            "allowed models per role, unique decision ids. Blocks downstream assets.")
+def routing_dataset_contract(sage: SageResource) -> dg.AssetCheckResult:
+    df = rd.read_routing_dataset(sage.path("routing", rd.PARQUET_NAME))
+    res = expectations.validate_contract(df, sage.catalogue)
+    return dg.AssetCheckResult(
+        passed=res.success,
+        metadata={"expectations": len(res.outcomes), "failed": len(res.failures()),
+                  "result": dg.MetadataValue.md(res.to_markdown())})
+
+
+@dg.asset_check(asset="routing_dataset", blocking=False,
+                description="Great Expectations volume: at least min_rows_per_role decisions (default "
+                            "500) for every role. A warning: few rows make per-role estimates noisy.")
+def routing_dataset_volume(sage: SageResource) -> dg.AssetCheckResult:
+    df = rd.read_routing_dataset(sage.path("routing", rd.PARQUET_NAME))
+    res = expectations.validate_volume(df, sage.min_rows_per_role)
+    return dg.AssetCheckResult(
+        passed=res.success, severity=dg.AssetCheckSeverity.WARN,
+        metadata={"min_rows_per_role": sage.min_rows_per_role,
+                  "result": dg.MetadataValue.md(res.to_markdown())})
