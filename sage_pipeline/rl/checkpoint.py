@@ -1,0 +1,196 @@
+"""Policy checkpoints: a folder with ``policy.json`` and ``weights.npz``.
+
+``policy.json`` holds the kind, the checkpoint version, the feature spec, the ordered
+actions and their per-role mask, the training data's hash, metrics and the training
+config. ``weights.npz`` holds one MLP, or an ensemble of MLPs whose outputs are averaged (the
+critics of CQL), as plain arrays, so serving a policy needs numpy only: :func:`load_policy` imports neither torch, dagster nor great_expectations.
+
+Loading a checkpoint against data whose feature spec or action set differs is an error
+that says what differs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+from sage_pipeline import artifacts
+from sage_pipeline.routing.features import Contexts, FeatureSpec
+
+CHECKPOINT_VERSION = 1
+POLICY_FILE = "policy.json"
+WEIGHTS_FILE = "weights.npz"
+HEADS = ("softmax", "greedy")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing, malformed, or does not fit the data it is used with."""
+
+
+@dataclass(frozen=True)
+class CheckpointMeta:
+    kind: str  # bc, cql, ppo, ...
+    feature_spec: dict
+    actions: list[str]
+    role_mask: list[list[bool]]
+    head: str = "softmax"  # softmax over logits / temperature, or greedy argmax of Q-values
+    temperature: float = 1.0
+    training_data_sha256: str | None = None
+    metrics: dict = field(default_factory=dict)
+    config: dict = field(default_factory=dict)
+    version: int = CHECKPOINT_VERSION
+    created_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+
+
+def mlp_forward(layers: list[tuple[np.ndarray, np.ndarray]], x: np.ndarray) -> np.ndarray:
+    """ReLU MLP forward pass in numpy (weights stored as (out, in) like torch.nn.Linear)."""
+    h = x.astype(np.float32, copy=False)
+    for i, (w, b) in enumerate(layers):
+        h = h @ w.T + b
+        if i < len(layers) - 1:
+            h = np.maximum(h, 0.0)
+    return h
+
+
+def masked_softmax(logits: np.ndarray, mask: np.ndarray, temperature: float = 1.0) -> np.ndarray:
+    z = np.where(mask, logits / temperature, -np.inf)
+    z = z - z.max(axis=1, keepdims=True)
+    e = np.exp(z) * mask
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def masked_greedy(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    best = np.where(mask, values, -np.inf).argmax(axis=1)
+    out = np.zeros(values.shape, dtype=np.float64)
+    out[np.arange(len(values)), best] = 1.0
+    return out
+
+
+Layers = list[tuple[np.ndarray, np.ndarray]]  # one MLP: (weight (out, in), bias (out,)) per layer
+
+
+@dataclass(frozen=True)
+class MLPPolicy:
+    """A trained policy served from its checkpoint: encode -> MLP(s) -> masked head."""
+
+    meta: CheckpointMeta
+    nets: list[Layers]  # outputs are averaged over the ensemble
+    name: str = "mlp"
+
+    @property
+    def actions(self) -> tuple[str, ...]:
+        return tuple(self.meta.actions)
+
+    @property
+    def role_mask(self) -> np.ndarray:
+        return np.asarray(self.meta.role_mask, dtype=bool)
+
+    @property
+    def spec(self) -> FeatureSpec:
+        return FeatureSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in self.meta.feature_spec.items()})
+
+    def outputs(self, ctx: Contexts) -> np.ndarray:
+        """Raw network outputs (logits or Q-values), (n, K)."""
+        x = self.spec.encode(ctx)
+        return np.mean([mlp_forward(layers, x) for layers in self.nets], axis=0).astype(np.float64)
+
+    def action_probs(self, ctx: Contexts) -> np.ndarray:
+        mask = self.role_mask[ctx.role]
+        out = self.outputs(ctx)
+        if self.meta.head == "greedy":
+            return masked_greedy(out, mask)
+        return masked_softmax(out, mask, self.meta.temperature)
+
+
+def save_checkpoint(path: str | Path, meta: CheckpointMeta, nets: list[Layers]) -> Path:
+    """Write the checkpoint folder atomically: built in a temporary sibling, then renamed.
+
+    ``nets`` is a list of MLPs (one for BC; several critics for CQL, averaged at serving).
+    """
+    if meta.head not in HEADS:
+        raise CheckpointError(f"head must be one of {HEADS}, got {meta.head!r}")
+    if not nets or not all(nets):
+        raise CheckpointError("a checkpoint needs at least one network with at least one layer")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(tmp, 0o777 & ~mask)  # mkdtemp makes it private; a checkpoint is a normal folder
+    try:
+        arrays = {f"n{j}_{kind}{i}": arr for j, layers in enumerate(nets)
+                  for i, (w, b) in enumerate(layers) for kind, arr in (("w", w), ("b", b))}
+        with artifacts.atomic_path(tmp / WEIGHTS_FILE) as t:
+            with open(t, "wb") as fh:
+                np.savez(fh, **arrays)
+        artifacts.write_json(tmp / POLICY_FILE, asdict(meta) | {"n_nets": len(nets)})
+        old = path.with_name(f".{path.name}.old")
+        if path.exists():
+            os.replace(path, old)
+        os.replace(tmp, path)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path
+
+
+def read_meta(path: str | Path) -> CheckpointMeta:
+    path = Path(path)
+    pj = path / POLICY_FILE
+    if not pj.is_file():
+        raise CheckpointError(f"{path} is not a policy checkpoint: {POLICY_FILE} not found "
+                              "(materialize the policy asset that writes it first)")
+    try:
+        raw = json.loads(pj.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{pj}: not valid JSON ({exc})") from exc
+    if raw.get("version") != CHECKPOINT_VERSION:
+        raise CheckpointError(f"{pj}: checkpoint version {raw.get('version')!r}, this code reads "
+                              f"version {CHECKPOINT_VERSION}; retrain the policy")
+    raw.pop("n_nets", None)
+    try:
+        return CheckpointMeta(**raw)
+    except TypeError as exc:
+        raise CheckpointError(f"{pj}: unexpected or missing fields ({exc})") from exc
+
+
+def check_compatible(meta: CheckpointMeta, source: str, spec: FeatureSpec | None = None,
+                     actions: tuple[str, ...] | None = None) -> None:
+    """Raise if the checkpoint was trained on another feature spec or action set."""
+    problems = []
+    if spec is not None:
+        mine = FeatureSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in meta.feature_spec.items()})
+        problems += [f"feature spec {d}" for d in mine.diff(spec)]
+    if actions is not None and tuple(meta.actions) != tuple(actions):
+        missing = [a for a in actions if a not in meta.actions]
+        extra = [a for a in meta.actions if a not in actions]
+        problems.append(f"actions differ: checkpoint has {meta.actions}, data has {list(actions)} "
+                        f"(missing in checkpoint: {missing}, unknown to the data: {extra})")
+    if problems:
+        raise CheckpointError(f"checkpoint {source} does not match the data: " + "; ".join(problems)
+                              + ". Retrain the policy on this data or use the matching catalogue.")
+
+
+def load_policy(path: str | Path, spec: FeatureSpec | None = None,
+                actions: tuple[str, ...] | None = None) -> MLPPolicy:
+    """Load a checkpoint folder as a policy (numpy only). With ``spec``/``actions``, check
+    that the checkpoint fits them and say what differs if not."""
+    path = Path(path)
+    meta = read_meta(path)
+    check_compatible(meta, str(path), spec, actions)
+    wf = path / WEIGHTS_FILE
+    if not wf.is_file():
+        raise CheckpointError(f"{path}: {WEIGHTS_FILE} not found")
+    with np.load(wf) as z:
+        n_nets = 1 + max(int(k[1:].split("_")[0]) for k in z.files)
+        nets = [[(z[f"n{j}_w{i}"], z[f"n{j}_b{i}"])
+                 for i in range(sum(1 for k in z.files if k.startswith(f"n{j}_w")))] for j in range(n_nets)]
+    return MLPPolicy(meta, nets, name=meta.kind)
