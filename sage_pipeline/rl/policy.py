@@ -114,5 +114,5 @@ class EpsilonGreedyPolicy:
 def sample_actions(probs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """One action per row by inverse CDF, vectorised."""
     cdf = np.cumsum(probs, axis=1)
-    u = rng.random((probs.shape[0], 1)) * cdf[:, -1:]
+    u = (1.0 - rng.random((probs.shape[0], 1))) * cdf[:, -1:]  # in (0, total]: never a zero-mass action
     return np.minimum((u > cdf).sum(axis=1), probs.shape[1] - 1)

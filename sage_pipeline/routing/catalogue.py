@@ -17,6 +17,13 @@ from sage_pipeline.routing.errors import ConfigError
 from sage_pipeline.routing.schema import ROLES
 
 DEFAULT_CATALOGUE = Path(__file__).with_name("data") / "model_catalogue.yaml"
+# Prompt size assumed where a log does not record it (costs, latencies, the simulator).
+ASSUMED_PROMPT_TOKENS = 4000.0
+
+
+def known_tokens(prompt_tokens: np.ndarray) -> np.ndarray:
+    """Prompt sizes with missing values (NaN) replaced by ASSUMED_PROMPT_TOKENS."""
+    return np.nan_to_num(np.asarray(prompt_tokens, dtype=np.float64), nan=ASSUMED_PROMPT_TOKENS)
 
 
 @dataclass(frozen=True)
@@ -63,11 +70,11 @@ class ModelCatalogue:
     def cost_usd(self, action: np.ndarray, prompt_tokens: np.ndarray) -> np.ndarray:
         per_call = self.array("cost_per_call")[action]
         per_tok = self.array("cost_per_1k_prompt_tokens")[action]
-        return per_call + per_tok * np.asarray(prompt_tokens, dtype=np.float64) / 1000.0
+        return per_call + per_tok * known_tokens(prompt_tokens) / 1000.0
 
     def latency_s(self, action: np.ndarray, prompt_tokens: np.ndarray) -> np.ndarray:
         base = self.array("latency_s")[action]
-        return base * (0.5 + 0.5 * np.asarray(prompt_tokens, dtype=np.float64) / 4000.0)
+        return base * (0.5 + 0.5 * known_tokens(prompt_tokens) / 4000.0)
 
     @classmethod
     def load(cls, path: str | Path = DEFAULT_CATALOGUE) -> "ModelCatalogue":

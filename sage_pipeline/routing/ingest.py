@@ -133,6 +133,8 @@ class IngestConfig:
     def __post_init__(self) -> None:
         if self.max_line_bytes < 1024:
             raise ValueError(f"max_line_bytes must be >= 1024, got {self.max_line_bytes}")
+        if self.read_chunk_bytes < 1:  # 0 would read nothing, a negative size whole files
+            raise ValueError(f"read_chunk_bytes must be >= 1, got {self.read_chunk_bytes}")
 
 
 @dataclass
@@ -248,7 +250,7 @@ def _slow_path(line: bytes) -> tuple[str, object]:
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as exc:
-        return "bad", f"invalid JSON (truncated or malformed): {exc.msg} at column {exc.colno}"
+        return "bad", f"invalid JSON (truncated or malformed): {exc.msg} (column {exc.colno})"
     if not isinstance(obj, dict):
         return "bad", f"not a JSON object (got {type(obj).__name__})"
     typ = obj.get("type")

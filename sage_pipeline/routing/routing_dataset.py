@@ -98,8 +98,9 @@ def build_routing_dataset(trajectories: pd.DataFrame, catalogue: ModelCatalogue,
     out["verification_passed"] = df["verification_passed"].astype("boolean")
     out["timed_out"] = df["timed_out"].astype("boolean").fillna(False).astype(bool)
     out["reviewer_score"] = df["reviewer_score"].astype("float64")
+    # a prompt size the log does not record is assumed (ASSUMED_PROMPT_TOKENS), as in the simulator
     catalogue_cost = catalogue.cost_usd(action_index.to_numpy(dtype=np.int64),
-                                        df["prompt_tokens"].astype("float64").fillna(0.0).to_numpy())
+                                        df["prompt_tokens"].astype("float64").to_numpy(na_value=np.nan))
     out["cost_usd"] = df["cost_usd"].astype("float64").fillna(pd.Series(catalogue_cost)).to_numpy()
     out["cost_source"] = np.where(df["cost_usd"].isna(), "catalogue", "logged")
     out["latency_s"] = df["latency_s"].astype("float64")

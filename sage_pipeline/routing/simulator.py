@@ -20,10 +20,10 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from sage_pipeline.routing.catalogue import ModelCatalogue
+from sage_pipeline.routing.catalogue import ModelCatalogue, known_tokens
 from sage_pipeline.routing.features import Contexts
 from sage_pipeline.routing.reward import RewardSpec, apply_version, sage_step_reward
-from sage_pipeline.routing.schema import ROLES
+from sage_pipeline.routing.schema import REWARD_MAX, REWARD_MIN, ROLES
 from sage_pipeline.routing.table import RoutingTable
 
 # How often each role gets a task, and the Beta(a, b) of its complexity and the median
@@ -124,7 +124,7 @@ class RoutingSimulator:
 
     def tasks_of(self, ctx: Contexts) -> Tasks:
         """Invert :meth:`contexts`: the task a decision context belongs to."""
-        tokens0 = np.nan_to_num(ctx.prompt_tokens, nan=4000.0) - self.config.prompt_growth_tokens * ctx.failure_count
+        tokens0 = known_tokens(ctx.prompt_tokens) - self.config.prompt_growth_tokens * ctx.failure_count
         return Tasks(ctx.role, ctx.task_complexity_score, np.maximum(tokens0, 1.0))
 
     # ------------------------------------------------------ outcome model
@@ -133,7 +133,7 @@ class RoutingSimulator:
         c = self.config
         a = np.asarray(action, dtype=np.int64)
         cap = self.capability[ctx.role, a]
-        tokens = np.nan_to_num(ctx.prompt_tokens, nan=4000.0)
+        tokens = known_tokens(ctx.prompt_tokens)
         overflow = np.log2(np.maximum(tokens / self.context_tokens[a], 1.0))
         logit = c.sharpness * (cap - ctx.task_complexity_score) + c.bias \
             + c.retry_gain * ctx.failure_count - c.context_penalty * overflow
@@ -145,7 +145,7 @@ class RoutingSimulator:
     def _reward(self, score, verified, timed_out, ctx: Contexts, action: np.ndarray) -> np.ndarray:
         spec = self.config.reward
         r1 = sage_step_reward(score, verified, timed_out, ctx.step, spec)
-        return apply_version(r1, self.catalogue.cost_usd(action, np.nan_to_num(ctx.prompt_tokens, nan=4000.0)), spec)
+        return apply_version(r1, self.catalogue.cost_usd(action, known_tokens(ctx.prompt_tokens)), spec)
 
     def expected_reward(self, ctx: Contexts, action: np.ndarray) -> np.ndarray:
         """Exact E[reward | context, action], enumerating every outcome (clamp included)."""
@@ -166,10 +166,11 @@ class RoutingSimulator:
         r_pass = self._reward(scores, np.ones(len(big), bool), np.zeros(len(big), bool), big, rep(action))
         r_fail = self._reward(scores, np.zeros(len(big), bool), np.zeros(len(big), bool), big, rep(action))
         r_to = self._reward(np.zeros(n), np.zeros(n, bool), np.ones(n, bool), ctx, action)
-        e_pass = (pmf(pr["q_pass"]) * r_pass.reshape(n, -1)).sum(axis=1)
-        e_fail = (pmf(pr["q_fail"]) * r_fail.reshape(n, -1)).sum(axis=1)
+        e_pass = (pmf(pr["q_pass"]) * r_pass.reshape(n, SCORE_LEVELS + 1)).sum(axis=1)
+        e_fail = (pmf(pr["q_fail"]) * r_fail.reshape(n, SCORE_LEVELS + 1)).sum(axis=1)
         tau, p = pr["p_timeout"], pr["p_pass"]
-        return tau * r_to + (1.0 - tau) * (p * e_pass + (1.0 - p) * e_fail)
+        # a mixture of clamped rewards lies in the clamp; the clip only removes rounding error
+        return np.clip(tau * r_to + (1.0 - tau) * (p * e_pass + (1.0 - p) * e_fail), REWARD_MIN, REWARD_MAX)
 
     def continue_prob(self, ctx: Contexts, action: np.ndarray) -> np.ndarray:
         """P(the episode goes on after this attempt) = P(not verified), 0 at the last attempt."""
@@ -186,7 +187,7 @@ class RoutingSimulator:
         verified = ~timed_out & (rng.random(n) < pr["p_pass"])
         q = np.where(verified, pr["q_pass"], pr["q_fail"])
         score = np.where(timed_out, 0.0, rng.binomial(SCORE_LEVELS, q) / SCORE_LEVELS)
-        tokens = np.nan_to_num(ctx.prompt_tokens, nan=4000.0)
+        tokens = known_tokens(ctx.prompt_tokens)
         cost = self.catalogue.cost_usd(action, tokens)
         r1 = sage_step_reward(score, verified, timed_out, ctx.step, self.config.reward)
         return {

@@ -71,14 +71,23 @@ class RoutingTable:
     routes: dict[str, RoleRoute]
     source: str = "<memory>"
 
+    def _index(self, catalogue: ModelCatalogue, which: str) -> np.ndarray:
+        idx = catalogue.index
+        out = []
+        for r in ROLES:
+            model = getattr(self.routes[r], which)
+            if model not in idx:
+                raise ConfigError(self.source, f"routing.{r}.{which}",
+                                  f"model {model!r} is not in the model catalogue {catalogue.source}")
+            out.append(idx[model])
+        return np.array(out, dtype=np.int64)
+
     def primary_index(self, catalogue: ModelCatalogue) -> np.ndarray:
         """(n_roles,) catalogue index of each role's primary model."""
-        idx = catalogue.index
-        return np.array([idx[self.routes[r].primary] for r in ROLES], dtype=np.int64)
+        return self._index(catalogue, "primary")
 
     def fallback_index(self, catalogue: ModelCatalogue) -> np.ndarray:
-        idx = catalogue.index
-        return np.array([idx[self.routes[r].fallback] for r in ROLES], dtype=np.int64)
+        return self._index(catalogue, "fallback")
 
     def fallback_fires(self, role: np.ndarray, task_complexity_score: np.ndarray,
                        primary_failure_count: np.ndarray, failure_count: np.ndarray) -> np.ndarray:

@@ -1,0 +1,347 @@
+"""The synthetic collector writes SAGE session logs whose propensities and episodes are
+exactly those of its behaviour policy in the simulator."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sage_pipeline.rl.policy import EpsilonGreedyPolicy, StaticTablePolicy, UniformPolicy
+from sage_pipeline.routing import collector
+from sage_pipeline.routing.catalogue import DEFAULT_CATALOGUE, ModelCatalogue
+from sage_pipeline.routing.collector import CollectorConfig, collect
+from sage_pipeline.routing.features import Contexts
+from sage_pipeline.routing.reward import sage_step_reward
+from sage_pipeline.routing.schema import REWARD_MAX, REWARD_MIN, ROLE_INDEX, ROLES, TRAJECTORY_STEP
+from sage_pipeline.routing.simulator import RoutingSimulator
+from sage_pipeline.routing.table import DEFAULT_TABLE, RoutingTable
+
+CONFIG = CollectorConfig(episodes=400, seed=3, epsilon=0.3, sessions_per_file=30)
+STATE_FIELDS = {
+    "task_complexity_score",
+    "primary_failure_count",
+    "failure_count",
+    "prompt_tokens",
+    "verification_passed",
+    "timed_out",
+    "failed_reason",
+    "reviewer_score",
+    "latency_s",
+    "cost_usd",
+}
+
+
+@pytest.fixture(scope="module")
+def catalogue() -> ModelCatalogue:
+    return ModelCatalogue.load()
+
+
+@pytest.fixture(scope="module")
+def table(catalogue) -> RoutingTable:
+    return RoutingTable.load(catalogue=catalogue)
+
+
+@pytest.fixture(scope="module")
+def sim(catalogue, table) -> RoutingSimulator:
+    return RoutingSimulator(catalogue, table)
+
+
+@pytest.fixture(scope="module")
+def collected(sim, tmp_path_factory):
+    out = tmp_path_factory.mktemp("synthetic")
+    messages: list[str] = []
+    res = collect(sim, out, CONFIG, progress=messages.append)
+    return out, res, messages
+
+
+def read_events(files: list[Path]) -> list[dict]:
+    events = []
+    for f in files:
+        raw = f.read_bytes()
+        assert raw.endswith(b"\n")
+        for line in raw.decode("utf-8").split("\n")[:-1]:
+            obj = json.loads(line)
+            assert isinstance(obj, dict)
+            events.append(obj)
+    return events
+
+
+@pytest.fixture(scope="module")
+def events(collected) -> list[dict]:
+    return read_events(collected[1].files)
+
+
+@pytest.fixture(scope="module")
+def steps(events) -> list[dict]:
+    return [e for e in events if e["type"] == TRAJECTORY_STEP]
+
+
+def test_result_and_files(collected, events, steps):
+    out, res, messages = collected
+    assert res.episodes == 400
+    assert [p.name for p in res.files] == [
+        f"synthetic_seed3_part{i:04d}.jsonl" for i in range(len(res.files))
+    ]
+    assert sorted(out.glob("*.jsonl")) == res.files
+    assert len(res.files) == -(-res.sessions // 30)
+    assert res.events == len(events)
+    assert res.decisions == len(steps)
+    counts = Counter(e["type"] for e in events)
+    assert counts == {
+        "SESSION_START": res.sessions,
+        "SESSION_END": res.sessions,
+        "AGENT_MESSAGE": res.decisions,
+        TRAJECTORY_STEP: res.decisions,
+    }
+    assert len({(e["session_id"], e["task_id"]) for e in steps}) == 400
+    assert messages[0] == f"simulated 400 episodes, {res.decisions} decisions, {res.sessions} sessions"
+    assert messages[1] == f"wrote {res.events} events to {len(res.files)} files in {out}"
+
+
+def test_sessions_are_framed_by_start_and_end(events):
+    by_session: dict[str, list[dict]] = {}
+    for e in events:
+        assert {"type", "timestamp", "session_id"} <= e.keys()
+        by_session.setdefault(e["session_id"], []).append(e)
+    for evs in by_session.values():
+        assert evs[0]["type"] == "SESSION_START" and evs[-1]["type"] == "SESSION_END"
+        assert evs[0]["extra"]["synthetic"] is True
+        assert all(e["type"] not in ("SESSION_START", "SESSION_END") for e in evs[1:-1])
+        stamps = [e["timestamp"] for e in evs]
+        assert stamps == sorted(stamps) and all(s.endswith("Z") for s in stamps)
+        # each TRAJECTORY_STEP is preceded by the AGENT_MESSAGE of the same attempt
+        for prev, e in itertools.pairwise(evs):
+            if e["type"] == TRAJECTORY_STEP:
+                assert prev["type"] == "AGENT_MESSAGE" and prev["task_id"] == e["task_id"]
+                assert prev["content"] == (
+                    f"{e['agent']} attempt {e['step']} on {e['task_id']} via {e['action']['model_chosen']}"
+                )
+    assert min(by_session) == "syn-3-000000"
+
+
+def test_trajectory_steps_carry_the_documented_fields(steps, catalogue):
+    for e in steps:
+        assert e.keys() == {
+            "type",
+            "timestamp",
+            "session_id",
+            "task_id",
+            "agent",
+            "step",
+            "action",
+            "propensity",
+            "state",
+            "reward",
+            "terminal",
+            "extra",
+        }
+        assert e["agent"] in ROLES
+        assert e["action"]["model_chosen"] in catalogue.candidates(e["agent"])
+        assert isinstance(e["step"], int) and e["step"] >= 0
+        assert isinstance(e["propensity"], float) and 0.0 < e["propensity"] <= 1.0
+        assert isinstance(e["reward"], float) and REWARD_MIN <= e["reward"] <= REWARD_MAX
+        assert isinstance(e["terminal"], bool)
+        assert e["state"].keys() == STATE_FIELDS
+        s = e["state"]
+        assert 0.0 <= s["task_complexity_score"] <= 1.0
+        assert isinstance(s["primary_failure_count"], int) and isinstance(s["failure_count"], int)
+        assert isinstance(s["prompt_tokens"], int)
+        assert isinstance(s["verification_passed"], bool) and isinstance(s["timed_out"], bool)
+        assert s["failed_reason"] == (
+            "timeout" if s["timed_out"] else None if s["verification_passed"] else "verification_failed"
+        )
+        assert not (s["timed_out"] and s["verification_passed"])
+        assert e["extra"] == {"synthetic": True, "reward_version": "reward_v1"}
+        assert e["task_id"].startswith(e["session_id"] + "-t")
+
+
+def _contexts(steps: list[dict]) -> Contexts:
+    return Contexts(
+        role=np.array([ROLE_INDEX[e["agent"]] for e in steps], dtype=np.int64),
+        task_complexity_score=np.array([e["state"]["task_complexity_score"] for e in steps]),
+        prompt_tokens=np.array([e["state"]["prompt_tokens"] for e in steps], dtype=np.float64),
+        step=np.array([e["step"] for e in steps], dtype=np.int64),
+        failure_count=np.array([e["state"]["failure_count"] for e in steps], dtype=np.int64),
+        primary_failure_count=np.array([e["state"]["primary_failure_count"] for e in steps], dtype=np.int64),
+    )
+
+
+def test_logged_propensity_is_the_behaviour_probability_of_the_logged_action(steps, catalogue, table):
+    behaviour = EpsilonGreedyPolicy(StaticTablePolicy(table, catalogue), CONFIG.epsilon)
+    ctx = _contexts(steps)
+    probs = behaviour.action_probs(ctx)
+    action = np.array([catalogue.index[e["action"]["model_chosen"]] for e in steps])
+    logged = np.array([e["propensity"] for e in steps])
+    np.testing.assert_allclose(logged, probs[np.arange(len(steps)), action], rtol=0, atol=1e-9)
+    # the table's choice carries 1 - eps + eps/k, an exploration eps/k
+    table_choice = StaticTablePolicy(table, catalogue).choose(ctx)
+    k = catalogue.role_mask()[ctx.role].sum(axis=1)
+    greedy = action == table_choice
+    np.testing.assert_allclose(logged[greedy], (1 - 0.3 + 0.3 / k)[greedy], atol=1e-9)
+    np.testing.assert_allclose(logged[~greedy], (0.3 / k)[~greedy], atol=1e-9)
+    # exploration happens about as often as the behaviour policy says
+    expected_explore = (0.3 * (1 - 1 / k)).sum()
+    sd = np.sqrt((0.3 * (1 - 1 / k) * (1 - 0.3 * (1 - 1 / k))).sum())
+    assert abs((~greedy).sum() - expected_explore) < 4 * sd
+
+
+def _episodes(steps: list[dict]) -> dict[tuple[str, str], list[dict]]:
+    eps: dict[tuple[str, str], list[dict]] = {}
+    for e in steps:
+        eps.setdefault((e["session_id"], e["task_id"]), []).append(e)
+    return eps
+
+
+def test_episodes_are_multi_step_and_stop_at_success_or_max_attempts(steps, sim, table):
+    T = sim.config.max_attempts
+    episodes = _episodes(steps)
+    assert len(episodes) == 400
+    lengths = Counter(len(v) for v in episodes.values())
+    assert lengths[1] < 400 and max(lengths) == T and min(lengths) == 1  # some are multi-step
+    assert any(e["step"] > 0 for e in steps)
+    for ep in episodes.values():
+        assert [e["step"] for e in ep] == list(range(len(ep)))
+        assert [e["terminal"] for e in ep] == [False] * (len(ep) - 1) + [True]
+        last = ep[-1]
+        assert last["state"]["verification_passed"] or last["step"] == T - 1
+        assert not any(e["state"]["verification_passed"] for e in ep[:-1])
+        # the task is fixed; its state evolves as the simulator says
+        assert len({(e["agent"], e["state"]["task_complexity_score"]) for e in ep}) == 1
+        pfc = 0
+        primary = table.routes[ep[0]["agent"]].primary
+        for e in ep:
+            s = e["state"]
+            assert s["failure_count"] == e["step"]
+            assert s["primary_failure_count"] == pfc
+            assert s["prompt_tokens"] == ep[0]["state"]["prompt_tokens"] + 800 * e["step"]
+            pfc += (not s["verification_passed"]) and e["action"]["model_chosen"] == primary
+
+
+def test_logged_reward_and_cost_follow_the_outcome(steps, catalogue):
+    score = np.array([e["state"]["reviewer_score"] for e in steps])
+    passed = np.array([e["state"]["verification_passed"] for e in steps])
+    timed_out = np.array([e["state"]["timed_out"] for e in steps])
+    step = np.array([e["step"] for e in steps])
+    want = np.round(sage_step_reward(score, passed, timed_out, step), 6)
+    np.testing.assert_allclose([e["reward"] for e in steps], want, atol=1e-12)
+    action = np.array([catalogue.index[e["action"]["model_chosen"]] for e in steps])
+    tokens = np.array([e["state"]["prompt_tokens"] for e in steps], dtype=np.float64)
+    np.testing.assert_allclose(
+        [e["state"]["cost_usd"] for e in steps], catalogue.cost_usd(action, tokens), atol=5e-7
+    )
+    assert (score[timed_out] == 0).all()
+
+
+def test_manifest_has_ground_truth(collected, sim, table, catalogue):
+    out, res, _ = collected
+    assert res.manifest == out / "simulator.json"
+    m = json.loads(res.manifest.read_text())
+    assert m["episodes"] == 400 and m["sessions"] == res.sessions and m["decisions"] == res.decisions
+    assert m["files"] == [p.name for p in res.files]
+    assert m["collector"]["seed"] == 3 and m["collector"]["epsilon"] == 0.3
+    assert m["simulator"]["max_attempts"] == sim.config.max_attempts
+    assert m["model_catalogue"]["path"] == str(DEFAULT_CATALOGUE)
+    assert len(m["model_catalogue"]["sha256"]) == 64 and len(m["routing_table"]["sha256"]) == 64
+    assert m["routing_table"]["path"] == str(DEFAULT_TABLE)
+    gt = m["ground_truth_value"]
+    assert gt == res.ground_truth
+    assert set(gt) == {"static_table", "behaviour", "uniform", "oracle"}
+    assert (
+        gt["oracle"] >= gt["static_table"]
+        and gt["oracle"] >= gt["behaviour"]
+        and gt["oracle"] >= gt["uniform"]
+    )
+    assert gt["oracle"] - gt["static_table"] > 0.02
+    # the values are exact values of the collector's tasks (its rng's first draw)
+    tasks = sim.sample_tasks(400, np.random.default_rng(3))
+    static = StaticTablePolicy(table, catalogue)
+    assert gt["static_table"] == pytest.approx(sim.policy_value(static, tasks).mean, abs=1e-12)
+    assert gt["uniform"] == pytest.approx(
+        sim.policy_value(UniformPolicy(catalogue.actions, catalogue.role_mask()), tasks).mean, abs=1e-12
+    )
+    assert gt["behaviour"] == pytest.approx(
+        sim.policy_value(EpsilonGreedyPolicy(static, 0.3), tasks).mean, abs=1e-12
+    )
+    assert gt["oracle"] == pytest.approx(sim.optimal_value(tasks).mean, abs=1e-12)
+    by_role = m["ground_truth_value_by_role"]
+    assert set(by_role["oracle"]) == set(ROLES)
+    for r in ROLES:
+        assert by_role["oracle"][r] >= by_role["static_table"][r] - 1e-9
+
+
+def test_logged_tasks_are_the_simulated_tasks(steps, sim):
+    tasks = sim.sample_tasks(400, np.random.default_rng(3))
+    first = [e for e in steps if e["step"] == 0]
+    assert len(first) == 400
+    first.sort(key=lambda e: (e["session_id"], e["task_id"]))
+    assert [ROLE_INDEX[e["agent"]] for e in first] == tasks.role.tolist()
+    assert [e["state"]["task_complexity_score"] for e in first] == tasks.task_complexity_score.tolist()
+    assert [e["state"]["prompt_tokens"] for e in first] == tasks.prompt_tokens.astype(int).tolist()
+
+
+def test_same_seed_same_bytes_and_other_seed_differs(sim, tmp_path):
+    cfg = CollectorConfig(episodes=60, seed=5, sessions_per_file=4)
+    a = collect(sim, tmp_path / "a", cfg, progress=lambda m: None)
+    b = collect(sim, tmp_path / "b", cfg, progress=lambda m: None)
+    assert [p.name for p in a.files] == [p.name for p in b.files]
+    for pa_, pb in zip(a.files, b.files):
+        assert pa_.read_bytes() == pb.read_bytes()
+    c = collect(
+        sim,
+        tmp_path / "c",
+        CollectorConfig(episodes=60, seed=6, sessions_per_file=4),
+        progress=lambda m: None,
+    )
+    assert c.files[0].name == "synthetic_seed6_part0000.jsonl"
+    assert c.files[0].read_bytes() != a.files[0].read_bytes()
+
+
+def test_rerun_with_fewer_episodes_removes_stale_files(sim, tmp_path):
+    big = collect(
+        sim, tmp_path, CollectorConfig(episodes=200, seed=1, sessions_per_file=5), progress=lambda m: None
+    )
+    assert len(big.files) > 3
+    (tmp_path / "notes.txt").write_text("keep me")
+    (tmp_path / "real_session.jsonl").write_text("{}\n")  # not the collector's: kept
+    small = collect(
+        sim, tmp_path, CollectorConfig(episodes=10, seed=1, sessions_per_file=5), progress=lambda m: None
+    )
+    assert len(small.files) < len(big.files)
+    assert sorted(tmp_path.glob("synthetic_*.jsonl")) == small.files
+    assert (tmp_path / "notes.txt").exists() and (tmp_path / "real_session.jsonl").exists()
+    assert json.loads((tmp_path / "simulator.json").read_text())["files"] == [p.name for p in small.files]
+    assert sum(1 for e in read_events(small.files) if e["type"] == TRAJECTORY_STEP) == small.decisions
+    # no temporary files are left behind by the atomic writes
+    assert not list(tmp_path.glob(".*.tmp"))
+    # a different seed replaces the old seed's files as well
+    other = collect(
+        sim, tmp_path, CollectorConfig(episodes=10, seed=2, sessions_per_file=5), progress=lambda m: None
+    )
+    assert sorted(tmp_path.glob("synthetic_*.jsonl")) == other.files
+
+
+def test_session_sizes_cover_every_task_once():
+    rng = np.random.default_rng(0)
+    for n in (1, 2, 7, 400, 5000):
+        sizes = collector._session_sizes(n, 4.0, rng)
+        assert sizes.sum() == n and (sizes >= 1).all()
+    assert collector._session_sizes(50, 1.0, rng).tolist() == [1] * 50
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "msg"),
+    [
+        ({"episodes": 0}, r"^episodes must be >= 1, got 0$"),
+        ({"epsilon": 0.0}, r"^epsilon must be in \(0, 1\] so every candidate has support, got 0\.0$"),
+        ({"epsilon": 1.5}, r"^epsilon must be in \(0, 1\] so every candidate has support, got 1\.5$"),
+        ({"sessions_per_file": 0}, r"^sessions_per_file must be >= 1, got 0$"),
+    ],
+)
+def test_collector_config_validation(kwargs, msg):
+    with pytest.raises(ValueError, match=msg):
+        CollectorConfig(**kwargs)

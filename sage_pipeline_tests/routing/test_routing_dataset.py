@@ -1,0 +1,359 @@
+"""The routing dataset: one row per decision, versioned rewards, a stable split by session."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from sage_pipeline.routing import ingest
+from sage_pipeline.routing.catalogue import ASSUMED_PROMPT_TOKENS, ModelCatalogue
+from sage_pipeline.routing.collector import CollectorConfig, collect
+from sage_pipeline.routing.reward import RewardSpec
+from sage_pipeline.routing.routing_dataset import (
+    JSONL_NAME,
+    PARQUET_NAME,
+    DatasetConfig,
+    build_routing_dataset,
+    read_routing_dataset,
+    session_split,
+    write_routing_dataset,
+)
+from sage_pipeline.routing.schema import DATASET_COLUMNS, ROLE_INDEX, SCHEMA_VERSION
+from sage_pipeline.routing.simulator import RoutingSimulator
+from sage_pipeline.routing.table import RoutingTable
+
+
+@pytest.fixture(scope="module")
+def catalogue() -> ModelCatalogue:
+    return ModelCatalogue.load()
+
+
+@pytest.fixture(scope="module")
+def table(catalogue) -> RoutingTable:
+    return RoutingTable.load(catalogue=catalogue)
+
+
+@pytest.fixture(scope="module")
+def collected(catalogue, table, tmp_path_factory):
+    root = tmp_path_factory.mktemp("ds")
+    sim = RoutingSimulator(catalogue, table)
+    res = collect(
+        sim,
+        root / "logs",
+        CollectorConfig(episodes=600, seed=8, sessions_per_file=40),
+        progress=lambda m: None,
+    )
+    ing = ingest.ingest(
+        ingest.IngestConfig((root / "logs",)), catalogue, root / "routing", progress=lambda m: None
+    )
+    assert ing.stats.quarantined == 0
+    return res, pq.read_table(ing.trajectories).to_pandas()
+
+
+@pytest.fixture(scope="module")
+def trajectories(collected) -> pd.DataFrame:
+    return collected[1]
+
+
+@pytest.fixture(scope="module")
+def ds(trajectories, catalogue, table) -> pd.DataFrame:
+    return build_routing_dataset(trajectories, catalogue, table)
+
+
+def test_one_row_per_decision(ds, collected, trajectories):
+    res, _ = collected
+    assert len(ds) == res.decisions == len(trajectories)
+    assert ds["decision_id"].is_unique
+    assert (ds["decision_id"] == ds["session_id"] + "/" + ds["task_id"] + "/" + ds["step"].astype(str)).all()
+    assert (ds["episode_id"] == ds["session_id"] + "/" + ds["task_id"]).all()
+    assert ds["episode_id"].nunique() == 600
+    assert set(ds.columns) == set(DATASET_COLUMNS)
+    # sorted by session, task, step
+    keys = list(zip(ds["session_id"], ds["task_id"], ds["step"]))
+    assert keys == sorted(keys)
+    assert (ds["schema_version"] == SCHEMA_VERSION).all() and (ds["reward_version"] == "reward_v1").all()
+    assert (ds["data_source"] == "synthetic").all() and (ds["propensity_source"] == "logged").all()
+    assert (
+        ds["action_index"]
+        == ds["model"].map(
+            ds_index := {
+                m: i
+                for i, m in enumerate(
+                    (
+                        "claude-opus-4",
+                        "claude-sonnet-4",
+                        "gpt-4.1",
+                        "gpt-4.1-mini",
+                        "qwen2.5-coder-32b",
+                        "llama-3.1-8b",
+                    )
+                )
+            }
+        )
+    ).all()
+    assert ds_index  # the catalogue's action order
+    # the source of every row is traceable to its log line
+    merged = ds.merge(trajectories, on=["session_id", "task_id", "step"], suffixes=("", "_t"))
+    assert len(merged) == len(ds)
+    assert (merged["source_line"] == merged["source_line_t"]).all()
+    assert (merged["model"] == merged["model_t"]).all()
+
+
+def test_build_is_pure_and_order_independent(ds, trajectories, catalogue, table):
+    shuffled = trajectories.sample(frac=1.0, random_state=0).reset_index(drop=True)
+    again = build_routing_dataset(shuffled, catalogue, table)
+    pd.testing.assert_frame_equal(again, ds)
+
+
+# ------------------------------------------------------------------ split
+def test_split_is_by_session(ds):
+    per_session = ds.groupby("session_id")["split"].nunique()
+    assert (per_session == 1).all()
+    assert set(ds["split"]) == {"train", "eval"}
+    sessions = ds.drop_duplicates("session_id")
+    frac = (sessions["split"] == "eval").mean()
+    assert 0.08 < frac < 0.35, frac
+
+
+def test_split_is_the_documented_hash(ds):
+    for sid, split in ds.drop_duplicates("session_id")[["session_id", "split"]].itertuples(index=False):
+        u = int.from_bytes(hashlib.sha256(f"sage-routing:{sid}".encode()).digest()[:8], "big") / 2.0**64
+        assert split == ("eval" if u < 0.2 else "train")
+
+
+def test_split_is_stable_across_runs_and_subsets(ds, trajectories, catalogue, table):
+    again = build_routing_dataset(trajectories, catalogue, table)
+    assert again["split"].tolist() == ds["split"].tolist()
+    sessions = sorted(trajectories["session_id"].unique())
+    for subset in (sessions[::3], sessions[1::2], sessions[-5:]):
+        sub = build_routing_dataset(
+            trajectories[trajectories["session_id"].isin(subset)].reset_index(drop=True), catalogue, table
+        )
+        want = ds.set_index("decision_id").loc[sub["decision_id"], "split"]
+        assert sub["split"].tolist() == want.tolist()
+    # the split function alone: a session's split does not depend on the others
+    ids = pd.Series(["a", "b", "c", "a", "zz"])
+    full = session_split(ids, 0.5, "salt")
+    assert full[0] == full[3]
+    for i, s in enumerate(ids):
+        assert session_split(pd.Series([s]), 0.5, "salt")[0] == full[i]
+
+
+def test_split_depends_on_salt_and_fraction(ds, trajectories, catalogue, table):
+    sessions = pd.Series(sorted(trajectories["session_id"].unique()))
+    a = session_split(sessions, 0.2, "sage-routing")
+    b = session_split(sessions, 0.2, "other-salt")
+    assert (a != b).any()
+    # a larger eval fraction only moves sessions from train into eval
+    c = session_split(sessions, 0.5, "sage-routing")
+    assert ((a == "eval") <= (c == "eval")).all() and (c == "eval").sum() > (a == "eval").sum()
+    wide = build_routing_dataset(trajectories, catalogue, table, DatasetConfig(eval_fraction=0.5))
+    assert (wide.groupby("session_id")["split"].nunique() == 1).all()
+
+
+# ------------------------------------------------------------------ rewards
+def test_reward_v1_is_the_logged_reward(ds):
+    assert (ds["reward"] == ds["logged_reward"]).all()
+    assert ds["reward"].between(-2, 2).all()
+
+
+def test_reward_v2_subtracts_weighted_cost_and_clamps(trajectories, catalogue, table):
+    cfg = DatasetConfig(reward=RewardSpec(version="reward_v2", cost_weight=5.0))
+    v2 = build_routing_dataset(trajectories, catalogue, table, cfg)
+    assert (v2["reward_version"] == "reward_v2").all()
+    want = np.clip(v2["logged_reward"] - 5.0 * v2["cost_usd"], -2.0, 2.0)
+    np.testing.assert_allclose(v2["reward"], want, rtol=0, atol=1e-12)
+    assert (v2["reward"] < v2["logged_reward"]).all()
+    # clamping, on hand-made rows
+    rows = trajectories.iloc[:3].copy()
+    rows["logged_reward"] = [-1.95, 2.0, 1.0]
+    rows["cost_usd"] = [0.1, 0.0, 0.02]
+    out = build_routing_dataset(
+        rows.reset_index(drop=True),
+        catalogue,
+        table,
+        DatasetConfig(reward=RewardSpec(version="reward_v2", cost_weight=5.0)),
+    )
+    assert out.sort_values("source_line")["reward"].tolist() == pytest.approx([-2.0, 2.0, 0.9], abs=1e-12)
+    heavy = build_routing_dataset(
+        rows.reset_index(drop=True),
+        catalogue,
+        table,
+        DatasetConfig(reward=RewardSpec(version="reward_v2", cost_weight=200.0)),
+    )
+    assert heavy.sort_values("source_line")["reward"].tolist() == pytest.approx([-2.0, 2.0, -2.0], abs=1e-12)
+
+
+# ------------------------------------------------------------------ action kinds
+def test_action_kind_is_consistent_with_the_table(ds, table, catalogue):
+    primary = ds["role"].map({r: route.primary for r, route in table.routes.items()})
+    fallback = ds["role"].map({r: route.fallback for r, route in table.routes.items()})
+    # table_model is what SAGE's table would have routed in the logged state
+    role = ds["role"].map(ROLE_INDEX).to_numpy()
+    fired = table.fallback_fires(
+        role, ds["task_complexity_score"], ds["primary_failure_count"], ds["failure_count"]
+    )
+    assert (ds["table_model"] == np.where(fired, fallback, primary)).all()
+    assert (ds["fallback_triggered"] == fired).all()
+    assert 0.05 < fired.mean() < 0.95
+    # primary / fallback: the table's choice was followed (and which it was); explore: it was not
+    kind = ds["action_kind"]
+    follows = ds["model"] == ds["table_model"]
+    assert ((kind == "explore") == ~follows).all()
+    assert ((kind == "primary") == (follows & ~fired)).all()
+    assert ((kind == "fallback") == (follows & fired)).all()
+    assert (ds.loc[kind == "primary", "model"] == primary[kind == "primary"]).all()
+    assert (ds.loc[kind == "fallback", "model"] == fallback[kind == "fallback"]).all()
+    # exploration that happens to pick the role's primary (or fallback) model is still exploration
+    assert ((kind == "explore") & (ds["model"] == primary)).any()
+    assert ((kind == "explore") & (ds["model"] == fallback)).any()
+    # under epsilon = 0.3 most decisions follow the table, and explore ones carry eps/k propensities
+    assert 0.6 < follows.mean() < 0.95
+    k = catalogue.role_mask()[role].sum(axis=1)
+    np.testing.assert_allclose(ds.loc[~follows, "propensity"], (0.3 / k)[~follows.to_numpy()], atol=1e-9)
+
+
+# ------------------------------------------------------------------ episodes
+def test_collected_episodes_are_complete(ds):
+    assert ds["episode_complete"].all()
+    assert (ds.groupby("episode_id")["terminal"].sum() == 1).all()
+    assert (ds["step"] > 0).any()
+
+
+def _multi_step_episode(trajectories: pd.DataFrame, n: int = 3) -> tuple[str, str]:
+    counts = trajectories.groupby(["session_id", "task_id"]).size()
+    return counts[counts >= n].index[0]
+
+
+def test_episode_with_a_missing_step_is_incomplete(trajectories, catalogue, table):
+    sid, tid = _multi_step_episode(trajectories)
+    hole = (
+        (trajectories["session_id"] == sid) & (trajectories["task_id"] == tid) & (trajectories["step"] == 1)
+    )
+    out = build_routing_dataset(trajectories[~hole].reset_index(drop=True), catalogue, table)
+    mine = out["episode_id"] == f"{sid}/{tid}"
+    assert mine.sum() >= 2
+    assert not out.loc[mine, "episode_complete"].any()
+    assert out.loc[~mine, "episode_complete"].all()
+
+
+@pytest.mark.parametrize("damage", ["no_terminal", "two_terminals", "missing_first", "missing_last"])
+def test_other_broken_episodes_are_incomplete(damage, trajectories, catalogue, table):
+    sid, tid = _multi_step_episode(trajectories)
+    df = trajectories.copy()
+    ep = (df["session_id"] == sid) & (df["task_id"] == tid)
+    last = int(df.loc[ep, "step"].max())
+    if damage == "no_terminal":
+        df.loc[ep, "terminal"] = False
+    elif damage == "two_terminals":
+        df.loc[ep & (df["step"] == 0), "terminal"] = True
+    elif damage == "missing_first":
+        df = df[~(ep & (df["step"] == 0))]
+    else:  # the terminal step is lost: what is left has no terminal
+        df = df[~(ep & (df["step"] == last))]
+    out = build_routing_dataset(df.reset_index(drop=True), catalogue, table)
+    mine = out["episode_id"] == f"{sid}/{tid}"
+    assert not out.loc[mine, "episode_complete"].any()
+    assert out.loc[~mine, "episode_complete"].all()
+
+
+# ------------------------------------------------------------------ costs, missing fields
+def test_cost_from_catalogue_when_not_logged(trajectories, catalogue, table):
+    df = trajectories.copy()
+    drop = df.index % 3 == 0
+    df.loc[drop, "cost_usd"] = np.nan
+    no_tokens = df.index % 6 == 0  # among the dropped costs, some have no prompt size either
+    df["prompt_tokens"] = df["prompt_tokens"].astype("Int64")
+    df.loc[no_tokens, "prompt_tokens"] = pd.NA
+    out = build_routing_dataset(df, catalogue, table)
+    by_line = out.set_index(["source_file", "source_line"])
+    key = list(zip(df["source_file"], df["source_line"]))
+    src = by_line.loc[key, "cost_source"].to_numpy()
+    cost = by_line.loc[key, "cost_usd"].to_numpy()
+    assert (src[drop] == "catalogue").all() and (src[~drop] == "logged").all()
+    np.testing.assert_array_equal(cost[~drop], trajectories["cost_usd"].to_numpy()[~drop])
+    action = df["model"].map(catalogue.index).to_numpy()
+    tokens = df["prompt_tokens"].astype("float64").fillna(ASSUMED_PROMPT_TOKENS).to_numpy()
+    np.testing.assert_allclose(cost[drop], catalogue.cost_usd(action, tokens)[drop], rtol=0, atol=1e-15)
+    # with the prompt size logged the catalogue cost is close to what the simulator logged
+    both = drop & ~no_tokens
+    np.testing.assert_allclose(cost[both], trajectories["cost_usd"].to_numpy()[both], atol=1e-6)
+    # no prompt size: the assumed size, as in the simulator
+    assumed = catalogue.array("cost_per_call")[action] \
+        + catalogue.array("cost_per_1k_prompt_tokens")[action] * ASSUMED_PROMPT_TOKENS / 1000
+    np.testing.assert_allclose(cost[no_tokens], assumed[no_tokens], atol=1e-15)
+
+
+def test_missing_propensity_and_failure_count(trajectories, catalogue, table):
+    df = trajectories.copy()
+    df["propensity"] = np.nan
+    df["failure_count"] = pd.array([None] * len(df), dtype="Int64")
+    out = build_routing_dataset(df, catalogue, table)
+    assert (out["propensity_source"] == "missing").all() and out["propensity"].isna().all()
+    assert (out["failure_count"] == out["step"]).all()
+    assert out["failure_count"].dtype == np.int64
+
+
+# ------------------------------------------------------------------ files
+def _norm(v):
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return None
+    return v
+
+
+def test_parquet_and_jsonl_have_the_same_rows(ds, tmp_path):
+    files = write_routing_dataset(ds, tmp_path / "routing")
+    assert files.parquet == tmp_path / "routing" / PARQUET_NAME == tmp_path / "routing" / "routing_v1.parquet"
+    assert files.jsonl == tmp_path / "routing" / JSONL_NAME == tmp_path / "routing" / "routing_v1.jsonl"
+    assert files.parquet_sha256 == hashlib.sha256(files.parquet.read_bytes()).hexdigest()
+    pq_rows = [{k: _norm(v) for k, v in r.items()} for r in pq.read_table(files.parquet).to_pylist()]
+    js_rows = [json.loads(x) for x in files.jsonl.read_text(encoding="utf-8").splitlines()]
+    assert len(pq_rows) == len(js_rows) == len(ds)
+    assert pq_rows == js_rows
+    assert list(js_rows[0]) == list(ds.columns)
+    meta = pq.read_schema(files.parquet).metadata
+    assert meta[b"sage.schema_version"] == b"1" and meta[b"sage.reward_version"] == b"reward_v1"
+    back = read_routing_dataset(files.parquet)
+    pd.testing.assert_frame_equal(back, ds, check_dtype=False)
+    assert not list((tmp_path / "routing").glob(".*.tmp"))
+
+
+def test_jsonl_writes_missing_values_as_null(trajectories, catalogue, table, tmp_path):
+    df = trajectories.iloc[:5].copy()
+    df["propensity"] = np.nan
+    df["prompt_tokens"] = pd.array([None] * 5, dtype="Int64")
+    out = build_routing_dataset(df.reset_index(drop=True), catalogue, table)
+    files = write_routing_dataset(out, tmp_path)
+    rows = [json.loads(x) for x in files.jsonl.read_text().splitlines()]
+    assert all(r["propensity"] is None and r["prompt_tokens"] is None for r in rows)
+    assert all(r["propensity_source"] == "missing" for r in rows)
+
+
+def test_read_missing_dataset(tmp_path):
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"routing dataset .*routing_v1\.parquet not found: materialize "
+        r"routing_dataset first",
+    ):
+        read_routing_dataset(tmp_path / "routing_v1.parquet")
+
+
+def test_empty_input_raises_a_clear_error(trajectories, catalogue, table):
+    with pytest.raises(ValueError) as err:
+        build_routing_dataset(trajectories.iloc[:0], catalogue, table)
+    assert str(err.value) == (
+        "no trajectory rows to build the routing dataset from: the trajectories asset "
+        "accepted nothing (see its quarantine.jsonl and metadata)"
+    )
+
+
+@pytest.mark.parametrize("frac", [0.0, 1.0, -0.1])
+def test_dataset_config_validation(frac):
+    with pytest.raises(ValueError, match=rf"^eval_fraction must be in \(0, 1\), got {frac}$"):
+        DatasetConfig(eval_fraction=frac)
