@@ -118,7 +118,7 @@ def routing_dataset(context: dg.AssetExecutionContext, config: RoutingDatasetCon
     cfg = rd.DatasetConfig(reward=RewardSpec(version=config.reward_version, cost_weight=config.cost_weight),
                            eval_fraction=config.eval_fraction)
     df = rd.build_routing_dataset(traj, sage.catalogue, sage.table, cfg)
-    files = rd.write_routing_dataset(df, sage.path("routing"))
+    files = rd.write_routing_dataset(df, sage.path("routing"), cfg.reward)
     context.log.info(f"routing dataset: {len(df):,} decisions, {df['episode_id'].nunique():,} episodes")
     per_role = df.groupby("role").size().reindex(list(ROLES), fill_value=0)
     return dg.MaterializeResult(metadata={

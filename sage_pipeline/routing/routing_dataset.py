@@ -10,7 +10,8 @@ both). Written as ``routing_v1.parquet`` and as ``routing_v1.jsonl`` for SAGE's 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+import json
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import msgspec
@@ -127,14 +128,20 @@ class DatasetFiles:
     parquet_sha256: str
 
 
-def write_routing_dataset(df: pd.DataFrame, out_dir: str | Path) -> DatasetFiles:
-    """Write the dataset as Parquet and JSON lines, each atomically."""
+def write_routing_dataset(df: pd.DataFrame, out_dir: str | Path, reward: RewardSpec | None = None) -> DatasetFiles:
+    """Write the dataset as Parquet and JSON lines, each atomically.
+
+    The Parquet file's metadata records the schema version and the full reward spec
+    (``sage.reward_spec``), so a reader can rebuild exactly the reward that was used.
+    """
     out_dir = Path(out_dir)
     parquet, jsonl = out_dir / PARQUET_NAME, out_dir / JSONL_NAME
     table = pa.Table.from_pandas(df, preserve_index=False)
     table = table.replace_schema_metadata({**(table.schema.metadata or {}),
                                            b"sage.schema_version": str(SCHEMA_VERSION).encode(),
-                                           b"sage.reward_version": str(df["reward_version"].iat[0]).encode()})
+                                           b"sage.reward_version": str(df["reward_version"].iat[0]).encode(),
+                                           **({b"sage.reward_spec": json.dumps(asdict(reward)).encode()}
+                                              if reward is not None else {})})
     with artifacts.atomic_path(parquet) as tmp:
         pq.write_table(table, tmp, compression="zstd")
     enc = msgspec.json.Encoder()  # NaN and missing values are written as null
@@ -142,6 +149,13 @@ def write_routing_dataset(df: pd.DataFrame, out_dir: str | Path) -> DatasetFiles
         for batch in table.to_batches(max_chunksize=50_000):
             fh.write(enc.encode_lines(batch.to_pylist()))
     return DatasetFiles(parquet, jsonl, artifacts.file_sha256(parquet))
+
+
+def read_reward_spec(path: str | Path) -> RewardSpec | None:
+    """The reward spec recorded in a routing dataset's Parquet metadata, if any."""
+    meta = pq.read_schema(path).metadata or {}
+    raw = meta.get(b"sage.reward_spec")
+    return RewardSpec(**json.loads(raw)) if raw else None
 
 
 def read_routing_dataset(path: str | Path) -> pd.DataFrame:

@@ -108,6 +108,9 @@ def test_reward_version_is_a_config_choice(tmp_path):
     df = pd.read_parquet(tmp_path / "routing" / "routing_v1.parquet")
     assert (df["reward_version"] == "reward_v2").all()
     assert (df["reward"] <= df["logged_reward"]).all()
+    from sage_pipeline.routing.routing_dataset import read_reward_spec
+    spec = read_reward_spec(tmp_path / "routing" / "routing_v1.parquet")
+    assert spec.version == "reward_v2" and spec.cost_weight == 5.0
 
 
 def test_definitions_load_and_lineage_reads_left_to_right():
