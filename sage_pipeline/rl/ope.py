@@ -1,0 +1,832 @@
+"""Off-policy evaluation (OPE): what a routing policy would have scored on the logged decisions.
+
+Bandit estimators (one routing decision = one round) use the same formulas as the Open
+Bandit Pipeline (obp 0.5.7, ``obp.ope.estimators``; ``benchmarks/ope_vs_obp.py`` checks
+them against obp to 1e-8). With ``w_i = pi_e(a_i|x_i) / pi_b(a_i|x_i)`` and a reward
+model ``q_hat``:
+
+    IPS        mean(w r)                                   (obp InverseProbabilityWeighting)
+    SNIPS      sum(w r) / sum(w)                           (SelfNormalizedInverseProbabilityWeighting)
+    DM         mean(q_hat(x, pi_e))                        (DirectMethod)
+    DR         mean(q_hat(x, pi_e) + w (r - q_hat(x, a)))  (DoublyRobust)
+    SNDR       mean(q_hat(x, pi_e)) + sum(w (r - q_hat(x, a))) / sum(w)   (SelfNormalizedDoublyRobust)
+    Switch-DR  DR with the correction dropped where w > lambda_            (SwitchDoublyRobust)
+
+where ``q_hat(x, pi_e) = sum_a pi_e(a|x) q_hat(x, a)``. Multi-step episodes (a task's
+attempts) have per-decision importance sampling (PDIS, Precup et al. 2000) and step-wise
+doubly robust (Jiang & Li 2016; Thomas & Brunskill 2016), whose target is the expected
+episode return: the quantity the routing simulator's ``policy_value(...).mean`` gives.
+
+Every estimator returns an :class:`Estimate`: the value and the per-round (or
+per-episode) terms that :func:`bootstrap_ci` resamples. :func:`evaluate_policy` runs all
+of them on a :class:`LoggedData` with a cross-fitted reward model (:class:`LinearQ`, a
+ridge regression; fitted-Q evaluation of the policy for step-wise DR), percentile-bootstrap
+CIs, Kish effective sample sizes and a support check, and withholds every number when the
+logs cannot support the policy (it puts mass on actions the behaviour policy never took
+there). The episode-level step-wise DR is the headline: its target is the ground truth.
+
+Pure numpy; imports no dagster, torch or obp.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Protocol
+
+import numpy as np
+
+from sage_pipeline.routing.features import Contexts, FeatureSpec
+from sage_pipeline.routing.schema import ROLES
+
+log = logging.getLogger(__name__)
+
+BANDIT_ESTIMATORS = ("ips", "snips", "dm", "dr", "sndr", "switch_dr")
+EPISODE_ESTIMATORS = ("pdis", "step_dr")
+BANDIT_SCOPES = ("first_step", "all_decisions")
+DETERMINISTIC_PSCORE = 1.0 - 1e-9  # a logged propensity this close to 1: the behaviour had no other choice
+
+
+@dataclass(frozen=True)
+class OPEConfig:
+    n_boot: int = 1000  # bootstrap replicates per estimator
+    alpha: float = 0.05  # 1 - confidence level of the percentile intervals
+    seed: int = 0  # folds and bootstrap
+    n_folds: int = 5  # cross-fitting folds, grouped by session (or episode)
+    ridge: float = 1.0  # L2 penalty of the reward model's slopes (intercepts get 1/100 of it)
+    gamma: float = 1.0  # discount of the episode return
+    # Switch-DR: rows with w > lambda use the reward model only. The collector's smallest
+    # propensity is 0.3 / 6 candidates = 0.05 (w = 20), so 10 hands the rows that only
+    # exploration reaches to the reward model; obp's default is inf (= DR).
+    switch_lambda: float = 10.0
+    bandit_scope: str = "first_step"  # bandit rounds: each episode's first decision, or every decision
+    max_unsupported_mass: float = 1e-3  # above this mean mass off the logged support: no number
+    feature_spec: FeatureSpec = FeatureSpec()
+
+    def __post_init__(self) -> None:
+        if self.n_boot < 1:
+            raise ValueError(f"n_boot must be >= 1, got {self.n_boot}")
+        if not 0.0 < self.alpha < 1.0:
+            raise ValueError(f"alpha must be in (0, 1), got {self.alpha}")
+        if self.n_folds < 2:
+            raise ValueError(f"n_folds must be >= 2 for cross-fitting, got {self.n_folds}")
+        if self.ridge <= 0:
+            raise ValueError(f"ridge must be > 0, got {self.ridge}")
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
+        if self.switch_lambda < 0:
+            raise ValueError(f"switch_lambda must be >= 0, got {self.switch_lambda}")
+        if self.bandit_scope not in BANDIT_SCOPES:
+            raise ValueError(f"bandit_scope must be one of {BANDIT_SCOPES}, got {self.bandit_scope!r}")
+        if self.max_unsupported_mass < 0:
+            raise ValueError(f"max_unsupported_mass must be >= 0, got {self.max_unsupported_mass}")
+
+
+class NoSupportError(ValueError):
+    """The logged data cannot support the evaluation policy, so there is no number to give."""
+
+
+# ---------------------------------------------------------------------------- results
+@dataclass(frozen=True)
+class RatioTerms:
+    """How a self-normalised estimator is resampled: value = mean(direct) + sum(weighted) / sum(weights)."""
+
+    direct: np.ndarray
+    weighted: np.ndarray
+    weights: np.ndarray
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """An estimator's value and the per-round terms whose mean it is (obp's ``_estimate_round_rewards``).
+
+    ``ratio`` is set for SNIPS and SNDR, whose round rewards divide by the full-sample
+    mean weight; the bootstrap resamples the (weight, term) pairs instead.
+    """
+
+    name: str
+    value: float
+    round_rewards: np.ndarray
+    ratio: RatioTerms | None = None
+
+
+@dataclass(frozen=True)
+class Interval:
+    low: float
+    high: float
+    se: float  # standard deviation of the bootstrap replicates
+
+
+# ---------------------------------------------------------------------------- input checks
+def _where(i: int, labels: np.ndarray | None) -> str:
+    return f"row {i}" + (f" (decision {str(labels[i])!r})" if labels is not None else "")
+
+
+def _first(bad: np.ndarray) -> int:
+    return int(np.flatnonzero(bad)[0])
+
+
+def _vector(name: str, x, n: int | None = None, ref: str = "reward") -> np.ndarray:
+    x = np.asarray(x)
+    if x.ndim != 1:
+        raise ValueError(f"{name} must be 1-dimensional (one value per logged decision), got shape {x.shape}")
+    if n is not None and len(x) != n:
+        raise ValueError(f"{name} has {len(x)} rows, {ref} has {n}: every input needs one row per decision")
+    return x
+
+
+def _check_finite(name: str, x: np.ndarray, labels: np.ndarray | None = None, what: str = "") -> None:
+    bad = ~np.isfinite(x)
+    if bad.any():
+        bad_rows = bad.reshape(len(x), -1).any(axis=1)
+        raise ValueError(f"{name} is NaN or infinite in {int(bad_rows.sum())} rows, first at "
+                         f"{_where(_first(bad_rows), labels)}{what}")
+
+
+def _check_pscore(pscore: np.ndarray, labels: np.ndarray | None = None) -> None:
+    missing = np.isnan(pscore)
+    if missing.any():
+        raise ValueError(
+            f"propensity is missing in {int(missing.sum())} rows, first at "
+            f"{_where(_first(missing), labels)}: OPE needs the behaviour policy's probability of each "
+            "logged action. Log `propensity` with each TRAJECTORY_STEP, or estimate propensities (BC) and "
+            "say so in the report")
+    _check_finite("propensity", pscore, labels)
+    bad = (pscore <= 0.0) | (pscore > 1.0 + 1e-9)
+    if bad.any():
+        i = _first(bad)
+        raise ValueError(
+            f"propensity is {float(pscore[i])!r} at {_where(i, labels)} ({int(bad.sum())} rows outside "
+            "(0, 1]): a logged action must have had positive probability under the behaviour policy. The "
+            "log is corrupt or its propensity was rounded to 0; fix or drop these rows")
+
+
+def _check_action_dist(name: str, action_dist: np.ndarray, n: int, labels: np.ndarray | None = None) -> None:
+    if action_dist.ndim != 2 or action_dist.shape[0] != n:
+        raise ValueError(f"{name} must have shape (n_rounds={n}, n_actions), got {action_dist.shape}")
+    _check_finite(name, action_dist, labels)
+    neg = (action_dist < 0).any(axis=1)
+    if neg.any():
+        raise ValueError(f"{name} has negative probabilities at {_where(_first(neg), labels)}")
+    off = ~np.isclose(action_dist.sum(axis=1), 1.0, rtol=0.0, atol=1e-6)
+    if off.any():
+        i = _first(off)
+        raise ValueError(f"{name} rows must sum to 1; {_where(i, labels)} sums to {action_dist[i].sum():.8f}")
+
+
+def _check_bandit(reward, action, pscore, action_dist, q_hat=None) -> tuple[np.ndarray, ...]:
+    """Validate the obp-style bandit inputs; returns them as float/int arrays."""
+    reward = _vector("reward", reward).astype(np.float64)
+    n = len(reward)
+    if n == 0:
+        raise ValueError("empty dataset: there are no logged decisions to evaluate")
+    _check_finite("reward", reward)
+    out = [reward]
+    if action is not None:
+        action = _vector("action", action, n)
+        if not np.issubdtype(action.dtype, np.integer):
+            raise ValueError(f"action must be integer indices into the action tuple, got {action.dtype}")
+        out.append(action.astype(np.int64))
+    if pscore is not None:
+        pscore = _vector("pscore", pscore, n).astype(np.float64)
+        _check_pscore(pscore)
+        out.append(pscore)
+    action_dist = np.asarray(action_dist, dtype=np.float64)
+    _check_action_dist("action_dist", action_dist, n)
+    if action is not None and ((out[1] < 0) | (out[1] >= action_dist.shape[1])).any():
+        i = _first((out[1] < 0) | (out[1] >= action_dist.shape[1]))
+        raise ValueError(f"action {int(out[1][i])} at row {i} is outside 0..{action_dist.shape[1] - 1}")
+    out.append(action_dist)
+    if q_hat is not None:
+        q_hat = np.asarray(q_hat, dtype=np.float64)
+        if q_hat.shape != action_dist.shape:
+            raise ValueError(f"q_hat has shape {q_hat.shape} but action_dist has {action_dist.shape}")
+        _check_finite("q_hat", q_hat)
+        out.append(q_hat)
+    return tuple(out)
+
+
+# ---------------------------------------------------------------------------- bandit estimators
+def importance_weights(action: np.ndarray, pscore: np.ndarray, action_dist: np.ndarray) -> np.ndarray:
+    """w_i = pi_e(a_i|x_i) / pi_b(a_i|x_i)."""
+    return action_dist[np.arange(len(action)), action] / pscore
+
+
+def _policy_q(action_dist: np.ndarray, q_hat: np.ndarray) -> np.ndarray:
+    # obp: np.average(q_hat, weights=action_dist, axis=1), i.e. renormalised by the row sum
+    return np.average(q_hat, weights=action_dist, axis=1)
+
+
+def ips(reward, action, pscore, action_dist, *, lambda_: float = np.inf) -> Estimate:
+    """Inverse propensity scoring; ``lambda_`` clips the weights as obp's ``lambda_`` does."""
+    reward, action, pscore, action_dist = _check_bandit(reward, action, pscore, action_dist)
+    w = np.minimum(importance_weights(action, pscore, action_dist), lambda_)
+    rr = reward * w
+    return Estimate("ips", float(rr.mean()), rr)
+
+
+def snips(reward, action, pscore, action_dist) -> Estimate:
+    """Self-normalised IPS: sum(w r) / sum(w)."""
+    reward, action, pscore, action_dist = _check_bandit(reward, action, pscore, action_dist)
+    w = importance_weights(action, pscore, action_dist)
+    if w.sum() <= 0:
+        raise NoSupportError("SNIPS is undefined: the evaluation policy puts no mass on any logged action")
+    rr = reward * w / w.mean()
+    return Estimate("snips", float(rr.mean()), rr, RatioTerms(np.zeros_like(rr), reward * w, w))
+
+
+def dm(action_dist, q_hat) -> Estimate:
+    """Direct method: the reward model averaged over the evaluation policy."""
+    action_dist = np.asarray(action_dist, dtype=np.float64)
+    if action_dist.ndim != 2 or len(action_dist) == 0:
+        raise ValueError(f"action_dist must be a non-empty (n_rounds, n_actions) array: {action_dist.shape}")
+    _, action_dist, q_hat = _check_bandit(np.zeros(len(action_dist)), None, None, action_dist, q_hat)
+    rr = _policy_q(action_dist, q_hat)
+    return Estimate("dm", float(rr.mean()), rr)
+
+
+def dr(reward, action, pscore, action_dist, q_hat, *, lambda_: float = np.inf) -> Estimate:
+    """Doubly robust (Dudik et al. 2014); ``lambda_`` clips the weights as obp's does."""
+    reward, action, pscore, action_dist, q_hat = _check_bandit(reward, action, pscore, action_dist, q_hat)
+    n = len(reward)
+    w = np.minimum(importance_weights(action, pscore, action_dist), lambda_)
+    rr = _policy_q(action_dist, q_hat) + w * (reward - q_hat[np.arange(n), action])
+    return Estimate("dr", float(rr.mean()), rr)
+
+
+def sndr(reward, action, pscore, action_dist, q_hat) -> Estimate:
+    """Self-normalised DR: mean(q_hat(x, pi_e)) + sum(w (r - q_hat(x, a))) / sum(w)."""
+    reward, action, pscore, action_dist, q_hat = _check_bandit(reward, action, pscore, action_dist, q_hat)
+    n = len(reward)
+    w = importance_weights(action, pscore, action_dist)
+    if w.sum() <= 0:
+        raise NoSupportError("SNDR is undefined: the evaluation policy puts no mass on any logged action")
+    direct = _policy_q(action_dist, q_hat)
+    correction = w * (reward - q_hat[np.arange(n), action])
+    rr = direct + correction / w.mean()
+    return Estimate("sndr", float(rr.mean()), rr, RatioTerms(direct, correction, w))
+
+
+def switch_dr(reward, action, pscore, action_dist, q_hat, *, lambda_: float = np.inf) -> Estimate:
+    """Switch-DR (Wang et al. 2017): the DR correction only where w <= lambda_ (obp's ``lambda_``)."""
+    reward, action, pscore, action_dist, q_hat = _check_bandit(reward, action, pscore, action_dist, q_hat)
+    n = len(reward)
+    w = importance_weights(action, pscore, action_dist)
+    rr = _policy_q(action_dist, q_hat) + (w <= lambda_) * w * (reward - q_hat[np.arange(n), action])
+    return Estimate("switch_dr", float(rr.mean()), rr)
+
+
+# ---------------------------------------------------------------------------- bootstrap
+def bootstrap_ci(samples: Estimate | np.ndarray, n_boot: int = 1000, alpha: float = 0.05, seed: int = 0,
+                 *, groups: np.ndarray | None = None) -> Interval:
+    """Percentile bootstrap interval of an estimate (or of the mean of ``samples``).
+
+    Like obp's ``estimate_confidence_interval_by_bootstrap``: resample rounds with
+    replacement, recompute, take the alpha/2 and 1-alpha/2 percentiles (linear
+    interpolation). Two differences, both deliberate:
+
+    * Ratio estimators (SNIPS, SNDR) are recomputed as ratios on each resample. obp
+      resamples its round rewards ``w r / mean(w)``, whose denominator is the *full*
+      sample's mean weight, so its interval ignores the denominator's variability and the
+      covariance between numerator and denominator (too wide when rewards are far from 0).
+    * ``groups`` (e.g. session ids) resamples whole groups: rows of one group are dependent.
+
+    Replicates whose ratio denominator is 0 (no weight in the resample) are dropped; the
+    random stream is numpy's ``default_rng(seed)``, not obp's ``RandomState``.
+    """
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+    if n_boot < 1:
+        raise ValueError(f"n_boot must be >= 1, got {n_boot}")
+    if isinstance(samples, Estimate) and samples.ratio is not None:
+        r = samples.ratio
+        cols = np.column_stack([r.direct, r.weighted, r.weights])
+    else:
+        rr = samples.round_rewards if isinstance(samples, Estimate) else np.asarray(samples, dtype=np.float64)
+        cols = _vector("samples", rr).astype(np.float64)[:, None]
+    if len(cols) == 0:
+        raise ValueError("empty dataset: nothing to bootstrap")
+    _check_finite("bootstrap samples", cols)
+    cols = np.column_stack([cols, np.ones(len(cols))])  # last column counts rows
+    if groups is not None:
+        g = np.unique(_vector("groups", groups, len(cols), ref="samples"), return_inverse=True)[1]
+        sums = np.zeros((int(g.max()) + 1, cols.shape[1]))
+        np.add.at(sums, g, cols)
+        cols = sums
+
+    def statistic(s: np.ndarray) -> np.ndarray:  # s: (b, m) column sums of a resample
+        if s.shape[1] == 2:
+            return s[:, 0] / s[:, 1]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return s[:, 0] / s[:, 3] + s[:, 1] / s[:, 2]
+
+    rng = np.random.default_rng(seed)
+    n_units = len(cols)
+    reps = np.empty(n_boot)
+    chunk = max(1, 4_000_000 // (n_units * cols.shape[1]))
+    for start in range(0, n_boot, chunk):
+        b = min(chunk, n_boot - start)
+        idx = rng.integers(0, n_units, size=(b, n_units))
+        reps[start:start + b] = statistic(cols[idx].sum(axis=1))
+    reps = reps[np.isfinite(reps)]
+    if reps.size == 0:
+        return Interval(float("nan"), float("nan"), float("nan"))
+    low, high = np.percentile(reps, [100.0 * alpha / 2.0, 100.0 * (1.0 - alpha / 2.0)])
+    return Interval(float(low), float(high), float(reps.std(ddof=1)) if reps.size > 1 else 0.0)
+
+
+# ---------------------------------------------------------------------------- diagnostics
+def kish_ess(weights: np.ndarray) -> float:
+    """Kish effective sample size (sum w)^2 / sum w^2; 0 when every weight is 0."""
+    w = np.asarray(weights, dtype=np.float64)
+    s2 = float((w * w).sum())
+    return float(w.sum() ** 2 / s2) if s2 > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Support:
+    share: float  # fraction of logged decisions where pi_e(a_i|x_i) > 0
+    unsupported_mass: float  # mean over decisions of pi_e's mass on actions pi_b could not take there
+    unsupported_rows: int  # decisions with any such mass
+    reason: str | None  # why no number can be given, or None
+
+    @property
+    def no_support(self) -> bool:
+        return self.reason is not None
+
+
+def check_support(action_dist: np.ndarray, action: np.ndarray, pscore: np.ndarray, *,
+                  role: np.ndarray | None = None, behaviour_probs: np.ndarray | None = None,
+                  actions: tuple[str, ...] | None = None, policy_name: str = "policy",
+                  max_unsupported_mass: float = 1e-3) -> Support:
+    """Does the logged data support the evaluation policy?
+
+    An action ``a`` at decision ``i`` is unsupported when the behaviour policy could not
+    (or, in these logs, did not) take it there:
+
+    * ``behaviour_probs[i, a] == 0`` when the behaviour policy's full distribution is given;
+    * every ``a != a_i`` when the logged propensity is 1 (a deterministic behaviour, e.g.
+      SAGE's static table without exploration);
+    * ``(role_i, a)`` never logged at all (with ``role``): nothing is known about it.
+
+    Importance weighting is blind to such mass (it is never sampled), so above
+    ``max_unsupported_mass`` every estimate is withheld and ``reason`` says why.
+    """
+    n, k = action_dist.shape
+    unsupported = np.zeros((n, k), dtype=bool)
+    if behaviour_probs is not None:
+        behaviour_probs = np.asarray(behaviour_probs, dtype=np.float64)
+        if behaviour_probs.shape != (n, k):
+            raise ValueError(f"behaviour_probs has shape {behaviour_probs.shape}, expected {(n, k)}")
+        unsupported |= behaviour_probs <= 0.0
+    deterministic = pscore >= DETERMINISTIC_PSCORE
+    unsupported[deterministic] = True
+    unsupported[np.flatnonzero(deterministic), action[deterministic]] = False
+    if role is not None:
+        logged = np.zeros((int(role.max()) + 1, k), dtype=bool)
+        logged[role, action] = True
+        unsupported |= ~logged[role]
+    mass = (action_dist * unsupported).sum(axis=1)
+    share = float((action_dist[np.arange(n), action] > 0).mean())
+    unsupported_mass = float(mass.mean())
+    n_rows = int((mass > 1e-12).sum())
+    reason = None
+    if share == 0.0:
+        reason = (f"no support: policy {policy_name!r} puts no probability on any logged action, so the logs "
+                  "say nothing about it")
+    elif unsupported_mass > max_unsupported_mass:
+        worst = _worst_pairs(action_dist * unsupported, role, actions)
+        reason = (f"no support: policy {policy_name!r} puts {unsupported_mass:.1%} of its probability mass "
+                  f"on actions the behaviour policy never took in those contexts ({n_rows} of {n} decisions"
+                  f"{worst}); the logs cannot say how they would have done. Collect logs that explore these "
+                  "models, or evaluate a policy restricted to them")
+    return Support(share, unsupported_mass, n_rows, reason)
+
+
+def _worst_pairs(mass: np.ndarray, role: np.ndarray | None, actions: tuple[str, ...] | None) -> str:
+    """The (role, model) pairs with the most unsupported mass, for the no-support message."""
+    if role is None:
+        return ""
+    by_pair = np.zeros((len(ROLES), mass.shape[1]))
+    np.add.at(by_pair, role, mass)
+    top = np.unravel_index(np.argsort(by_pair, axis=None)[::-1][:3], by_pair.shape)
+    names = [f"{ROLES[r]}->{actions[a] if actions else a}"
+             for r, a in zip(*top, strict=True) if by_pair[r, a] > 0]
+    return "; mostly " + ", ".join(names) if names else ""
+
+
+# ---------------------------------------------------------------------------- multi-step estimators
+@dataclass(frozen=True)
+class EpisodeLayout:
+    """Decisions grouped into episodes: row i is step ``step[i]`` of episode ``episode[i]``."""
+
+    episode: np.ndarray  # (n,) int, 0..n_episodes-1
+    step: np.ndarray  # (n,) int
+    next_row: np.ndarray  # (n,) row of the next step of the same episode, -1 at the last step
+    lengths: np.ndarray  # (n_episodes,)
+    first_row: np.ndarray  # (n_episodes,) the row of each episode's step 0
+
+    @property
+    def n_episodes(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def horizon(self) -> int:
+        return int(self.lengths.max())
+
+    def grid(self, x: np.ndarray, fill: float = 0.0) -> np.ndarray:
+        """(n_episodes, horizon) array with x at [episode, step] and ``fill`` past each episode's end."""
+        out = np.full((self.n_episodes, self.horizon), fill, dtype=np.float64)
+        out[self.episode, self.step] = x
+        return out
+
+
+def episode_layout(episode_id, step, labels: np.ndarray | None = None) -> EpisodeLayout:
+    """Check that every episode has steps 0..len-1 exactly once and index them."""
+    episode_id = _vector("episode_id", episode_id)
+    step = _vector("step", step, len(episode_id))
+    if len(episode_id) == 0:
+        raise ValueError("empty dataset: there are no logged decisions to evaluate")
+    if not np.issubdtype(step.dtype, np.integer):
+        raise ValueError(f"step must be integer attempt indices, got dtype {step.dtype}")
+    uniq, episode = np.unique(episode_id, return_inverse=True)
+    order = np.lexsort((step, episode))
+    ep_sorted = episode[order]
+    lengths = np.bincount(episode, minlength=len(uniq))
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    expected = np.arange(len(order)) - starts[ep_sorted]
+    bad = step[order] != expected
+    if bad.any():
+        e = int(ep_sorted[_first(bad)])
+        steps = sorted(int(s) for s in step[episode == e])
+        raise ValueError(f"episode {str(uniq[e])!r} has steps {steps}; every episode needs steps 0..n-1 "
+                         "exactly once. Keep complete episodes only (routing dataset column "
+                         "`episode_complete`)")
+    next_sorted = np.full(len(order), -1)
+    same = ep_sorted[1:] == ep_sorted[:-1]
+    next_sorted[:-1][same] = order[1:][same]
+    next_row = np.empty_like(next_sorted)
+    next_row[order] = next_sorted
+    return EpisodeLayout(episode.astype(np.int64), step.astype(np.int64), next_row, lengths, order[starts])
+
+
+def _check_episode_inputs(n: int, **arrays) -> dict[str, np.ndarray]:
+    out = {}
+    for name, x in arrays.items():
+        x = _vector(name, x, n).astype(np.float64)
+        _check_finite(name, x)
+        out[name] = x
+    return out
+
+
+def _step_ratios(pscore, pi_logged, n: int) -> np.ndarray:
+    pscore = _vector("pscore", pscore, n).astype(np.float64)
+    _check_pscore(pscore)
+    pi_logged = _vector("pi_logged", pi_logged, n).astype(np.float64)
+    _check_finite("pi_logged", pi_logged)
+    bad = (pi_logged < 0) | (pi_logged > 1 + 1e-9)
+    if bad.any():
+        i = _first(bad)
+        raise ValueError(f"pi_logged must be probabilities in [0, 1]; row {i} is {pi_logged[i]}")
+    return pi_logged / pscore
+
+
+def pdis(reward, pscore, pi_logged, episode_id, step, *, gamma: float = 1.0) -> Estimate:
+    """Per-decision importance sampling: mean over episodes of sum_t gamma^t W_t r_t, W_t = prod_{k<=t} w_k.
+
+    ``pi_logged`` is the evaluation policy's probability of each logged action. The
+    round rewards are the per-episode returns, so the bootstrap resamples episodes.
+    """
+    lay = episode_layout(episode_id, step)
+    r = _check_episode_inputs(len(lay.step), reward=reward)["reward"]
+    W = np.cumprod(lay.grid(_step_ratios(pscore, pi_logged, len(r)), fill=1.0), axis=1)
+    G = (gamma ** np.arange(lay.horizon) * W * lay.grid(r)).sum(axis=1)
+    return Estimate("pdis", float(G.mean()), G)
+
+
+def step_dr(reward, pscore, pi_logged, q_logged, v_hat, episode_id, step, *, gamma: float = 1.0) -> Estimate:
+    """Step-wise doubly robust (Jiang & Li 2016; Thomas & Brunskill 2016).
+
+    Per episode: sum_t gamma^t [W_t (r_t - q_hat(s_t, a_t)) + W_{t-1} v_hat(s_t)], with
+    W_{-1} = 1 and v_hat(s) = sum_a pi_e(a|s) q_hat(s, a). Unbiased for any q_hat; the
+    closer q_hat is to the evaluation policy's Q-function, the smaller its variance.
+    """
+    lay = episode_layout(episode_id, step)
+    x = _check_episode_inputs(len(lay.step), reward=reward, q_logged=q_logged, v_hat=v_hat)
+    W = np.cumprod(lay.grid(_step_ratios(pscore, pi_logged, len(lay.step)), fill=1.0), axis=1)
+    W_prev = np.concatenate([np.ones((lay.n_episodes, 1)), W[:, :-1]], axis=1)
+    terms = W * (lay.grid(x["reward"]) - lay.grid(x["q_logged"])) + W_prev * lay.grid(x["v_hat"])
+    G = (gamma ** np.arange(lay.horizon) * terms).sum(axis=1)
+    return Estimate("step_dr", float(G.mean()), G)
+
+
+# ---------------------------------------------------------------------------- reward model
+def reward_basis(ctx: Contexts, spec: FeatureSpec = FeatureSpec()) -> np.ndarray:
+    """The numeric part of ``spec.encode`` plus complexity^2 (bends the logistic success curve)."""
+    x = spec.encode(ctx).astype(np.float64)
+    numeric = x[:, len(spec.roles):]
+    extra = [numeric[:, spec.numeric.index("task_complexity_score")] ** 2] \
+        if "task_complexity_score" in spec.numeric else []
+    return np.column_stack([numeric, *extra])
+
+
+@dataclass(frozen=True)
+class LinearQ:
+    """q(x, a) = mean + alpha[role, a] + basis(x) . (beta[role] + gamma[a]).
+
+    A (role, model) intercept plus slopes shared by the role's models and by the model's
+    roles: cells that only exploration reaches (a few dozen rows each) borrow their
+    slopes from the well-logged ones instead of being shrunk towards an unrelated mean.
+    """
+
+    mean: float
+    alpha: np.ndarray  # (n_roles, K)
+    beta: np.ndarray  # (n_roles, p)
+    gamma: np.ndarray  # (K, p)
+
+    def predict(self, role: np.ndarray, basis: np.ndarray) -> np.ndarray:
+        shared = (basis * self.beta[role]).sum(axis=1, keepdims=True)
+        return self.mean + self.alpha[role] + shared + basis @ self.gamma.T
+
+    @classmethod
+    def fit(cls, role: np.ndarray, action: np.ndarray, basis: np.ndarray, y: np.ndarray, n_roles: int,
+            n_actions: int, ridge: float) -> LinearQ:
+        """Ridge regression; intercepts are penalised 100x less than slopes.
+
+        The design [cell one-hot | role one-hot x basis | action one-hot x basis] is never
+        built: its normal equations are assembled from per-(role, action) sums, O(n p^2).
+        """
+        R, K, p = n_roles, n_actions, basis.shape[1]
+        mean = float(y.mean())
+        y = y - mean
+        cell = role * K + action
+
+        def per_cell(x: np.ndarray) -> np.ndarray:  # sum of x's rows by cell, (R, K, ...)
+            flat = x.reshape(len(x), -1)
+            sums = [np.bincount(cell, weights=col, minlength=R * K) for col in flat.T]
+            return np.stack(sums, axis=1).reshape(R, K, *x.shape[1:])
+
+        count = np.bincount(cell, minlength=R * K).astype(np.float64)
+        sy = np.bincount(cell, weights=y, minlength=R * K)
+        s1 = per_cell(basis)  # per cell: sum of basis
+        s2 = per_cell(basis[:, :, None] * basis[:, None, :])  # per cell: sum of basis outer products
+        syb = per_cell(y[:, None] * basis)
+
+        a0, b0 = R * K, R * K + R * p  # offsets of the role-slope and action-slope blocks
+        dim = b0 + K * p
+        A = np.zeros((dim, dim))
+        A[np.arange(a0), np.arange(a0)] = count
+        for r in range(R):
+            rs = slice(a0 + r * p, a0 + (r + 1) * p)
+            A[rs, rs] = s2[r].sum(axis=0)
+            for a in range(K):
+                c, as_ = r * K + a, slice(b0 + a * p, b0 + (a + 1) * p)
+                A[c, rs] = A[rs, c] = s1[r, a]
+                A[c, as_] = A[as_, c] = s1[r, a]
+                A[rs, as_] = s2[r, a]
+                A[as_, rs] = s2[r, a].T
+        for a in range(K):
+            as_ = slice(b0 + a * p, b0 + (a + 1) * p)
+            A[as_, as_] = s2[:, a].sum(axis=0)
+        rhs = np.concatenate([sy, syb.sum(axis=1).ravel(), syb.sum(axis=0).ravel()])
+        penalty = np.full(dim, ridge)
+        penalty[:a0] = ridge / 100.0
+        coef = np.linalg.solve(A + np.diag(penalty), rhs)
+        return cls(mean, coef[:a0].reshape(R, K), coef[a0:b0].reshape(R, p), coef[b0:].reshape(K, p))
+
+
+def cross_fit_q(ctx: Contexts, action: np.ndarray, reward: np.ndarray, groups: np.ndarray, n_actions: int, *,
+                next_row: np.ndarray | None = None, pi: np.ndarray | None = None, horizon: int = 1,
+                gamma: float = 1.0, n_folds: int = 5, ridge: float = 1.0, seed: int = 0,
+                spec: FeatureSpec = FeatureSpec()) -> np.ndarray:
+    """Cross-fitted q_hat(x, a) for every row and action, (n, K), from :class:`LinearQ`.
+
+    Folds are whole groups (sessions or episodes), so no episode is both in the data a
+    model is fitted on and in the rows it predicts. ``horizon=1``: the immediate reward.
+    ``horizon=H`` with ``next_row`` and ``pi``: fitted-Q evaluation of the policy ``pi``,
+    H sweeps of y = r + gamma * sum_a pi(a|s') q(s', a) (0 after an episode's last step),
+    each fold's targets computed from its own training model.
+    """
+    n = len(ctx)
+    basis = reward_basis(ctx, spec)
+    g = np.unique(groups, return_inverse=True)[1]
+    n_groups = int(g.max()) + 1
+    if n_groups < 2:
+        raise ValueError("cross-fitting needs at least 2 sessions or episodes, got 1")
+    k = min(n_folds, n_groups)
+    fold = (np.random.default_rng(seed).permutation(n_groups) % k)[g]
+    if horizon > 1 and (next_row is None or pi is None):
+        raise ValueError("fitted-Q evaluation (horizon > 1) needs next_row and pi")
+    has_next = next_row >= 0 if next_row is not None else np.zeros(n, dtype=bool)
+    n_roles = len(spec.roles)
+    q_hat = np.empty((n, n_actions))
+    for f in range(k):
+        train = fold != f
+        y = reward
+        for _ in range(horizon):
+            model = LinearQ.fit(ctx.role[train], action[train], basis[train], y[train], n_roles, n_actions,
+                                ridge)
+            q = model.predict(ctx.role, basis)
+            if horizon > 1:
+                y = reward + gamma * np.where(has_next, (pi[next_row] * q[next_row]).sum(axis=1), 0.0)
+        q_hat[fold == f] = q[fold == f]
+    return q_hat
+
+
+# ---------------------------------------------------------------------------- evaluate a policy
+class ActionProbs(Protocol):
+    def action_probs(self, ctx: Contexts) -> np.ndarray: ...
+
+
+@dataclass(frozen=True)
+class LoggedData:
+    """Logged routing decisions, one row each, in any order."""
+
+    contexts: Contexts
+    action: np.ndarray  # int64 index into ``actions``
+    reward: np.ndarray  # float64
+    pscore: np.ndarray  # float64, the behaviour policy's probability of the logged action
+    episode_id: np.ndarray  # one id per episode (a task's attempts)
+    actions: tuple[str, ...]  # the action order (the catalogue's)
+    session_id: np.ndarray | None = None  # when given, folds and the bootstrap group by session
+    labels: np.ndarray | None = None  # decision ids, for error messages
+
+    def __len__(self) -> int:
+        return len(self.action)
+
+    @property
+    def step(self) -> np.ndarray:
+        return self.contexts.step
+
+    @property
+    def groups(self) -> np.ndarray:
+        return self.session_id if self.session_id is not None else self.episode_id
+
+    @classmethod
+    def from_frame(cls, df, actions: tuple[str, ...]) -> LoggedData:
+        """From routing dataset rows (``routing_dataset.build_routing_dataset``)."""
+        return cls(
+            contexts=Contexts.from_frame(df),
+            action=df["action_index"].to_numpy(dtype=np.int64),
+            reward=df["reward"].to_numpy(dtype=np.float64),
+            pscore=df["propensity"].astype("float64").to_numpy(na_value=np.nan),
+            episode_id=df["episode_id"].to_numpy(dtype=object).astype(str),
+            actions=tuple(actions),
+            session_id=df["session_id"].to_numpy(dtype=object).astype(str) if "session_id" in df else None,
+            labels=df["decision_id"].to_numpy(dtype=object) if "decision_id" in df else None,
+        )
+
+    def validate(self) -> None:
+        n = len(self.contexts)
+        if n == 0:
+            raise ValueError("empty dataset: there are no logged decisions to evaluate")
+        for name in ("action", "reward", "pscore", "episode_id", "session_id", "labels"):
+            x = getattr(self, name)
+            if x is not None and (np.ndim(x) != 1 or len(x) != n):
+                raise ValueError(f"LoggedData.{name} has shape {np.shape(x)}, contexts have {n} rows")
+        if not np.issubdtype(np.asarray(self.action).dtype, np.integer):
+            raise ValueError(f"LoggedData.action must be integer action indices, got {self.action.dtype}")
+        out = (self.action < 0) | (self.action >= len(self.actions))
+        if out.any():
+            i = _first(out)
+            raise ValueError(f"action {int(self.action[i])} at {_where(i, self.labels)} is outside "
+                             f"0..{len(self.actions) - 1}")
+        _check_finite("reward", np.asarray(self.reward, dtype=np.float64), self.labels,
+                      ": drop or repair these rows before evaluating")
+        _check_pscore(np.asarray(self.pscore, dtype=np.float64), self.labels)
+
+
+@dataclass(frozen=True)
+class EstimatorResult:
+    name: str
+    scope: str  # "decision" (per-decision reward) or "episode" (episode return)
+    value: float | None  # None: withheld (no support)
+    ci_low: float | None
+    ci_high: float | None
+    se: float | None  # bootstrap standard error
+
+    def format(self) -> str:
+        if self.value is None:
+            return f"{self.name}: no support"
+        return f"{self.name}: {self.value:.4f} [{self.ci_low:.4f}, {self.ci_high:.4f}]"
+
+
+@dataclass(frozen=True)
+class PolicyEvaluation:
+    policy: str
+    estimates: dict[str, EstimatorResult]  # BANDIT_ESTIMATORS then EPISODE_ESTIMATORS
+    n_decisions: int
+    n_episodes: int
+    n_bandit_rounds: int
+    ess: float  # Kish ESS of the bandit rounds' importance weights
+    ess_episode: float  # Kish ESS of the episodes' trajectory weights prod_t w_t
+    max_weight: float
+    support_share: float
+    unsupported_mass: float
+    no_support_reason: str | None
+    config: OPEConfig
+
+    headline_estimator = "step_dr"  # the episode-return estimate to compare with ground truth
+
+    @property
+    def no_support(self) -> bool:
+        return self.no_support_reason is not None
+
+    @property
+    def value(self) -> float | None:
+        return self.estimates[self.headline_estimator].value
+
+    def to_dict(self) -> dict:
+        d = asdict(self)  # nested dataclasses (config, feature spec) become dicts too
+        d["no_support"] = self.no_support
+        return d
+
+    def format(self) -> str:
+        head = (f"{self.policy}: {self.n_decisions} decisions, {self.n_episodes} episodes, "
+                f"ESS {self.ess:.0f}/{self.n_bandit_rounds} "
+                f"(episodes {self.ess_episode:.0f}/{self.n_episodes}), "
+                f"support share {self.support_share:.1%}")
+        if self.no_support:
+            return f"{head}\n  {self.no_support_reason}"
+        return head + "".join(f"\n  {e.format()}" for e in self.estimates.values())
+
+
+def policy_probs(policy: ActionProbs, data: LoggedData) -> np.ndarray:
+    """The evaluation policy's (n, K) probabilities on the logged contexts, checked."""
+    name = getattr(policy, "name", type(policy).__name__)
+    own = getattr(policy, "actions", None)
+    if own is not None and tuple(own) != tuple(data.actions):
+        raise ValueError(f"policy {name!r} orders its actions {tuple(own)}, the logged data "
+                         f"{tuple(data.actions)}: evaluate it on data built with the same model catalogue")
+    probs = np.asarray(policy.action_probs(data.contexts), dtype=np.float64)
+    if probs.shape != (len(data), len(data.actions)):
+        raise ValueError(f"policy {name!r} returned probabilities of shape {probs.shape}, "
+                         f"expected {(len(data), len(data.actions))}")
+    _check_action_dist(f"policy {name!r} probabilities", probs, len(data), data.labels)
+    return probs
+
+
+def evaluate_policy(data: LoggedData, policy: ActionProbs, config: OPEConfig = OPEConfig(), *,
+                    behaviour_probs: np.ndarray | None = None,
+                    progress: Callable[[str], None] = log.info) -> PolicyEvaluation:
+    """Every estimator, its percentile-bootstrap CI, the ESS and the support check for ``policy``.
+
+    Bandit estimators treat each of ``config.bandit_scope``'s decisions as a round, with an
+    immediate-reward model; PDIS and step-wise DR estimate the expected episode return,
+    the latter with fitted-Q evaluation of ``policy``. Both models are cross-fitted by
+    session. When the logs do not support the policy no estimate is computed: every value
+    is None and ``no_support_reason`` says why.
+    """
+    data.validate()
+    name = getattr(policy, "name", type(policy).__name__)
+    pi = policy_probs(policy, data)
+    lay = episode_layout(data.episode_id, data.step, data.labels)
+    reward = np.asarray(data.reward, dtype=np.float64)
+    pscore = np.asarray(data.pscore, dtype=np.float64)
+    n = len(data)
+
+    support = check_support(pi, data.action, pscore, role=data.contexts.role, behaviour_probs=behaviour_probs,
+                            actions=data.actions, policy_name=name,
+                            max_unsupported_mass=config.max_unsupported_mass)
+    w = importance_weights(data.action, pscore, pi)
+    rounds = lay.first_row if config.bandit_scope == "first_step" else np.arange(n)
+    traj_w = np.cumprod(lay.grid(w, fill=1.0), axis=1)[:, -1]
+    # the bootstrap resamples sessions when known (their decisions are dependent), else episodes
+    clustered = data.session_id is not None or config.bandit_scope != "first_step"
+    boot_groups = data.groups[rounds] if clustered else None
+    episode_groups = data.session_id[lay.first_row] if data.session_id is not None else None
+
+    def result(scope: str, est: Estimate, groups: np.ndarray | None) -> EstimatorResult:
+        ci = bootstrap_ci(est, config.n_boot, config.alpha, config.seed, groups=groups)
+        return EstimatorResult(est.name, scope, est.value, ci.low, ci.high, ci.se)
+
+    if support.no_support:
+        progress(f"OPE {name}: {support.reason}")
+        estimates = {k: EstimatorResult(k, "decision", None, None, None, None) for k in BANDIT_ESTIMATORS}
+        estimates |= {k: EstimatorResult(k, "episode", None, None, None, None) for k in EPISODE_ESTIMATORS}
+    else:
+        K = len(data.actions)
+        fit = dict(n_folds=config.n_folds, ridge=config.ridge, seed=config.seed, spec=config.feature_spec)
+        q_reward = cross_fit_q(data.contexts, data.action, reward, data.groups, K, **fit)
+        q_return = cross_fit_q(data.contexts, data.action, reward, data.groups, K, next_row=lay.next_row,
+                               pi=pi, horizon=lay.horizon, gamma=config.gamma, **fit)
+        r, a, p, d, q = reward[rounds], data.action[rounds], pscore[rounds], pi[rounds], q_reward[rounds]
+        bandit = [ips(r, a, p, d), snips(r, a, p, d), dm(d, q), dr(r, a, p, d, q), sndr(r, a, p, d, q),
+                  switch_dr(r, a, p, d, q, lambda_=config.switch_lambda)]
+        pi_logged = pi[np.arange(n), data.action]
+        q_logged = q_return[np.arange(n), data.action]
+        v_hat = (pi * q_return).sum(axis=1)
+        ep, st, g = lay.episode, lay.step, config.gamma
+        episode = [pdis(reward, pscore, pi_logged, ep, st, gamma=g),
+                   step_dr(reward, pscore, pi_logged, q_logged, v_hat, ep, st, gamma=g)]
+        estimates = {e.name: result("decision", e, boot_groups) for e in bandit}
+        estimates |= {e.name: result("episode", e, episode_groups) for e in episode}
+        progress(f"OPE {name}: {n} decisions, {lay.n_episodes} episodes; "
+                 + ", ".join(f"{k} {v.value:.4f}" for k, v in estimates.items()))
+
+    return PolicyEvaluation(
+        policy=name, estimates=estimates, n_decisions=n, n_episodes=lay.n_episodes,
+        n_bandit_rounds=len(rounds), ess=kish_ess(w[rounds]), ess_episode=kish_ess(traj_w),
+        max_weight=float(w.max()), support_share=support.share, unsupported_mass=support.unsupported_mass,
+        no_support_reason=support.reason, config=config)
