@@ -1,0 +1,257 @@
+"""Offline evaluation: does a learned policy beat the static YAML table, by how much, and
+how sure are we?
+
+Every policy is evaluated on the eval split with every OPE estimator (interval, ESS,
+support). When the data comes from the routing simulator, each policy is also valued
+exactly, so the report puts side by side: the OPE estimate with its interval, the
+ground truth, the estimator's relative error and the regret closure
+``(V_policy - V_static) / (V_oracle - V_static)``.
+
+The promotion gate reads OPE only, never ground truth: a policy is promoted when the
+lower bound of its step-wise DR interval (the estimator of the episode value) beats the
+static table's step-wise DR estimate.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from sage_pipeline import artifacts
+from sage_pipeline.rl import ope
+from sage_pipeline.routing.catalogue import ModelCatalogue
+from sage_pipeline.routing.reward import RewardSpec
+from sage_pipeline.routing.simulator import RoutingSimulator, SimulatorConfig, Tasks
+from sage_pipeline.routing.table import RoutingTable
+
+log = logging.getLogger(__name__)
+
+STATIC = "static_table"
+GATE_ESTIMATOR = "step_dr"
+
+
+# ------------------------------------------------------------------ ground truth
+def simulator_from_manifest(manifest: str | Path, catalogue: ModelCatalogue, table: RoutingTable,
+                            reward: RewardSpec) -> RoutingSimulator:
+    """The simulator that generated the logs (its config is in the collector's manifest),
+    valuing rewards as the dataset does (``reward``: the dataset's recorded spec)."""
+    raw = json.loads(Path(manifest).read_text(encoding="utf-8"))["simulator"]
+    raw["reward"] = reward
+    return RoutingSimulator(catalogue, table, SimulatorConfig(**raw))
+
+
+def eval_tasks(data: ope.LoggedData) -> Tasks:
+    """The tasks of the logged episodes: their contexts at the first attempt."""
+    first = np.flatnonzero(data.contexts.step == 0)
+    c = data.contexts
+    return Tasks(c.role[first], c.task_complexity_score[first], c.prompt_tokens[first])
+
+
+@dataclass(frozen=True)
+class GroundTruth:
+    episode_value: dict[str, float]  # exact expected episode return, per policy and "oracle"
+    first_step_value: dict[str, float]  # exact expected reward of the first decision
+    n_tasks: int
+
+
+def ground_truth(sim: RoutingSimulator, tasks: Tasks, policies: dict[str, object]) -> GroundTruth:
+    ctx0 = sim.contexts(tasks, np.zeros(len(tasks), dtype=np.int64), np.zeros(len(tasks), dtype=np.int64))
+    q0 = np.stack([_expected_or_zero(sim, ctx0, a) for a in range(sim.K)], axis=1)
+    episode, first = {}, {}
+    for name, pol in {**policies, "oracle": sim.oracle_policy()}.items():
+        episode[name] = sim.policy_value(pol, tasks).mean
+        first[name] = float((pol.action_probs(ctx0) * q0).sum(axis=1).mean())
+    return GroundTruth(episode, first, len(tasks))
+
+
+def _expected_or_zero(sim: RoutingSimulator, ctx, a: int) -> np.ndarray:
+    """Exact expected reward of action ``a`` where it is a candidate, 0 elsewhere."""
+    ok = sim.role_mask[ctx.role, a]
+    out = np.zeros(len(ctx))
+    if ok.any():
+        idx = np.flatnonzero(ok)
+        out[idx] = sim.expected_reward(ctx.take(idx), np.full(len(idx), a))
+    return out
+
+
+def regret_closure(v: float, v_static: float, v_oracle: float) -> float | None:
+    gap = v_oracle - v_static
+    return None if abs(gap) < 1e-12 else (v - v_static) / gap
+
+
+# ------------------------------------------------------------------ gate
+@dataclass(frozen=True)
+class GateDecision:
+    promoted: str | None
+    reason: str
+    estimator: str = GATE_ESTIMATOR
+    static_estimate: float | None = None
+    candidates: dict[str, dict] = field(default_factory=dict)  # name -> {ci_low, passed, why}
+
+
+def promotion_gate(evals: dict[str, ope.PolicyEvaluation], static: str = STATIC,
+                   estimator: str = GATE_ESTIMATOR) -> GateDecision:
+    """Promote the candidate whose ``estimator`` lower bound beats the static table's
+    ``estimator`` estimate by the widest margin; else say why none was promoted."""
+    if static not in evals or evals[static].estimates[estimator].value is None:
+        return GateDecision(None, f"no promotion: the static table has no {estimator} estimate "
+                                  f"({evals[static].no_support_reason if static in evals else 'not evaluated'})")
+    base = evals[static].estimates[estimator].value
+    cands = {}
+    for name, ev in evals.items():
+        if name == static:
+            continue
+        e = ev.estimates[estimator]
+        if e.value is None:
+            cands[name] = {"ci_low": None, "passed": False, "why": f"no support: {ev.no_support_reason}"}
+        else:
+            passed = e.ci_low > base
+            cands[name] = {"ci_low": e.ci_low, "estimate": e.value, "passed": passed,
+                           "why": (f"{estimator} lower bound {e.ci_low:.4f} {'>' if passed else '<='} "
+                                   f"static estimate {base:.4f}")}
+    winners = {n: c for n, c in cands.items() if c["passed"]}
+    if not winners:
+        detail = "; ".join(f"{n}: {c['why']}" for n, c in cands.items()) or "no candidate policy"
+        return GateDecision(None, f"no policy promoted: {detail}", estimator, base, cands)
+    best = max(winners, key=lambda n: winners[n]["ci_low"])
+    return GateDecision(best, f"promoted {best}: {winners[best]['why']}", estimator, base, cands)
+
+
+def promote(decision: GateDecision, checkpoints: dict[str, Path], dest: str | Path,
+            evidence: dict) -> Path | None:
+    """Copy the promoted checkpoint to ``dest`` atomically, with ``promotion.json``.
+
+    When nothing is promoted, ``dest`` is left as it is (the last promoted policy stays).
+    """
+    if decision.promoted is None:
+        return None
+    src = checkpoints.get(decision.promoted)
+    if src is None or not Path(src).is_dir():
+        raise FileNotFoundError(f"checkpoint of promoted policy {decision.promoted!r} not found at {src}")
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    try:
+        shutil.copytree(src, tmp, dirs_exist_ok=True)
+        os.chmod(tmp, 0o755)
+        artifacts.write_json(tmp / "promotion.json", {"policy": decision.promoted, "source": str(src),
+                                                     "reason": decision.reason, **evidence})
+        old = dest.with_name(f".{dest.name}.old")
+        if dest.exists():
+            os.replace(dest, old)
+        os.replace(tmp, dest)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return dest
+
+
+# ------------------------------------------------------------------ the report
+@dataclass(frozen=True)
+class OfflineEvalReport:
+    evaluations: dict[str, ope.PolicyEvaluation]
+    truth: GroundTruth | None
+    gate: GateDecision
+
+    def rows(self) -> list[dict]:
+        """One row per (policy, estimator): estimate, interval, truth, relative error."""
+        out = []
+        for name, ev in self.evaluations.items():
+            for est, e in ev.estimates.items():
+                truth = None
+                if self.truth is not None:
+                    table = self.truth.episode_value if e.scope == "episode" else self.truth.first_step_value
+                    truth = table.get(name)
+                rel = (abs(e.value - truth) / abs(truth)) if (e.value is not None and truth) else None
+                out.append({"policy": name, "estimator": est, "scope": e.scope, "estimate": e.value,
+                            "ci_low": e.ci_low, "ci_high": e.ci_high, "ground_truth": truth,
+                            "relative_error": rel,
+                            "covered": (None if truth is None or e.value is None
+                                        else bool(e.ci_low <= truth <= e.ci_high))})
+        return out
+
+    def summary(self) -> list[dict]:
+        """One row per policy: headline estimate, ESS, support, truth, regret closure."""
+        out = []
+        for name, ev in self.evaluations.items():
+            e = ev.estimates[GATE_ESTIMATOR]
+            row = {"policy": name, GATE_ESTIMATOR: e.value, "ci_low": e.ci_low, "ci_high": e.ci_high,
+                   "ess_episodes": ev.ess_episode, "support_share": ev.support_share,
+                   "no_support": ev.no_support_reason}
+            if self.truth is not None:
+                gt = self.truth.episode_value
+                row |= {"ground_truth": gt[name],
+                        "regret_closure": regret_closure(gt[name], gt[STATIC], gt["oracle"])}
+            out.append(row)
+        if self.truth is not None:
+            out.append({"policy": "oracle", "ground_truth": self.truth.episode_value["oracle"],
+                        "regret_closure": 1.0})
+        return out
+
+    def to_dict(self) -> dict:
+        return {
+            "summary": self.summary(), "estimates": self.rows(),
+            "evaluations": {k: v.to_dict() for k, v in self.evaluations.items()},
+            "ground_truth": asdict(self.truth) if self.truth else None,
+            "gate": asdict(self.gate),
+        }
+
+
+def run_offline_eval(df_eval: pd.DataFrame, policies: dict[str, object], catalogue: ModelCatalogue,
+                     config: ope.OPEConfig = ope.OPEConfig(), sim: RoutingSimulator | None = None,
+                     progress: Callable[[str], None] = log.info) -> OfflineEvalReport:
+    """Evaluate ``policies`` (must include ``static_table``) on the eval rows."""
+    if STATIC not in policies:
+        raise ValueError(f"policies must include {STATIC!r}: it is the baseline every policy is compared with")
+    if df_eval.empty:
+        raise ValueError("the eval split is empty: rebuild routing_dataset with a larger eval_fraction or more data")
+    data = ope.LoggedData.from_frame(df_eval, catalogue.actions)
+    evals = {name: ope.evaluate_policy(data, pol, config, progress=progress) for name, pol in policies.items()}
+    truth = ground_truth(sim, eval_tasks(data), policies) if sim is not None else None
+    return OfflineEvalReport(evals, truth, promotion_gate(evals))
+
+
+def plot_offline_eval(report: OfflineEvalReport) -> bytes:
+    """Per policy: every episode-level and decision-level estimate with its 95% interval,
+    ground truth marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in report.rows() if r["estimate"] is not None]
+    policies = list(report.evaluations)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 3.8), sharey=False)
+    for ax, scope, title in ((axes[0], "episode", "episode return"), (axes[1], "decision", "first-decision reward")):
+        sub = [r for r in rows if r["scope"] == scope]
+        ests = sorted({r["estimator"] for r in sub}, key=[r["estimator"] for r in sub].index)
+        width = 0.8 / max(len(ests), 1)
+        for j, est in enumerate(ests):
+            xs, ys, lo, hi = [], [], [], []
+            for i, p in enumerate(policies):
+                r = next((r for r in sub if r["policy"] == p and r["estimator"] == est), None)
+                if r:
+                    xs.append(i + (j - (len(ests) - 1) / 2) * width)
+                    ys.append(r["estimate"])
+                    lo.append(r["estimate"] - r["ci_low"])
+                    hi.append(r["ci_high"] - r["estimate"])
+            ax.errorbar(xs, ys, yerr=[lo, hi], fmt="o", ms=3, capsize=2, label=est)
+        if report.truth is not None:
+            truth = report.truth.episode_value if scope == "episode" else report.truth.first_step_value
+            for i, p in enumerate(policies):
+                ax.hlines(truth[p], i - 0.45, i + 0.45, colors="k", linestyles="--", lw=1)
+            ax.axhline(truth["oracle"], color="tab:green", lw=0.8, ls=":", label="oracle (truth)")
+        ax.set_xticks(range(len(policies)), policies, fontsize=8)
+        ax.set_title(f"{title}: estimate, 95% CI; dashed = ground truth", fontsize=8)
+        ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return artifacts.png_bytes(fig)
