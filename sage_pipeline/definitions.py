@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import dagster as dg
 
-from sage_pipeline.defs import routing_assets, routing_checks
+from sage_pipeline.defs import policy_assets, routing_assets, routing_checks
 from sage_pipeline.defs.resources import SageResource
 
 ROUTING_ASSETS = [routing_assets.synthetic_sessions, routing_assets.trajectories,
-                  routing_assets.routing_dataset, routing_assets.reward_report]
+                  routing_assets.routing_dataset, routing_assets.reward_report,
+                  policy_assets.bc_policy, policy_assets.cql_policy, policy_assets.offline_eval]
 
 offline_routing_job = dg.define_asset_job(
     "offline_routing", selection=dg.AssetSelection.groups(routing_assets.GROUP),
-    description="The offline routing chain: logs -> trajectories -> routing_dataset -> reports.")
+    description="The offline routing chain: logs -> trajectories -> routing_dataset -> reward_report "
+                "-> bc_policy, cql_policy -> offline_eval (with the promotion gate).")
 
 sage_main_job = dg.define_asset_job(
     "sage_main", selection=dg.AssetSelection.all(),

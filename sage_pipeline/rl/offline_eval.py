@@ -29,6 +29,7 @@ import pandas as pd
 from sage_pipeline import artifacts
 from sage_pipeline.rl import ope
 from sage_pipeline.routing.catalogue import ModelCatalogue
+from sage_pipeline.routing.features import Contexts
 from sage_pipeline.routing.reward import RewardSpec
 from sage_pipeline.routing.simulator import RoutingSimulator, SimulatorConfig, Tasks
 from sage_pipeline.routing.table import RoutingTable
@@ -154,6 +155,39 @@ def promote(decision: GateDecision, checkpoints: dict[str, Path], dest: str | Pa
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return dest
+
+
+# ------------------------------------------------------------------ propensities, selection
+PROPENSITY_FLOOR = 1e-3
+
+
+def fill_missing_propensities(df: pd.DataFrame, behaviour_model) -> tuple[pd.DataFrame, int]:
+    """Logs without propensities: use the (calibrated BC) behaviour model's probability of
+    the logged action, floored at PROPENSITY_FLOOR. Returns the frame and how many rows
+    were filled; ``propensity_source`` says ``estimated_bc`` on those rows."""
+    missing = df["propensity"].isna().to_numpy()
+    if not missing.any():
+        return df, 0
+    sub = df.loc[missing]
+    probs = behaviour_model.action_probs(Contexts.from_frame(sub))
+    p = probs[np.arange(len(sub)), sub["action_index"].to_numpy(dtype=np.int64)]
+    out = df.copy()
+    out.loc[missing, "propensity"] = np.maximum(p, PROPENSITY_FLOOR)
+    out.loc[missing, "propensity_source"] = "estimated_bc"
+    return out, int(missing.sum())
+
+
+def select_by_ope(candidates: dict[str, object], df_eval: pd.DataFrame, catalogue: ModelCatalogue,
+                  config: ope.OPEConfig = ope.OPEConfig(),
+                  progress: Callable[[str], None] = log.info) -> tuple[str | None, dict[str, ope.PolicyEvaluation]]:
+    """Pick the candidate with the highest lower bound of its step-wise DR interval on the
+    eval split (pessimistic: a wide interval does not win). Never reads ground truth.
+    ``None`` when no candidate has support in the eval split (each evaluation says why)."""
+    data = ope.LoggedData.from_frame(df_eval, catalogue.actions)
+    evals = {name: ope.evaluate_policy(data, pol, config, progress=progress) for name, pol in candidates.items()}
+    scored = {n: e.estimates[GATE_ESTIMATOR].ci_low for n, e in evals.items()
+              if e.estimates[GATE_ESTIMATOR].ci_low is not None}
+    return (max(scored, key=scored.get) if scored else None), evals
 
 
 # ------------------------------------------------------------------ the report
