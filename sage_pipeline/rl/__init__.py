@@ -4,6 +4,7 @@ Importing this package must not import dagster, great_expectations or docker: th
 router that loads a policy at run time pays only for numpy (and torch for neural ones).
 """
 
+from sage_pipeline.rl.checkpoint import CheckpointError, load_policy
 from sage_pipeline.rl.policy import (
     EpsilonGreedyPolicy,
     Policy,
@@ -11,4 +12,4 @@ from sage_pipeline.rl.policy import (
     UniformPolicy,
 )
 
-__all__ = ["EpsilonGreedyPolicy", "Policy", "StaticTablePolicy", "UniformPolicy"]
+__all__ = ["CheckpointError", "EpsilonGreedyPolicy", "Policy", "StaticTablePolicy", "UniformPolicy", "load_policy"]

@@ -1,0 +1,113 @@
+"""Checkpoint format: atomic save, numpy serving, mismatch errors that say what differs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from sage_pipeline.rl.checkpoint import (
+    CheckpointError,
+    CheckpointMeta,
+    load_policy,
+    masked_greedy,
+    masked_softmax,
+    save_checkpoint,
+)
+from sage_pipeline.routing.catalogue import ModelCatalogue
+from sage_pipeline.routing.features import Contexts, FeatureSpec
+
+
+@pytest.fixture(scope="module")
+def catalogue():
+    return ModelCatalogue.load()
+
+
+def _net(rng, spec, k, hidden=8):
+    return [(rng.normal(size=(hidden, spec.dim)).astype(np.float32), rng.normal(size=hidden).astype(np.float32)),
+            (rng.normal(size=(k, hidden)).astype(np.float32), rng.normal(size=k).astype(np.float32))]
+
+
+def _ctx(n, rng):
+    return Contexts(role=rng.integers(0, 8, n), task_complexity_score=rng.random(n),
+                    prompt_tokens=rng.integers(200, 9000, n).astype(float), step=np.zeros(n, int),
+                    failure_count=np.zeros(n, int), primary_failure_count=np.zeros(n, int))
+
+
+def _meta(catalogue, spec, **kw):
+    return CheckpointMeta(kind="test", feature_spec=spec.to_dict(), actions=list(catalogue.actions),
+                          role_mask=catalogue.role_mask().tolist(), **kw)
+
+
+def test_round_trip_serves_the_same_probabilities(tmp_path, catalogue):
+    rng, spec = np.random.default_rng(0), FeatureSpec()
+    nets = [_net(rng, spec, len(catalogue.actions)) for _ in range(2)]
+    save_checkpoint(tmp_path / "ck", _meta(catalogue, spec, head="greedy"), nets)
+    pol = load_policy(tmp_path / "ck", spec, catalogue.actions)
+    ctx = _ctx(50, rng)
+    x = spec.encode(ctx)
+    q = np.mean([np.maximum(x @ n[0][0].T + n[0][1], 0) @ n[1][0].T + n[1][1] for n in nets], axis=0)
+    mask = catalogue.role_mask()[ctx.role]
+    np.testing.assert_allclose(pol.outputs(ctx), q, rtol=1e-5, atol=1e-5)
+    probs = pol.action_probs(ctx)
+    assert (probs[~mask] == 0).all() and np.allclose(probs.sum(1), 1)
+    assert (probs.argmax(1) == np.where(mask, q, -np.inf).argmax(1)).all()
+
+
+def test_masked_heads_never_choose_a_masked_action():
+    vals = np.array([[5.0, 1.0, 0.0], [0.0, 2.0, 9.0]])
+    mask = np.array([[False, True, True], [True, True, False]])
+    assert masked_greedy(vals, mask).argmax(1).tolist() == [1, 1]
+    p = masked_softmax(vals, mask, temperature=0.5)
+    assert (p[~mask] == 0).all() and np.allclose(p.sum(1), 1)
+
+
+def test_feature_spec_and_action_mismatch_say_what_differs(tmp_path, catalogue):
+    rng, spec = np.random.default_rng(1), FeatureSpec()
+    save_checkpoint(tmp_path / "ck", _meta(catalogue, spec), [_net(rng, spec, len(catalogue.actions))])
+    with pytest.raises(CheckpointError, match=r"max_count: 8 != 4"):
+        load_policy(tmp_path / "ck", FeatureSpec(max_count=4), catalogue.actions)
+    other = FeatureSpec(numeric=("task_complexity_score", "step"))
+    with pytest.raises(CheckpointError, match=r"feature spec numeric"):
+        load_policy(tmp_path / "ck", other)
+    with pytest.raises(CheckpointError, match=r"unknown to the data: \['llama-3.1-8b'\]"):
+        load_policy(tmp_path / "ck", spec, catalogue.actions[:-1])
+    with pytest.raises(CheckpointError, match=r"missing in checkpoint: \['new-model'\]"):
+        load_policy(tmp_path / "ck", spec, (*catalogue.actions, "new-model"))
+
+
+def test_missing_or_malformed_checkpoints(tmp_path, catalogue):
+    with pytest.raises(CheckpointError, match="policy.json not found"):
+        load_policy(tmp_path / "nothing")
+    ck = tmp_path / "ck"
+    spec = FeatureSpec()
+    save_checkpoint(ck, _meta(catalogue, spec), [_net(np.random.default_rng(2), spec, len(catalogue.actions))])
+    raw = json.loads((ck / "policy.json").read_text())
+    (ck / "policy.json").write_text(json.dumps(raw | {"version": 99}))
+    with pytest.raises(CheckpointError, match="checkpoint version 99"):
+        load_policy(ck)
+    (ck / "policy.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="not valid JSON"):
+        load_policy(ck)
+    with pytest.raises(CheckpointError, match="head must be one of"):
+        save_checkpoint(tmp_path / "bad", _meta(catalogue, spec, head="argmax"), [_net(np.random.default_rng(3), spec, 6)])
+
+
+def test_save_replaces_atomically_and_leaves_no_temporaries(tmp_path, catalogue):
+    rng, spec = np.random.default_rng(4), FeatureSpec()
+    for _ in range(2):
+        save_checkpoint(tmp_path / "ck", _meta(catalogue, spec), [_net(rng, spec, len(catalogue.actions))])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["policy.json", "weights.npz"]
+
+
+def test_load_policy_imports_no_torch_dagster_or_gx(tmp_path, catalogue):
+    spec = FeatureSpec()
+    save_checkpoint(tmp_path / "ck", _meta(catalogue, spec), [_net(np.random.default_rng(5), spec, 6)])
+    code = (f"import sys; from sage_pipeline.rl import load_policy; load_policy({str(tmp_path / 'ck')!r}); "
+            "bad = [m for m in ('torch', 'dagster', 'great_expectations', 'docker') if m in sys.modules]; "
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)
