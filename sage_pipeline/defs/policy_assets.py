@@ -51,7 +51,7 @@ def bc_policy(context: dg.AssetExecutionContext, config: BCPolicyConfig, sage: S
 
 class CQLPolicyConfig(dg.Config):
     mode: str = Field("multistep", description="'multistep' (episodes, double-DQN target) or 'bandit' (one decision)")
-    alphas: list[float] = Field([0.03, 0.1, 0.3, 1.0], description="conservative weights tried; the one with "
+    alphas: list[float] = Field(list(oe.DEFAULT_ALPHAS), description="conservative weights tried; the one with "
                                 "the best step-wise DR lower bound on the eval split is kept")
     steps: int = Field(3000, description="gradient steps")
     n_critics: int = 2
@@ -65,19 +65,10 @@ class CQLPolicyConfig(dg.Config):
                       "simulator ground truth. Checkpoint in checkpoints/cql/.")
 def cql_policy(context: dg.AssetExecutionContext, config: CQLPolicyConfig, sage: SageResource) -> dg.MaterializeResult:
     path, df = _dataset(sage)
-    data = from_dataset(df, sage.catalogue)
     cfg = cql.CQLConfig(mode=config.mode, steps=config.steps, n_critics=config.n_critics, seed=config.seed)
-    results = cql.train_cql_grid(data.split_rows("train"), FeatureSpec(), cfg, config.alphas, log=context.log.info)
-    cands = {f"alpha={a:g}": r.policy() for a, r in zip(config.alphas, results)}
-    best, evals = oe.select_by_ope(cands, df[df["split"] == "eval"], sage.catalogue,
-                                   ope.OPEConfig(n_boot=config.n_boot, seed=config.seed), progress=context.log.info)
-    # no candidate supported by the eval split: keep the most conservative one, and say so
-    how = "step_dr lower bound on the eval split" if best else "largest alpha: no candidate has support in eval"
-    best = best or max(cands, key=lambda n: float(n.split("=")[1]))
-    chosen = results[list(cands).index(best)]
-    table = [{"alpha": n, "step_dr": e.estimates[oe.GATE_ESTIMATOR].value, "ci_low": e.estimates[oe.GATE_ESTIMATOR].ci_low,
-              "ci_high": e.estimates[oe.GATE_ESTIMATOR].ci_high, "ess_episodes": e.ess_episode,
-              "no_support": e.no_support_reason, "chosen": n == best} for n, e in evals.items()]
+    sel = oe.train_select_cql(df, sage.catalogue, cfg, config.alphas,
+                              ope.OPEConfig(n_boot=config.n_boot, seed=config.seed), progress=context.log.info)
+    chosen, how, table = sel.result, sel.how, sel.table
     ck = cql.save_cql(sage.path("checkpoints", "cql"), chosen, artifacts.file_sha256(path),
                       metrics={"alpha_selection": table, "selected_by": how})
     return dg.MaterializeResult(metadata={

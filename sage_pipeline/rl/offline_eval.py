@@ -190,6 +190,41 @@ def select_by_ope(candidates: dict[str, object], df_eval: pd.DataFrame, catalogu
     return (max(scored, key=scored.get) if scored else None), evals
 
 
+DEFAULT_ALPHAS = (0.03, 0.1, 0.3, 1.0)
+
+
+@dataclass(frozen=True)
+class CQLSelection:
+    result: object  # cql.CQLResult of the chosen alpha
+    label: str
+    how: str  # what chose it
+    table: list[dict]  # one row per alpha: OPE estimate, interval, ESS, support, chosen
+
+
+def train_select_cql(df: pd.DataFrame, catalogue: ModelCatalogue, config, alphas=DEFAULT_ALPHAS,
+                     ope_config: ope.OPEConfig = ope.OPEConfig(n_boot=300),
+                     progress: Callable[[str], None] = log.info) -> CQLSelection:
+    """Train CQL for every alpha on the train split (one batched run) and keep the one OPE
+    prefers on the eval split (:func:`select_by_ope`). If no alpha is supported by the
+    eval split, keep the most conservative (largest) one and say so."""
+    from sage_pipeline.rl import cql
+    from sage_pipeline.rl.data import from_dataset
+    from sage_pipeline.routing.features import FeatureSpec
+
+    data = from_dataset(df, catalogue)
+    results = cql.train_cql_grid(data.split_rows("train"), FeatureSpec(), config, list(alphas), log=progress)
+    cands = {f"alpha={a:g}": r.policy() for a, r in zip(alphas, results)}
+    best, evals = select_by_ope(cands, df[df["split"] == "eval"], catalogue, ope_config, progress)
+    how = f"{GATE_ESTIMATOR} lower bound on the eval split"
+    if best is None:
+        best, how = list(cands)[int(np.argmax(alphas))], "largest alpha: no candidate has support in the eval split"
+    table = [{"alpha": n, GATE_ESTIMATOR: e.estimates[GATE_ESTIMATOR].value,
+              "ci_low": e.estimates[GATE_ESTIMATOR].ci_low, "ci_high": e.estimates[GATE_ESTIMATOR].ci_high,
+              "ess_episodes": e.ess_episode, "no_support": e.no_support_reason, "chosen": n == best}
+             for n, e in evals.items()]
+    return CQLSelection(results[list(cands).index(best)], best, how, table)
+
+
 # ------------------------------------------------------------------ the report
 @dataclass(frozen=True)
 class OfflineEvalReport:
