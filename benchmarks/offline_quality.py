@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 SCRATCH = ROOT / "benchmarks" / ".scratch"
 
 
-def run_seed(seed: int, episodes: int) -> dict:
+def run_seed(seed: int, episodes: int, criterion: str = "estimate") -> dict:
     import pyarrow.parquet as pq
 
     from sage_pipeline.rl import cql, offline_eval as oe, ope
@@ -57,7 +57,7 @@ def run_seed(seed: int, episodes: int) -> dict:
         res = ingest.ingest(ingest.IngestConfig((tmp / "sessions",)), cat, tmp / "routing", progress=quiet)
         df = build_routing_dataset(pq.read_table(res.trajectories).to_pandas(), cat, tab)
     sel = oe.train_select_cql(df, cat, cql.CQLConfig(seed=seed), oe.DEFAULT_ALPHAS,
-                              ope.OPEConfig(n_boot=300, seed=seed), progress=quiet)
+                              ope.OPEConfig(n_boot=300, seed=seed), criterion=criterion, progress=quiet)
     policies = {"static_table": StaticTablePolicy(tab, cat),
                 "uniform": UniformPolicy(cat.actions, cat.role_mask()),
                 "cql": sel.result.policy()}
@@ -99,6 +99,8 @@ def main() -> None:
     ap.add_argument("--first-seed", type=int, default=0)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--episodes", type=int, default=5000)
+    ap.add_argument("--criterion", default="estimate", choices=("estimate", "lower_bound"),
+                    help="how OPE picks CQL's alpha (the cql_policy asset's default: estimate)")
     args = ap.parse_args()
     SCRATCH.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -106,7 +108,7 @@ def main() -> None:
     t0 = time.perf_counter()
     runs = []
     with ProcessPoolExecutor(args.workers) as pool:
-        for r in pool.map(run_seed, seeds, [args.episodes] * len(seeds)):
+        for r in pool.map(run_seed, seeds, [args.episodes] * len(seeds), [args.criterion] * len(seeds)):
             runs.append(r)
             print(f"seed {r['seed']:3d}: cql {r['alpha']:<10} regret closure {r['regret_closure']['cql']:.3f}  "
                   f"truth static {r['ground_truth']['static_table']:.4f} cql {r['ground_truth']['cql']:.4f} "

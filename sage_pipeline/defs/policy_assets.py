@@ -51,9 +51,11 @@ def bc_policy(context: dg.AssetExecutionContext, config: BCPolicyConfig, sage: S
 
 class CQLPolicyConfig(dg.Config):
     mode: str = Field("multistep", description="'multistep' (episodes, double-DQN target) or 'bandit' (one decision)")
-    alphas: list[float] = Field(list(oe.DEFAULT_ALPHAS), description="conservative weights tried; the one with "
-                                "the best step-wise DR lower bound on the eval split is kept")
-    steps: int = Field(3000, description="gradient steps")
+    alphas: list[float] = Field(list(oe.DEFAULT_ALPHAS), description="conservative weights tried in one batched "
+                                "run; OPE on the eval split keeps one (see selection)")
+    selection: str = Field("estimate", description="'estimate': the best step-wise DR estimate on the eval split; "
+                           "'lower_bound': the best lower bound of its interval (favours policies near the logs)")
+    steps: int = Field(2000, description="gradient steps")
     n_critics: int = 2
     seed: int = 0
     n_boot: int = Field(300, description="bootstrap resamples for the alpha selection")
@@ -61,13 +63,14 @@ class CQLPolicyConfig(dg.Config):
 
 @dg.asset(group_name=GROUP, deps=[routing_dataset, reward_report], kinds={"pytorch"},
           description="Discrete conservative Q-learning (CQL) on the train split, bandit or multi-step; "
-                      "alpha chosen on the eval split by OPE (step-wise DR lower bound), never by "
-                      "simulator ground truth. Checkpoint in checkpoints/cql/.")
+                      "alpha chosen on the eval split by OPE (step-wise DR), never by simulator ground "
+                      "truth. Checkpoint in checkpoints/cql/.")
 def cql_policy(context: dg.AssetExecutionContext, config: CQLPolicyConfig, sage: SageResource) -> dg.MaterializeResult:
     path, df = _dataset(sage)
     cfg = cql.CQLConfig(mode=config.mode, steps=config.steps, n_critics=config.n_critics, seed=config.seed)
     sel = oe.train_select_cql(df, sage.catalogue, cfg, config.alphas,
-                              ope.OPEConfig(n_boot=config.n_boot, seed=config.seed), progress=context.log.info)
+                              ope.OPEConfig(n_boot=config.n_boot, seed=config.seed), config.selection,
+                              progress=context.log.info)
     chosen, how, table = sel.result, sel.how, sel.table
     ck = cql.save_cql(sage.path("checkpoints", "cql"), chosen, artifacts.file_sha256(path),
                       metrics={"alpha_selection": table, "selected_by": how})

@@ -178,19 +178,24 @@ def fill_missing_propensities(df: pd.DataFrame, behaviour_model) -> tuple[pd.Dat
 
 
 def select_by_ope(candidates: dict[str, object], df_eval: pd.DataFrame, catalogue: ModelCatalogue,
-                  config: ope.OPEConfig = ope.OPEConfig(),
+                  config: ope.OPEConfig = ope.OPEConfig(), criterion: str = "estimate",
                   progress: Callable[[str], None] = log.info) -> tuple[str | None, dict[str, ope.PolicyEvaluation]]:
-    """Pick the candidate with the highest lower bound of its step-wise DR interval on the
-    eval split (pessimistic: a wide interval does not win). Never reads ground truth.
-    ``None`` when no candidate has support in the eval split (each evaluation says why)."""
+    """Pick the candidate with the highest step-wise DR ``estimate`` (or its interval's
+    ``lower_bound``, which favours policies close to the logs) on the eval split. Never
+    reads ground truth. ``None`` when no candidate has support in the eval split (each
+    evaluation says why)."""
+    if criterion not in SELECTION_CRITERIA:
+        raise ValueError(f"criterion must be one of {SELECTION_CRITERIA}, got {criterion!r}")
     data = ope.LoggedData.from_frame(df_eval, catalogue.actions)
     evals = {name: ope.evaluate_policy(data, pol, config, progress=progress) for name, pol in candidates.items()}
-    scored = {n: e.estimates[GATE_ESTIMATOR].ci_low for n, e in evals.items()
-              if e.estimates[GATE_ESTIMATOR].ci_low is not None}
+    pick = (lambda e: e.value) if criterion == "estimate" else (lambda e: e.ci_low)
+    scored = {n: pick(e.estimates[GATE_ESTIMATOR]) for n, e in evals.items()
+              if e.estimates[GATE_ESTIMATOR].value is not None}
     return (max(scored, key=scored.get) if scored else None), evals
 
 
-DEFAULT_ALPHAS = (0.03, 0.1, 0.3, 1.0)
+DEFAULT_ALPHAS = (0.0, 0.01, 0.03, 0.1, 0.3, 1.0)
+SELECTION_CRITERIA = ("estimate", "lower_bound")
 
 
 @dataclass(frozen=True)
@@ -202,7 +207,7 @@ class CQLSelection:
 
 
 def train_select_cql(df: pd.DataFrame, catalogue: ModelCatalogue, config, alphas=DEFAULT_ALPHAS,
-                     ope_config: ope.OPEConfig = ope.OPEConfig(n_boot=300),
+                     ope_config: ope.OPEConfig = ope.OPEConfig(n_boot=300), criterion: str = "estimate",
                      progress: Callable[[str], None] = log.info) -> CQLSelection:
     """Train CQL for every alpha on the train split (one batched run) and keep the one OPE
     prefers on the eval split (:func:`select_by_ope`). If no alpha is supported by the
@@ -214,8 +219,8 @@ def train_select_cql(df: pd.DataFrame, catalogue: ModelCatalogue, config, alphas
     data = from_dataset(df, catalogue)
     results = cql.train_cql_grid(data.split_rows("train"), FeatureSpec(), config, list(alphas), log=progress)
     cands = {f"alpha={a:g}": r.policy() for a, r in zip(alphas, results)}
-    best, evals = select_by_ope(cands, df[df["split"] == "eval"], catalogue, ope_config, progress)
-    how = f"{GATE_ESTIMATOR} lower bound on the eval split"
+    best, evals = select_by_ope(cands, df[df["split"] == "eval"], catalogue, ope_config, criterion, progress)
+    how = f"{GATE_ESTIMATOR} {criterion.replace('_', ' ')} on the eval split"
     if best is None:
         best, how = list(cands)[int(np.argmax(alphas))], "largest alpha: no candidate has support in the eval split"
     table = [{"alpha": n, GATE_ESTIMATOR: e.estimates[GATE_ESTIMATOR].value,

@@ -14,7 +14,10 @@ from sage_pipeline.definitions import ROUTING_ASSETS, defs
 from sage_pipeline.defs import routing_checks
 from sage_pipeline.defs.resources import SageResource
 
-SMALL = {"ops": {"synthetic_sessions": {"config": {"episodes": 600, "seed": 3}}}}
+SMALL = {"ops": {"synthetic_sessions": {"config": {"episodes": 600, "seed": 3}},
+                 "cql_policy": {"config": {"steps": 300, "n_boot": 50}},
+                 "bc_policy": {"config": {"epochs": 10}},
+                 "offline_eval": {"config": {"n_boot": 200}}}}
 
 
 def _run(root: Path, run_config: dict | None = None, raise_on_error: bool = True):
@@ -127,3 +130,58 @@ def test_router_import_path_pays_for_no_dagster_or_gx():
             "bad = [m for m in ('dagster', 'great_expectations', 'docker') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_policies_and_offline_eval_with_gate(chain):
+    root, result = chain
+    for name in ("bc", "cql"):
+        assert (root / "checkpoints" / name / "policy.json").is_file()
+    meta = _metadata(result, "offline_eval")
+    assert meta["ground_truth"] == "simulator"
+    report = json.loads((root / "reports" / "offline_eval.json").read_text())
+    assert {r["policy"] for r in report["summary"]} == {"static_table", "bc", "cql", "oracle"}
+    gate = report["gate"]
+    # the metadata says which policy was promoted or why none was, and the folder agrees
+    assert meta["promotion"] == gate["reason"]
+    promoted = root / "checkpoints" / "promoted"
+    if gate["promoted"]:
+        assert json.loads((promoted / "promotion.json").read_text())["policy"] == gate["promoted"]
+        cand = gate["candidates"][gate["promoted"]]
+        assert cand["ci_low"] > gate["static_estimate"]
+    else:
+        assert gate["reason"].startswith("no policy promoted") and not promoted.exists()
+    cql_meta = _metadata(result, "cql_policy")
+    assert "on the eval split" in cql_meta["selected_by"]
+
+
+def test_logs_without_propensities_use_bc_estimates(tmp_path):
+    """Real SAGE logs without propensities: BC estimates them and the report says so."""
+    from sage_pipeline.routing import collector
+    from sage_pipeline.routing.catalogue import ModelCatalogue
+    from sage_pipeline.routing.simulator import RoutingSimulator
+    from sage_pipeline.routing.table import RoutingTable
+
+    cat = ModelCatalogue.load()
+    src = tmp_path / "src"
+    collector.collect(RoutingSimulator(cat, RoutingTable.load(catalogue=cat)), src,
+                      collector.CollectorConfig(episodes=800, seed=5))
+    real = tmp_path / "sessions" / "real"
+    real.mkdir(parents=True)
+    for f in sorted(src.glob("*.jsonl")):
+        out = []
+        for line in f.read_text().splitlines():
+            ev = json.loads(line)
+            ev.pop("propensity", None)
+            ev.setdefault("extra", {})["synthetic"] = False
+            out.append(json.dumps(ev))
+        (real / f.name.replace("synthetic_", "sage_")).write_text("\n".join(out) + "\n")
+    cfg = {"ops": {**SMALL["ops"], "trajectories": {"config": {"log_dirs": ["sessions/real"]}}}}
+    result = _run(tmp_path, cfg)
+    ds = _metadata(result, "routing_dataset")
+    assert ds["propensities_logged"] == 0.0
+    meta = _metadata(result, "offline_eval")
+    assert meta["propensities_estimated_by_bc"] > 0
+    assert meta["ground_truth"].startswith("none")
+    report = json.loads((tmp_path / "reports" / "offline_eval.json").read_text())
+    assert report["ground_truth"] is None
+    assert report["propensities_estimated_by_bc"] == meta["propensities_estimated_by_bc"]
