@@ -61,12 +61,14 @@ class CQLPolicyConfig(dg.Config):
     n_boot: int = Field(300, description="bootstrap resamples for the alpha selection")
 
 
-@dg.asset(group_name=GROUP, deps=[routing_dataset, reward_report], kinds={"pytorch"},
+@dg.asset(group_name=GROUP, deps=[routing_dataset, reward_report, bc_policy], kinds={"pytorch"},
           description="Discrete conservative Q-learning (CQL) on the train split, bandit or multi-step; "
-                      "alpha chosen on the eval split by OPE (step-wise DR), never by simulator ground "
-                      "truth. Checkpoint in checkpoints/cql/.")
+                      "alpha chosen on the eval split by OPE (step-wise DR; BC's propensities where the "
+                      "logs have none), never by simulator ground truth. Checkpoint in checkpoints/cql/.")
 def cql_policy(context: dg.AssetExecutionContext, config: CQLPolicyConfig, sage: SageResource) -> dg.MaterializeResult:
     path, df = _dataset(sage)
+    bc_model = load_policy(sage.path("checkpoints", "bc"), FeatureSpec(), sage.catalogue.actions)
+    df, n_estimated = oe.fill_missing_propensities(df, bc_model)
     cfg = cql.CQLConfig(mode=config.mode, steps=config.steps, n_critics=config.n_critics, seed=config.seed)
     sel = oe.train_select_cql(df, sage.catalogue, cfg, config.alphas,
                               ope.OPEConfig(n_boot=config.n_boot, seed=config.seed), config.selection,
@@ -76,7 +78,7 @@ def cql_policy(context: dg.AssetExecutionContext, config: CQLPolicyConfig, sage:
                       metrics={"alpha_selection": table, "selected_by": how})
     return dg.MaterializeResult(metadata={
         "path": dg.MetadataValue.path(str(ck)), "mode": config.mode, "alpha": chosen.config.alpha,
-        "selected_by": how,
+        "selected_by": how, "propensities_estimated_by_bc": n_estimated,
         "alpha_selection": dg.MetadataValue.md(
             f"Chosen by {how}. The chosen policy's eval "
             "estimate is optimistic by selection among these candidates.\n\n" + markdown.table(table)),
