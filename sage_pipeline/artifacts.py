@@ -12,6 +12,7 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -77,6 +78,31 @@ def atomic_open(dest: str | os.PathLike[str], mode: str = "w") -> Iterator[IO[An
         kwargs = {"encoding": "utf-8", "newline": "\n"} if mode == "w" else {}
         with open(tmp, mode, **kwargs) as fh:
             yield fh
+
+
+@contextlib.contextmanager
+def atomic_dir(dest: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temporary sibling folder to fill; on success it replaces ``dest``.
+
+    The old folder is renamed aside and then removed, so readers see the old complete
+    folder or the new complete one (with a brief moment of none), never a mix. On an
+    exception the temporary folder is removed and ``dest`` is left untouched.
+    """
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it private; an artifact folder is not
+    try:
+        yield tmp
+        old = dest.with_name(f".{dest.name}.old")
+        if dest.exists():
+            os.replace(dest, old)
+        os.replace(tmp, dest)
+        _fsync_dir(dest.parent)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def write_bytes(dest: str | os.PathLike[str], data: bytes) -> Path:

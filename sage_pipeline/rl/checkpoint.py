@@ -12,9 +12,6 @@ that says what differs.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -119,26 +116,12 @@ def save_checkpoint(path: str | Path, meta: CheckpointMeta, nets: list[Layers]) 
     if not nets or not all(nets):
         raise CheckpointError("a checkpoint needs at least one network with at least one layer")
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    mask = os.umask(0)
-    os.umask(mask)
-    os.chmod(tmp, 0o777 & ~mask)  # mkdtemp makes it private; a checkpoint is a normal folder
-    try:
-        arrays = {f"n{j}_{kind}{i}": arr for j, layers in enumerate(nets)
-                  for i, (w, b) in enumerate(layers) for kind, arr in (("w", w), ("b", b))}
-        with artifacts.atomic_path(tmp / WEIGHTS_FILE) as t:
-            with open(t, "wb") as fh:
-                np.savez(fh, **arrays)
+    arrays = {f"n{j}_{kind}{i}": arr for j, layers in enumerate(nets)
+              for i, (w, b) in enumerate(layers) for kind, arr in (("w", w), ("b", b))}
+    with artifacts.atomic_dir(path) as tmp:
+        with artifacts.atomic_open(tmp / WEIGHTS_FILE, "wb") as fh:
+            np.savez(fh, **arrays)
         artifacts.write_json(tmp / POLICY_FILE, asdict(meta) | {"n_nets": len(nets)})
-        old = path.with_name(f".{path.name}.old")
-        if path.exists():
-            os.replace(path, old)
-        os.replace(tmp, path)
-        shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return path
 
 

@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -138,23 +136,11 @@ def promote(decision: GateDecision, checkpoints: dict[str, Path], dest: str | Pa
     src = checkpoints.get(decision.promoted)
     if src is None or not Path(src).is_dir():
         raise FileNotFoundError(f"checkpoint of promoted policy {decision.promoted!r} not found at {src}")
-    dest = Path(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
-    try:
+    with artifacts.atomic_dir(dest) as tmp:
         shutil.copytree(src, tmp, dirs_exist_ok=True)
-        os.chmod(tmp, 0o755)
         artifacts.write_json(tmp / "promotion.json", {"policy": decision.promoted, "source": str(src),
                                                      "reason": decision.reason, **evidence})
-        old = dest.with_name(f".{dest.name}.old")
-        if dest.exists():
-            os.replace(dest, old)
-        os.replace(tmp, dest)
-        shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return dest
+    return Path(dest)
 
 
 # ------------------------------------------------------------------ propensities, selection

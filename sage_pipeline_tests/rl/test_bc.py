@@ -38,21 +38,6 @@ FAST = BCConfig(epochs=40, seed=0)  # a few seconds on a laptop core
 
 
 @pytest.fixture(scope="module")
-def catalogue() -> ModelCatalogue:
-    return ModelCatalogue.load()
-
-
-@pytest.fixture(scope="module")
-def table(catalogue) -> RoutingTable:
-    return RoutingTable.load(catalogue=catalogue)
-
-
-@pytest.fixture(scope="module")
-def sim(catalogue, table) -> RoutingSimulator:
-    return RoutingSimulator(catalogue, table)
-
-
-@pytest.fixture(scope="module")
 def logged(sim, catalogue, table, tmp_path_factory) -> rl_data.LoggedDecisions:
     root = tmp_path_factory.mktemp("bc")
     quiet = lambda m: None  # noqa: E731

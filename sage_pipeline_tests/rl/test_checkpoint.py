@@ -21,11 +21,6 @@ from sage_pipeline.routing.catalogue import ModelCatalogue
 from sage_pipeline.routing.features import Contexts, FeatureSpec
 
 
-@pytest.fixture(scope="module")
-def catalogue():
-    return ModelCatalogue.load()
-
-
 def _net(rng, spec, k, hidden=8):
     return [(rng.normal(size=(hidden, spec.dim)).astype(np.float32), rng.normal(size=hidden).astype(np.float32)),
             (rng.normal(size=(k, hidden)).astype(np.float32), rng.normal(size=k).astype(np.float32))]

@@ -17,16 +17,6 @@ from sage_pipeline.routing.table import RoutingTable
 
 
 @pytest.fixture(scope="module")
-def catalogue() -> ModelCatalogue:
-    return ModelCatalogue.load()
-
-
-@pytest.fixture(scope="module")
-def table(catalogue) -> RoutingTable:
-    return RoutingTable.load(catalogue=catalogue)
-
-
-@pytest.fixture(scope="module")
 def ctx() -> Contexts:
     rng = np.random.default_rng(0)
     n = 3000

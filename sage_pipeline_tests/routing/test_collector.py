@@ -37,21 +37,6 @@ STATE_FIELDS = {
 
 
 @pytest.fixture(scope="module")
-def catalogue() -> ModelCatalogue:
-    return ModelCatalogue.load()
-
-
-@pytest.fixture(scope="module")
-def table(catalogue) -> RoutingTable:
-    return RoutingTable.load(catalogue=catalogue)
-
-
-@pytest.fixture(scope="module")
-def sim(catalogue, table) -> RoutingSimulator:
-    return RoutingSimulator(catalogue, table)
-
-
-@pytest.fixture(scope="module")
 def collected(sim, tmp_path_factory):
     out = tmp_path_factory.mktemp("synthetic")
     messages: list[str] = []

@@ -23,11 +23,6 @@ from sage_pipeline.routing.table import RoutingTable
 
 
 @pytest.fixture(scope="module")
-def catalogue() -> ModelCatalogue:
-    return ModelCatalogue.load()
-
-
-@pytest.fixture(scope="module")
 def dataset(tmp_path_factory: pytest.TempPathFactory, catalogue: ModelCatalogue) -> pd.DataFrame:
     tmp: Path = tmp_path_factory.mktemp("expectations")
     table = RoutingTable.load(catalogue=catalogue)

@@ -23,11 +23,6 @@ from sage_pipeline.routing.table import RoutingTable
 CAT = str(DEFAULT_CATALOGUE)
 
 
-@pytest.fixture(scope="module")
-def catalogue() -> ModelCatalogue:
-    return ModelCatalogue.load()
-
-
 def event(session="s1", task="t1", step=0, role="coder", model="gpt-4.1-mini", **over) -> dict:
     ev = {
         "type": "TRAJECTORY_STEP",

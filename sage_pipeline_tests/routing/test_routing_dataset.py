@@ -30,16 +30,6 @@ from sage_pipeline.routing.table import RoutingTable
 
 
 @pytest.fixture(scope="module")
-def catalogue() -> ModelCatalogue:
-    return ModelCatalogue.load()
-
-
-@pytest.fixture(scope="module")
-def table(catalogue) -> RoutingTable:
-    return RoutingTable.load(catalogue=catalogue)
-
-
-@pytest.fixture(scope="module")
 def collected(catalogue, table, tmp_path_factory):
     root = tmp_path_factory.mktemp("ds")
     sim = RoutingSimulator(catalogue, table)

@@ -20,21 +20,6 @@ from sage_pipeline.routing.table import RoutingTable
 
 
 @pytest.fixture(scope="module")
-def catalogue() -> ModelCatalogue:
-    return ModelCatalogue.load()
-
-
-@pytest.fixture(scope="module")
-def table(catalogue) -> RoutingTable:
-    return RoutingTable.load(catalogue=catalogue)
-
-
-@pytest.fixture(scope="module")
-def sim(catalogue, table) -> RoutingSimulator:
-    return RoutingSimulator(catalogue, table)
-
-
-@pytest.fixture(scope="module")
 def tasks(sim) -> Tasks:
     return sim.sample_tasks(300, np.random.default_rng(11))
 

@@ -17,16 +17,6 @@ from sage_pipeline.routing.table import DEFAULT_TABLE, TRIGGER_VARS, RoutingTabl
 ROLE_LIST = ", ".join(ROLES)
 
 
-@pytest.fixture(scope="module")
-def catalogue() -> ModelCatalogue:
-    return ModelCatalogue.load()
-
-
-@pytest.fixture(scope="module")
-def table(catalogue) -> RoutingTable:
-    return RoutingTable.load(catalogue=catalogue)
-
-
 def table_doc() -> dict:
     return yaml.safe_load(DEFAULT_TABLE.read_text(encoding="utf-8"))
 

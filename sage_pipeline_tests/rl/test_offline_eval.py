@@ -1,0 +1,70 @@
+"""The promotion gate and promotion: OPE decides, the metadata says why."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from sage_pipeline.rl import offline_eval as oe, ope
+
+
+def _eval(name: str, value: float | None, lo: float | None, hi: float | None, reason: str | None = None):
+    est = {k: ope.EstimatorResult(k, "episode", value, lo, hi, None) for k in ("pdis", "step_dr")}
+    return ope.PolicyEvaluation(policy=name, estimates=est, n_decisions=10, n_episodes=5, n_bandit_rounds=5,
+                                ess=5.0, ess_episode=5.0, max_weight=1.0, support_share=1.0, unsupported_mass=0.0,
+                                no_support_reason=reason, config=ope.OPEConfig())
+
+
+def test_gate_promotes_only_when_the_lower_bound_beats_the_static_estimate():
+    evals = {"static_table": _eval("static_table", 0.80, 0.75, 0.85),
+             "bc": _eval("bc", 0.82, 0.79, 0.85),  # lower bound below 0.80: not enough
+             "cql": _eval("cql", 0.90, 0.83, 0.97)}
+    gate = oe.promotion_gate(evals)
+    assert gate.promoted == "cql" and gate.static_estimate == 0.80
+    assert gate.candidates["bc"]["passed"] is False and "0.7900 <= static estimate 0.8000" in gate.candidates["bc"]["why"]
+    evals["cql"] = _eval("cql", 0.90, 0.80, 0.97)  # a tie is not a win
+    gate = oe.promotion_gate(evals)
+    assert gate.promoted is None and gate.reason.startswith("no policy promoted")
+
+
+def test_gate_picks_the_best_lower_bound_and_reports_no_support():
+    evals = {"static_table": _eval("static_table", 0.80, 0.75, 0.85),
+             "a": _eval("a", 0.95, 0.81, 1.0), "b": _eval("b", 0.90, 0.86, 0.93),
+             "c": _eval("c", None, None, None, reason="no support: puts mass on coder->opus")}
+    gate = oe.promotion_gate(evals)
+    assert gate.promoted == "b"
+    assert gate.candidates["c"]["why"].startswith("no support")
+    no_static = oe.promotion_gate({"static_table": _eval("static_table", None, None, None, reason="no support: x")})
+    assert no_static.promoted is None and "static table has no step_dr estimate" in no_static.reason
+
+
+def test_promote_copies_atomically_and_keeps_the_last_promotion_when_none(tmp_path):
+    src = tmp_path / "cql"
+    src.mkdir()
+    (src / "policy.json").write_text("{}")
+    dest = tmp_path / "promoted"
+    gate = oe.GateDecision("cql", "promoted cql: because")
+    assert oe.promote(gate, {"cql": src}, dest, {"summary": []}) == dest
+    assert json.loads((dest / "promotion.json").read_text())["reason"] == "promoted cql: because"
+    assert oe.promote(oe.GateDecision(None, "no policy promoted: x"), {"cql": src}, dest, {}) is None
+    assert (dest / "promotion.json").is_file()  # the previous promotion stays
+    with pytest.raises(FileNotFoundError, match="checkpoint of promoted policy 'bc'"):
+        oe.promote(oe.GateDecision("bc", "promoted bc"), {"bc": tmp_path / "missing"}, dest, {})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cql", "promoted"]
+
+
+def test_regret_closure():
+    assert oe.regret_closure(0.9, 0.8, 1.0) == pytest.approx(0.5)
+    assert oe.regret_closure(0.7, 0.8, 1.0) == pytest.approx(-0.5)
+    assert oe.regret_closure(0.9, 0.8, 0.8) is None
+
+
+def test_ground_truth_of_the_oracle_is_the_optimum(sim):
+    tasks = sim.sample_tasks(300, np.random.default_rng(0))
+    from sage_pipeline.rl.policy import StaticTablePolicy
+    gt = oe.ground_truth(sim, tasks, {"static_table": StaticTablePolicy(sim.table, sim.catalogue)})
+    assert gt.episode_value["oracle"] == pytest.approx(sim.optimal_value(tasks).mean)
+    assert gt.episode_value["oracle"] > gt.episode_value["static_table"]
+    assert gt.n_tasks == 300
