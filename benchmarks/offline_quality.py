@@ -61,7 +61,7 @@ def run_seed(seed: int, episodes: int, criterion: str = "estimate") -> dict:
     policies = {"static_table": StaticTablePolicy(tab, cat),
                 "uniform": UniformPolicy(cat.actions, cat.role_mask()),
                 "cql": sel.result.policy()}
-    report = oe.run_offline_eval(df[df["split"] == "eval"], policies, cat, ope.OPEConfig(n_boot=1000, seed=seed),
+    report = oe.run_offline_eval(oe.eval_part(df, "report"), policies, cat, ope.OPEConfig(n_boot=1000, seed=seed),
                                  sim=sim, progress=quiet)
     gt = report.truth.episode_value
     return {

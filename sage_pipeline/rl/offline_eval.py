@@ -181,6 +181,21 @@ def select_by_ope(candidates: dict[str, object], df_eval: pd.DataFrame, catalogu
 
 
 DEFAULT_ALPHAS = (0.0, 0.01, 0.03, 0.1, 0.3, 1.0)
+SELECT_FRACTION = 0.5  # share of eval sessions that choose alpha; the rest report
+
+
+def eval_part(df: pd.DataFrame, part: str) -> pd.DataFrame:
+    """The eval split's ``select`` part (sessions that choose CQL's alpha) or its
+    ``report`` part (sessions every policy is finally evaluated on), by a stable session
+    hash. Choosing and reporting on the same sessions would make the chosen policy's
+    estimate optimistic (the winner's curse) and its interval cover too rarely."""
+    if part not in ("select", "report"):
+        raise ValueError(f"part must be 'select' or 'report', got {part!r}")
+    from sage_pipeline.routing.routing_dataset import session_split
+
+    ev = df[df["split"] == "eval"]
+    side = session_split(ev["session_id"], SELECT_FRACTION, "sage-eval-part")  # "eval" = select
+    return ev[(side == "eval") == (part == "select")]
 SELECTION_CRITERIA = ("estimate", "lower_bound")
 
 
@@ -196,8 +211,8 @@ def train_select_cql(df: pd.DataFrame, catalogue: ModelCatalogue, config, alphas
                      ope_config: ope.OPEConfig = ope.OPEConfig(n_boot=300), criterion: str = "estimate",
                      progress: Callable[[str], None] = log.info) -> CQLSelection:
     """Train CQL for every alpha on the train split (one batched run) and keep the one OPE
-    prefers on the eval split (:func:`select_by_ope`). If no alpha is supported by the
-    eval split, keep the most conservative (largest) one and say so."""
+    prefers on the eval split's ``select`` part (:func:`select_by_ope`, :func:`eval_part`).
+    If no alpha is supported there, keep the most conservative (largest) one and say so."""
     from sage_pipeline.rl import cql
     from sage_pipeline.rl.data import from_dataset
     from sage_pipeline.routing.features import FeatureSpec
@@ -205,8 +220,8 @@ def train_select_cql(df: pd.DataFrame, catalogue: ModelCatalogue, config, alphas
     data = from_dataset(df, catalogue)
     results = cql.train_cql_grid(data.split_rows("train"), FeatureSpec(), config, list(alphas), log=progress)
     cands = {f"alpha={a:g}": r.policy() for a, r in zip(alphas, results)}
-    best, evals = select_by_ope(cands, df[df["split"] == "eval"], catalogue, ope_config, criterion, progress)
-    how = f"{GATE_ESTIMATOR} {criterion.replace('_', ' ')} on the eval split"
+    best, evals = select_by_ope(cands, eval_part(df, "select"), catalogue, ope_config, criterion, progress)
+    how = f"{GATE_ESTIMATOR} {criterion.replace('_', ' ')} on the eval split's select part"
     if best is None:
         best, how = list(cands)[int(np.argmax(alphas))], "largest alpha: no candidate has support in the eval split"
     table = [{"alpha": n, GATE_ESTIMATOR: e.estimates[GATE_ESTIMATOR].value,

@@ -68,3 +68,18 @@ def test_ground_truth_of_the_oracle_is_the_optimum(sim):
     assert gt.episode_value["oracle"] == pytest.approx(sim.optimal_value(tasks).mean)
     assert gt.episode_value["oracle"] > gt.episode_value["static_table"]
     assert gt.n_tasks == 300
+
+
+def test_eval_parts_split_eval_sessions_in_two_stable_disjoint_halves():
+    import pandas as pd
+
+    sessions = [f"s{i}" for i in range(400)]
+    df = pd.DataFrame({"session_id": sessions * 2, "split": ["eval"] * 600 + ["train"] * 200})
+    sel, rep = oe.eval_part(df, "select"), oe.eval_part(df, "report")
+    assert set(sel["session_id"]).isdisjoint(rep["session_id"])
+    assert len(sel) + len(rep) == 600 and (sel["split"] == "eval").all() and (rep["split"] == "eval").all()
+    assert 0.35 < len(sel) / 600 < 0.65
+    again = oe.eval_part(df.iloc[::-1], "select")  # stable whatever the row order or other rows
+    assert set(again["session_id"]) == set(sel["session_id"])
+    with pytest.raises(ValueError, match="part must be 'select' or 'report'"):
+        oe.eval_part(df, "test")
