@@ -34,14 +34,14 @@ sys.path.insert(0, str(ROOT))
 SCRATCH = ROOT / "benchmarks" / ".scratch"
 
 
-def run_seed(seed: int, episodes: int, criterion: str = "estimate") -> dict:
+def run_seed(seed: int, episodes: int, criterion: str = "estimate", eval_fraction: float | None = None) -> dict:
     import pyarrow.parquet as pq
 
     from sage_pipeline.rl import cql, offline_eval as oe, ope
     from sage_pipeline.rl.policy import StaticTablePolicy, UniformPolicy
     from sage_pipeline.routing import collector, ingest
     from sage_pipeline.routing.catalogue import ModelCatalogue
-    from sage_pipeline.routing.routing_dataset import build_routing_dataset
+    from sage_pipeline.routing.routing_dataset import DatasetConfig, build_routing_dataset
     from sage_pipeline.routing.simulator import RoutingSimulator
     from sage_pipeline.routing.table import RoutingTable
 
@@ -55,7 +55,8 @@ def run_seed(seed: int, episodes: int, criterion: str = "estimate") -> dict:
         collector.collect(sim, tmp / "sessions", collector.CollectorConfig(episodes=episodes, seed=seed),
                           progress=quiet)
         res = ingest.ingest(ingest.IngestConfig((tmp / "sessions",)), cat, tmp / "routing", progress=quiet)
-        df = build_routing_dataset(pq.read_table(res.trajectories).to_pandas(), cat, tab)
+        cfg = DatasetConfig() if eval_fraction is None else DatasetConfig(eval_fraction=eval_fraction)
+        df = build_routing_dataset(pq.read_table(res.trajectories).to_pandas(), cat, tab, cfg)
     sel = oe.train_select_cql(df, cat, cql.CQLConfig(seed=seed), oe.DEFAULT_ALPHAS,
                               ope.OPEConfig(n_boot=300, seed=seed), criterion=criterion, progress=quiet)
     policies = {"static_table": StaticTablePolicy(tab, cat),
@@ -101,6 +102,8 @@ def main() -> None:
     ap.add_argument("--episodes", type=int, default=5000)
     ap.add_argument("--criterion", default="estimate", choices=("estimate", "lower_bound"),
                     help="how OPE picks CQL's alpha (the cql_policy asset's default: estimate)")
+    ap.add_argument("--eval-fraction", type=float, default=None,
+                    help="share of sessions in the eval split (default: the routing_dataset default)")
     args = ap.parse_args()
     SCRATCH.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -108,7 +111,8 @@ def main() -> None:
     t0 = time.perf_counter()
     runs = []
     with ProcessPoolExecutor(args.workers) as pool:
-        for r in pool.map(run_seed, seeds, [args.episodes] * len(seeds), [args.criterion] * len(seeds)):
+        n = len(seeds)
+        for r in pool.map(run_seed, seeds, [args.episodes] * n, [args.criterion] * n, [args.eval_fraction] * n):
             runs.append(r)
             print(f"seed {r['seed']:3d}: cql {r['alpha']:<10} regret closure {r['regret_closure']['cql']:.3f}  "
                   f"truth static {r['ground_truth']['static_table']:.4f} cql {r['ground_truth']['cql']:.4f} "
