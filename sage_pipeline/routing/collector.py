@@ -104,7 +104,6 @@ def collect(sim: RoutingSimulator, out_dir: str | Path, config: CollectorConfig 
     tasks = sim.sample_tasks(config.episodes, rng)
     rows = simulate_episodes(sim, tasks, behaviour, rng)
     sizes = _session_sizes(config.episodes, config.mean_tasks_per_session, rng)
-    session_of_task = np.repeat(np.arange(len(sizes)), sizes)
     first_task = np.concatenate([[0], np.cumsum(sizes)[:-1]])
     progress(f"simulated {config.episodes} episodes, {len(rows['task'])} decisions, {len(sizes)} sessions")
 

@@ -25,13 +25,10 @@ from sage_pipeline.rl.bc import (
 from sage_pipeline.rl.checkpoint import load_policy, masked_softmax
 from sage_pipeline.rl.policy import EpsilonGreedyPolicy, StaticTablePolicy, UniformPolicy, check_probs
 from sage_pipeline.routing import ingest
-from sage_pipeline.routing.catalogue import ModelCatalogue
 from sage_pipeline.routing.collector import CollectorConfig, collect
 from sage_pipeline.routing.features import FeatureSpec
 from sage_pipeline.routing.routing_dataset import build_routing_dataset
 from sage_pipeline.routing.schema import ROLE_INDEX
-from sage_pipeline.routing.simulator import RoutingSimulator
-from sage_pipeline.routing.table import RoutingTable
 
 EPSILON = 0.3  # the collector's exploration rate
 FAST = BCConfig(epochs=40, seed=0)  # a few seconds on a laptop core

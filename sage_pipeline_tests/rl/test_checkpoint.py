@@ -17,7 +17,6 @@ from sage_pipeline.rl.checkpoint import (
     masked_softmax,
     save_checkpoint,
 )
-from sage_pipeline.routing.catalogue import ModelCatalogue
 from sage_pipeline.routing.features import Contexts, FeatureSpec
 
 

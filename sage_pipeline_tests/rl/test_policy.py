@@ -10,10 +10,8 @@ import pytest
 
 from sage_pipeline.rl import EpsilonGreedyPolicy, Policy, StaticTablePolicy, UniformPolicy
 from sage_pipeline.rl.policy import check_probs, sample_actions
-from sage_pipeline.routing.catalogue import ModelCatalogue
 from sage_pipeline.routing.features import Contexts
 from sage_pipeline.routing.schema import ROLE_INDEX, ROLES
-from sage_pipeline.routing.table import RoutingTable
 
 
 @pytest.fixture(scope="module")
@@ -162,8 +160,8 @@ class _Bad:
     role_mask: np.ndarray
     name: str = "bad"
 
-    def action_probs(self, ctx):  # pragma: no cover - not used
-        raise NotImplementedError
+    def action_probs(self, ctx):  # a wrong output: one column short
+        return np.full((len(ctx), len(self.actions) - 1), 1.0 / (len(self.actions) - 1))
 
 
 def test_check_probs_rejects_invalid_output(catalogue, ctx):

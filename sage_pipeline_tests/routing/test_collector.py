@@ -13,13 +13,12 @@ import pytest
 
 from sage_pipeline.rl.policy import EpsilonGreedyPolicy, StaticTablePolicy, UniformPolicy
 from sage_pipeline.routing import collector
-from sage_pipeline.routing.catalogue import DEFAULT_CATALOGUE, ModelCatalogue
+from sage_pipeline.routing.catalogue import DEFAULT_CATALOGUE
 from sage_pipeline.routing.collector import CollectorConfig, collect
 from sage_pipeline.routing.features import Contexts
 from sage_pipeline.routing.reward import sage_step_reward
 from sage_pipeline.routing.schema import REWARD_MAX, REWARD_MIN, ROLE_INDEX, ROLES, TRAJECTORY_STEP
-from sage_pipeline.routing.simulator import RoutingSimulator
-from sage_pipeline.routing.table import DEFAULT_TABLE, RoutingTable
+from sage_pipeline.routing.table import DEFAULT_TABLE
 
 CONFIG = CollectorConfig(episodes=400, seed=3, epsilon=0.3, sessions_per_file=30)
 STATE_FIELDS = {

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from sage_pipeline.routing import ingest
-from sage_pipeline.routing.catalogue import DEFAULT_CATALOGUE, ModelCatalogue
+from sage_pipeline.routing.catalogue import DEFAULT_CATALOGUE
 from sage_pipeline.routing.collector import CollectorConfig, collect
 from sage_pipeline.routing.ingest import IngestConfig, LogFolderMissing, iter_blocks
 from sage_pipeline.routing.schema import ROLES, TRAJECTORY_COLUMNS

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from sage_pipeline.routing import ingest
-from sage_pipeline.routing.catalogue import ASSUMED_PROMPT_TOKENS, ModelCatalogue
+from sage_pipeline.routing.catalogue import ASSUMED_PROMPT_TOKENS
 from sage_pipeline.routing.collector import CollectorConfig, collect
 from sage_pipeline.routing.reward import RewardSpec
 from sage_pipeline.routing.routing_dataset import (
@@ -26,7 +26,6 @@ from sage_pipeline.routing.routing_dataset import (
 )
 from sage_pipeline.routing.schema import DATASET_COLUMNS, ROLE_INDEX, SCHEMA_VERSION
 from sage_pipeline.routing.simulator import RoutingSimulator
-from sage_pipeline.routing.table import RoutingTable
 
 
 @pytest.fixture(scope="module")

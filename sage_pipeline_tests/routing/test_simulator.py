@@ -10,13 +10,11 @@ import numpy as np
 import pytest
 
 from sage_pipeline.rl.policy import EpsilonGreedyPolicy, StaticTablePolicy, UniformPolicy, check_probs
-from sage_pipeline.routing.catalogue import ModelCatalogue
 from sage_pipeline.routing.collector import simulate_episodes
 from sage_pipeline.routing.features import Contexts
 from sage_pipeline.routing.reward import RewardSpec
 from sage_pipeline.routing.schema import REWARD_MAX, REWARD_MIN, ROLE_INDEX, ROLES
 from sage_pipeline.routing.simulator import RoutingSimulator, SimulatorConfig, Tasks
-from sage_pipeline.routing.table import RoutingTable
 
 
 @pytest.fixture(scope="module")
