@@ -1,5 +1,10 @@
 """The Definitions every entry point loads: ``dagster dev`` (workspace.yaml),
-``dagster asset materialize -m sage_pipeline`` and ``dagster definitions validate``."""
+``dagster asset materialize -m sage_pipeline`` and ``dagster definitions validate``.
+
+Each chain's module under ``defs/`` builds its own ``dg.Definitions`` fragment (assets,
+checks, jobs, schedules); this file merges them and adds what is shared: the ``sage``
+resource and the ``sage_main`` job.
+"""
 
 from __future__ import annotations
 
@@ -17,13 +22,22 @@ offline_routing_job = dg.define_asset_job(
     description="The offline routing chain: logs -> trajectories -> routing_dataset -> reward_report "
                 "-> bc_policy, cql_policy -> offline_eval (with the promotion gate).")
 
+offline_routing_defs = dg.Definitions(
+    assets=ROUTING_ASSETS,
+    asset_checks=[routing_checks.routing_dataset_contract, routing_checks.routing_dataset_volume],
+    jobs=[offline_routing_job],
+)
+
 sage_main_job = dg.define_asset_job(
     "sage_main", selection=dg.AssetSelection.all(),
     description="Everything, on embedded defaults: what the README's first command runs.")
 
-defs = dg.Definitions(
-    assets=ROUTING_ASSETS,
-    asset_checks=[routing_checks.routing_dataset_contract, routing_checks.routing_dataset_volume],
-    jobs=[offline_routing_job, sage_main_job],
-    resources={"sage": SageResource()},
+# One fragment per chain; add a chain's fragment here and nowhere else.
+FRAGMENTS: list[dg.Definitions] = [
+    offline_routing_defs,
+]
+
+defs = dg.Definitions.merge(
+    *FRAGMENTS,
+    dg.Definitions(jobs=[sage_main_job], resources={"sage": SageResource()}),
 )
