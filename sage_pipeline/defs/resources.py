@@ -43,3 +43,39 @@ class SageResource(dg.ConfigurableResource):
     @cached_property
     def table(self) -> RoutingTable:
         return RoutingTable.load(self.table_path(), catalogue=self.catalogue)
+
+
+class SandboxResource(dg.ConfigurableResource):
+    """Where candidate code runs. ``backend``: 'docker' (hardened containers; an error that says
+    how to start the daemon when it does not answer), 'local' (unisolated processes, for the
+    project's own generated tasks only) or 'auto' (Docker when its daemon answers and the
+    image is there, else local — logged as a warning and marked unisolated in metadata)."""
+
+    backend: str = "auto"
+    workers: int = 2
+    image: str = "sage-sim:latest"
+    memory_mb: int = 512
+    pids_limit: int = 128
+    cpus: float = 1.0
+    recycle_every: int = 2000
+
+    def resolve_backend(self, log=None) -> str:
+        from sage_pipeline.sim.sandbox import SandboxConfig, SandboxError, check_docker
+
+        if self.backend != "auto":
+            return self.backend
+        try:
+            check_docker(SandboxConfig(image=self.image))
+            return "docker"
+        except SandboxError as e:
+            if log is not None:
+                log.warning(f"sandbox backend 'auto': Docker is not usable ({e}); running the project's own "
+                            "generated tasks in UNISOLATED local processes. Set backend='docker' to require it.")
+            return "local"
+
+    def open(self, log=None):
+        from sage_pipeline.sim.sandbox import open_sandbox
+
+        return open_sandbox(self.resolve_backend(log), workers=self.workers, image=self.image,
+                            memory_mb=self.memory_mb, pids_limit=self.pids_limit, cpus=self.cpus,
+                            recycle_every=self.recycle_every)

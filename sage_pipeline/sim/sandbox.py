@@ -325,9 +325,13 @@ class Sandbox:
                 subprocess.run([self.cfg.docker, "rm", "-f", *ids], capture_output=True, timeout=60)
 
     def _restart(self, w: _Worker, why: str) -> None:
-        self.stats[why] += 1
-        w.stop()
-        w.start()
+        # Under the lock: a sandbox being closed (an interrupt) never starts a new container.
+        with self._lock:
+            if self._closed:
+                raise SandboxError("the sandbox was closed while a request was running")
+            self.stats[why] += 1
+            w.stop()
+            w.start()
 
     def _execute(self, w: _Worker, job: ExecJob, req_id: int) -> ExecResult:
         if w.served >= self.cfg.recycle_every:
@@ -377,9 +381,8 @@ class Sandbox:
                 except BaseException as e:  # noqa: BLE001 - re-raised in the caller
                     errors.append(e)
                     return
-                with self._lock:
-                    done[0] += 1
-                    self.stats["requests"] += 1
+                done[0] += 1
+                self.stats["requests"] += 1
 
         threads = [threading.Thread(target=work, args=(w,), daemon=True) for w in self.workers]
         for t in threads:

@@ -15,7 +15,6 @@ import pytest
 from sage_pipeline.sim.cache import ExecutionCache, execute_cached
 from sage_pipeline.sim.sandbox import SandboxConfig, SandboxError, open_sandbox
 from sage_pipeline.sim.schema import ExecJob, ExecResult
-from sage_pipeline_tests.sim.sandbox_fixtures import docker_ready, docker_sandbox, local_sandbox  # noqa: F401
 
 TESTS = [{"args": [[3, 1, 2]], "expected": [1, 2, 3]}, {"args": [[]], "expected": []},
          {"args": [[2.5, -1.0]], "expected": [-1.0, 2.5]}]

@@ -8,7 +8,6 @@ import textwrap
 import pytest
 
 from sage_pipeline.sim.schema import ExecJob
-from sage_pipeline_tests.sim.sandbox_fixtures import docker_ready, docker_sandbox  # noqa: F401
 
 TESTS = [{"args": [3], "expected": 6}, {"args": [0], "expected": 0}, {"args": [-2], "expected": -4}]
 GOOD = ExecJob("def f(x):\n    return 2 * x\n", "f", TESTS, 2.0)

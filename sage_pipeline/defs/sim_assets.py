@@ -1,0 +1,121 @@
+"""The simulator chain, part 1: sim_tasks -> sandbox_rollouts (sharded)."""
+# No `from __future__ import annotations`: Dagster reads the real annotations.
+
+import dagster as dg
+import matplotlib
+import pandas as pd
+from pydantic import Field
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+from sage_pipeline import artifacts, markdown
+from sage_pipeline.defs.resources import SageResource, SandboxResource
+from sage_pipeline.sim import rollouts as ro
+from sage_pipeline.sim import tasks as task_gen
+from sage_pipeline.sim.cache import CACHE_DIR, ExecutionCache, execute_cached
+from sage_pipeline.sim.schema import OUTCOME_KINDS, TASKS_FILE, read_tasks, write_tasks
+
+GROUP = "simulator"
+N_SHARDS = 4
+SHARDS = dg.StaticPartitionsDefinition(ro.shard_names(N_SHARDS))
+POOL = "sage_sandbox"
+
+
+def _cached_runner(sb, cache, log):
+    def run(jobs):
+        return execute_cached(lambda todo: sb.run(todo, log=log), sb.backend, cache, jobs)[0]
+    return run
+
+
+class SimTasksConfig(dg.Config):
+    n_tasks: int = Field(1200, description="tasks to generate, spread over every family (at least one each)")
+    seed: int = Field(0, description="seed of the parameters and test inputs")
+
+
+@dg.asset(group_name=GROUP, kinds={"python", "docker"},
+          description="Coding tasks from 15+ families of small Python functions: prompt, signature, reference, "
+                      "tests from running the reference on seeded inputs (edge cases included), difficulty, and "
+                      "candidate solutions (the reference and realistic wrong ones), verified by execution in "
+                      "the sandbox: the reference passes, a mutant that passes every test is marked equivalent. "
+                      "datasets/sim/tasks.jsonl.")
+def sim_tasks(context: dg.AssetExecutionContext, config: SimTasksConfig, sage: SageResource,
+              sandbox: SandboxResource) -> dg.MaterializeResult:
+    tasks = task_gen.generate_tasks(config.n_tasks, seed=config.seed)
+    context.log.info(f"generated {len(tasks)} tasks, {sum(len(t.candidates) for t in tasks)} candidates; verifying")
+    with sandbox.open(context.log) as sb:
+        cache = ExecutionCache(sage.path("sim", CACHE_DIR))
+        tasks, report = task_gen.verify_tasks(tasks, _cached_runner(sb, cache, context.log.info),
+                                              log=context.log.info)
+        described = sb.describe()
+    path = write_tasks(sage.path("sim", TASKS_FILE), tasks, seed=config.seed)
+    summary = task_gen.summarize(tasks)
+    return dg.MaterializeResult(metadata={
+        "path": dg.MetadataValue.path(str(path)), "sha256": artifacts.file_sha256(path),
+        "n_tasks": len(tasks), "families": len(summary["families"]),
+        "candidates": sum(len(t.candidates) for t in tasks),
+        "per_family_and_difficulty": dg.MetadataValue.md(markdown.table(summary["rows"])),
+        "candidates_per_kind": dg.MetadataValue.json(summary["candidates"]),
+        "equivalent_mutants": dg.MetadataValue.json(summary["equivalent"]),
+        "dropped": len(report.dropped), "verify_seconds": round(report.seconds, 1),
+        "verification": dg.MetadataValue.json(report.to_dict()),
+        "sandbox_backend": described["backend"], "sandbox_isolated": described["isolated"],
+    })
+
+
+def _outcome_plot(tab) -> bytes:
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    bottom = None
+    for k in OUTCOME_KINDS:
+        vals = tab[k].to_numpy()
+        ax.barh(tab.index, vals, left=bottom, label=k)
+        bottom = vals if bottom is None else bottom + vals
+    ax.set_xlabel("candidates")
+    ax.set_title("sandbox outcome per candidate kind")
+    ax.legend(fontsize=7, ncols=3, loc="lower right")
+    fig.tight_layout()
+    return artifacts.png_bytes(fig)
+
+
+@dg.asset(group_name=GROUP, deps=[sim_tasks], partitions_def=SHARDS, pool=POOL, kinds={"docker", "parquet"},
+          backfill_policy=dg.BackfillPolicy.single_run(),
+          description="Every candidate of every task executed in the sandbox, one row per (task, candidate): "
+                      "passed, tests passed/total, runtime, outcome kind (pass, wrong_answer, exception, timeout, "
+                      "oom, killed), output excerpt. Partitioned by shard (a stable hash of the task id); an "
+                      "execution cache keyed by code and tests means only what is new runs. "
+                      "datasets/sim/rollouts/shard-XX.parquet.")
+def sandbox_rollouts(context: dg.AssetExecutionContext, sage: SageResource,
+                     sandbox: SandboxResource) -> dg.MaterializeResult:
+    tasks = read_tasks(sage.path("sim", TASKS_FILE))
+    shards = context.partition_keys
+    frames, stats = [], {}
+    with sandbox.open(context.log) as sb:
+        cache = ExecutionCache(sage.path("sim", CACHE_DIR))
+        for shard in shards:
+            mine = [t for t in tasks if ro.shard_of(t.task_id, N_SHARDS) == shard]
+            df, stats[shard] = ro.run_rollouts(mine, lambda jobs: sb.run(jobs, log=context.log.info), sb.backend,
+                                               cache, log=context.log.info)
+            bad = ro.check_references(df)
+            if bad:
+                raise dg.Failure(f"{len(bad)} reference solutions failed in the sandbox (e.g. {bad[:3]}): the "
+                                 "sandbox disagrees with the task generator's verification; check its limits")
+            ro.write_rollouts(df, sage.path("sim", ro.ROLLOUTS_DIR), shard)
+            frames.append(df)
+        described = sb.describe()
+    df = pd.concat(frames, ignore_index=True)
+    tab = ro.summary(df)
+    rows = [{"candidate_kind": k, **{o: int(tab.loc[k, o]) for o in OUTCOME_KINDS}} for k in tab.index]
+    return dg.MaterializeResult(metadata={
+        "shards": ", ".join(shards), "tasks": int(df["task_id"].nunique()), "executions": len(df),
+        "executed_now": sum(s["executed"] for s in stats.values()),
+        "from_cache": sum(s["hits"] for s in stats.values()),
+        "seconds": round(sum(s["seconds"] for s in stats.values()), 2),
+        "outcomes": dg.MetadataValue.md(markdown.table(rows) + "\n\n" + markdown.image(_outcome_plot(tab),
+                                                                                      "outcomes")),
+        "path": dg.MetadataValue.path(str(sage.path("sim", ro.ROLLOUTS_DIR))),
+        "sandbox": dg.MetadataValue.json(described),
+        "sandbox_isolated": described["isolated"],
+    })
+
+
+simulator_rollout_defs = dg.Definitions(assets=[sim_tasks, sandbox_rollouts])
