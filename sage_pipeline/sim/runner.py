@@ -110,8 +110,7 @@ def run_child(cfg, msg, res_w, out_w):
             os.setgid(uid)
             os.setuid(uid)
         os.umask(0o077)
-        work = os.path.join(cfg["workroot"], "t")
-        os.makedirs(work, exist_ok=True)
+        work = cfg["workroot"]  # emptied after every task; nothing to clean when nothing was written
         os.chdir(work)
         devnull = os.open(os.devnull, os.O_RDWR)
         os.dup2(devnull, 0)
@@ -280,6 +279,8 @@ def _clean_workroot(cfg):
     """Empty the work root. With a dedicated uid the files belong to it, and the runner has
     no CAP_DAC_OVERRIDE: remove them in a forked process running as that uid."""
     root, uid = cfg["workroot"], cfg.get("drop_uid")
+    if not os.listdir(root):
+        return
 
     def clean():
         for name in os.listdir(root):
