@@ -13,19 +13,13 @@ from sage_pipeline import artifacts, markdown
 from sage_pipeline.defs.resources import SageResource, SandboxResource
 from sage_pipeline.sim import rollouts as ro
 from sage_pipeline.sim import tasks as task_gen
-from sage_pipeline.sim.cache import CACHE_DIR, ExecutionCache, execute_cached
+from sage_pipeline.sim.cache import CACHE_DIR, ExecutionCache
 from sage_pipeline.sim.schema import OUTCOME_KINDS, TASKS_FILE, read_tasks, write_tasks
 
 GROUP = "simulator"
 N_SHARDS = 4
 SHARDS = dg.StaticPartitionsDefinition(ro.shard_names(N_SHARDS))
 POOL = "sage_sandbox"
-
-
-def _cached_runner(sb, cache, log):
-    def run(jobs):
-        return execute_cached(lambda todo: sb.run(todo, log=log), sb.backend, cache, jobs)[0]
-    return run
 
 
 class SimTasksConfig(dg.Config):
@@ -43,9 +37,8 @@ def sim_tasks(context: dg.AssetExecutionContext, config: SimTasksConfig, sage: S
               sandbox: SandboxResource) -> dg.MaterializeResult:
     tasks = task_gen.generate_tasks(config.n_tasks, seed=config.seed)
     context.log.info(f"generated {len(tasks)} tasks, {sum(len(t.candidates) for t in tasks)} candidates; verifying")
-    with sandbox.open(context.log) as sb:
-        cache = ExecutionCache(sage.path("sim", CACHE_DIR))
-        tasks, report = task_gen.verify_tasks(tasks, _cached_runner(sb, cache, context.log.info),
+    with sandbox.open(context.log) as sb:  # verification is the generator's own: not cached
+        tasks, report = task_gen.verify_tasks(tasks, lambda jobs: sb.run(jobs, log=context.log.info),
                                               log=context.log.info)
         described = sb.describe()
     path = write_tasks(sage.path("sim", TASKS_FILE), tasks, seed=config.seed)

@@ -69,7 +69,8 @@ class ExecutionCache:
         """Write what was added since the last flush as a new segment (atomically)."""
         if not self._pending:
             return None
-        name = f"segment-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{uuid.uuid4().hex[:8]}.jsonl"
+        # Names sort by creation time (nanoseconds), so on reload a later answer wins.
+        name = f"segment-{time.time_ns():020d}-{os.getpid()}-{uuid.uuid4().hex[:8]}.jsonl"
         path = self.folder / name
         with artifacts.atomic_open(path) as fh:
             for key, (res, backend) in self._pending.items():
