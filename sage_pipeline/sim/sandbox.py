@@ -62,7 +62,7 @@ class SandboxConfig:
     workers: int = 2
     image: str = DEFAULT_IMAGE
     memory_mb: int = 512  # container --memory and --memory-swap (no swap)
-    task_memory_mb: int = 384  # address-space limit of each task process
+    task_memory_mb: int = 256  # address-space limit of each task process
     pids_limit: int = 128  # container --pids-limit
     task_nproc: int = 64  # processes/threads of the unprivileged uid
     cpus: float = 1.0  # container --cpus

@@ -1,0 +1,309 @@
+"""One night of consolidation: replay, reflect, edit, gate, commit, then test.
+
+1. Replay the val split under the live (skill, memory): the baseline.
+2. Replay the train split; its failures and successes go to reflect.
+3. Reflect proposes at most ``edit_budget`` edits to the learned blocks; invalid,
+   duplicate, no-op, over-cap, unmatched and outside-the-block edits are dropped and
+   reported.
+4. The gate replays val under each candidate (each edit on its own, in order, or all
+   together) and keeps a candidate only if it is strictly better (ties reject), and with
+   ``no_regression`` only if no val task gets worse. If val overlaps train (by id or by
+   content) nothing is accepted: ``reject_unverified``.
+5. An accepted candidate is committed (new version, atomic live replace) by the caller's
+   ``commit``; only then is the test split scored, before and after, so it can never
+   influence the decision.
+
+A backend failure at any step ends the night with ``backend_error`` and its cause; what
+was scored before it is kept in the report, nothing after it is guessed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+from sage_pipeline.sleep.backends import Backend, BackendError
+from sage_pipeline.sleep.block import EditLimits, LearnedDoc, apply_edit, screen_edits
+from sage_pipeline.sleep.gate import GateConfig, Trial, compare, summary
+from sage_pipeline.sleep.judges import JudgeError, UnitTestJudge
+from sage_pipeline.sleep.prompts import ReplyFormatError, parse_reflect_reply
+from sage_pipeline.sleep.records import ReflectRequest, TaskRecord, TaskResult
+from sage_pipeline.sleep.replay import replay
+from sage_pipeline.sleep.store import LiveChanged
+
+STATUSES = ("accepted", "rejected", "reject_unverified", "no_edits", "reflect_invalid", "no_tasks",
+            "backend_error", "judge_error", "input_error", "store_error", "conflict")
+ERROR_STATUSES = ("backend_error", "judge_error", "input_error", "store_error")
+
+
+@dataclass(frozen=True)
+class CycleConfig:
+    limits: EditLimits = field(default_factory=EditLimits)
+    gate: GateConfig = field(default_factory=GateConfig)
+    evolve_skill: bool = True
+    evolve_memory: bool = True
+    workers: int = 1  # parallel backend calls during replay
+    reflect_examples: int = 16  # train failures shown to reflect (and half as many successes)
+
+    def targets(self) -> tuple[str, ...]:
+        return tuple(t for t, on in (("skill", self.evolve_skill), ("memory", self.evolve_memory)) if on)
+
+
+@dataclass
+class NightResult:
+    """Everything a night did and why: diagnostics.json is this, as JSON."""
+
+    skill: str
+    date: str
+    status: str = "running"
+    gate_action: str = "none"  # accept | reject | reject_unverified | none
+    reason: str = ""
+    cause: str = ""  # for error statuses: what failed
+    phase: str = ""  # where it stopped, for error statuses
+    started_at: str = ""
+    finished_at: str = ""
+    seconds: float = 0.0
+    backend: dict = field(default_factory=dict)
+    sandbox: dict = field(default_factory=dict)
+    harvest: dict = field(default_factory=dict)
+    quarantined: list = field(default_factory=list)
+    unusable: list = field(default_factory=list)
+    tasks: dict = field(default_factory=dict)
+    scores: dict = field(default_factory=lambda: {k: None for k in (
+        "baseline_val", "candidate_val", "train", "test_before", "test_after")})
+    trials: list = field(default_factory=list)
+    edits: list = field(default_factory=list)
+    val_changes: dict = field(default_factory=lambda: {"improved": [], "regressed": []})
+    per_task: list = field(default_factory=list)
+    reflect: dict = field(default_factory=lambda: {"reply_head": "", "error": "", "proposed": 0})
+    calls: dict = field(default_factory=dict)
+    call_errors: list = field(default_factory=list)
+    versions: dict = field(default_factory=lambda: {"before": "", "after": ""})
+    live: dict = field(default_factory=dict)
+    block: dict = field(default_factory=dict)
+    gate: dict = field(default_factory=dict)
+    notes: list = field(default_factory=list)
+    candidate: dict = field(default_factory=dict)  # target -> document, when not written live
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def edits_with(self, *statuses: str) -> list[dict]:
+        return [e for e in self.edits if e["status"] in statuses]
+
+    @property
+    def ok(self) -> bool:
+        return self.status not in ERROR_STATUSES
+
+
+def _order_key(task_id: str, salt: str) -> str:
+    return hashlib.sha256(f"{salt}:{task_id}".encode()).hexdigest()
+
+
+def _rows(phase: str, results: list[TaskResult]) -> list[dict]:
+    return [{"phase": phase, **r.to_dict()} for r in results]
+
+
+class Cycle:
+    """Runs the steps above, recording into ``result`` as it goes."""
+
+    def __init__(self, tasks: list[TaskRecord], docs: dict[str, LearnedDoc], backend: Backend,
+                 unit: UnitTestJudge, config: CycleConfig, result: NightResult,
+                 commit: Callable[[dict[str, str]], str], log: Callable[[str], None] = lambda m: None) -> None:
+        self.tasks = sorted(tasks, key=lambda t: t.id)
+        self.docs, self.backend, self.unit, self.cfg, self.r = docs, backend, unit, config, result
+        self.commit, self.log = commit, log
+        self.split = {s: [t for t in self.tasks if t.split == s] for s in ("train", "val", "test")}
+
+    def _replay(self, split: str, docs: dict[str, LearnedDoc], label: str) -> list[TaskResult]:
+        return replay(self.split[split], docs["skill"].render(), docs["memory"].render(), self.backend, self.unit,
+                      self.cfg.workers, self.log, label)
+
+    def _stop(self, status: str, reason: str) -> None:
+        self.r.status, self.r.reason = status, reason
+
+    def run(self) -> NightResult:
+        r, cfg = self.r, self.cfg
+        train, val = self.split["train"], self.split["val"]
+        train_ids, train_keys = {t.id for t in train}, {t.content_key() for t in train}
+        overlap = [t.id for t in val if t.id in train_ids or t.content_key() in train_keys]
+        r.tasks = {"total": len(self.tasks), **{s: len(v) for s, v in self.split.items()},
+                   "by_kind": {k: sum(t.reference_kind == k for t in self.tasks)
+                               for k in sorted({t.reference_kind for t in self.tasks})},
+                   "val_overlapping_train": overlap}
+        r.gate = asdict(cfg.gate)
+        if not self.tasks:
+            self._stop("no_tasks", "no usable tasks for this night: nothing to learn from or to verify with")
+            return r
+        if not val or not train:
+            which = "val" if not val else "train"
+            self._stop("no_tasks", f"{len(self.tasks)} tasks but none in the {which} split, so the night can "
+                       f"{'verify no edit' if which == 'val' else 'learn nothing'}; add tasks (a task's split is "
+                       "a hash of its id)")
+            return r
+        try:
+            self._night(overlap)
+        except BackendError as e:
+            r.status, r.cause = "backend_error", e.cause
+            r.reason = (f"the backend failed during {r.phase} ({e.kind}"
+                        f"{', after ' + str(e.attempts) + ' attempts' if e.attempts > 1 else ''}): nothing after "
+                        "this point was scored")
+            if r.versions["after"]:
+                r.reason += f"; the accepted version {r.versions['after']} was written before the test split"
+        except JudgeError as e:
+            r.status, r.cause = "judge_error", str(e)
+            r.reason = f"a judge failed during {r.phase}: nothing after this point was scored"
+        return r
+
+    def _night(self, overlap: list[str]) -> None:
+        r, cfg = self.r, self.cfg
+        r.phase = "baseline_val"
+        base_val = self._replay("val", self.docs, "val (baseline)")
+        r.scores["baseline_val"] = summary(base_val, cfg.gate)
+        r.per_task += _rows("val baseline", base_val)
+        r.phase = "train"
+        train_res = self._replay("train", self.docs, "train")
+        r.scores["train"] = summary(train_res, cfg.gate)
+        r.per_task += _rows("train", train_res)
+        self._test(self._reflect_and_gate(base_val, train_res, overlap) or self.docs)
+
+    def _reflect_and_gate(self, base_val: list[TaskResult], train_res: list[TaskResult],
+                          overlap: list[str]) -> dict | None:
+        r, cfg = self.r, self.cfg
+        by_id = {t.id: t for t in self.split["train"]}
+        salt = r.date
+        failures = sorted(((by_id[x.task_id], x) for x in train_res if x.hard < 1.0),
+                          key=lambda p: _order_key(p[0].id, salt))
+        successes = sorted(((by_id[x.task_id], x) for x in train_res if x.hard >= 1.0),
+                           key=lambda p: _order_key(p[0].id, salt))
+        if not failures:
+            self._stop("no_edits", f"all {len(train_res)} train tasks pass: nothing to learn tonight")
+            return None
+        targets = cfg.targets()
+        editable = {t: d for t, d in self.docs.items() if t in targets}
+        req = ReflectRequest(
+            skill_name=r.skill, documents={t: d.render() for t, d in editable.items()},
+            blocks={t: d.rules for t, d in editable.items()}, failures=failures[:cfg.reflect_examples],
+            successes=successes[:max(1, cfg.reflect_examples // 2)], edit_budget=cfg.limits.edit_budget,
+            block_max_chars=cfg.limits.block_max_chars, max_rule_chars=cfg.limits.max_rule_chars,
+            room={t: cfg.limits.block_max_chars - d.block_chars() for t, d in editable.items()})
+        r.phase = "reflect"
+        reply = self.backend.reflect(req)
+        r.reflect["reply_head"] = reply.text[:600]
+        try:
+            edits = parse_reflect_reply(reply.text)
+        except ReplyFormatError as e:
+            r.reflect["error"] = str(e)
+            self._stop("reflect_invalid", f"reflect's reply could not be used ({e.problem}); the documents are "
+                       "unchanged tonight")
+            return None
+        r.reflect["proposed"] = len(edits)
+        pre_invalid = [e for e in edits if e.status == "invalid"]
+        screened = screen_edits(self.docs, [e for e in edits if e.status != "invalid"], cfg.limits, targets)
+        dropped = pre_invalid + screened.dropped
+        r.edits = [e.to_dict() for e in dropped]
+        if not screened.candidates:
+            counts: dict[str, int] = {}
+            for e in dropped:
+                counts[e.status] = counts.get(e.status, 0) + 1
+            detail = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "none proposed"
+            self._stop("no_edits", f"reflect proposed {len(edits)} edit(s), none applicable ({detail})")
+            return None
+        r.phase = "gate"
+        current, current_val = self.docs, base_val
+        trials: list[Trial] = []
+        groups = ([[e] for e in screened.candidates] if cfg.gate.granularity == "edit"
+                  else [screened.candidates])
+        accepted = []
+        for group in groups:
+            trial_docs, ok = current, []
+            for e in group:
+                res = apply_edit(trial_docs, e, cfg.limits, targets)
+                if res.docs is None:  # its anchor came from an edit the gate rejected
+                    e.status, e.reason = res.status, res.reason + " (after earlier edits were rejected)"
+                    continue
+                trial_docs, ok = res.docs, ok + [e]
+            if not ok:
+                continue
+            cand_val = self._replay("val", trial_docs, f"val (trial {len(trials) + 1})")
+            trial = compare(current_val, cand_val, cfg.gate, [e.describe() for e in ok])
+            trials.append(trial)
+            r.per_task += _rows(f"val trial {len(trials)}", cand_val)
+            for e in ok:
+                e.status = "accepted" if trial.accepted else "rejected"
+                e.reason = trial.reason
+            if trial.accepted:
+                current, current_val = trial_docs, cand_val
+                accepted += ok
+        r.trials = [t.to_dict() for t in trials]
+        r.edits = [e.to_dict() for e in screened.candidates] + [e.to_dict() for e in dropped]
+        best = max(trials, key=lambda t: t.candidate) if trials else None
+        r.scores["candidate_val"] = (summary(current_val, cfg.gate) if accepted else
+                                     (best and {"score": best.candidate, "hard": None, "soft": None,
+                                                "tasks": len(base_val), "note": "best rejected trial"}))
+        if accepted:
+            final = compare(base_val, current_val, cfg.gate)
+            r.val_changes = {"improved": final.improved, "regressed": final.regressed}
+        if not accepted:
+            r.gate_action = "reject"
+            verdicts: dict[str, int] = {}
+            for t in trials:
+                verdicts[t.verdict] = verdicts.get(t.verdict, 0) + 1
+            self._stop("rejected", f"none of {len(screened.candidates)} candidate edit(s) strictly improved val ("
+                       + ", ".join(f"{n} {v}" for v, n in verdicts.items()) + ")")
+            return None
+        if overlap:
+            for e in accepted:
+                e.status, e.reason = "rejected", f"passed the gate, but val overlaps train: {e.reason}"
+            r.edits = [e.to_dict() for e in screened.candidates] + [e.to_dict() for e in dropped]
+            r.gate_action = "reject_unverified"
+            self._stop("reject_unverified", f"{len(accepted)} edit(s) passed the gate but {len(overlap)} val task(s) "
+                       f"also appear in train ({', '.join(overlap[:5])}): an improvement there is not verified")
+            return None
+        r.gate_action = "accept"
+        self._final_docs = current
+        r.phase = "commit"
+        texts = {t: d.render() for t, d in self._final_docs.items()}
+        try:
+            r.versions["after"] = self.commit(texts)
+        except LiveChanged as e:
+            r.candidate = texts
+            self._stop("conflict", f"the gate accepted {len(accepted)} edit(s) but {e}")
+            return self._final_docs
+        except OSError as e:
+            r.candidate = texts
+            self._stop("store_error", f"the gate accepted {len(accepted)} edit(s) but writing them failed: {e}")
+            r.cause = str(e)
+            return None
+        self._stop("accepted", f"{len(accepted)} of {len(screened.candidates)} candidate edit(s) accepted: "
+                   f"val {cfg.gate.metric} {trials[0].baseline:.3f} -> {r.scores['candidate_val']['score']:.3f}")
+        return self._final_docs
+
+    def _test(self, final_docs: dict[str, LearnedDoc]) -> None:
+        r = self.r
+        if not self.split["test"]:
+            r.notes.append("no test tasks tonight: test scores are empty")
+            return
+        r.phase = "test"
+        before = self._replay("test", self.docs, "test (before)")
+        r.scores["test_before"] = summary(before, self.cfg.gate)
+        r.per_task += _rows("test before", before)
+        if final_docs is self.docs:
+            r.scores["test_after"] = r.scores["test_before"]
+            return
+        after = self._replay("test", final_docs, "test (after)")
+        r.scores["test_after"] = summary(after, self.cfg.gate)
+        r.per_task += _rows("test after", after)
+
+
+def run_cycle(tasks: list[TaskRecord], docs: dict[str, LearnedDoc], backend: Backend, unit: UnitTestJudge,
+              config: CycleConfig, result: NightResult, commit: Callable[[dict[str, str]], str],
+              log: Callable[[str], None] = lambda m: None) -> NightResult:
+    t0 = time.monotonic()
+    Cycle(tasks, docs, backend, unit, config, result, commit, log).run()
+    result.calls = backend.calls.summary()
+    result.call_errors = list(backend.calls.errors)
+    result.seconds = round(result.seconds + time.monotonic() - t0, 3)
+    return result

@@ -1,0 +1,170 @@
+"""Judges: score an answer hard (pass 1 / fail 0) and soft (partial credit in [0, 1]).
+
+- exact: the answer (whole, or its last non-empty line) equals the reference, ignoring
+  case and whitespace; soft is the token F1 with the reference;
+- rules: every check passes; soft is the share of checks that pass;
+- rubric: graded by the backend (JSON ``{"score", "pass", "why"}``); a reply that is not
+  that JSON is a backend failure, never a zero;
+- unit_tests: the code in the answer (a fenced block, else the whole answer) runs
+  against the tests in the sandbox (``sage_pipeline.sim.sandbox``); soft is the share of
+  tests passed. A sandbox failure raises :class:`JudgeError`: infrastructure, not a verdict.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from sage_pipeline.sleep.backends import Backend, BackendError
+from sage_pipeline.sleep.prompts import ReplyFormatError, parse_grade_reply
+from sage_pipeline.sleep.records import TaskRecord
+
+SANDBOXES = ("auto", "local", "docker")
+
+
+class JudgeError(RuntimeError):
+    """A judge could not give a verdict (sandbox down): the night stops, nothing is scored."""
+
+
+@dataclass(frozen=True)
+class Judgement:
+    hard: float
+    soft: float
+    why: str = ""
+
+
+def _norm(s: str) -> str:
+    return " ".join(s.casefold().split()).strip(" .")
+
+
+def judge_exact(reference: str, response: str) -> Judgement:
+    ref = _norm(reference)
+    lines = [ln for ln in response.strip().splitlines() if ln.strip()]
+    if _norm(response) == ref or (lines and _norm(lines[-1]) == ref):
+        return Judgement(1.0, 1.0)
+    r, g = Counter(_norm(response).split()), Counter(ref.split())
+    common = sum((r & g).values())
+    f1 = 0.0 if not common else 2 * common / (sum(r.values()) + sum(g.values()))
+    return Judgement(0.0, round(f1, 6), f"expected {reference!r}, got {response.strip()[:60]!r}")
+
+
+def _check(c: dict, response: str) -> bool:
+    kind, value = c["check"], c["value"]
+    text = response
+    if c.get("ignore_case") and isinstance(value, str):
+        text, value = text.casefold(), value.casefold()
+    if kind == "contains":
+        return value in text
+    if kind == "not_contains":
+        return value not in text
+    if kind == "startswith":
+        return text.lstrip().startswith(value)
+    if kind == "endswith":
+        return text.rstrip().endswith(value)
+    flags = re.MULTILINE | (re.IGNORECASE if c.get("ignore_case") else 0)
+    if kind == "regex":
+        return re.search(c["value"], response, flags) is not None
+    if kind == "not_regex":
+        return re.search(c["value"], response, flags) is None
+    if kind == "max_chars":
+        return len(response) <= value
+    if kind == "min_chars":
+        return len(response) >= value
+    if kind == "max_lines":
+        return len(response.splitlines()) <= value
+    if kind == "json":
+        try:
+            json.loads(response)
+            return True
+        except json.JSONDecodeError:
+            return False
+    raise ValueError(f"unknown check {kind!r}")
+
+
+def judge_rules(checks: list[dict], response: str) -> Judgement:
+    failed = [c for c in checks if not _check(c, response)]
+    soft = 1.0 - len(failed) / len(checks)
+    why = "; ".join(f"{c['check']} {c['value']!r} failed" for c in failed)
+    return Judgement(1.0 if not failed else 0.0, soft, why)
+
+
+def judge_rubric(task: TaskRecord, response: str, backend: Backend) -> Judgement:
+    reply = backend.grade(task, response)
+    try:
+        score, passed, why = parse_grade_reply(reply.text)
+    except ReplyFormatError as e:
+        backend.calls.error("grade", 1, str(e), True)
+        raise BackendError(str(e), kind="reply", purpose="grade") from e
+    return Judgement(1.0 if passed else 0.0, score, "" if passed else f"rubric: {why}")
+
+
+def extract_code(response: str) -> str:
+    """The code of an answer: its first ```python (or bare ```) block, else the whole answer."""
+    m = re.search(r"```(?:python|py)?[ \t]*\n(.*?)```", response, re.DOTALL)
+    return m.group(1) if m else response
+
+
+@dataclass
+class UnitTestJudge:
+    """Runs answers' code through the sandbox, opened on first use; results are cached by
+    (code, tests), so an unchanged answer is not run twice."""
+
+    sandbox: str = "local"  # local | docker
+    workers: int = 1
+    log: Callable[[str], None] | None = None
+    cache: dict = field(default_factory=dict)
+    options: dict = field(default_factory=dict)  # more SandboxConfig fields (image, memory_mb, docker, ...)
+    executed: int = 0
+    _cm: object = None
+    _sb: object = None
+
+    def run(self, items: list[tuple[TaskRecord, str]]) -> list[Judgement]:
+        from sage_pipeline.sim.schema import ExecJob
+
+        jobs = [ExecJob(code=extract_code(resp), entry_point=t.reference["entry_point"], tests=t.reference["tests"],
+                        timeout_s=float(t.reference["timeout_s"])) for t, resp in items]
+        todo = {j.key: j for j in jobs if j.key not in self.cache}
+        if todo:
+            from sage_pipeline.sim.sandbox import SandboxError
+
+            try:
+                results = self._sandbox().run(list(todo.values()), log=self.log)
+            except SandboxError as e:
+                raise JudgeError(f"unit-test judge: the {self.sandbox} sandbox failed: {e}") from e
+            self.executed += len(todo)
+            self.cache.update(zip(todo, results, strict=True))
+        out = []
+        for j in jobs:
+            r = self.cache[j.key]
+            soft = r.tests_passed / r.tests_total if r.tests_total else 0.0
+            why = "" if r.passed else f"{r.outcome}: {r.tests_passed}/{r.tests_total} tests; {r.output_excerpt[:120]}"
+            out.append(Judgement(1.0 if r.passed else 0.0, soft, why))
+        return out
+
+    def _sandbox(self):
+        if self._sb is None:
+            from sage_pipeline.sim.sandbox import SandboxError, open_sandbox
+
+            cm = open_sandbox(backend=self.sandbox, workers=self.workers, **self.options)
+            try:
+                self._sb = cm.__enter__()
+            except SandboxError as e:
+                raise JudgeError(f"unit-test judge: the {self.sandbox} sandbox did not start: {e}") from e
+            self._cm = cm
+        return self._sb
+
+    def describe(self) -> dict:
+        d = {"sandbox": self.sandbox, "executions": self.executed, "cached_results": len(self.cache)}
+        if self._sb is not None:
+            d["isolated"] = self._sb.isolated
+        if self.sandbox == "local":
+            d["note"] = "local sandbox: unisolated processes, for the simulated backend's own answers only"
+        return d
+
+    def close(self) -> None:
+        if self._cm is not None:
+            cm, self._cm, self._sb = self._cm, None, None
+            cm.__exit__(None, None, None)

@@ -1,0 +1,173 @@
+"""A whole night for one skill: lock, live documents, harvest, backend, cycle, files.
+
+:func:`run_night` is what the Dagster asset and ``python -m sage_pipeline.sleep run-night``
+call. It never raises for a night that went wrong in a way the report can explain
+(backend down, unreadable skill file, empty day): it returns the :class:`NightResult`
+with the status and cause, and writes ``diagnostics.json`` and ``report.md`` either way.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from sage_pipeline.sleep import report
+from sage_pipeline.sleep.backends import Backend, BackendError, OpenAIBackend, OpenAIConfig
+from sage_pipeline.sleep.block import DocumentError, decode_document, parse_document
+from sage_pipeline.sleep.cycle import CycleConfig, NightResult, run_cycle
+from sage_pipeline.sleep.harvest import HarvestConfig, harvest
+from sage_pipeline.sleep.judges import SANDBOXES, UnitTestJudge
+from sage_pipeline.sleep.records import DEFAULT_SPLIT, SplitSpec
+from sage_pipeline.sleep.sim import SimulatedBackend, SimWorld
+from sage_pipeline.sleep.store import LiveChanged, SkillStore, StoreError
+
+BACKENDS = ("simulated", "openai")
+
+
+@dataclass(frozen=True)
+class NightSettings:
+    backend: str = "simulated"  # simulated | openai
+    sim_seed: int = 0
+    openai: OpenAIConfig = field(default_factory=OpenAIConfig)
+    cycle: CycleConfig = field(default_factory=CycleConfig)
+    log_dirs: tuple[str, ...] = ("sessions",)  # relative to the artifact root, or absolute
+    task_dirs: tuple[str, ...] = ()  # more task-file folders (sleep/tasks and sleep/<skill>/tasks always)
+    embedded_tasks: bool = True  # the packaged tasks of the skill (data/tasks/<skill>.jsonl)
+    skill_path: str = ""  # "" -> <root>/sleep/<skill>/SKILL.md
+    memory_path: str = ""  # "" -> <root>/sleep/<skill>/MEMORY.md
+    sandbox: str = "auto"  # auto (local for the simulated backend, docker otherwise) | local | docker
+    sandbox_workers: int = 1
+    lock_timeout_s: float = 3600.0
+    split: SplitSpec = DEFAULT_SPLIT
+    extra_notes: tuple[str, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend {self.backend!r}: use one of {', '.join(BACKENDS)}")
+        if self.sandbox not in SANDBOXES:
+            raise ValueError(f"sandbox {self.sandbox!r}: use one of {', '.join(SANDBOXES)}")
+
+    def sandbox_backend(self) -> str:
+        if self.sandbox != "auto":
+            return self.sandbox
+        return "local" if self.backend == "simulated" else "docker"
+
+
+def make_backend(settings: NightSettings, skill: str, date: str) -> Backend:
+    if settings.backend == "simulated":
+        return SimulatedBackend(SimWorld.load(skill), seed=settings.sim_seed, night=date)
+    return OpenAIBackend(settings.openai)
+
+
+def day_window(date: str, tz: str = "UTC") -> tuple[datetime, datetime]:
+    """[00:00, next 00:00) of ``date`` in the time zone ``tz``."""
+    from datetime import timedelta
+    from zoneinfo import ZoneInfo
+
+    start = datetime.fromisoformat(date).replace(tzinfo=ZoneInfo(tz))
+    return start, (start + timedelta(days=1)).replace(tzinfo=ZoneInfo(tz))
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def run_night(data_root: str | Path, skill: str, date: str, window: tuple[datetime, datetime] | None,
+              settings: NightSettings = NightSettings(), log: Callable[[str], None] = lambda m: None,
+              backend: Backend | None = None, unit_cache: dict | None = None) -> tuple[NightResult, report.NightFiles]:
+    """Run the night of ``date`` for ``skill``; returns the result and the files written.
+
+    ``backend`` overrides the one the settings name; ``unit_cache`` (a dict) keeps sandbox
+    verdicts by (code, tests) across nights run in one process.
+    """
+    root = Path(data_root)
+    store = SkillStore(root / "sleep", skill, settings.skill_path or None, settings.memory_path or None)
+    r = NightResult(skill=skill, date=date, started_at=_now(), notes=list(settings.extra_notes))
+    r.live = {k: str(p) for k, p in store.paths().items()}
+    t0 = time.monotonic()
+    with store.night_lock(settings.lock_timeout_s, log, date):
+        _run_locked(store, root, r, window, settings, log, backend, unit_cache)
+        r.seconds = round(time.monotonic() - t0, 3)
+        r.finished_at = _now()
+        files = report.write_night(r, store.root)
+    log(f"night {date} of {skill}: {r.status} ({r.reason}) in {r.seconds:.1f} s; {files.diagnostics}")
+    return r, files
+
+
+def _run_locked(store: SkillStore, root: Path, r: NightResult, window, settings: NightSettings,
+                log: Callable[[str], None], backend: Backend | None, unit_cache: dict | None) -> None:
+    # 1. the live documents, with their learned blocks
+    try:
+        r.notes += store.ensure_live()
+        snap = store.read()
+        texts = {"skill": decode_document(snap.skill, store.skill_path),
+                 "memory": decode_document(snap.memory, store.memory_path)}
+        docs = {k: parse_document(v, store.paths()[k]) for k, v in texts.items()}
+        r.versions["before"] = store.register(snap, r.date).version
+        created = [k for k, d in docs.items() if d.created_block]
+        if created:
+            new = {k: d.render() for k, d in docs.items()}
+            v = store.commit(new["skill"], new["memory"], snap, "block_created", r.date,
+                             f"appended an empty learned block to {', '.join(created)}; nothing else changed")
+            snap = store.read()
+            docs = {k: parse_document(decode_document(getattr(snap, k), store.paths()[k]), store.paths()[k])
+                    for k in ("skill", "memory")}
+            r.versions["before"] = v.version
+            r.notes.append(f"created the learned block in {', '.join(str(store.paths()[k]) for k in created)} "
+                           "(appended at the end; nothing else changed)")
+    except (DocumentError, StoreError, OSError) as e:
+        r.status, r.phase, r.cause = "input_error", "read live documents", str(e)
+        r.reason = "a live document or the version history cannot be used as it is; nothing was changed"
+        return
+    except LiveChanged as e:
+        r.status, r.phase, r.reason = "conflict", "create the learned block", str(e)
+        return
+    r.block = {"created": created, "cap": settings.cycle.limits.block_max_chars,
+               "chars": {k: d.block_chars() for k, d in docs.items()}, "rules": {k: len(d.rules) for k, d in docs.items()}}
+
+    # 2. the night's tasks
+    sleep_root = root / "sleep"
+    default_dirs = [p for p in (sleep_root / "tasks", store.root / "tasks") if p.is_dir()]
+    cfg = HarvestConfig(log_dirs=tuple(root / d for d in settings.log_dirs),
+                        task_dirs=tuple(default_dirs) + tuple(root / d for d in settings.task_dirs),
+                        embedded_tasks=settings.embedded_tasks, split=settings.split)
+    h = harvest(store.skill, r.date, window, cfg, log)
+    r.harvest = h.summary()
+    r.quarantined = [q.to_dict() for q in h.quarantined]
+    r.unusable = h.unusable + [{"task": d["task"], "source": d["dropped"], "reason": f"duplicate id (kept {d['kept']})"}
+                               for d in h.duplicates[:10]]
+
+    # 3. the backend and the judges, then the cycle
+    try:
+        backend = backend or make_backend(settings, store.skill, r.date)
+    except (BackendError, KeyError) as e:
+        r.status, r.phase = "backend_error", "start the backend"
+        r.cause = e.cause if isinstance(e, BackendError) else str(e.args[0])
+        r.reason = "the backend could not be set up: no task was run"
+        return
+    r.backend = backend.describe()
+    unit = UnitTestJudge(sandbox=settings.sandbox_backend(), workers=settings.sandbox_workers, log=log,
+                         cache={} if unit_cache is None else unit_cache)
+
+    def commit(new: dict[str, str]) -> str:
+        v = store.commit(new["skill"], new["memory"], snap, "accepted", r.date,
+                         f"night {r.date}: {len(r.edits_with('accepted'))} edit(s) accepted")
+        return v.version
+
+    try:
+        run_cycle(h.tasks, docs, backend, unit, settings.cycle, r, commit, log)
+    finally:
+        r.sandbox = unit.describe()
+        unit.close()
+    if not r.versions["after"]:
+        r.versions["after"] = r.versions["before"]
+    final = store.paths()
+    r.block["chars_after"] = {}
+    for k in ("skill", "memory"):
+        try:
+            r.block["chars_after"][k] = parse_document(final[k].read_text(encoding="utf-8"), final[k]).block_chars()
+        except (OSError, UnicodeDecodeError, DocumentError):
+            r.block["chars_after"][k] = None

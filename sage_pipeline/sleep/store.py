@@ -1,0 +1,312 @@
+"""The skill store: live files, content-hashed versions, atomic replacement and restore.
+
+Per skill, under ``<artifact root>/sleep/<skill>/``::
+
+    SKILL.md, MEMORY.md          the live documents (or the paths you configured)
+    versions/index.jsonl         history: one line per event (initial, external, block_created,
+                                 accepted, rollback), oldest first
+    versions/<id>/               SKILL.md, MEMORY.md, version.json of one version
+    store.json                   where the live documents are (so a rollback finds them)
+
+A version's id is the first 12 hex digits of the SHA-256 of its two documents, so the
+same content is the same version. The live files are replaced atomically (temporary
+file, fsync, rename), under a lock, and only if they still hold what the night started
+from: a live file edited meanwhile is left alone (:class:`LiveChanged`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from sage_pipeline import artifacts
+from sage_pipeline.sleep.block import BEGIN_LINE, END_LINE
+
+PACKAGED_SKILLS = Path(__file__).with_name("data") / "skills"
+SKILL_FILE, MEMORY_FILE = "SKILL.md", "MEMORY.md"
+ACTIONS = ("initial", "external", "block_created", "accepted", "rollback")
+
+
+class StoreError(ValueError):
+    """The store cannot do what was asked (missing file, unknown version): says what to do."""
+
+
+class LiveChanged(RuntimeError):
+    """A live document changed since the night read it; nothing was written."""
+
+
+class NightLocked(TimeoutError):
+    """Another night of the same skill holds the lock past the timeout."""
+
+
+def version_id(skill: bytes, memory: bytes) -> str:
+    h = hashlib.sha256()
+    for part in (b"skill", skill, b"memory", memory):
+        h.update(len(part).to_bytes(8, "big"))
+        h.update(part)
+    return h.hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The live documents' bytes as read at one moment."""
+
+    skill: bytes
+    memory: bytes
+
+    @property
+    def id(self) -> str:
+        return version_id(self.skill, self.memory)
+
+    def sha256(self) -> dict[str, str]:
+        return {"skill": hashlib.sha256(self.skill).hexdigest(), "memory": hashlib.sha256(self.memory).hexdigest()}
+
+
+@dataclass(frozen=True)
+class Version:
+    seq: int
+    version: str
+    action: str
+    created_at: str
+    night: str = ""
+    parent: str = ""
+    note: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def default_document(skill: str, which: str) -> str:
+    """The packaged default (``data/skills/<skill>.md`` / ``<skill>.memory.md``), else a minimal one."""
+    name = f"{skill}.md" if which == "skill" else f"{skill}.memory.md"
+    packaged = PACKAGED_SKILLS / name
+    if packaged.is_file():
+        return packaged.read_text(encoding="utf-8")
+    title = f"# Skill: {skill}" if which == "skill" else f"# Memory: {skill}"
+    return f"{title}\n\n{BEGIN_LINE}\n{END_LINE}\n"
+
+
+class SkillStore:
+    def __init__(self, sleep_root: str | Path, skill: str, skill_path: str | Path | None = None,
+                 memory_path: str | Path | None = None) -> None:
+        if not skill or not all(c.isalnum() or c in "-_" for c in skill):
+            raise StoreError(f"skill name {skill!r}: use letters, digits, '-' and '_' only (it names a folder)")
+        self.skill = skill
+        self.root = Path(sleep_root) / skill
+        self.versions_dir = self.root / "versions"
+        self.index = self.versions_dir / "index.jsonl"
+        recorded = self._recorded()
+        given = {k: str(Path(v).expanduser().absolute()) for k, v in (("skill_path", skill_path),
+                                                                      ("memory_path", memory_path)) if v}
+        paths = {**recorded, **given}
+        self.configured = {"skill": "skill_path" in paths, "memory": "memory_path" in paths}
+        self.skill_path = Path(paths.get("skill_path") or self.root / SKILL_FILE)
+        self.memory_path = Path(paths.get("memory_path") or self.root / MEMORY_FILE)
+        if paths != recorded:
+            artifacts.write_json(self.root / "store.json", paths)
+
+    def _recorded(self) -> dict:
+        p = self.root / "store.json"
+        if not p.is_file():
+            return {}
+        try:
+            d = json.loads(p.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise StoreError(f"{p}: not valid JSON ({e}); delete it to fall back to the default live paths") from e
+        return {k: v for k, v in d.items() if k in ("skill_path", "memory_path") and isinstance(v, str)}
+
+    def paths(self) -> dict[str, Path]:
+        return {"skill": self.skill_path, "memory": self.memory_path}
+
+    # live files ---------------------------------------------------------------------------
+    def ensure_live(self) -> list[str]:
+        """Create missing live documents from the packaged defaults; a configured path must exist."""
+        notes = []
+        for which, path in self.paths().items():
+            if path.is_file():
+                continue
+            if self.configured[which]:
+                raise StoreError(f"{path}: the configured {which} document does not exist; create it, or clear "
+                                 f"the {which}_path setting to use {self.root / (SKILL_FILE if which == 'skill' else MEMORY_FILE)}")
+            artifacts.write_text(path, default_document(self.skill, which))
+            notes.append(f"created {path} from the packaged default")
+        return notes
+
+    def read(self) -> Snapshot:
+        return Snapshot(self.skill_path.read_bytes(), self.memory_path.read_bytes())
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """Short exclusive lock for reading-comparing-writing the live files and the index."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / ".store.lock", "a") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+    @contextlib.contextmanager
+    def night_lock(self, timeout_s: float = 3600.0, log: Callable[[str], None] | None = None,
+                   night: str = "") -> Iterator[None]:
+        """Held for a whole night: two nights of one skill never run at once (the second waits)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        path = self.root / ".night.lock"
+        with open(path, "a+") as fh:
+            deadline, told = time.monotonic() + timeout_s, False
+            while True:
+                try:
+                    fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    fh.seek(0)
+                    holder = fh.read().strip() or "another process"
+                    if time.monotonic() >= deadline:
+                        raise NightLocked(f"{path}: another night of skill {self.skill!r} ({holder}) still runs "
+                                          f"after {timeout_s:g} s; nights never overlap, try again later") from None
+                    if log is not None and not told:
+                        log(f"waiting for the running night of {self.skill!r} ({holder}) to finish")
+                        told = True
+                    time.sleep(0.2)
+            try:
+                fh.seek(0)
+                fh.truncate()
+                fh.write(f"night {night or '?'}, pid {os.getpid()}, since {_now()}\n")
+                fh.flush()
+                yield
+            finally:
+                fh.seek(0)
+                fh.truncate()
+                fh.flush()
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+    # versions -------------------------------------------------------------------------------
+    def versions(self) -> list[Version]:
+        if not self.index.is_file():
+            return []
+        out = []
+        for lineno, line in enumerate(self.index.read_text(encoding="utf-8").splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                out.append(Version(**json.loads(line)))
+            except (json.JSONDecodeError, TypeError) as e:
+                raise StoreError(f"{self.index}:{lineno}: malformed version entry ({e}); the version folders "
+                                 f"under {self.versions_dir} are intact, fix or remove the line") from e
+        return out
+
+    def find(self, ref: str) -> str:
+        """A stored version id from its id, a unique prefix (>= 4 characters) or ``v<seq>``."""
+        ref = ref.strip()
+        entries = self.versions()
+        if ref[:1] in "vV" and ref[1:].isdigit():
+            hit = [v.version for v in entries if v.seq == int(ref[1:])]
+            if hit:
+                return hit[0]
+        ids = sorted({v.version for v in entries})
+        hits = [i for i in ids if i.startswith(ref.lower())] if len(ref) >= 4 else []
+        if len(hits) == 1 and (self.versions_dir / hits[0]).is_dir():
+            return hits[0]
+        known = ", ".join(f"v{v.seq}={v.version}" for v in entries[-8:]) or "none yet"
+        why = "matches several versions" if len(hits) > 1 else "is not a stored version"
+        raise StoreError(f"version {ref!r} of skill {self.skill!r} {why} (latest: {known}); list them with "
+                         f"`python -m sage_pipeline.sleep versions --skill {self.skill}`")
+
+    def read_version(self, vid: str) -> Snapshot:
+        d = self.versions_dir / vid
+        try:
+            snap = Snapshot((d / SKILL_FILE).read_bytes(), (d / MEMORY_FILE).read_bytes())
+        except FileNotFoundError as e:
+            raise StoreError(f"{d}: version folder incomplete ({e.filename} missing)") from e
+        if snap.id != vid:
+            raise StoreError(f"{d}: content hash {snap.id} does not match the version id {vid}: the folder was "
+                             "edited; restore it from a backup or pick another version")
+        return snap
+
+    def _save_version(self, snap: Snapshot, night: str) -> str:
+        vid = snap.id
+        dest = self.versions_dir / vid
+        if not dest.is_dir():
+            with artifacts.atomic_dir(dest) as tmp:
+                (tmp / SKILL_FILE).write_bytes(snap.skill)
+                (tmp / MEMORY_FILE).write_bytes(snap.memory)
+                (tmp / "version.json").write_text(json.dumps(
+                    {"version": vid, **{f"{k}_sha256": v for k, v in snap.sha256().items()},
+                     "created_at": _now(), "night": night}, indent=2) + "\n", encoding="utf-8")
+        return vid
+
+    def _append(self, vid: str, action: str, night: str, parent: str, note: str) -> Version:
+        entries = self.versions()
+        v = Version(seq=(entries[-1].seq + 1 if entries else 1), version=vid, action=action, created_at=_now(),
+                    night=night, parent=parent, note=note)
+        lines = [json.dumps(e.to_dict()) for e in entries] + [json.dumps(v.to_dict())]
+        artifacts.write_text(self.index, "\n".join(lines) + "\n")
+        return v
+
+    def register(self, snap: Snapshot, night: str = "") -> Version:
+        """Record the live content the night starts from (``initial`` or ``external``) if it is new."""
+        with self.lock():
+            entries = self.versions()
+            vid = self._save_version(snap, night)
+            if entries and entries[-1].version == vid:
+                return entries[-1]
+            action = "initial" if not entries else "external"
+            note = ("first version" if not entries else
+                    "the live documents were edited outside the cycle since the last recorded version")
+            return self._append(vid, action, night, entries[-1].version if entries else "", note)
+
+    def _write_live(self, snap: Snapshot) -> None:
+        for path, data in ((self.memory_path, snap.memory), (self.skill_path, snap.skill)):
+            target = path.resolve()  # a symlinked live file: replace its target, keep the link
+            mode = target.stat().st_mode & 0o7777 if target.exists() else None
+            artifacts.write_bytes(target, data)
+            if mode is not None:
+                os.chmod(target, mode)
+
+    def commit(self, skill: str, memory: str, expected: Snapshot, action: str, night: str = "",
+               note: str = "") -> Version:
+        """Write a new version and replace the live files, if they still hold ``expected``."""
+        if action not in ACTIONS:
+            raise ValueError(f"action {action!r} is not one of {ACTIONS}")
+        new = Snapshot(skill.encode("utf-8"), memory.encode("utf-8"))
+        with self.lock():
+            now = self.read()
+            changed = [w for w, (a, b) in {"skill": (expected.skill, now.skill),
+                                          "memory": (expected.memory, now.memory)}.items() if a != b]
+            if changed:
+                raise LiveChanged(
+                    "; ".join(f"{self.paths()[w]} changed since the night read it" for w in changed)
+                    + ": the live files were left alone (the candidate is staged with the night's report); "
+                    "run the night again to learn from the new text")
+            self._save_version(new, night)
+            self._write_live(new)
+            return self._append(new.id, action, night, expected.id, note)
+
+    def restore(self, ref: str, note: str = "") -> Version:
+        """Make a stored version live again (the current live content is stored first)."""
+        vid = self.find(ref)
+        target = self.read_version(vid)
+        with self.lock():
+            now = self.read()
+            entries = self.versions()
+            self._save_version(now, "")
+            if not entries or entries[-1].version != now.id:
+                self._append(now.id, "external", "", entries[-1].version if entries else "",
+                             "live documents as found before a rollback")
+            self._write_live(target)
+            return self._append(vid, "rollback", "", now.id, note or f"rolled back from {now.id} to {vid}")
+
+    def current(self) -> str:
+        return self.read().id

@@ -1,0 +1,146 @@
+"""The sleep cycle in Dagster: wiring (partitions, job, schedule, pool), an in-process night with its
+metadata, a failing backend seen by the check, the rollback job, and configuration from the environment."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import socket
+
+import dagster as dg
+import pytest
+
+from sage_pipeline.definitions import defs
+from sage_pipeline.defs import sleep_assets as sa
+from sage_pipeline.defs.resources import SageResource
+from sage_pipeline.sleep.store import SkillStore
+
+KEY = dg.AssetKey(["sleep_cycle", "reviewer"])
+
+
+def _run(root, partition: str, config: dict | None = None, assets=None):
+    assets = assets or [a for a in sa.SLEEP_ASSETS if KEY in a.keys]
+    run_config = {"ops": {"sleep_cycle__reviewer": {"config": config}}} if config else None
+    return dg.materialize(assets, partition_key=partition, run_config=run_config,
+                          resources={"sage": SageResource(data_dir=str(root))},
+                          instance=dg.DagsterInstance.ephemeral(), raise_on_error=False)
+
+
+def _meta(result) -> dict:
+    mats = result.asset_materializations_for_node("sleep_cycle__reviewer")
+    assert mats, "the night was not materialized"
+    return {k: v.value for k, v in mats[-1].metadata.items()}
+
+
+def _check(result) -> dg.AssetCheckEvaluation:
+    return next(e.event_specific_data for e in result.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION")
+
+
+def test_wiring_partitions_job_schedule_pool():
+    graph = defs.resolve_asset_graph()
+    assert {dg.AssetKey(["sleep_cycle", s]) for s in ("coder", "reviewer")} <= set(graph.get_all_asset_keys())
+    for a in sa.SLEEP_ASSETS:
+        assert a.op.pool == "sleep_cycle" and a.partitions_def == sa.NIGHTS
+        assert a.group_names_by_key[next(iter(a.keys))] == "sleep_cycle"
+        assert [s.name for s in a.check_specs] == ["night_completed"]
+    job = defs.resolve_job_def("nightly_sleep")
+    assert job.partitions_def == sa.NIGHTS and job.tags["sage/sleep_cycle"] == "night"
+    sched = defs.resolve_schedule_def("nightly_sleep_schedule")
+    assert sched.cron_schedule == "17 3 * * *" and sched.execution_timezone == "UTC"
+    assert sched.job_name == "nightly_sleep" and sched.default_status == dg.DefaultScheduleStatus.RUNNING
+    assert defs.resolve_job_def("sleep_rollback") is not None
+    main = defs.resolve_job_def("sage_main")
+    assert not any(k.path[0] == "sleep_cycle" for k in main.asset_layer.executable_asset_keys)
+
+
+def test_default_nights_are_the_first_partitions_oldest_first():
+    assert sa.default_nights(3) == ["2026-11-01", "2026-11-02", "2026-11-03"]
+    assert sa.default_nights(0) == []
+    with pytest.raises(ValueError, match=">= 0"):
+        sa.default_nights(-1)
+
+
+def test_a_night_materializes_with_its_diagnostics(tmp_path):
+    result = _run(tmp_path, "2026-11-03")
+    assert result.success
+    m = _meta(result)
+    assert m["status"] == "accepted" and m["gate_action"] == "accept"
+    assert m["test_after_score"] >= m["test_before_score"] and m["candidate_val_score"] > m["baseline_val_score"]
+    assert m["accepted_edits"] >= 1 and "| op | target |" in m["accepted_edits_table"]
+    for key in ("rejected_edits_table", "unmatched_edits_table", "per_task", "reflect_reply_head",
+                "backend_call_errors", "token_use", "tasks", "harvest", "versions"):
+        assert key in m
+    assert m["token_use"]["total_tokens"] > 0 and '"edits"' in m["reflect_reply_head"]
+    assert "response head" in m["per_task"] and "data:image/png;base64," in m["report"]
+    with open(m["diagnostics"], encoding="utf-8") as fh:
+        diag = json.load(fh)
+    assert diag["status"] == "accepted" and diag["date"] == "2026-11-03"
+    assert m["live_skill"] == str(tmp_path / "sleep" / "reviewer" / "SKILL.md")
+    assert _check(result).passed
+
+
+def test_failing_backend_shows_in_metadata_and_fails_the_check(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    result = _run(tmp_path, "2026-11-03", {"backend": "openai", "base_url": f"http://127.0.0.1:{port}/v1",
+                                          "model": "m", "max_retries": 0})
+    m = _meta(result)
+    assert m["status"] == "backend_error" and "connection to" in m["cause"]
+    assert m["test_after_score"] == "-" and "solve" in m["backend_call_errors"]
+    check = _check(result)
+    assert not check.passed and check.severity == dg.AssetCheckSeverity.ERROR and "backend_error" in check.description
+
+
+def test_bad_config_fails_naming_the_field(tmp_path):
+    result = _run(tmp_path, "2026-11-03", {"gate_metric": "f1"})
+    assert not result.success
+    failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
+    assert "gate metric 'f1'" in str(failure.event_specific_data.error)
+
+
+def test_rollback_job_restores_a_named_version(tmp_path):
+    assert _run(tmp_path, "2026-11-03").success
+    store = SkillStore(tmp_path / "sleep", "reviewer")
+    first = store.versions()[0].version
+    assert store.current() != first
+    job = dg.Definitions(jobs=[sa.sleep_rollback_job], resources={"sage": SageResource(data_dir=str(tmp_path))}
+                         ).resolve_job_def("sleep_rollback")
+    res = job.execute_in_process(run_config={"ops": {"rollback_skill": {"config": {
+        "skill": "reviewer", "version": first[:6], "note": "undo"}}}}, instance=dg.DagsterInstance.ephemeral())
+    assert res.success and store.current() == first
+    obs = [e for e in res.all_events if e.event_type_value == "ASSET_OBSERVATION"]
+    assert obs and obs[0].event_specific_data.asset_observation.metadata["rollback_to"].value == first
+    bad = job.execute_in_process(run_config={"ops": {"rollback_skill": {"config": {
+        "skill": "reviewer", "version": "zzzzzz"}}}}, instance=dg.DagsterInstance.ephemeral(), raise_on_error=False)
+    assert not bad.success
+
+
+def test_schedule_time_zone_and_skills_come_from_the_environment(monkeypatch):
+    monkeypatch.setenv("SAGE_SLEEP_TIMEZONE", "Europe/Berlin")
+    monkeypatch.setenv("SAGE_SLEEP_AT", "04:05")
+    monkeypatch.setenv("SAGE_SLEEP_SKILLS", "reviewer")
+    monkeypatch.setenv("SAGE_SLEEP_SCHEDULE_RUNNING", "0")
+    try:
+        mod = importlib.reload(sa)
+        merged = dg.Definitions.merge(mod.sleep_defs, dg.Definitions(resources={"sage": SageResource()}))
+        sched = merged.resolve_schedule_def("nightly_sleep_schedule")
+        assert sched.cron_schedule == "5 4 * * *" and sched.execution_timezone == "Europe/Berlin"
+        assert mod.NIGHTS.timezone == "Europe/Berlin"
+        assert sched.default_status == dg.DefaultScheduleStatus.STOPPED
+        assert [next(iter(a.keys)) for a in mod.SLEEP_ASSETS] == [KEY]
+    finally:
+        monkeypatch.undo()
+        importlib.reload(sa)
+
+
+@pytest.mark.parametrize("partition", ["2026-11-04"])
+def test_day_window_follows_the_partition(tmp_path, partition):
+    logs = tmp_path / "sessions"
+    logs.mkdir()
+    ev = {"type": "TRAJECTORY_STEP", "session_id": "s", "task_id": "t", "agent": "reviewer",
+          "intent": "Which HTTP status for a missing user? Number only.", "reference_kind": "exact", "reference": "404"}
+    (logs / "day.jsonl").write_text("\n".join(json.dumps({**ev, "task_id": f"t{d}", "timestamp": f"2026-11-0{d}T12:00:00Z"})
+                                              for d in (3, 4, 5)) + "\n")
+    m = _meta(_run(tmp_path, partition))
+    assert m["harvest"]["sources"]["session logs"] == 1 and m["harvest"]["log_events_in_day"] == 1

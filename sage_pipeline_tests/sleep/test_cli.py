@@ -1,0 +1,54 @@
+"""``python -m sage_pipeline.sleep``: run-night, versions, show, rollback, and its errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from sage_pipeline.sleep.__main__ import main
+from sage_pipeline.sleep.store import SkillStore
+
+
+def test_run_night_versions_show_and_rollback(tmp_path, capsys):
+    root = ["--data-dir", str(tmp_path)]
+    for d in ("2026-11-02", "2026-11-03"):
+        assert main([*root, "run-night", "--skill", "reviewer", "--date", d]) == 0
+    out = capsys.readouterr().out
+    assert "reviewer 2026-11-03: accepted" in out and "diagnostics:" in out
+    store = SkillStore(tmp_path / "sleep", "reviewer")
+    entries = store.versions()
+    assert [v.action for v in entries] == ["initial", "accepted", "accepted"]
+    assert main([*root, "versions", "--skill", "reviewer"]) == 0
+    table = capsys.readouterr().out
+    assert all(v.version in table for v in entries) and "| v3 |" in table
+    assert main([*root, "show", "--skill", "reviewer", "--version", "v1"]) == 0
+    assert capsys.readouterr().out == store.read_version(entries[0].version).skill.decode()
+    assert main([*root, "rollback", "--skill", "reviewer", "--version", entries[0].version[:5],
+                 "--note", "too eager"]) == 0
+    said = capsys.readouterr().out
+    assert f"now at version {entries[0].version}" in said and f"--version {entries[2].version}" in said
+    assert store.current() == entries[0].version and store.versions()[-1].note == "too eager"
+
+
+def test_errors_exit_2_with_a_message(tmp_path, capsys):
+    root = ["--data-dir", str(tmp_path)]
+    assert main([*root, "versions", "--skill", "reviewer"]) == 0
+    assert "no stored versions" in capsys.readouterr().out
+    main([*root, "run-night", "--skill", "reviewer", "--date", "2026-11-02"])
+    capsys.readouterr()
+    assert main([*root, "rollback", "--skill", "reviewer", "--version", "nope"]) == 2
+    assert "is not a stored version" in capsys.readouterr().err
+
+
+def test_a_failed_night_exits_1(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("SAGE_SLEEP_MODEL", raising=False)
+    rc = main(["--data-dir", str(tmp_path), "run-night", "--skill", "reviewer", "--date", "2026-11-02",
+               "--backend", "openai"])
+    out = capsys.readouterr().out
+    assert rc == 1 and "backend_error" in out and "no model set" in out
+
+
+def test_module_entry_point_runs():
+    out = subprocess.run([sys.executable, "-m", "sage_pipeline.sleep", "--help"], capture_output=True, text=True,
+                         check=False)
+    assert out.returncode == 0 and "rollback" in out.stdout and "run-night" in out.stdout

@@ -1,0 +1,185 @@
+"""The store (content-hashed versions, atomic compare-and-replace, restore, locks) and the harvest."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from sage_pipeline.sleep.harvest import HarvestConfig, harvest
+from sage_pipeline.sleep.nightly import day_window
+from sage_pipeline.sleep.store import LiveChanged, NightLocked, SkillStore, StoreError, version_id
+
+
+def test_live_files_come_from_the_packaged_defaults(tmp_path):
+    s = SkillStore(tmp_path / "sleep", "reviewer")
+    notes = s.ensure_live()
+    assert len(notes) == 2 and s.skill_path.read_text().startswith("# Skill: reviewer")
+    v = s.register(s.read(), "2026-11-01")
+    assert (v.seq, v.action, v.version) == (1, "initial", s.read().id)
+    assert s.register(s.read(), "2026-11-02").seq == 1  # unchanged content: no new entry
+    unknown = SkillStore(tmp_path / "sleep", "planner")
+    unknown.ensure_live()
+    assert "sage:learned:begin" in unknown.skill_path.read_text()
+    with pytest.raises(StoreError, match="letters, digits"):
+        SkillStore(tmp_path, "../evil")
+
+
+def test_commit_versions_by_content_and_restore_any_version(tmp_path):
+    s = SkillStore(tmp_path / "sleep", "coder")
+    s.ensure_live()
+    v1 = s.register(s.read())
+    snap = s.read()
+    v2 = s.commit("skill v2\n", "memory v2\n", snap, "accepted", "2026-11-01", "one edit")
+    assert v2.version == version_id(b"skill v2\n", b"memory v2\n") and v2.parent == v1.version
+    assert s.skill_path.read_text() == "skill v2\n" and (s.versions_dir / v2.version / "SKILL.md").is_file()
+    v3 = s.commit("skill v3\n", "memory v2\n", s.read(), "accepted", "2026-11-02")
+    back = s.restore(v1.version[:6], note="bad night")
+    assert back.action == "rollback" and back.version == v1.version and back.parent == v3.version
+    assert s.read().id == v1.version
+    assert s.restore("v2").version == v2.version and s.skill_path.read_text() == "skill v2\n"
+    assert [v.action for v in s.versions()] == ["initial", "accepted", "accepted", "rollback", "rollback"]
+    with pytest.raises(StoreError, match="not a stored version"):
+        s.restore("ffffffff")
+    with pytest.raises(StoreError, match="not a stored version"):
+        s.restore("abc")  # prefixes shorter than 4 characters are refused
+
+
+def test_commit_refuses_when_the_live_file_changed(tmp_path):
+    s = SkillStore(tmp_path / "sleep", "coder")
+    s.ensure_live()
+    snap = s.read()
+    s.skill_path.write_text("edited by a person\n")
+    with pytest.raises(LiveChanged, match="SKILL.md changed since the night read it"):
+        s.commit("candidate\n", "m\n", snap, "accepted")
+    assert s.skill_path.read_text() == "edited by a person\n" and s.versions() == []
+
+
+def test_restore_of_an_external_edit_is_itself_reversible(tmp_path):
+    s = SkillStore(tmp_path / "sleep", "coder")
+    s.ensure_live()
+    v1 = s.register(s.read())
+    s.skill_path.write_text("hand edit\n")
+    s.restore(v1.version)
+    entries = s.versions()
+    assert [e.action for e in entries] == ["initial", "external", "rollback"]
+    s.restore(entries[1].version)
+    assert s.skill_path.read_text() == "hand edit\n"
+
+
+def test_tampered_version_folder_is_refused(tmp_path):
+    s = SkillStore(tmp_path / "sleep", "coder")
+    s.ensure_live()
+    v = s.register(s.read())
+    (s.versions_dir / v.version / "SKILL.md").write_text("tampered")
+    with pytest.raises(StoreError, match="does not match the version id"):
+        s.restore(v.version)
+
+
+def test_configured_live_paths_are_remembered_and_must_exist(tmp_path):
+    live = tmp_path / "agent" / "SKILL.md"
+    with pytest.raises(StoreError, match="configured skill document does not exist"):
+        SkillStore(tmp_path / "sleep", "coder", skill_path=live).ensure_live()
+    live.parent.mkdir()
+    live.write_text("# mine\n")
+    os.chmod(live, 0o640)
+    s = SkillStore(tmp_path / "sleep", "coder", skill_path=live)
+    s.ensure_live()
+    s.commit("# mine, improved\n", s.read().memory.decode(), s.read(), "accepted")
+    assert live.read_text() == "# mine, improved\n" and (live.stat().st_mode & 0o777) == 0o640
+    again = SkillStore(tmp_path / "sleep", "coder")  # e.g. the rollback CLI: finds the same live file
+    assert again.skill_path == live.absolute()
+
+
+def test_two_nights_of_one_skill_never_overlap(tmp_path):
+    s = SkillStore(tmp_path / "sleep", "coder")
+    events: list[str] = []
+
+    def night(name: str, hold: float) -> None:
+        with s.night_lock(timeout_s=10, night=name):
+            events.append(f"start {name}")
+            time.sleep(hold)
+            events.append(f"end {name}")
+
+    t = threading.Thread(target=night, args=("a", 0.3))
+    t.start()
+    time.sleep(0.05)
+    night("b", 0.0)
+    t.join()
+    assert events == ["start a", "end a", "start b", "end b"]
+    other = SkillStore(tmp_path / "sleep", "coder")
+    with s.night_lock(timeout_s=1, night="c"), pytest.raises(NightLocked, match="still runs"), \
+            other.night_lock(timeout_s=0.3):
+        pass
+
+
+# harvest -----------------------------------------------------------------------------------------
+
+def _event(ts: datetime, **kw) -> str:
+    return json.dumps({"type": "AGENT_MESSAGE", "timestamp": ts.isoformat().replace("+00:00", "Z"), **kw})
+
+
+def test_harvest_takes_the_days_tasks_with_a_reference_and_reports_the_rest(tmp_path):
+    day = datetime(2026, 11, 3, tzinfo=UTC)
+    ref = {"reference_kind": "exact", "reference": "404"}
+    lines = [
+        _event(day + timedelta(hours=1), session_id="s1", task_id="t1", agent="reviewer", intent="Status?"),
+        _event(day + timedelta(hours=1, minutes=1), session_id="s1", task_id="t1", agent="reviewer", extra=ref),
+        _event(day + timedelta(hours=2), session_id="s1", task_id="t2", agent="reviewer", intent="no ref"),
+        _event(day + timedelta(hours=3), session_id="s1", task_id="t3", agent="coder", intent="other", **ref),
+        _event(day + timedelta(hours=4), session_id="s2", task_id="t4", agent="planner", skill="reviewer",
+               intent="Which status for invalid input?", reference_kind="exact", reference="422"),
+        _event(day - timedelta(minutes=1), session_id="s0", task_id="t0", agent="reviewer", intent="yday", **ref),
+        _event(day + timedelta(days=1), session_id="s3", task_id="t5", agent="reviewer", intent="tomorrow", **ref),
+        _event(day + timedelta(hours=5), session_id="s4", task_id="t6", agent="reviewer", intent="bad",
+               reference_kind="rules", reference=[{"regex": "("}]),
+        '{"timestamp": "2026-11-03T01:00:00Z", broken', "{no date, skipped undecoded",
+        json.dumps({"type": "SESSION_START", "timestamp": "not a time"}),
+    ]
+    logs = tmp_path / "sessions" / "real"
+    logs.mkdir(parents=True)
+    (logs / "a.jsonl").write_text("\n".join(lines[:5]) + "\n")
+    with gzip.open(logs / "b.jsonl.gz", "wt") as fh:
+        fh.write("\n".join(lines[5:]) + "\n")
+    res = harvest("reviewer", "2026-11-03", day_window("2026-11-03"),
+                  HarvestConfig(log_dirs=(tmp_path / "sessions",), embedded_tasks=False))
+    assert sorted(t.id for t in res.tasks) == ["s1/t1", "s2/t4"]
+    t1 = next(t for t in res.tasks if t.id == "s1/t1")
+    assert (t1.intent, t1.reference) == ("Status?", "404") and "a.jsonl:2" in t1.origin
+    assert res.unusable_count == 1 and res.unusable[0]["task"] == "s1/t2" and "no reference" in res.unusable[0]["reason"]
+    assert len(res.quarantined) == 1 and res.quarantined[0].file.endswith("b.jsonl.gz")
+    assert res.quarantined[0].line == 3 and "regular expression" in res.quarantined[0].reason
+    s = res.summary()
+    assert s["bad_log_lines"] == 1 and s["log_lines"] == 11 and s["sources"] == {"session logs": 2}
+
+
+def test_harvest_day_follows_the_time_zone(tmp_path):
+    (tmp_path / "s").mkdir()
+    ts = datetime(2026, 11, 3, 23, 30, tzinfo=UTC)  # 00:30 on Nov 4 in Berlin
+    (tmp_path / "s" / "x.jsonl").write_text(_event(ts, session_id="s", task_id="t", agent="coder", intent="i",
+                                                   reference_kind="exact", reference="1") + "\n")
+    cfg = HarvestConfig(log_dirs=(tmp_path / "s",), embedded_tasks=False)
+    assert len(harvest("coder", "2026-11-03", day_window("2026-11-03", "UTC"), cfg).tasks) == 1
+    assert len(harvest("coder", "2026-11-04", day_window("2026-11-04", "Europe/Berlin"), cfg).tasks) == 1
+    assert len(harvest("coder", "2026-11-03", day_window("2026-11-03", "Europe/Berlin"), cfg).tasks) == 0
+
+
+def test_task_files_filter_by_skill_and_date_and_drop_duplicate_ids(tmp_path):
+    d = tmp_path / "tasks"
+    d.mkdir()
+    base = {"intent": "x", "reference_kind": "exact", "reference": "1"}
+    rows = [{"id": "a", **base}, {"id": "b", "skill": "coder", **base}, {"id": "c", "date": "2026-11-03", **base},
+            {"id": "d", "date": "2026-11-04", **base}, {"id": "a", **base, "intent": "again"}, {"id": "e"}]
+    (d / "mine.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    res = harvest("reviewer", "2026-11-03", None, HarvestConfig(task_dirs=(d,), embedded_tasks=True))
+    ids = [t.id for t in res.tasks]
+    assert ids[:2] == ["a", "c"] and len(ids) == 2 + 80  # plus the packaged reviewer tasks
+    assert res.skipped_other_skill == 1 and res.skipped_other_date == 1
+    assert res.duplicates[0]["task"] == "a" and res.duplicates[0]["dropped"].endswith("mine.jsonl:5")
+    assert res.quarantined[0].line == 6
+    assert res.summary()["sources"] == {f"task file {d / 'mine.jsonl'}": 2, "packaged tasks": 80}
