@@ -1,0 +1,730 @@
+"""Import routing-benchmark outcome tables: for every prompt, every model's quality and cost.
+
+Three layouts are read (``layout="auto"`` tells them apart by their columns):
+
+* ``routellm`` (lm-sys/RouteLLM's ``evals/*/responses`` CSVs): a ``prompt`` column, one
+  correctness column per model (booleans or numbers), optional ``<model>_response``.
+* ``routerbench`` (withmartian/routerbench, wide): ``sample_id``, ``prompt``, ``eval_name``,
+  a quality column per model, ``<model>|total_cost`` and ``<model>|model_response``
+  columns, ``oracle_model_to_route_to`` (ignored: the oracle is recomputed).
+* ``long``: one row per (prompt, model): ``prompt_id``, ``model``, ``quality``, ``cost``;
+  optional ``prompt``, ``eval_name`` and ``response``.
+
+A path is one file or a folder of ``*.csv``, ``*.csv.gz`` and ``*.parquet`` files (sorted by
+name; the file stem is the ``eval_name`` where a layout has none). Rows are numbered as
+data records from 1 after the header (a quoted prompt may span several text lines).
+
+What is valid is imported; what is not is dropped and listed with its file, row, column,
+value and reason (``strict=True`` raises at the first problem instead):
+
+* a row whose quality is missing, not a number or not finite, whose cost is negative or
+  not a number, or whose prompt is empty;
+* a later duplicate of a prompt (same ``sample_id``/``prompt_id``, or for RouteLLM's layout
+  the same prompt text): the first occurrence is kept;
+* in the long layout, a prompt that lacks a row for some model;
+* a whole file that is empty, unreadable, or lacks one of the table's models (the
+  configured ``models``, else those of the first file). A model that only some files
+  have is ignored there and reported, so every kept prompt has every model.
+
+Prompts listed in an exclusion file (RouteLLM's ``contaminated_prompts.jsonl``: JSON
+lines with ``eval_prompt``) are excluded and counted apart from the dropped rows.
+
+Costs missing from a table come from a :class:`PriceTable` (prompt and response length in
+tokens, estimated as characters / ``chars_per_token``, times per-token prices) or from
+``default_cost_per_call``; every cell records where its cost came from
+(:data:`COST_SOURCES`) and the report counts them per model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+import yaml
+
+from sage_pipeline.routing.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+DATA_DIR = Path(__file__).with_name("data")
+DEFAULT_TABLE = DATA_DIR / "routellm_mmlu"
+DEFAULT_PRICES = DATA_DIR / "benchmark_prices.yaml"
+AUTO_EXCLUDE = "contaminated_prompts.jsonl"  # looked for next to the table when exclude_prompts="auto"
+
+LAYOUTS = ("auto", "routellm", "routerbench", "long")
+DATA_SUFFIXES = (".csv", ".csv.gz", ".parquet")
+# where a cell's cost came from (BenchmarkTable.cost_source holds the index)
+COST_SOURCES = ("table", "price_table_tokens", "price_table_default_output", "default_cost_per_call")
+META_COLUMNS = {"prompt", "prompt_id", "sample_id", "eval_name", "oracle_model_to_route_to"}
+LONG_REQUIRED = ("prompt_id", "model", "quality")
+
+
+class BenchmarkImportError(ValueError):
+    """A benchmark table (or an option of its import) cannot be used: names file, row, column."""
+
+    def __init__(self, file: object, problem: str, *, row: int | None = None, column: str | None = None,
+                 fix: str = "") -> None:
+        self.file, self.row, self.column, self.problem = str(file), row, column, problem
+        where = str(file) + (f": row {row}" if row is not None else "") + (
+            f": column {column!r}" if column is not None else "")
+        super().__init__(f"{where}: {problem}" + (f" ({fix})" if fix else ""))
+
+
+# ----------------------------------------------------------------------------- prices
+@dataclass(frozen=True)
+class ModelPrice:
+    input_per_mtok: float = 0.0  # USD per 1M input tokens
+    output_per_mtok: float = 0.0  # USD per 1M output tokens
+    per_call: float = 0.0  # USD per call
+    default_output_tokens: float | None = None  # overrides the table-wide value
+    source: str = ""  # where the price comes from (shown in the report)
+
+
+@dataclass(frozen=True)
+class PriceTable:
+    """Per-model prices for costs a benchmark table lacks (see ``data/benchmark_prices.yaml``)."""
+
+    models: dict[str, ModelPrice]
+    chars_per_token: float = 4.0
+    default_output_tokens: float = 1.0
+    input_tokens_per_call: float = 0.0
+    source: str = "<memory>"
+
+    @classmethod
+    def load(cls, path: str | Path = DEFAULT_PRICES) -> PriceTable:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(path, "<file>", "price table not found",
+                              "point the routing_benchmark config's price_table at a YAML price table")
+        try:
+            doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except yaml.YAMLError as exc:
+            raise ConfigError(path, "<file>", f"not valid YAML: {exc}") from exc
+        if not isinstance(doc, dict) or not isinstance(doc.get("models"), dict):
+            raise ConfigError(path, "models", "expected a mapping of model name -> prices")
+
+        def num(d: dict, key: str, where: str, default: float | None, positive: bool = False) -> float | None:
+            val = d.get(key, default)
+            if val is None:
+                return None
+            if isinstance(val, bool) or not isinstance(val, (int, float)) or not math.isfinite(val):
+                raise ConfigError(path, where, f"expected a finite number, got {val!r}")
+            if val < 0 or (positive and val == 0):
+                raise ConfigError(path, where, f"must be {'> 0' if positive else '>= 0'}, got {val}")
+            return float(val)
+
+        models = {}
+        for name, spec in doc["models"].items():
+            where = f"models.{name}"
+            if not isinstance(spec, dict):
+                raise ConfigError(path, where, "expected a mapping with input_per_mtok, output_per_mtok, per_call")
+            unknown = set(spec) - {f for f in ModelPrice.__dataclass_fields__}
+            if unknown:
+                raise ConfigError(path, where, f"unknown keys {sorted(unknown)}",
+                                  "use input_per_mtok, output_per_mtok, per_call, default_output_tokens, source")
+            models[str(name)] = ModelPrice(
+                input_per_mtok=num(spec, "input_per_mtok", f"{where}.input_per_mtok", 0.0),
+                output_per_mtok=num(spec, "output_per_mtok", f"{where}.output_per_mtok", 0.0),
+                per_call=num(spec, "per_call", f"{where}.per_call", 0.0),
+                default_output_tokens=num(spec, "default_output_tokens", f"{where}.default_output_tokens", None),
+                source=str(spec.get("source", "")))
+        return cls(models, chars_per_token=num(doc, "chars_per_token", "chars_per_token", 4.0, positive=True),
+                   default_output_tokens=num(doc, "default_output_tokens", "default_output_tokens", 1.0),
+                   input_tokens_per_call=num(doc, "input_tokens_per_call", "input_tokens_per_call", 0.0),
+                   source=str(path))
+
+    def tokens(self, chars: np.ndarray) -> np.ndarray:
+        return np.ceil(np.maximum(chars, 0) / self.chars_per_token)
+
+    def cost(self, model: str, prompt_chars: np.ndarray, response_chars: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(USD per call, COST_SOURCES index) for ``model``; ``response_chars < 0``: response unknown."""
+        p = self.models[model]
+        known = response_chars >= 0
+        default_out = p.default_output_tokens if p.default_output_tokens is not None else self.default_output_tokens
+        out_tokens = np.where(known, self.tokens(response_chars), default_out)
+        in_tokens = self.tokens(prompt_chars) + self.input_tokens_per_call
+        usd = (in_tokens * p.input_per_mtok + out_tokens * p.output_per_mtok) / 1e6 + p.per_call
+        return usd, np.where(known, 1, 2).astype(np.int8)
+
+
+# ----------------------------------------------------------------------------- config and results
+@dataclass(frozen=True)
+class ImportConfig:
+    path: str | Path = DEFAULT_TABLE  # a file or a folder of them
+    layout: str = "auto"
+    models: tuple[str, ...] = ()  # the table's models; empty: those of the first file
+    exclude_prompts: str | Path | None = "auto"  # "auto": contaminated_prompts.jsonl next to the table
+    price_table: str | Path | None = DEFAULT_PRICES
+    default_cost_per_call: float | None = None  # USD, for models with neither a cost column nor a price
+    strict: bool = False  # raise at the first problem instead of dropping and reporting
+    max_listed: int = 200  # dropped rows listed one by one in the report (all are counted)
+
+    def __post_init__(self) -> None:
+        if self.layout not in LAYOUTS:
+            raise BenchmarkImportError(self.path, f"layout must be one of {LAYOUTS}, got {self.layout!r}")
+        if self.default_cost_per_call is not None and not (
+                math.isfinite(self.default_cost_per_call) and self.default_cost_per_call >= 0):
+            raise BenchmarkImportError(self.path, f"default_cost_per_call must be a finite number >= 0, "
+                                                  f"got {self.default_cost_per_call}")
+
+
+@dataclass(frozen=True)
+class Dropped:
+    file: str
+    row: int | None  # data record from 1 after the header; None: the whole file
+    column: str | None
+    reason: str
+    value: str | None = None
+
+    def format(self) -> str:
+        where = self.file + (f": row {self.row}" if self.row is not None else "") + (
+            f": column {self.column!r}" if self.column else "")
+        return f"{where}: {self.reason}" + (f" (value {self.value})" if self.value is not None else "")
+
+
+@dataclass
+class ImportReport:
+    source: str
+    layouts: dict[str, str] = field(default_factory=dict)  # file -> layout
+    rows_read: int = 0
+    rows_kept: int = 0
+    excluded: int = 0  # prompts in the exclusion list
+    exclude_file: str | None = None
+    dropped: list[Dropped] = field(default_factory=list)  # the first max_listed dropped rows
+    dropped_rows: Counter = field(default_factory=Counter)  # reason -> rows
+    dropped_files: list[Dropped] = field(default_factory=list)
+    ignored_columns: list[str] = field(default_factory=list)  # "file: column (why)"
+    cost_sources: dict[str, dict[str, int]] = field(default_factory=dict)  # model -> source -> cells
+    price_sources: dict[str, str] = field(default_factory=dict)  # model -> where its price comes from
+    seconds: float = 0.0
+
+    @property
+    def n_dropped(self) -> int:
+        return int(sum(self.dropped_rows.values()))
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["dropped_rows"] = dict(self.dropped_rows)
+        d["n_dropped"] = self.n_dropped
+        return d
+
+    def dropped_table(self) -> list[dict]:
+        return [{"reason": k, "rows": v} for k, v in self.dropped_rows.most_common()] + [
+            {"reason": f"file dropped: {d.format()}", "rows": None} for d in self.dropped_files]
+
+    def cost_table(self) -> list[dict]:
+        return [{"model": m, **{s: c.get(s, 0) for s in COST_SOURCES},
+                 "price source": self.price_sources.get(m, "")} for m, c in self.cost_sources.items()]
+
+
+@dataclass(frozen=True)
+class BenchmarkTable:
+    """Full-information outcomes: ``quality[i, k]`` and ``cost[i, k]`` of model ``models[k]`` on prompt i."""
+
+    prompt_id: np.ndarray  # object str
+    prompt: np.ndarray  # object str ("" where the table has no text)
+    eval_name: np.ndarray  # object str
+    models: tuple[str, ...]
+    quality: np.ndarray  # (n, K) float64
+    cost: np.ndarray  # (n, K) float64 USD
+    cost_source: np.ndarray  # (n, K) int8 index into COST_SOURCES
+    file: np.ndarray  # int32 index into files
+    row: np.ndarray  # int64 data record in its file
+    files: tuple[str, ...]
+
+    def __len__(self) -> int:
+        return len(self.prompt_id)
+
+    def take(self, idx: np.ndarray) -> BenchmarkTable:
+        return BenchmarkTable(self.prompt_id[idx], self.prompt[idx], self.eval_name[idx], self.models,
+                              self.quality[idx], self.cost[idx], self.cost_source[idx], self.file[idx],
+                              self.row[idx], self.files)
+
+    @property
+    def binary_quality(self) -> bool:
+        return bool(np.isin(self.quality, (0.0, 1.0)).all())
+
+    def group_key(self) -> np.ndarray:
+        """What a train/test split must keep together: the prompt text (ids where there is none)."""
+        return np.where(self.prompt != "", self.prompt, self.prompt_id)
+
+    def sha256(self) -> str:
+        h = hashlib.sha256(json.dumps(list(self.models)).encode())
+        for arr in (self.prompt_id, self.prompt):
+            h.update("\x1f".join(arr.tolist()).encode("utf-8", "surrogatepass"))
+        for arr in (self.quality, self.cost):
+            h.update(np.ascontiguousarray(arr).tobytes())
+        return h.hexdigest()
+
+
+# ----------------------------------------------------------------------------- reading
+def data_files(path: Path) -> list[Path]:
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        raise BenchmarkImportError(path, "no such file or folder",
+                                   fix="set the routing_benchmark config's path to a table file or folder")
+    files = sorted(p for p in path.iterdir() if p.is_file() and p.name.lower().endswith(DATA_SUFFIXES))
+    if not files:
+        raise BenchmarkImportError(path, f"no data files ({', '.join('*' + s for s in DATA_SUFFIXES)}) in the "
+                                         "folder", fix="point path at a folder of benchmark tables")
+    return files
+
+
+def _stem(path: Path) -> str:
+    name = path.name
+    for suffix in sorted(DATA_SUFFIXES, key=len, reverse=True):
+        if name.lower().endswith(suffix):
+            return name[: -len(suffix)]
+    return path.stem
+
+
+def read_table_file(path: Path) -> pa.Table:
+    """A CSV (optionally gzip'd) or Parquet file as an Arrow table (quoted values may hold newlines)."""
+    if path.name.lower().endswith(".parquet"):
+        return pq.read_table(path)
+    if path.stat().st_size == 0:
+        return pa.table({})
+    return pacsv.read_csv(path, parse_options=pacsv.ParseOptions(newlines_in_values=True),
+                          read_options=pacsv.ReadOptions(block_size=16 << 20))
+
+
+@dataclass
+class _Problems:
+    """Rows to drop in one file, with the first few listed."""
+
+    file: str
+    n: int
+    strict: bool
+    report: ImportReport
+    max_listed: int
+    bad: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.bad = np.zeros(self.n, dtype=bool)
+
+    def add(self, mask: np.ndarray, column: str | None, reason: str, values: np.ndarray | None = None) -> None:
+        mask = mask & ~self.bad  # one reason per row: the first found
+        if not mask.any():
+            return
+        rows = np.flatnonzero(mask)
+        if self.strict:
+            i = int(rows[0])
+            raise BenchmarkImportError(self.file, reason + (f" (value {values[i]!r})" if values is not None else ""),
+                                       row=i + 1, column=column,
+                                       fix=f"{len(rows)} such rows; fix them or import with strict=False to "
+                                           "drop them")
+        self.bad |= mask
+        self.report.dropped_rows[reason] += len(rows)
+        room = self.max_listed - len(self.report.dropped)
+        for i in rows[:max(room, 0)]:
+            self.report.dropped.append(Dropped(self.file, int(i) + 1, column, reason,
+                                               None if values is None else repr(values[i])[:80]))
+
+
+def _strings(col: pa.ChunkedArray | None, n: int) -> np.ndarray:
+    """Object array of str ('' for null)."""
+    if col is None:
+        return np.full(n, "", dtype=object)
+    col = pc.fill_null(pc.cast(col, pa.string()), "")
+    return np.asarray(col.to_numpy(zero_copy_only=False), dtype=object)
+
+
+def _lengths(col: pa.ChunkedArray | None, n: int) -> np.ndarray:
+    """Characters per value; -1 where null or no column."""
+    if col is None:
+        return np.full(n, -1, dtype=np.int64)
+    lens = pc.utf8_length(pc.cast(col, pa.string()))
+    return pc.fill_null(lens, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+_TRUE = {"true", "t", "yes", "y"}
+_FALSE = {"false", "f", "no", "n"}
+
+
+def _numbers(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(float64 values, missing mask, not-a-number mask) of a quality or cost column: booleans,
+    numbers, or text holding them (true/false/yes/no, any case)."""
+    t = col.type
+    if pa.types.is_boolean(t) or pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_null(t):
+        vals = pc.cast(col, pa.float64()).to_numpy(zero_copy_only=False).astype(np.float64)
+        missing = np.isnan(vals) if not pa.types.is_floating(t) else pc.is_null(col).to_numpy(
+            zero_copy_only=False)
+        return vals, np.asarray(missing, dtype=bool), np.zeros(len(vals), dtype=bool)
+    raw = pd.Series(np.asarray(pc.cast(col, pa.string()).to_numpy(zero_copy_only=False), dtype=object))
+    text = raw.fillna("").astype(str).str.strip()
+    low = text.str.lower()
+    vals = pd.to_numeric(text.where(~low.isin(_TRUE | _FALSE)), errors="coerce").to_numpy(np.float64)
+    vals = np.where(low.isin(_TRUE), 1.0, np.where(low.isin(_FALSE), 0.0, vals))
+    missing = (text == "").to_numpy() | low.isin({"nan", "null", "none", "na", "n/a"}).to_numpy()
+    notnum = np.isnan(vals) & ~missing
+    return vals, missing, notnum
+
+
+@dataclass
+class _Chunk:
+    file: str
+    layout: str
+    models: tuple[str, ...]
+    prompt_id: np.ndarray
+    prompt: np.ndarray
+    prompt_chars: np.ndarray
+    eval_name: np.ndarray
+    quality: np.ndarray  # (n, K_file)
+    cost: np.ndarray  # (n, K_file), NaN: missing
+    response_chars: np.ndarray  # (n, K_file), -1: unknown
+    row: np.ndarray
+    dedup_by: str  # "id" or "prompt"
+
+
+def detect_layout(columns: list[str], file: str) -> str:
+    cols = set(columns)
+    if set(LONG_REQUIRED) <= cols:
+        return "long"
+    if "sample_id" in cols or any("|" in c for c in columns):
+        return "routerbench"
+    if "prompt" in cols:
+        return "routellm"
+    raise BenchmarkImportError(file, f"cannot tell the layout from the columns {columns[:12]}",
+                               fix="expected RouteLLM's (prompt, <model>...), RouterBench's wide (sample_id, "
+                                   "prompt, <model>, <model>|total_cost, ...) or the long layout (prompt_id, "
+                                   "model, quality, cost); or set layout")
+
+
+def _wide_models(columns: list[str], layout: str, file: str) -> tuple[list[str], dict[str, str], dict[str, str]]:
+    """(model quality columns, model -> cost column, model -> response column)."""
+    cols = set(columns)
+    cost_cols, resp_cols = {}, {}
+    if layout == "routerbench":
+        piped = {c.split("|", 1)[0] for c in columns if "|" in c}
+        for m in sorted(piped):
+            if m not in cols:
+                raise BenchmarkImportError(file, f"model {m!r} has {m}|... columns but no quality column",
+                                           column=m, fix=f"add the column {m!r} with its quality per prompt")
+        for c in columns:
+            if "|" in c:
+                m, kind = c.split("|", 1)
+                if kind == "total_cost":
+                    cost_cols[m] = c
+                elif kind == "model_response":
+                    resp_cols[m] = c
+        models = [c for c in columns if "|" not in c and c not in META_COLUMNS]
+    else:
+        responses = {c for c in columns if c.endswith("_response") and c[: -len("_response")] in cols}
+        models = [c for c in columns if c not in META_COLUMNS and c not in responses]
+        resp_cols = {c[: -len("_response")]: c for c in responses}
+    if not models:
+        raise BenchmarkImportError(file, f"no model columns among {columns[:12]}",
+                                   fix="a wide table needs one quality column per model")
+    return models, cost_cols, resp_cols
+
+
+def _ignored(models: list[str] | tuple[str, ...], want: tuple[str, ...], file: str,
+             report: ImportReport) -> list[str]:
+    """The models to read (those wanted, when the table's models are known); report the others."""
+    if not want:
+        return list(models)
+    report.ignored_columns += [f"{file}: {m} (model not in every file / not configured)"
+                               for m in models if m not in want]
+    return [m for m in models if m in want]
+
+
+def _read_wide(tbl: pa.Table, file: str, stem: str, layout: str, probs: _Problems,
+               want: tuple[str, ...] = ()) -> _Chunk:
+    columns, n = tbl.column_names, tbl.num_rows
+    id_col = "sample_id" if layout == "routerbench" else ("prompt_id" if "prompt_id" in columns else None)
+    required = ["prompt"] + (["sample_id"] if layout == "routerbench" else [])
+    missing = [c for c in required if c not in columns]
+    if missing:
+        raise BenchmarkImportError(file, f"missing column(s) {missing} of the {layout} layout", column=missing[0],
+                                   fix=f"columns found: {columns[:12]}")
+    models, cost_cols, resp_cols = _wide_models(columns, layout, file)
+    models = _ignored(models, want, file, probs.report)
+    prompt = _strings(tbl.column("prompt"), n)
+    probs.add(np.array([not p.strip() for p in prompt], dtype=bool), "prompt", "empty prompt")
+    ids = _strings(tbl.column(id_col), n) if id_col else np.array([f"{stem}:{i}" for i in range(1, n + 1)],
+                                                                    dtype=object)
+    if id_col:
+        probs.add(ids == "", id_col, "empty prompt id")
+    quality = np.empty((n, len(models)))
+    cost = np.full((n, len(models)), np.nan)
+    resp = np.full((n, len(models)), -1, dtype=np.int64)
+    for k, m in enumerate(models):
+        vals, miss, notnum = _numbers(tbl.column(m))
+        probs.add(notnum, m, "quality is not a number", _strings(tbl.column(m), n) if notnum.any() else None)
+        probs.add(miss, m, "quality is missing")
+        probs.add(~np.isfinite(vals) & ~miss & ~notnum, m, "quality is not finite", vals)
+        quality[:, k] = vals
+        if m in cost_cols:
+            c = tbl.column(cost_cols[m])
+            cv, cmiss, cnot = _numbers(c)
+            probs.add(cnot, cost_cols[m], "cost is not a number", _strings(c, n) if cnot.any() else None)
+            probs.add((cv < 0) | np.isinf(cv), cost_cols[m], "cost is negative or infinite", cv)
+            cost[:, k] = np.where(cmiss, np.nan, cv)
+        if m in resp_cols:
+            resp[:, k] = _lengths(tbl.column(resp_cols[m]), n)
+    eval_name = _strings(tbl.column("eval_name"), n) if "eval_name" in columns else np.full(n, stem, dtype=object)
+    return _Chunk(file, layout, tuple(models), ids, prompt, _lengths(tbl.column("prompt"), n), eval_name,
+                  quality, cost, resp, np.arange(1, n + 1), "id" if id_col else "prompt")
+
+
+def _read_long(tbl: pa.Table, file: str, stem: str, probs: _Problems, report: ImportReport,
+               want: tuple[str, ...] = ()) -> _Chunk:
+    columns, n = tbl.column_names, tbl.num_rows
+    missing = [c for c in LONG_REQUIRED if c not in columns]
+    if missing:
+        raise BenchmarkImportError(file, f"missing column(s) {missing} of the long layout", column=missing[0],
+                                   fix=f"columns found: {columns[:12]}")
+    ids = _strings(tbl.column("prompt_id"), n)
+    model = _strings(tbl.column("model"), n)
+    if want:  # rows of other models are ignored (and reported), not validated
+        keep_models = set(_ignored(list(pd.unique(model[model != ""])), want, file, report))
+        other = np.array([m not in keep_models for m in model], dtype=bool)
+        probs.bad |= other
+    probs.add(ids == "", "prompt_id", "empty prompt id")
+    probs.add(model == "", "model", "empty model name")
+    q, qmiss, qnot = _numbers(tbl.column("quality"))
+    probs.add(qnot, "quality", "quality is not a number", _strings(tbl.column("quality"), n) if qnot.any() else None)
+    probs.add(qmiss, "quality", "quality is missing")
+    probs.add(~np.isfinite(q) & ~qmiss & ~qnot, "quality", "quality is not finite", q)
+    c = np.full(n, np.nan)
+    if "cost" in columns:
+        cv, cmiss, cnot = _numbers(tbl.column("cost"))
+        probs.add(cnot, "cost", "cost is not a number", _strings(tbl.column("cost"), n) if cnot.any() else None)
+        probs.add((cv < 0) | np.isinf(cv), "cost", "cost is negative or infinite", cv)
+        c = np.where(cmiss, np.nan, cv)
+    dup = pd.DataFrame({"i": ids, "m": model}).duplicated(keep="first").to_numpy()
+    probs.add(dup, "prompt_id", "duplicate (prompt_id, model) row: the first one is kept", ids)
+    prompt = _strings(tbl.column("prompt"), n) if "prompt" in columns else np.full(n, "", dtype=object)
+    pchars = _lengths(tbl.column("prompt"), n) if "prompt" in columns else np.full(n, -1, dtype=np.int64)
+    resp = _lengths(tbl.column("response"), n) if "response" in columns else np.full(n, -1, dtype=np.int64)
+    evn = _strings(tbl.column("eval_name"), n) if "eval_name" in columns else np.full(n, stem, dtype=object)
+
+    ok = np.flatnonzero(~probs.bad)
+    models = tuple(pd.unique(model[ok]))
+    pid_codes, pid_uniq = pd.factorize(ids[ok])
+    m_index = {m: k for k, m in enumerate(models)}
+    mk = np.array([m_index[m] for m in model[ok]], dtype=np.int64)
+    P, K = len(pid_uniq), len(models)
+    have = np.zeros((P, K), dtype=bool)
+    have[pid_codes, mk] = True
+    quality, cost = np.full((P, K), np.nan), np.full((P, K), np.nan)
+    resp_w = np.full((P, K), -1, dtype=np.int64)
+    quality[pid_codes, mk], cost[pid_codes, mk], resp_w[pid_codes, mk] = q[ok], c[ok], resp[ok]
+    first = np.full(P, -1, dtype=np.int64)
+    first[pid_codes[::-1]] = ok[::-1]  # the first row of each prompt
+    incomplete = ~have.all(axis=1)
+    for p in np.flatnonzero(incomplete):
+        absent = [models[k] for k in np.flatnonzero(~have[p])]
+        reason = "prompt lacks a row for some model"
+        report.dropped_rows[reason] += 1
+        if probs.strict:
+            raise BenchmarkImportError(file, f"prompt {pid_uniq[p]!r} has no row for model(s) {absent}",
+                                       row=int(first[p]) + 1, column="model",
+                                       fix="every prompt needs one row per model; import with strict=False to "
+                                           "drop such prompts")
+        if len(report.dropped) < probs.max_listed:
+            report.dropped.append(Dropped(file, int(first[p]) + 1, "model", reason, repr(absent)[:80]))
+    keep = np.flatnonzero(~incomplete)
+    f = first[keep]
+    return _Chunk(file, "long", models, np.asarray(pid_uniq, dtype=object)[keep], prompt[f], pchars[f], evn[f],
+                  quality[keep], cost[keep], resp_w[keep], f + 1, "id")
+
+
+def _load_exclusions(path: Path) -> set[str]:
+    out = set()
+    with open(path, encoding="utf-8") as fh:
+        for i, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise BenchmarkImportError(path, f"not a JSON line: {exc}", row=i,
+                                           fix="one JSON object with eval_prompt (or prompt) per line") from exc
+            text = obj if isinstance(obj, str) else (obj.get("eval_prompt", obj.get("prompt"))
+                                                       if isinstance(obj, dict) else None)
+            if not isinstance(text, str):
+                raise BenchmarkImportError(path, "expected a JSON string or an object with eval_prompt",
+                                           row=i, column="eval_prompt")
+            out.add(text)
+    return out
+
+
+def _exclusion_file(cfg: ImportConfig, root: Path) -> Path | None:
+    if cfg.exclude_prompts in (None, "", "none"):
+        return None
+    folder = root if root.is_dir() else root.parent
+    if cfg.exclude_prompts == "auto":
+        p = folder / AUTO_EXCLUDE
+        return p if p.is_file() else None
+    p = Path(cfg.exclude_prompts)
+    p = p if p.is_absolute() else folder / p
+    if not p.is_file():
+        raise BenchmarkImportError(p, "exclusion list not found", column="exclude_prompts",
+                                   fix="set exclude_prompts to a JSON-lines file, 'auto' or ''")
+    return p
+
+
+# ----------------------------------------------------------------------------- import
+def import_benchmark(cfg: ImportConfig = ImportConfig(), log: Callable[[str], None] = logger.info
+                     ) -> tuple[BenchmarkTable, ImportReport]:
+    """Read, validate and assemble a benchmark table; see the module docstring."""
+    t0 = time.perf_counter()
+    root = Path(cfg.path)
+    files = data_files(root)
+    report = ImportReport(source=str(root))
+    chunks: list[_Chunk] = []
+    want = tuple(cfg.models)
+    last_log = t0
+    for j, path in enumerate(files, start=1):
+        file = str(path)
+        try:
+            tbl = read_table_file(path)
+        except (pa.ArrowInvalid, OSError) as exc:
+            _drop_file(report, cfg, file, f"cannot be read: {exc}".splitlines()[0][:200])
+            continue
+        if tbl.num_rows == 0:
+            _drop_file(report, cfg, file, "empty file (no data rows)")
+            continue
+        report.rows_read += tbl.num_rows
+        probs = _Problems(file, tbl.num_rows, cfg.strict, report, cfg.max_listed)
+        try:
+            layout = cfg.layout if cfg.layout != "auto" else detect_layout(tbl.column_names, file)
+            chunk = (_read_long(tbl, file, _stem(path), probs, report, want) if layout == "long"
+                     else _read_wide(tbl, file, _stem(path), layout, probs, want))
+        except BenchmarkImportError as exc:
+            if cfg.strict:
+                raise
+            _drop_file(report, cfg, file, exc.problem, column=exc.column)
+            continue
+        report.layouts[file] = layout
+        if layout != "long":
+            keep = ~probs.bad
+            chunk = _Chunk(chunk.file, layout, chunk.models, chunk.prompt_id[keep], chunk.prompt[keep],
+                           chunk.prompt_chars[keep], chunk.eval_name[keep], chunk.quality[keep],
+                           chunk.cost[keep], chunk.response_chars[keep], chunk.row[keep], chunk.dedup_by)
+        if not want:
+            want = chunk.models
+        absent = [m for m in want if m not in chunk.models]
+        if absent:
+            _drop_file(report, cfg, file, f"model column(s) {absent} missing (the table's models are "
+                                          f"{list(want)})", column=absent[0])
+            continue
+        chunks.append(chunk)
+        if time.perf_counter() - last_log > 5.0 or j == len(files):
+            last_log = time.perf_counter()
+            rows = sum(len(c.prompt_id) for c in chunks)
+            log(f"benchmark import: {j}/{len(files)} files, {rows:,} rows kept of {report.rows_read:,} read, "
+                f"{report.rows_read / max(last_log - t0, 1e-9):,.0f} rows/s")
+    if not chunks:
+        raise BenchmarkImportError(root, "no valid rows: every file was dropped or empty ("
+                                         + "; ".join(d.format() for d in report.dropped_files[:5]) + ")",
+                                   fix="check the files listed")
+    if sum(len(c.prompt_id) for c in chunks) == 0:
+        raise BenchmarkImportError(root, f"no valid rows: all {report.rows_read:,} rows read were dropped ("
+                                         + "; ".join(f"{k}: {v}" for k, v in report.dropped_rows.most_common(3))
+                                         + "; first: " + (report.dropped[0].format() if report.dropped else "-") + ")",
+                                   fix="check the listed rows, or the layout and models options")
+    table = _assemble(chunks, want, cfg, root, report)
+    report.rows_kept = len(table)
+    report.seconds = time.perf_counter() - t0
+    log(f"benchmark import: {len(table):,} prompts x {len(want)} models from {len(chunks)} file(s) in "
+        f"{report.seconds:.1f}s; {report.n_dropped:,} rows dropped, {report.excluded:,} excluded, "
+        f"{len(report.dropped_files)} file(s) dropped")
+    return table, report
+
+
+def _drop_file(report: ImportReport, cfg: ImportConfig, file: str, reason: str, column: str | None = None) -> None:
+    if cfg.strict:
+        raise BenchmarkImportError(file, reason, column=column,
+                                   fix="fix or remove the file, or import with strict=False to skip it")
+    report.dropped_files.append(Dropped(file, None, column, reason))
+
+
+def _assemble(chunks: list[_Chunk], models: tuple[str, ...], cfg: ImportConfig, root: Path,
+              report: ImportReport) -> BenchmarkTable:
+    def cat(name: str) -> np.ndarray:
+        return np.concatenate([getattr(c, name) for c in chunks])
+
+    cols = [[c.models.index(m) for m in models] for c in chunks]
+    quality = np.concatenate([c.quality[:, k] for c, k in zip(chunks, cols)])
+    cost = np.concatenate([c.cost[:, k] for c, k in zip(chunks, cols)])
+    resp = np.concatenate([c.response_chars[:, k] for c, k in zip(chunks, cols)])
+    prompt_id, prompt, pchars, eval_name, row = (cat(n) for n in ("prompt_id", "prompt", "prompt_chars",
+                                                                   "eval_name", "row"))
+    files = tuple(c.file for c in chunks)
+    file_idx = np.concatenate([np.full(len(c.prompt_id), i, dtype=np.int32) for i, c in enumerate(chunks)])
+    by_prompt = np.concatenate([np.full(len(c.prompt_id), c.dedup_by == "prompt") for c in chunks])
+    keep = np.ones(len(prompt_id), dtype=bool)
+
+    excl_path = _exclusion_file(cfg, root)
+    if excl_path is not None:
+        excluded = pd.Series(prompt).isin(_load_exclusions(excl_path)).to_numpy()
+        keep &= ~excluded
+        report.excluded, report.exclude_file = int(excluded.sum()), str(excl_path)
+
+    key = np.where(by_prompt, prompt, prompt_id)
+    codes = pd.factorize(key)[0]
+    kept = np.flatnonzero(keep)
+    dup = np.zeros(len(key), dtype=bool)
+    dup[kept] = pd.Series(codes[kept]).duplicated(keep="first").to_numpy()
+    if dup.any():
+        first_of = np.full(codes.max() + 1, -1, dtype=np.int64)
+        order = np.flatnonzero(keep)[::-1]
+        first_of[codes[order]] = order
+        reason = "duplicate prompt: the first occurrence is kept"
+        rows = np.flatnonzero(dup)
+        if cfg.strict:
+            i, f = int(rows[0]), int(first_of[codes[rows[0]]])
+            raise BenchmarkImportError(files[file_idx[i]], f"{reason} ({files[file_idx[f]]} row {row[f]})",
+                                       row=int(row[i]), column="prompt" if by_prompt[i] else "prompt_id",
+                                       fix="remove duplicates or import with strict=False")
+        report.dropped_rows[reason] += len(rows)
+        for i in rows[:max(cfg.max_listed - len(report.dropped), 0)]:
+            f = int(first_of[codes[i]])
+            report.dropped.append(Dropped(files[file_idx[i]], int(row[i]), "prompt" if by_prompt[i] else "prompt_id",
+                                          f"{reason} ({Path(files[file_idx[f]]).name} row {row[f]})"))
+        keep &= ~dup
+
+    idx = np.flatnonzero(keep)
+    cost, source = _fill_costs(cost[idx], pchars[idx], resp[idx], models, cfg, report)
+    return BenchmarkTable(prompt_id[idx].astype(str).astype(object), prompt[idx], eval_name[idx], models,
+                          quality[idx], cost, source, file_idx[idx], row[idx], files)
+
+
+def _fill_costs(cost: np.ndarray, pchars: np.ndarray, resp: np.ndarray, models: tuple[str, ...],
+                cfg: ImportConfig, report: ImportReport) -> tuple[np.ndarray, np.ndarray]:
+    source = np.zeros(cost.shape, dtype=np.int8)
+    prices = PriceTable.load(cfg.price_table) if cfg.price_table not in (None, "") else None
+    for k, m in enumerate(models):
+        need = np.isnan(cost[:, k])
+        if need.any():
+            if prices is not None and m in prices.models:
+                usd, src = prices.cost(m, pchars[need], resp[need, k])
+                cost[need, k], source[need, k] = usd, src
+                report.price_sources[m] = f"{prices.source}: {prices.models[m].source}".rstrip(": ")
+            elif cfg.default_cost_per_call is not None:
+                cost[need, k], source[need, k] = cfg.default_cost_per_call, 3
+                report.price_sources[m] = f"default_cost_per_call = {cfg.default_cost_per_call} USD"
+            else:
+                raise BenchmarkImportError(
+                    cfg.path, f"model {m!r} has no cost in the table for {int(need.sum())} prompts and no price in "
+                              f"the price table {cfg.price_table}", column=m,
+                    fix="add the model to the price table or set default_cost_per_call")
+        report.cost_sources[m] = {COST_SOURCES[s]: int(c) for s, c in
+                                  zip(*np.unique(source[:, k], return_counts=True))}
+    return cost, source

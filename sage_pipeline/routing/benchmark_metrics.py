@@ -1,0 +1,199 @@
+"""The routing field's metrics on full-information benchmark tables.
+
+**Cost-quality curve.** A router with a willingness-to-pay knob is run at several values;
+each gives one point ``(mean cost per prompt, mean quality)`` on the test prompts
+(RouterBench, Hu et al. 2024, arXiv:2403.12031, sec. 3: the router maximises
+``lambda * quality - cost``; here the equivalent ``quality - w * cost`` with cost weight
+``w = 1 / lambda``, so ``w = 0`` buys the best predicted quality at any price).
+
+**AIQ** (RouterBench's Average Improvement in Quality, sec. 3.3 of the paper and
+``evaluation/AIQ.py`` in withmartian/routerbench): the router's points are replaced by their
+*non-decreasing convex hull* (NDCH): the upper concave envelope of the points — any two
+operating points can be mixed at random, so every point of a chord is reachable — made
+non-decreasing (beyond the best point, more money buys nothing: the curve stays flat).
+``AIQ = 1 / (c_max - c_min) * integral over [c_min, c_max] of the NDCH``. Here ``c_min``
+and ``c_max`` are the cheapest and the most expensive single model's mean costs, the same
+range for every router; left of a router's cheapest point the curve is 0 (it cannot
+operate there), right of its last point it stays at its best quality. RouterBench's
+code integrates from the router's first point and divides by the largest cost of the
+routers compared; with every router starting at the cheapest model both are the same.
+
+**Zero router**: the NDCH of the single models' points — what random mixtures of single
+models reach without looking at the prompt (RouterBench sec. 3.2). A learned router is
+useful only if its AIQ beats it.
+
+**APGR and CPT** (RouteLLM, Ong et al. 2024, arXiv:2406.18665, sec. 4, and
+``routellm/evals/evaluate.py`` + ``benchmarks.py`` in lm-sys/RouteLLM), for two-model tables
+(a strong and a weak model): a router gives each prompt a score (its estimate that the
+strong model is worth calling); thresholds at the 0, 10, ..., 100% quantiles of the scores
+(``pd.qcut(scores, 10)``, prompts with score >= threshold go to the strong model, > for
+the last threshold) give points (share of strong calls, quality).
+``PGR = (quality - q_weak) / (q_strong - q_weak)``; ``APGR`` is the trapezoid area under
+quality vs share of strong calls, minus the weak model's area, over the strong model's
+minus the weak model's (``apgr_metric``); random routing scores about 0.5. ``CPT(x%)`` is
+the share of strong calls at which the curve first reaches PGR = x (RouteLLM
+interpolates with ``np.interp`` over the curve sorted by strong share, which assumes the
+quality rises with it; here the first crossing of the piecewise-linear curve, which is the
+same when it does and defined when it does not).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+# RouteLLM's published MMLU figures (GPT-4 strong, Mixtral-8x7B weak; routers trained on
+# Chatbot Arena preferences, and on those augmented with MMLU-validation "golden" labels).
+# Quoted from the paper's MMLU table as summarised by third parties: we could not open the
+# paper's table itself, so treat these as approximate context, not a head-to-head result.
+ROUTELLM_MMLU_PUBLISHED = {
+    "source": "Ong et al. 2024, RouteLLM (arXiv:2406.18665), MMLU results table; approximate",
+    "random": {"apgr": 0.50, "cpt50": 0.50, "cpt80": 0.80},
+    "arena_only_routers": {"apgr": 0.50, "note": "about random"},
+    "best_with_mmlu_labels": {"apgr": 0.60, "cpt50": 0.354, "cpt80": 0.703},
+}
+
+
+def ndch(cost: np.ndarray, quality: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Non-decreasing convex hull of points: (hull costs, hull qualities), costs increasing."""
+    c, q = np.asarray(cost, dtype=np.float64), np.asarray(quality, dtype=np.float64)
+    if c.shape != q.shape or c.ndim != 1 or len(c) == 0:
+        raise ValueError(f"ndch needs equal-length 1-d cost and quality, got {c.shape} and {q.shape}")
+    if not (np.isfinite(c).all() and np.isfinite(q).all()):
+        raise ValueError("ndch: cost and quality must be finite")
+    order = np.lexsort((-q, c))  # by cost, best quality first among equal costs
+    c, q = c[order], q[order]
+    keep = np.concatenate([[True], c[1:] != c[:-1]])  # one point per cost: the best
+    c, q = c[keep], q[keep]
+    hull: list[int] = []
+    for i in range(len(c)):  # upper hull, monotone chain
+        while len(hull) >= 2:
+            a, b = hull[-2], hull[-1]
+            cross = (c[b] - c[a]) * (q[i] - q[a]) - (q[b] - q[a]) * (c[i] - c[a])
+            if cross >= 0:  # b is on or below the chord a-i
+                hull.pop()
+            else:
+                break
+        hull.append(i)
+    h = np.asarray(hull)
+    top = int(np.argmax(q[h]))  # first point of best quality: beyond it the curve is flat
+    return c[h[: top + 1]], q[h[: top + 1]]
+
+
+def curve_at(hull_cost: np.ndarray, hull_quality: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """The NDCH's quality at costs ``x`` (0 left of its first point, flat right of its last)."""
+    y = np.interp(x, hull_cost, hull_quality)
+    return np.where(x < hull_cost[0], 0.0, y)
+
+
+def aiq(cost: np.ndarray, quality: np.ndarray, c_min: float, c_max: float) -> float:
+    """RouterBench's AIQ of a router's points over the cost range [c_min, c_max] (exact area)."""
+    if not c_max > c_min:
+        raise ValueError(f"aiq needs c_max > c_min, got [{c_min}, {c_max}]")
+    hc, hq = ndch(cost, quality)
+    lo = max(c_min, float(hc[0]))  # left of the router's cheapest point the curve is 0
+    if lo >= c_max:
+        return 0.0
+    xs = np.unique(np.concatenate([[lo, c_max], hc[(hc > lo) & (hc < c_max)]]))
+    area = np.trapezoid(np.interp(xs, hc, hq), xs)
+    return float(area / (c_max - c_min))
+
+
+def cost_range(single_cost: np.ndarray) -> tuple[float, float]:
+    """The AIQ range: the cheapest and the most expensive single model's mean cost."""
+    single_cost = np.asarray(single_cost, dtype=np.float64)
+    return float(single_cost.min()), float(single_cost.max())
+
+
+# ----------------------------------------------------------------------------- sweeps
+def decide(utility: np.ndarray, cost: np.ndarray, weight: float) -> np.ndarray:
+    """argmax_k utility - weight * cost, per row; ties go to the cheaper model."""
+    score = utility - weight * cost if np.isfinite(weight) else -cost
+    best = score.max(axis=1, keepdims=True)
+    tied = score >= best - 1e-12
+    return np.where(tied, cost, np.inf).argmin(axis=1)
+
+
+def outcome(choice: np.ndarray, quality: np.ndarray, cost: np.ndarray) -> tuple[float, float]:
+    """(mean cost, mean quality) of routing row i to model choice[i], by the table's truth."""
+    rows = np.arange(len(choice))
+    return float(cost[rows, choice].mean()), float(quality[rows, choice].mean())
+
+
+@dataclass(frozen=True)
+class Curve:
+    """A router's cost-quality points over its sweep."""
+
+    name: str
+    cost: np.ndarray  # mean cost per prompt at each point
+    quality: np.ndarray  # mean quality at each point
+    knob: np.ndarray  # the cost weight (or mixture share) of each point
+    share: np.ndarray  # (points, K) share of prompts routed to each model
+
+    def aiq(self, c_min: float, c_max: float) -> float:
+        return aiq(self.cost, self.quality, c_min, c_max)
+
+
+def sweep(name: str, decide_at, weights: np.ndarray, quality: np.ndarray, cost: np.ndarray) -> Curve:
+    """Run ``decide_at(w) -> model per prompt`` at every weight; score by the table's truth."""
+    K = quality.shape[1]
+    pts, shares = [], []
+    for w in weights:
+        choice = decide_at(float(w))
+        pts.append(outcome(choice, quality, cost))
+        shares.append(np.bincount(choice, minlength=K) / len(choice))
+    arr = np.asarray(pts)
+    return Curve(name, arr[:, 0], arr[:, 1], np.asarray(weights, dtype=np.float64), np.asarray(shares))
+
+
+# ----------------------------------------------------------------------------- RouteLLM (two models)
+@dataclass(frozen=True)
+class RouteLLMMetrics:
+    apgr: float
+    cpt50: float  # share of strong calls (0..1) to recover 50% of the gap
+    cpt80: float
+    strong_share: np.ndarray  # the curve: share of strong calls ...
+    quality: np.ndarray  # ... and quality
+
+
+def routellm_curve(score: np.ndarray, q_strong: np.ndarray, q_weak: np.ndarray,
+                   num_results: int = 10) -> tuple[np.ndarray, np.ndarray]:
+    """RouteLLM's evaluation sweep: thresholds at the score's quantiles (``pd.qcut``)."""
+    score = np.asarray(score, dtype=np.float64)
+    _, thresholds = pd.qcut(score, num_results, retbins=True, duplicates="drop")
+    share, qual = [], []
+    for i, t in enumerate(thresholds):
+        strong = score >= t if i != len(thresholds) - 1 else score > t
+        share.append(strong.mean())
+        qual.append(np.where(strong, q_strong, q_weak).mean())
+    order = np.argsort(share, kind="stable")
+    return np.asarray(share)[order], np.asarray(qual)[order]
+
+
+def first_crossing(x: np.ndarray, y: np.ndarray, target: float) -> float:
+    """Smallest x where the piecewise-linear curve (x, y), x sorted, reaches ``target``; NaN if never."""
+    if y[0] >= target:
+        return float(x[0])
+    for i in range(1, len(x)):
+        if y[i] >= target:
+            if y[i] == y[i - 1]:
+                return float(x[i])
+            return float(x[i - 1] + (target - y[i - 1]) * (x[i] - x[i - 1]) / (y[i] - y[i - 1]))
+    return float("nan")
+
+
+def routellm_metrics(score: np.ndarray, q_strong: np.ndarray, q_weak: np.ndarray,
+                     num_results: int = 10) -> RouteLLMMetrics:
+    """APGR, CPT(50%) and CPT(80%) of a strong-vs-weak router's scores on the test prompts."""
+    share, qual = routellm_curve(score, q_strong, q_weak, num_results)
+    weak, strong = float(np.mean(q_weak)), float(np.mean(q_strong))
+    if not strong > weak:
+        raise ValueError(f"APGR needs the strong model to beat the weak one on these prompts "
+                         f"(strong {strong:.4f}, weak {weak:.4f})")
+    auc = np.trapezoid(qual, share)
+    span = share[-1] - share[0]
+    apgr = (auc - weak * span) / ((strong - weak) * span) if span > 0 else float("nan")
+    cpt = {p: first_crossing(share, qual, weak + p * (strong - weak)) for p in (0.5, 0.8)}
+    return RouteLLMMetrics(float(apgr), cpt[0.5], cpt[0.8], share, qual)

@@ -1,0 +1,299 @@
+"""Routers and baselines for full-information benchmark tables, each swept over cost weights.
+
+Every router decides ``argmax_k  U_k(x) - w * C_k(x)`` (or, for the grid-trained ones, uses
+the policy trained for cost weight ``w``). The cost weight ``w`` (quality units per USD) is
+swept over a grid scaled to the data: ``multipliers / scale`` with ``scale`` the median,
+over the train prompts, of the spread between a prompt's cheapest and dearest model.
+
+Baselines (no learning): each single model; the **zero router** (the non-decreasing convex
+hull of the single models, RouterBench's "Zero"); **random** (each prompt to a model drawn
+at random, mixing along the zero router's hull: its expectation is the zero router);
+**oracle** (the true best ``quality - w * cost`` per prompt); **cost_only** (the train
+split's mean quality per model with the regression router's predicted cost: what routing
+by price alone earns, so the learned routers' gain from *quality* prediction is visible).
+
+Learned routers (fitted on the train split only):
+
+* ``regression``: a direct quality-and-cost regression. Per model, a logistic regression of
+  quality on the prompt features (ridge for non-binary qualities) and a ridge regression
+  of log cost on the features and the log prompt length; ``U = predicted quality``,
+  ``C = predicted cost``. One model serves every cost weight.
+* ``bc``: behaviour cloning of the full-information oracle, one softmax policy per cost
+  weight of the grid, trained together as one batched ensemble. Each train prompt's label
+  is its best model at that weight; its loss weight is the utility gap to the runner-up
+  (cost-sensitive classification: for two models the argmax of the weighted classifier is
+  the Bayes-optimal decision, while an unweighted one collapses to the majority label).
+* ``cql``: discrete CQL in bandit mode (``sage_pipeline.rl.cql``'s loss: Huber TD to the
+  standardised reward plus ``alpha * (logsumexp_a Q - Q(a_logged))``) trained on *logged
+  bandit feedback* (one model per train prompt, drawn by a behaviour policy:
+  :mod:`benchmark_bandit`), with the logged reward ``quality - w * cost`` relabelled for
+  every cost weight of the grid; critics per weight as one batched ensemble (rl.cql's
+  ``Ensemble``), served as the greedy argmax of their mean.
+
+The grid routers are trained by :mod:`benchmark_train` (torch); this module and serving
+(:func:`save_bundle` / :func:`load_bundle`) need numpy (and scikit-learn's tokenizer) only.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from sage_pipeline import artifacts
+from sage_pipeline.rl.checkpoint import Layers, mlp_forward
+from sage_pipeline.routing import benchmark_features as bfeat
+from sage_pipeline.routing import benchmark_metrics as bm
+
+logger = logging.getLogger(__name__)
+
+# cost-weight multipliers: 0 (best predicted quality at any price), then 0.003x .. 3x the
+# reciprocal of the typical per-prompt cost spread: w * (cost spread) spans quality gaps of
+# 0.003 .. 3, where predicted-quality differences between models lie (on MMLU nothing
+# changes past about 1: every prompt goes to the cheap model)
+DEFAULT_MULTIPLIERS = (0.0, *np.round(np.geomspace(0.003, 3.0, 15), 6).tolist())
+ORACLE_MULTIPLIERS = (0.0, *np.geomspace(1e-3, 1e2, 101).tolist())
+BUNDLE_JSON = "router.json"
+
+
+def cost_scale(cost_train: np.ndarray) -> float:
+    """Median over prompts of (dearest - cheapest model's cost); the mean cost if that is 0."""
+    spread = np.median(cost_train.max(axis=1) - cost_train.min(axis=1))
+    return float(spread) if spread > 0 else float(max(cost_train.mean(), 1e-12))
+
+
+def cost_weights(cost_train: np.ndarray, multipliers=DEFAULT_MULTIPLIERS) -> np.ndarray:
+    m = np.asarray(multipliers, dtype=np.float64)
+    if m.ndim != 1 or len(m) < 2 or (m < 0).any() or not np.isfinite(m).all():
+        raise ValueError(f"cost weight multipliers must be >= 2 finite numbers >= 0, got {list(m)}")
+    return np.sort(np.unique(m)) / cost_scale(cost_train)
+
+
+# ----------------------------------------------------------------------------- baselines
+def single_model_curves(quality: np.ndarray, cost: np.ndarray, models: tuple[str, ...]) -> list[bm.Curve]:
+    K = len(models)
+    return [bm.Curve(m, np.array([cost[:, k].mean()]), np.array([quality[:, k].mean()]), np.array([np.nan]),
+                     np.eye(K)[k][None, :]) for k, m in enumerate(models)]
+
+
+def zero_router_curve(quality: np.ndarray, cost: np.ndarray) -> bm.Curve:
+    """The single models' points; its NDCH is the zero router (mixtures of single models)."""
+    K = quality.shape[1]
+    return bm.Curve("zero_router", cost.mean(axis=0), quality.mean(axis=0), np.full(K, np.nan), np.eye(K))
+
+
+def random_router_curve(quality: np.ndarray, cost: np.ndarray, seed: int = 0, points: int = 21) -> bm.Curve:
+    """Each prompt to a random model, mixing consecutive vertices of the zero router's hull."""
+    c_mean, q_mean = cost.mean(axis=0), quality.mean(axis=0)
+    hc, _ = bm.ndch(c_mean, q_mean)
+    verts = [int(np.flatnonzero(c_mean == c)[np.argmax(q_mean[c_mean == c])]) for c in hc]
+    rng = np.random.default_rng(seed)
+    n = len(quality)
+    t = np.linspace(0.0, 1.0, points)
+    pos = t * (len(verts) - 1)
+    choices = []
+    for p in pos:
+        j = min(int(np.floor(p)), len(verts) - 2) if len(verts) > 1 else 0
+        frac = p - j
+        a, b = verts[j], verts[min(j + 1, len(verts) - 1)]
+        choices.append(np.where(rng.random(n) < frac, b, a))
+    return bm.sweep("random", lambda w: choices[round(w)], np.arange(points, dtype=np.float64), quality, cost)
+
+
+def oracle_curve(quality: np.ndarray, cost: np.ndarray, weights: np.ndarray) -> bm.Curve:
+    return bm.sweep("oracle", lambda w: bm.decide(quality, cost, w), weights, quality, cost)
+
+
+# ----------------------------------------------------------------------------- regression router
+@dataclass(frozen=True)
+class RegressionConfig:
+    C: float = 1.0  # inverse L2 strength of the logistic quality models (features are standardised)
+    ridge: float = 1.0  # L2 of the ridge models (non-binary quality, log cost)
+    max_iter: int = 3000
+
+
+@dataclass(frozen=True)
+class RegressionRouter:
+    """Per model: quality = link(X @ wq + bq); log cost = [X, log1p(chars)] @ wc + bc."""
+
+    models: tuple[str, ...]
+    wq: np.ndarray  # (K, d)
+    bq: np.ndarray  # (K,)
+    link: str  # "logistic" or "identity"
+    wc: np.ndarray  # (K, d + 1)
+    bc: np.ndarray  # (K,)
+    name: str = "regression"
+
+    def quality(self, x: np.ndarray) -> np.ndarray:
+        z = x.astype(np.float64) @ self.wq.T + self.bq
+        return 1.0 / (1.0 + np.exp(-z)) if self.link == "logistic" else z
+
+    def cost(self, x: np.ndarray, prompt_chars: np.ndarray) -> np.ndarray:
+        design = np.column_stack([x.astype(np.float64), np.log1p(prompt_chars)])
+        return np.exp(design @ self.wc.T + self.bc)
+
+    def decide(self, x: np.ndarray, prompt_chars: np.ndarray, w: float) -> np.ndarray:
+        return bm.decide(self.quality(x), self.cost(x, prompt_chars), w)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {"wq": self.wq, "bq": self.bq, "wc": self.wc, "bc": self.bc}
+
+
+def fit_regression(x: np.ndarray, quality: np.ndarray, cost: np.ndarray, prompt_chars: np.ndarray,
+                   models: tuple[str, ...], cfg: RegressionConfig = RegressionConfig()) -> RegressionRouter:
+    from sklearn.linear_model import LogisticRegression, Ridge
+
+    x = x.astype(np.float64)
+    binary = bool(np.isin(quality, (0.0, 1.0)).all())
+    K, d = quality.shape[1], x.shape[1]
+    wq, bq, wc, bc = np.zeros((K, d)), np.zeros(K), np.zeros((K, d + 1)), np.zeros(K)
+    design = np.column_stack([x, np.log1p(prompt_chars)])
+    for k in range(K):
+        y = quality[:, k]
+        if binary and 0 < y.mean() < 1:
+            m = LogisticRegression(C=cfg.C, max_iter=cfg.max_iter).fit(x, y)
+            wq[k], bq[k] = m.coef_[0], m.intercept_[0]
+        elif binary:  # one class only: a constant probability (clipped off 0 and 1)
+            p = min(max(y.mean(), 1e-3), 1 - 1e-3)
+            bq[k] = math.log(p / (1 - p))
+        else:
+            m = Ridge(alpha=cfg.ridge).fit(x, y)
+            wq[k], bq[k] = m.coef_, m.intercept_
+        m = Ridge(alpha=cfg.ridge).fit(design, np.log(np.maximum(cost[:, k], 1e-12)))
+        wc[k], bc[k] = m.coef_, m.intercept_
+    return RegressionRouter(models, wq, bq, "logistic" if binary else "identity", wc, bc)
+
+
+# ----------------------------------------------------------------------------- grid-trained routers
+@dataclass(frozen=True)
+class GridRouter:
+    """One policy per cost weight: ``nets[g]`` (averaged) gives logits (bc) or Q-values (cql)."""
+
+    name: str
+    models: tuple[str, ...]
+    weights: np.ndarray  # (G,) cost weight of each member
+    nets: list[list[Layers]]  # nets[g][j]: critic/net j of member g
+    metrics: dict = field(default_factory=dict)
+
+    def member(self, w: float) -> int:
+        """The member trained for the cost weight nearest ``w`` (on a log scale)."""
+        if not np.isfinite(w):
+            return len(self.weights) - 1
+        return int(np.argmin(np.abs(np.log1p(self.weights) - np.log1p(w))))
+
+    def outputs(self, x: np.ndarray, g: int) -> np.ndarray:
+        return np.mean([mlp_forward(layers, x) for layers in self.nets[g]], axis=0).astype(np.float64)
+
+    def decide(self, x: np.ndarray, w: float) -> np.ndarray:
+        return self.outputs(x, self.member(w)).argmax(axis=1)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {f"m{g}_n{j}_{kind}{i}": arr for g, member in enumerate(self.nets) for j, layers in enumerate(member)
+                for i, (w, b) in enumerate(layers) for kind, arr in (("w", w), ("b", b))}
+
+    @classmethod
+    def from_arrays(cls, name: str, models: tuple[str, ...], weights: np.ndarray, z: dict) -> GridRouter:
+        nets = []
+        for g in range(len(weights)):
+            member = []
+            j = 0
+            while f"m{g}_n{j}_w0" in z:
+                n_layers = sum(1 for k in z if k.startswith(f"m{g}_n{j}_w"))
+                member.append([(z[f"m{g}_n{j}_w{i}"], z[f"m{g}_n{j}_b{i}"]) for i in range(n_layers)])
+                j += 1
+            nets.append(member)
+        return cls(name, models, np.asarray(weights), nets)
+
+
+def oracle_labels(quality: np.ndarray, cost: np.ndarray, w: float) -> tuple[np.ndarray, np.ndarray]:
+    """(best model per prompt at cost weight w, utility gap to the runner-up)."""
+    u = quality - w * cost
+    label = bm.decide(quality, cost, w)
+    top = u[np.arange(len(u)), label]
+    rest = np.where(np.eye(u.shape[1], dtype=bool)[label], -np.inf, u).max(axis=1)
+    return label, np.maximum(top - rest, 0.0)
+
+
+# ----------------------------------------------------------------------------- bundle (save / serve)
+@dataclass
+class RouterBundle:
+    """The trained routers with their featurizer, served with numpy (+ scikit-learn's tokenizer)."""
+
+    featurizer: bfeat.PromptFeaturizer
+    models: tuple[str, ...]
+    regression: RegressionRouter
+    grids: dict[str, GridRouter]  # "bc", "cql"
+    manifest: dict
+
+    def features(self, prompts) -> np.ndarray:
+        return self.featurizer.transform(np.asarray(prompts, dtype=object))
+
+    def route(self, prompts, cost_weight: float, router: str = "regression") -> list[str]:
+        """The model each prompt goes to at ``cost_weight`` (quality units per USD)."""
+        prompts = np.asarray(prompts, dtype=object)
+        x = self.features(prompts)
+        if router == "regression":
+            chars = np.fromiter((len(p) for p in prompts), dtype=np.float64, count=len(prompts))
+            choice = self.regression.decide(x, chars, cost_weight)
+        elif router in self.grids:
+            choice = self.grids[router].decide(x, cost_weight)
+        else:
+            raise ValueError(f"unknown router {router!r}: use 'regression' or one of {sorted(self.grids)}")
+        return [self.models[k] for k in choice]
+
+
+def save_bundle(folder: str | Path, bundle: RouterBundle) -> Path:
+    """Write the featurizer, the routers' weights and ``router.json`` into ``folder`` atomically."""
+    folder = Path(folder)
+    with artifacts.atomic_dir(folder) as tmp:
+        bfeat.save_featurizer(tmp, bundle.featurizer)
+        with artifacts.atomic_open(tmp / "regression.npz", "wb") as fh:
+            np.savez(fh, **bundle.regression.arrays())
+        for name, grid in bundle.grids.items():
+            with artifacts.atomic_open(tmp / f"{name}.npz", "wb") as fh:
+                np.savez(fh, **grid.arrays())
+        manifest = dict(bundle.manifest) | {
+            "models": list(bundle.models), "link": bundle.regression.link,
+            "grids": {n: {"weights": g.weights.tolist(), "metrics": _jsonable(g.metrics)}
+                      for n, g in bundle.grids.items()}}
+        artifacts.write_json(tmp / BUNDLE_JSON, manifest)
+    return folder
+
+
+def load_bundle(folder: str | Path) -> RouterBundle:
+    folder = Path(folder)
+    pj = folder / BUNDLE_JSON
+    if not pj.is_file():
+        raise FileNotFoundError(f"{folder}: {BUNDLE_JSON} not found (materialize routing_benchmark first)")
+    manifest = json.loads(pj.read_text(encoding="utf-8"))
+    models = tuple(manifest["models"])
+    with np.load(folder / "regression.npz") as z:
+        reg = RegressionRouter(models, z["wq"], z["bq"], manifest["link"], z["wc"], z["bc"])
+    grids = {}
+    for name, spec in manifest.get("grids", {}).items():
+        with np.load(folder / f"{name}.npz") as z:
+            grids[name] = GridRouter.from_arrays(name, models, np.asarray(spec["weights"]), {k: z[k] for k in z.files})
+    return RouterBundle(bfeat.load_featurizer(folder), models, reg, grids, manifest)
+
+
+def _jsonable(obj):
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return _jsonable(obj.tolist())
+    if isinstance(obj, (np.floating, np.integer, np.bool_)):
+        return _jsonable(obj.item())
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+__all__ = ["GridRouter", "RegressionConfig", "RegressionRouter", "RouterBundle", "cost_weights", "fit_regression",
+           "load_bundle", "oracle_curve", "oracle_labels", "random_router_curve", "save_bundle",
+           "single_model_curves", "zero_router_curve"]

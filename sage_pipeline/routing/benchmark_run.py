@@ -1,0 +1,430 @@
+"""The routing benchmark end to end: import -> split -> features -> routers -> metrics -> OPE -> report.
+
+:func:`run_benchmark` is what the ``routing_benchmark`` asset calls:
+
+1. import the table (:mod:`benchmark_import`), split it into train and test *by prompt*
+   (a stable hash of the prompt text, so a duplicated text never straddles the split);
+2. fit the prompt featurizer on the train prompts only (:mod:`benchmark_features`);
+3. baselines and routers (:mod:`benchmark_routers`) on the train split: the regression
+   router and BC on the full table, bandit CQL on logged feedback simulated from it
+   (:mod:`benchmark_bandit`, ``train_behaviour``);
+4. on the held-out test prompts, every router's cost-quality curve over the cost-weight
+   grid, its AIQ against the zero router's, and for two-model tables RouteLLM's APGR and
+   CPT(50%)/CPT(80%) (:mod:`benchmark_metrics`);
+5. logs simulated on the test prompts under each ``ope_behaviours`` policy, and every
+   estimator of ``rl.ope`` for each learned router at one cost weight, next to its exact
+   value (with logged propensities, and with propensities estimated by BC).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from sage_pipeline import artifacts
+from sage_pipeline.rl.cql import CQLConfig
+from sage_pipeline.routing import benchmark_bandit as bb
+from sage_pipeline.routing import benchmark_features as bfeat
+from sage_pipeline.routing import benchmark_metrics as bm
+from sage_pipeline.routing import benchmark_routers as br
+from sage_pipeline.routing import benchmark_train as bt
+from sage_pipeline.routing.benchmark_import import (
+    BenchmarkTable,
+    ImportConfig,
+    ImportReport,
+    import_benchmark,
+)
+
+logger = logging.getLogger(__name__)
+
+LEARNED = ("regression", "bc", "cql")
+REPORT_NAME = "routing_benchmark.json"
+PLOT_NAME = "routing_benchmark.png"
+
+
+@dataclass(frozen=True)
+class BenchmarkConfig:
+    table: ImportConfig = field(default_factory=ImportConfig)
+    test_fraction: float = 0.25  # share of prompts held out (by a stable hash of the prompt)
+    seed: int = 0
+    featurizer: str = "tfidf_svd"
+    featurizer_params: dict = field(default_factory=dict)
+    multipliers: tuple[float, ...] = br.DEFAULT_MULTIPLIERS  # cost weights, x 1 / cost scale
+    regression: br.RegressionConfig = field(default_factory=br.RegressionConfig)
+    bc: bt.BCGridConfig = field(default_factory=bt.BCGridConfig)
+    # small critics: (64, 64) x 1500 steps memorised the logged prompts (AIQ 0.741 vs 0.750)
+    cql: CQLConfig = field(default_factory=lambda: CQLConfig(mode="bandit", hidden=(16,), steps=600, alpha=0.03,
+                                                             n_critics=2))
+    train_behaviour: bb.BehaviourSpec = field(default_factory=lambda: bb.BehaviourSpec("uniform"))  # CQL's logs
+    ope_behaviours: tuple[bb.BehaviourSpec, ...] = field(default_factory=lambda: (
+        bb.BehaviourSpec("static"), bb.BehaviourSpec("uniform"), bb.BehaviourSpec("epsilon", epsilon=0.3)))
+    # OPE evaluates the routers at this cost weight (x 1 / cost scale); on MMLU 0.1 sends about
+    # half the prompts to each model (at 1 every router sends all to the cheap one)
+    ope_multiplier: float = 0.1
+    ope: bb.BanditOPEConfig = field(default_factory=bb.BanditOPEConfig)
+    propensity_bc: bb.PropensityBCConfig = field(default_factory=bb.PropensityBCConfig)
+    # BLAS/OpenMP threads (numpy, scikit-learn) while it runs; 0 leaves the default. One is fastest on
+    # a shared 2-core host: the TF-IDF + SVD fit took 3.8 s with 1 thread, 14.7 s with 2 (load ~8)
+    blas_threads: int = 1
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.test_fraction < 1.0:
+            raise ValueError(f"test_fraction must be in (0, 1), got {self.test_fraction}")
+        if self.ope_multiplier < 0:
+            raise ValueError(f"ope_multiplier must be >= 0, got {self.ope_multiplier}")
+
+
+@dataclass
+class BenchmarkResult:
+    models: tuple[str, ...]
+    n_train: int
+    n_test: int
+    cost_scale: float
+    weights: np.ndarray
+    c_range: tuple[float, float]
+    curves: dict[str, bm.Curve]
+    kinds: dict[str, str]  # curve -> "single model" / "baseline" / "learned"
+    aiq: dict[str, float]
+    routellm: dict[str, bm.RouteLLMMetrics]  # two-model tables only
+    strong_weak: tuple[str, str] | None
+    ope_rows: list[dict]
+    ope_weight: float
+    propensity: dict[str, dict]
+    import_report: ImportReport
+    table_sha256: str
+    timings: dict[str, float]
+    config: BenchmarkConfig
+    router_metrics: dict[str, dict] = field(default_factory=dict)
+
+    @property
+    def best_learned(self) -> str:
+        return max(LEARNED, key=lambda n: self.aiq.get(n, -np.inf))
+
+    @property
+    def beats_zero_router(self) -> bool:
+        return self.aiq[self.best_learned] > self.aiq["zero_router"]
+
+    def results_rows(self) -> list[dict]:
+        rows = []
+        for name, c in self.curves.items():
+            m = self.routellm.get(name)
+            best = int(np.argmax(c.quality))
+            rows.append({"router": name, "kind": self.kinds[name], "AIQ": self.aiq[name],
+                         "AIQ - zero router": self.aiq[name] - self.aiq["zero_router"],
+                         "APGR": m.apgr if m else None, "CPT(50%)": m.cpt50 if m else None,
+                         "CPT(80%)": m.cpt80 if m else None, "points": len(c.cost),
+                         "best quality": float(c.quality[best]), "its cost (USD/prompt)": float(c.cost[best])})
+        return rows
+
+    def ope_table(self) -> list[dict]:
+        """One row per (behaviour, policy, propensities): truth and each estimator with its interval."""
+        out: dict[tuple, dict] = {}
+        for r in self.ope_rows:
+            key = (r["behaviour"], r["policy"], r["propensities"])
+            row = out.setdefault(key, {"behaviour": key[0], "policy": key[1], "propensities": key[2],
+                                       "truth": r["truth"], "ess": r["ess"]})
+            if r["note"]:
+                row["note"] = r["note"]
+            else:
+                row[r["estimator"]] = f"{r['estimate']:.4f} [{r['low']:.4f}, {r['high']:.4f}]"
+        return list(out.values())
+
+    def to_dict(self) -> dict:
+        return br._jsonable({
+            "models": list(self.models), "n_train": self.n_train, "n_test": self.n_test,
+            "table_sha256": self.table_sha256, "cost_scale_usd": self.cost_scale,
+            "cost_weights": self.weights, "aiq_cost_range": list(self.c_range),
+            "results": self.results_rows(), "best_learned": self.best_learned,
+            "beats_zero_router": self.beats_zero_router,
+            "curves": {n: {"cost": c.cost, "quality": c.quality, "knob": c.knob, "share": c.share}
+                       for n, c in self.curves.items()},
+            "routellm": {"strong": self.strong_weak[0] if self.strong_weak else None,
+                         "weak": self.strong_weak[1] if self.strong_weak else None,
+                         "metrics": {n: {"apgr": m.apgr, "cpt50": m.cpt50, "cpt80": m.cpt80,
+                                         "strong_share": m.strong_share, "quality": m.quality}
+                                     for n, m in self.routellm.items()},
+                         "published_mmlu": bm.ROUTELLM_MMLU_PUBLISHED},
+            "ope": {"cost_weight": self.ope_weight, "rows": self.ope_rows, "table": self.ope_table()},
+            "propensity_bc": self.propensity, "router_metrics": self.router_metrics,
+            "import": self.import_report.to_dict(), "timings_s": self.timings,
+            "config": _config_dict(self.config),
+        })
+
+
+def _config_dict(cfg: BenchmarkConfig) -> dict:
+    d = asdict(cfg)
+    d["table"] = {k: str(v) if isinstance(v, Path) else v for k, v in d["table"].items()}
+    return d
+
+
+def split_test(table: BenchmarkTable, test_fraction: float, seed: int) -> np.ndarray:
+    """Boolean test mask from a stable, seeded hash of each prompt's text (ids where no text)."""
+    h = pd.util.hash_array(table.group_key().astype(object), hash_key=f"{seed:016d}"[-16:])
+    return (h % np.uint64(1_000_000)).astype(np.float64) / 1e6 < test_fraction
+
+
+def run_benchmark(cfg: BenchmarkConfig | None = None, log: Callable[[str], None] = logger.info,
+                  table: tuple[BenchmarkTable, ImportReport] | None = None) -> tuple[BenchmarkResult, br.RouterBundle]:
+    """The whole benchmark (see the module docstring); ``table`` skips the import."""
+    from threadpoolctl import threadpool_limits
+
+    cfg = cfg or BenchmarkConfig()
+    with threadpool_limits(limits=cfg.blas_threads or None):
+        return _run(cfg, log, table)
+
+
+def _run(cfg: BenchmarkConfig, log: Callable[[str], None],
+         table: tuple[BenchmarkTable, ImportReport] | None) -> tuple[BenchmarkResult, br.RouterBundle]:
+    timings, t0 = {}, time.perf_counter()
+
+    def lap(name: str) -> None:
+        nonlocal t0
+        timings[name] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+
+    tab, report = table if table is not None else import_benchmark(cfg.table, log)
+    if len(tab.models) < 2:
+        raise ValueError(f"{report.source}: a routing benchmark needs at least 2 models, got {list(tab.models)}")
+    lap("import")
+    test = split_test(tab, cfg.test_fraction, cfg.seed)
+    if test.sum() < 10 or (~test).sum() < 10:
+        raise ValueError(f"{report.source}: {int((~test).sum())} train and {int(test.sum())} test prompts after the "
+                         f"split (test_fraction {cfg.test_fraction}); a benchmark needs at least 10 of each")
+    tr, te = tab.take(np.flatnonzero(~test)), tab.take(np.flatnonzero(test))
+    log(f"routing benchmark: {len(tr):,} train / {len(te):,} test prompts, models {list(tab.models)}")
+    feat = bfeat.make_featurizer(cfg.featurizer, **cfg.featurizer_params)
+    x_tr = feat.fit_transform(tr.prompt)  # fitted on the train prompts only
+    x_te = feat.transform(te.prompt)
+    chars_tr = np.array([len(p) for p in tr.prompt], dtype=np.float64)
+    chars_te = np.array([len(p) for p in te.prompt], dtype=np.float64)
+    lap("features")
+
+    scale = br.cost_scale(tr.cost)
+    weights = br.cost_weights(tr.cost, cfg.multipliers)
+    Qt, Ct = te.quality, te.cost
+    curves = {c.name: c for c in br.single_model_curves(Qt, Ct, tab.models)}
+    kinds = {n: "single model" for n in curves}
+    curves["zero_router"] = br.zero_router_curve(Qt, Ct)
+    curves["random"] = br.random_router_curve(Qt, Ct, seed=cfg.seed)
+    curves["oracle"] = br.oracle_curve(Qt, Ct, np.asarray(br.ORACLE_MULTIPLIERS) / scale)
+    kinds |= {"zero_router": "baseline", "random": "baseline", "oracle": "baseline (knows the outcomes)"}
+
+    reg = br.fit_regression(x_tr, tr.quality, tr.cost, chars_tr, tab.models, cfg.regression)
+    lap("regression")
+    bc = bt.train_bc_grid(x_tr, tr.quality, tr.cost, weights, tab.models, cfg.bc, log=log)
+    lap("bc")
+    train_log = bb.simulate_logs(tr.quality, tr.cost, tab.models, cfg.train_behaviour, seed=cfg.seed + 1)
+    cql = bt.train_cql_grid_bandit(x_tr, train_log.action, train_log.quality, train_log.cost, weights, tab.models,
+                                   cfg.cql, log=log)
+    cql.metrics["behaviour"] = train_log.behaviour
+    lap("cql")
+
+    c_hat_te = reg.cost(x_te, chars_te)
+    mean_q = np.broadcast_to(tr.quality.mean(axis=0), Qt.shape)
+    curves["cost_only"] = bm.sweep("cost_only", lambda w: bm.decide(mean_q, c_hat_te, w), weights, Qt, Ct)
+    kinds["cost_only"] = "baseline (price only)"
+    q_hat_te = reg.quality(x_te)
+    curves["regression"] = bm.sweep("regression", lambda w: bm.decide(q_hat_te, c_hat_te, w), weights, Qt, Ct)
+    curves["bc"] = bm.sweep("bc", lambda w: bc.decide(x_te, w), weights, Qt, Ct)
+    curves["cql"] = bm.sweep("cql", lambda w: cql.decide(x_te, w), weights, Qt, Ct)
+    kinds |= {n: "learned" for n in LEARNED}
+    c_min, c_max = bm.cost_range(Ct.mean(axis=0))
+    aiq = {n: c.aiq(c_min, c_max) for n, c in curves.items()}
+
+    routellm, strong_weak = {}, None
+    if len(tab.models) == 2:
+        s = int(np.argmax(tr.quality.mean(axis=0)))
+        wk = 1 - s
+        strong_weak = (tab.models[s], tab.models[wk])
+        if Qt[:, s].mean() > Qt[:, wk].mean():
+            rng = np.random.default_rng(cfg.seed)
+            scores = {"random": rng.random(len(te)), "oracle": Qt[:, s] - Qt[:, wk],
+                      "regression": q_hat_te[:, s] - q_hat_te[:, wk],
+                      "bc": _diff(bc.outputs(x_te, 0), s, wk), "cql": _diff(cql.outputs(x_te, 0), s, wk)}
+            routellm = {n: bm.routellm_metrics(v, Qt[:, s], Qt[:, wk]) for n, v in scores.items()}
+        else:
+            log("routing benchmark: the strong model does not beat the weak one on the test prompts; "
+                "APGR and CPT are not defined")
+    lap("metrics")
+
+    w_ope = cfg.ope_multiplier / scale
+    ope_rows, propensity = _run_ope(cfg, tab.models, tr, te, x_tr, x_te, w_ope,
+                                    {"regression": bm.decide(q_hat_te, c_hat_te, w_ope),
+                                     "cost_only": bm.decide(mean_q, c_hat_te, w_ope),
+                                     "bc": bc.decide(x_te, w_ope), "cql": cql.decide(x_te, w_ope)}, log)
+    lap("ope")
+
+    result = BenchmarkResult(
+        models=tab.models, n_train=len(tr), n_test=len(te), cost_scale=scale, weights=weights,
+        c_range=(c_min, c_max), curves=curves, kinds=kinds, aiq=aiq, routellm=routellm, strong_weak=strong_weak,
+        ope_rows=ope_rows, ope_weight=w_ope, propensity=propensity, import_report=report,
+        table_sha256=tab.sha256(), timings=timings, config=cfg,
+        router_metrics={"bc": bc.metrics, "cql": cql.metrics})
+    bundle = br.RouterBundle(feat, tab.models, reg, {"bc": bc, "cql": cql}, {
+        "kind": "routing_benchmark", "featurizer": feat.name, "training_data_sha256": result.table_sha256,
+        "source": report.source, "test_fraction": cfg.test_fraction, "split_seed": cfg.seed,
+        "cost_scale_usd": scale, "cost_weights": weights.tolist(),
+        "aiq": {n: aiq[n] for n in (*LEARNED, "zero_router", "oracle")},
+        "note": "route(prompts, cost_weight): cost_weight in quality units per USD; the grid routers use the "
+                "member trained for the nearest weight"})
+    z = aiq["zero_router"]
+    log("routing benchmark: AIQ " + ", ".join(f"{n} {aiq[n]:.4f}" for n in (*LEARNED, "cost_only", "oracle"))
+        + f" vs zero router {z:.4f}; best learned {result.best_learned} "
+        + ("beats" if result.beats_zero_router else "does NOT beat") + " the zero router")
+    return result, bundle
+
+
+def _diff(out: np.ndarray, s: int, w: int) -> np.ndarray:
+    return out[:, s] - out[:, w]
+
+
+def _lazy(fn: Callable[[], np.ndarray]) -> Callable[[], np.ndarray]:
+    """``fn()`` computed on the first call only (the reward model: fitted only if a policy is supported)."""
+    cache: list[np.ndarray] = []
+
+    def get() -> np.ndarray:
+        if not cache:
+            cache.append(fn())
+        return cache[0]
+    return get
+
+
+def _one_hot(choice: np.ndarray, K: int) -> np.ndarray:
+    return np.eye(K)[choice]
+
+
+def _run_ope(cfg: BenchmarkConfig, models: tuple[str, ...], tr: BenchmarkTable, te: BenchmarkTable,
+             x_tr: np.ndarray, x_te: np.ndarray, w: float, decisions: dict[str, np.ndarray],
+             log: Callable[[str], None]) -> tuple[list[dict], dict]:
+    K = len(models)
+    mean_cost = tr.cost.mean(axis=0)
+    pis = {n: _one_hot(d, K) for n, d in decisions.items()}
+    basis = bb.reward_basis(x_te, np.array([len(p) for p in te.prompt]), cfg.ope.basis_dim)
+    truth = {n: bb.true_value(pi, te.quality, te.cost, w) for n, pi in pis.items()}
+    rows, propensity = [], {}
+    for j, spec in enumerate(cfg.ope_behaviours):
+        log_te = bb.simulate_logs(te.quality, te.cost, models, spec, seed=cfg.seed + 100 + j, mean_cost=mean_cost)
+        q_hat = _lazy(lambda lg=log_te: bb.reward_model(basis, lg.action, lg.reward(w), K, cfg.ope))
+
+        evals = [bb.evaluate(log_te, pi, q_hat, w, n, models, cfg.ope) | {"propensities": "logged"}
+                 for n, pi in pis.items()]
+        if len(np.unique(log_te.action)) > 1:  # BC can only estimate propensities of logs with a choice in them
+            log_tr = bb.simulate_logs(tr.quality, tr.cost, models, spec, seed=cfg.seed + 200 + j, mean_cost=mean_cost)
+            predict, metrics = bb.fit_propensities(x_tr, log_tr.action, K, cfg.propensity_bc, log=log)
+            p_hat = bb.floored(predict(x_te)[np.arange(len(log_te)), log_te.action])
+            metrics["mae_vs_true"] = float(np.abs(p_hat - log_te.pscore).mean())
+            propensity[log_te.behaviour] = metrics
+            evals += [bb.evaluate(log_te, pi, q_hat, w, n, models, cfg.ope, pscore=p_hat)
+                      | {"propensities": "estimated by BC"} for n, pi in pis.items()]
+        rows += bb.summarise(evals, truth)
+        log(f"routing benchmark OPE under {log_te.behaviour}: "
+            + ", ".join(f"{e['policy']} DR {e['estimates']['dr']['value']:.4f} (truth {truth[e['policy']]:.4f})"
+                        if e["estimates"] else f"{e['policy']} no support" for e in evals[:len(pis)]))
+    return rows, propensity
+
+
+# ----------------------------------------------------------------------------- outputs
+def plot_benchmark(result: BenchmarkResult) -> bytes:
+    """Cost-quality plane (and, for two models, RouteLLM's quality vs strong-call share)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    two = bool(result.routellm)
+    fig, axes = plt.subplots(1, 2 if two else 1, figsize=(13 if two else 7.5, 5))
+    ax = axes[0] if two else axes
+    colors = {"zero_router": "0.4", "random": "0.7", "oracle": "tab:green", "cost_only": "tab:brown",
+              "regression": "tab:blue", "bc": "tab:orange", "cql": "tab:purple"}
+    for name, c in result.curves.items():
+        if result.kinds[name] == "single model":
+            ax.scatter(c.cost, c.quality, s=70, marker="s", zorder=5, color="k")
+            ax.annotate(name.split("/")[-1], (c.cost[0], c.quality[0]), textcoords="offset points", xytext=(5, -12),
+                        fontsize=8)
+            continue
+        hc, hq = bm.ndch(c.cost, c.quality)
+        hc, hq = np.append(hc, result.c_range[1]), np.append(hq, hq[-1])
+        style = "--" if name in ("zero_router", "oracle") else "-"
+        label = f"{name} (AIQ {result.aiq[name]:.4f})"
+        if name != "zero_router":
+            ax.scatter(c.cost, c.quality, s=10, color=colors.get(name), alpha=0.6)
+        ax.plot(hc, hq, style, color=colors.get(name), label=label)
+    ax.set_xlabel("mean cost per prompt (USD)")  # linear: AIQ integrates over linear cost
+    ax.set_ylabel("mean quality")
+    ax.set_title(f"Held-out prompts (n={result.n_test:,}): cost-quality curves and their NDCH")
+    ax.legend(fontsize=8, loc="lower right")
+    if two:
+        ax2 = axes[1]
+        s = result.strong_weak[0]
+        for name, m in result.routellm.items():
+            ax2.plot(100 * m.strong_share, m.quality, marker=".", color=colors.get(name),
+                     label=f"{name} (APGR {m.apgr:.3f})")
+        ax2.set_xlabel(f"calls to the strong model {s.split('/')[-1]} (%)")
+        ax2.set_ylabel("mean quality")
+        ax2.set_title("RouteLLM's curve (thresholds at score deciles)")
+        ax2.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    return artifacts.png_bytes(fig)
+
+
+def write_outputs(result: BenchmarkResult, bundle: br.RouterBundle, reports_dir: Path,
+                  checkpoint_dir: Path) -> tuple[dict[str, Path], bytes]:
+    """The JSON report and PNG under ``reports_dir``, the routers under ``checkpoint_dir`` (atomic);
+    returns the paths and the PNG."""
+    png = plot_benchmark(result)
+    paths = {"report": reports_dir / REPORT_NAME, "plot": reports_dir / PLOT_NAME, "checkpoint": checkpoint_dir}
+    br.save_bundle(checkpoint_dir, bundle)
+    artifacts.write_bytes(paths["plot"], png)
+    artifacts.write_json(paths["report"], result.to_dict() | {"artifacts": {k: str(v) for k, v in paths.items()}})
+    return paths, png
+
+
+def metadata_markdown(result: BenchmarkResult, max_dropped: int = 20) -> dict[str, str]:
+    """Markdown blocks for the asset's metadata: results, OPE, costs, what was dropped, RouteLLM context."""
+    from sage_pipeline import markdown
+
+    rep = result.import_report
+    z, best = result.aiq["zero_router"], result.best_learned
+    verdict = (f"**{best}** has the best AIQ of the learned routers: {result.aiq[best]:.4f} vs the zero router's "
+               f"{z:.4f} ({'beats' if result.beats_zero_router else 'does NOT beat'} it; oracle "
+               f"{result.aiq['oracle']:.4f}). `cost_only` routes by predicted price with each model's mean "
+               "quality: the learned routers' margin over it is what predicting quality adds. "
+               f"AIQ over [{result.c_range[0]:.3g}, {result.c_range[1]:.3g}] USD per prompt; "
+               f"{result.n_train:,} train / {result.n_test:,} held-out test prompts.")
+    out = {"results": verdict + "\n\n" + markdown.table(result.results_rows(), digits=4)}
+    if result.routellm:
+        pub = bm.ROUTELLM_MMLU_PUBLISHED
+        out["routellm"] = (
+            f"APGR and CPT as RouteLLM defines them (strong {result.strong_weak[0]}, weak "
+            f"{result.strong_weak[1]}); CPT is the share of strong calls.\n\n"
+            + markdown.table([{"router": n, "APGR": m.apgr, "CPT(50%)": m.cpt50, "CPT(80%)": m.cpt80}
+                              for n, m in result.routellm.items()], digits=3)
+            + f"\n\nRouteLLM's published MMLU range ({pub['source']}): random APGR 0.50 (CPT(50%) 50%, "
+              f"CPT(80%) 80%); routers trained on Arena preferences only about random; the best with MMLU "
+              f"labels APGR about 0.60, CPT(50%) about 35%, CPT(80%) about 70%. Their routers were trained "
+              "elsewhere and tested on all of MMLU; ours train on 75% of these prompts: context, not a "
+              "head-to-head result.")
+    out["ope"] = (f"Logged bandit feedback simulated on the test prompts; every rl.ope estimator (95% bootstrap "
+                  f"intervals) for each router at cost weight {result.ope_weight:.4g} per USD (reward = quality - "
+                  "w * cost), next to the exact value from the full table.\n\n"
+                  + markdown.table(result.ope_table(), digits=4))
+    out["costs"] = (f"Where each cost came from (cells per model); {COST_NOTE}\n\n" + markdown.table(rep.cost_table()))
+    dropped = [{"file": Path(d.file).name, "row": d.row, "column": d.column, "reason": d.reason, "value": d.value}
+               for d in rep.dropped[:max_dropped]]
+    out["dropped"] = (f"{rep.rows_read:,} rows read, {rep.rows_kept:,} prompts kept, {rep.n_dropped:,} rows dropped, "
+                      f"{rep.excluded:,} excluded ({rep.exclude_file or 'no exclusion list'}), "
+                      f"{len(rep.dropped_files)} file(s) dropped.\n\n" + markdown.table(rep.dropped_table())
+                      + ("\n\nFirst dropped rows:\n\n" + markdown.table(dropped) if dropped else ""))
+    return out
+
+
+COST_NOTE = ("`table`: the table's own cost column; `price_table_tokens`: prompt + response tokens (characters / "
+             "chars_per_token) times the price table's per-token prices; `price_table_default_output`: prompt tokens "
+             "+ the price table's default output tokens (the table has no responses); `default_cost_per_call`: the "
+             "configured flat default.")

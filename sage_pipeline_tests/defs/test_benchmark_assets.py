@@ -1,0 +1,73 @@
+"""In-process materialization of the routing_benchmark asset on a small slice of RouteLLM's MMLU table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from sage_pipeline.definitions import defs
+from sage_pipeline.defs.benchmark_assets import CHECK, GROUP, JOB, routing_benchmark
+from sage_pipeline.defs.resources import SageResource
+from sage_pipeline.routing.benchmark_routers import load_bundle
+
+SLICE = Path(__file__).parents[1] / "routing" / "fixtures" / "routellm_mmlu_slice"
+FAST = {"path": str(SLICE), "n_components": 32, "bc_steps": 80, "cql_steps": 80, "n_boot": 30}
+
+
+def _materialize(root: Path, config: dict, raise_on_error: bool = True):
+    return dg.materialize([routing_benchmark], resources={"sage": SageResource(data_dir=str(root))},
+                          run_config={"ops": {"routing_benchmark": {"config": config}}},
+                          raise_on_error=raise_on_error)
+
+
+@pytest.fixture(scope="module")
+def materialized(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sage")
+    return root, _materialize(root, FAST)
+
+
+def test_asset_writes_report_routers_and_readable_metadata(materialized):
+    root, result = materialized
+    assert result.success
+    meta = {k: v.value for k, v in result.asset_materializations_for_node("routing_benchmark")[0].metadata.items()}
+    assert meta["dagster/row_count"] == 359  # 6 files x 60 rows, one listed as contaminated
+    assert meta["excluded_prompts"] == 1 and meta["dropped_rows"] == 0 and meta["dropped_files"] == 0
+    assert meta["train_prompts"] + meta["test_prompts"] == 359
+    for key in ("results", "routellm", "ope", "costs", "dropped"):
+        assert isinstance(meta[key], str) and meta[key].startswith(("**", "APGR", "Logged", "Where", "360")), key
+    assert "zero_router" in meta["results"] and "oracle" in meta["results"]
+    assert "price_table_default_output" in meta["costs"]
+    assert "data:image/png;base64," in meta["plot"]
+    report = json.loads((root / "reports" / "routing_benchmark.json").read_text())
+    assert report["n_test"] == meta["test_prompts"]
+    assert {r["router"] for r in report["results"]} >= {"zero_router", "random", "oracle", "regression", "bc", "cql"}
+    assert report["aiq_cost_range"][0] < report["aiq_cost_range"][1]
+    assert (root / "reports" / "routing_benchmark.png").stat().st_size > 1000
+    bundle = load_bundle(root / "checkpoints" / GROUP)
+    assert bundle.route(["What is 2 + 2?\nA. 3\nB. 4\nAnswer:"], cost_weight=0.0)[0] in bundle.models
+
+
+def test_check_reports_against_the_zero_router(materialized):
+    _, result = materialized
+    evals = [e.event_specific_data for e in result.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"]
+    assert [e.check_name for e in evals] == [CHECK]
+    e = evals[0]
+    assert e.severity == dg.AssetCheckSeverity.WARN
+    md = {k: v.value for k, v in e.metadata.items()}
+    assert e.passed == (md["best_learned_aiq"] > md["zero_router_aiq"])
+
+
+def test_bad_path_fails_with_the_path_in_the_error(tmp_path):
+    with pytest.raises(Exception, match="no such file or folder") as info:
+        _materialize(tmp_path, FAST | {"path": str(tmp_path / "nope")})
+    assert "nope" in str(info.value)
+
+
+def test_registered_in_the_definitions_with_its_job():
+    dg.Definitions.validate_loadable(defs)  # e.g. a job named like an asset is refused here
+    key = dg.AssetKey("routing_benchmark")
+    assert key in defs.resolve_asset_graph().get_all_asset_keys()
+    assert defs.resolve_job_def(JOB).asset_layer.executable_asset_keys == {key}

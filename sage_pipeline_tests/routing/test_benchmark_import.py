@@ -1,0 +1,235 @@
+"""Importing benchmark outcome tables: the three layouts, costs and where they came from, bad input."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from sage_pipeline.routing.benchmark_import import (
+    COST_SOURCES,
+    DEFAULT_TABLE,
+    BenchmarkImportError,
+    ImportConfig,
+    PriceTable,
+    import_benchmark,
+)
+from sage_pipeline.routing.errors import ConfigError
+
+SLICE = Path(__file__).parent / "fixtures" / "routellm_mmlu_slice"
+WEAK, STRONG = "mistralai/Mixtral-8x7B-Instruct-v0.1", "gpt-4-1106-preview"
+
+
+def _imp(path, **kw):
+    return import_benchmark(ImportConfig(path=path, **kw), log=lambda s: None)
+
+
+def _routellm(rows: list[tuple], cols=("prompt", WEAK, STRONG)) -> pd.DataFrame:
+    return pd.DataFrame(rows, columns=list(cols))
+
+
+def _write(folder: Path, name: str, df: pd.DataFrame) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    p = folder / name
+    df.to_csv(p, index=False)
+    return p
+
+
+# ----------------------------------------------------------------------------- good input
+def test_routellm_slice_imports_with_exclusions_and_priced_costs():
+    tab, rep = _imp(SLICE)
+    assert rep.rows_read == 360 and len(tab) == 359 and rep.excluded == 1 and rep.n_dropped == 0
+    assert rep.exclude_file.endswith("contaminated_prompts.jsonl")
+    assert tab.models == (WEAK, STRONG) and tab.binary_quality
+    assert set(rep.layouts.values()) == {"routellm"}
+    assert set(tab.eval_name) == {f"mmlu_{s}" for s in ("moral_scenarios", "conceptual_physics", "marketing",
+                                                         "high_school_mathematics", "world_religions",
+                                                         "professional_law")}
+    # no responses in the table: prompt tokens + 1 output token (RouteLLM's max_new_tokens=1) x list prices
+    assert (tab.cost_source == COST_SOURCES.index("price_table_default_output")).all()
+    i = 0
+    tokens = np.ceil(len(tab.prompt[i]) / 4.0)
+    assert tab.cost[i, 1] == pytest.approx((tokens * 10.0 + 1 * 30.0) / 1e6)
+    assert tab.cost[i, 0] == pytest.approx((tokens * 0.6 + 1 * 0.6) / 1e6)
+    assert rep.cost_sources[STRONG] == {"price_table_default_output": 359}
+    assert "OpenAI" in rep.price_sources[STRONG]
+    # rows are data records: the moral_scenarios file's 8th record is the excluded one
+    moral = tab.file == next(i for i, f in enumerate(tab.files) if "moral" in f)
+    assert 8 not in tab.row[moral] and 9 in tab.row[moral]
+
+
+def test_packaged_default_table_is_the_full_mmlu_table():
+    tab, rep = import_benchmark(ImportConfig(), log=lambda s: None)
+    assert DEFAULT_TABLE.is_dir() and (DEFAULT_TABLE / "NOTICE").is_file() and (DEFAULT_TABLE / "LICENSE").is_file()
+    assert rep.rows_read == 14042 and rep.excluded == 5
+    assert rep.dropped_rows == {"duplicate prompt: the first occurrence is kept": 105}
+    assert len(tab) == 14042 - 5 - 105 and len(set(tab.prompt)) == len(tab)
+    assert 0.6 < tab.quality[:, 0].mean() < 0.7 and 0.8 < tab.quality[:, 1].mean() < 0.85
+
+
+def test_routerbench_wide_layout_costs_from_table_and_from_responses(tmp_path):
+    models = ["m-small", "m-large", "m-mid"]
+    df = pd.DataFrame({"sample_id": ["s1", "s2", "s3"], "prompt": ["2+2?", "capital of France?", "x" * 40],
+                       "eval_name": ["math", "geo", "misc"], "oracle_model_to_route_to": ["m-small"] * 3})
+    for k, m in enumerate(models):
+        df[m] = [1.0, 0.5, 0.0]
+        df[f"{m}|model_response"] = ["4", "Paris", "y" * 8 * (k + 1)]
+        df[f"{m}|total_cost"] = [0.001 * (k + 1), 0.002 * (k + 1), np.nan]
+    _write(tmp_path, "rb.csv", df)
+    prices = tmp_path / "prices.yaml"
+    prices.write_text("chars_per_token: 4\nmodels:\n" + "".join(
+        f"  {m}: {{input_per_mtok: {k + 1}, output_per_mtok: {10 * (k + 1)}, source: test}}\n"
+        for k, m in enumerate(models)))
+    tab, rep = _imp(tmp_path / "rb.csv", price_table=prices)
+    assert rep.layouts == {str(tmp_path / "rb.csv"): "routerbench"}
+    assert tab.models == tuple(models) and list(tab.prompt_id) == ["s1", "s2", "s3"]
+    assert list(tab.eval_name) == ["math", "geo", "misc"]
+    assert tab.cost[1, 2] == pytest.approx(0.006)
+    assert (tab.cost_source[:2] == 0).all()
+    # the third prompt's costs come from the price table with the response length
+    k = 1
+    expected = (np.ceil(40 / 4) * (k + 1) + np.ceil(8 * (k + 1) / 4) * 10 * (k + 1)) / 1e6
+    assert tab.cost[2, k] == pytest.approx(expected)
+    assert tab.cost_source[2, k] == COST_SOURCES.index("price_table_tokens")
+    assert rep.cost_sources["m-large"] == {"table": 2, "price_table_tokens": 1}
+
+
+def test_long_layout_pivots_and_drops_incomplete_prompts_and_duplicate_pairs(tmp_path):
+    df = pd.DataFrame({"prompt_id": ["a", "a", "b", "b", "c", "a"],
+                       "model": ["m1", "m2", "m1", "m2", "m1", "m2"],
+                       "quality": [1, 0, 0.5, 1, 1, 1], "cost": [0.1, 0.2, 0.1, 0.2, 0.1, 0.9]})
+    _write(tmp_path, "long.csv", df)
+    tab, rep = _imp(tmp_path / "long.csv", price_table=None)
+    assert tab.models == ("m1", "m2") and list(tab.prompt_id) == ["a", "b"]
+    assert tab.quality.tolist() == [[1.0, 0.0], [0.5, 1.0]] and tab.cost[0].tolist() == [0.1, 0.2]
+    reasons = {(d.row, d.column): d.reason for d in rep.dropped}
+    assert "duplicate (prompt_id, model)" in reasons[(6, "prompt_id")]
+    assert reasons[(5, "model")] == "prompt lacks a row for some model"
+    assert rep.n_dropped == 2
+
+
+# ----------------------------------------------------------------------------- bad input
+def test_non_numeric_quality_drops_the_row_naming_file_row_column_and_value(tmp_path):
+    p = _write(tmp_path, "t.csv", _routellm([("multi\nline\nprompt", True, True), ("q2", "maybe", True),
+                                             ("q3", False, True)]))
+    tab, rep = _imp(tmp_path)
+    assert list(tab.prompt) == ["multi\nline\nprompt", "q3"]
+    (d,) = rep.dropped
+    assert (d.file, d.row, d.column, d.reason, d.value) == (str(p), 2, WEAK, "quality is not a number", "'maybe'")
+    with pytest.raises(BenchmarkImportError, match=r"t\.csv: row 2: column 'mistralai/Mixtral.*not a number.*maybe"):
+        _imp(tmp_path, strict=True)
+
+
+def test_negative_cost_drops_the_row(tmp_path):
+    df = pd.DataFrame({"sample_id": ["s1", "s2"], "prompt": ["a", "b"], "m1": [1, 0], "m2": [0, 1],
+                       "m1|total_cost": [0.1, -0.5], "m2|total_cost": [0.2, 0.2]})
+    _write(tmp_path, "rb.csv", df)
+    tab, rep = _imp(tmp_path)
+    assert list(tab.prompt_id) == ["s1"]
+    (d,) = rep.dropped
+    assert (d.row, d.column, d.reason) == (2, "m1|total_cost", "cost is negative or infinite")
+    with pytest.raises(BenchmarkImportError, match=r"rb\.csv: row 2: column 'm1\|total_cost': cost is negative"):
+        _imp(tmp_path, strict=True)
+
+
+def test_duplicate_prompts_keep_the_first_and_name_it(tmp_path):
+    _write(tmp_path, "a.csv", _routellm([("same", True, True), ("other", False, True)]))
+    b = _write(tmp_path, "b.csv", _routellm([("x", True, False), ("same", False, False)]))
+    tab, rep = _imp(tmp_path)
+    assert sorted(tab.prompt) == ["other", "same", "x"]
+    assert tab.quality[list(tab.prompt).index("same")].tolist() == [1.0, 1.0]  # the first occurrence's
+    (d,) = rep.dropped
+    assert (d.file, d.row, d.column) == (str(b), 2, "prompt") and "a.csv row 1" in d.reason
+    with pytest.raises(BenchmarkImportError, match=r"b\.csv: row 2: column 'prompt': duplicate prompt.*a\.csv row 1"):
+        _imp(tmp_path, strict=True)
+
+
+def test_missing_model_column_drops_the_file_and_extra_models_are_ignored(tmp_path):
+    _write(tmp_path, "a.csv", _routellm([("p1", True, True), ("p2", False, True)]))
+    c = _write(tmp_path, "c.csv", _routellm([("p3", True)], cols=("prompt", WEAK)))
+    _write(tmp_path, "b.csv", pd.DataFrame({"prompt": ["p4"], WEAK: [True], STRONG: [False], "extra-model": [1]}))
+    tab, rep = _imp(tmp_path)
+    assert sorted(tab.prompt) == ["p1", "p2", "p4"] and tab.models == (WEAK, STRONG)
+    (d,) = rep.dropped_files
+    assert d.file == str(c) and d.column == STRONG and "missing" in d.reason
+    assert rep.ignored_columns == [f"{tmp_path / 'b.csv'}: extra-model (model not in every file / not configured)"]
+    with pytest.raises(BenchmarkImportError, match=rf"c\.csv: column '{STRONG}': model column"):
+        _imp(tmp_path, strict=True)
+    # configured models: a file without one of them is dropped even if it is the first
+    tab, rep = _imp(tmp_path, models=(WEAK, "extra-model"), default_cost_per_call=0.001)
+    assert list(tab.prompt) == ["p4"] and {Path(d.file).name for d in rep.dropped_files} == {"a.csv", "c.csv"}
+
+
+def test_empty_files_are_dropped_and_all_empty_is_an_error(tmp_path):
+    (tmp_path / "empty.csv").write_text("")
+    (tmp_path / "header_only.csv").write_text(f"prompt,{WEAK},{STRONG}\n")
+    with pytest.raises(BenchmarkImportError, match="no valid rows.*empty file"):
+        _imp(tmp_path)
+    _write(tmp_path, "ok.csv", _routellm([("p", True, False)]))
+    tab, rep = _imp(tmp_path)
+    assert len(tab) == 1 and sorted(Path(d.file).name for d in rep.dropped_files) == ["empty.csv", "header_only.csv"]
+    assert all(d.reason == "empty file (no data rows)" for d in rep.dropped_files)
+    with pytest.raises(BenchmarkImportError, match=r"empty\.csv: empty file"):
+        _imp(tmp_path, strict=True)
+
+
+def test_structural_problems_name_the_file_and_column(tmp_path):
+    _write(tmp_path / "a", "x.csv", pd.DataFrame({"sample_id": ["s"], "prompt": ["p"], "m|total_cost": [0.1]}))
+    with pytest.raises(BenchmarkImportError, match=r"x\.csv: column 'm': model 'm' has m\|\.\.\. columns but no qual"):
+        _imp(tmp_path / "a", strict=True)
+    _write(tmp_path / "b", "y.csv", pd.DataFrame({"question": ["p"], "score": [1]}))
+    with pytest.raises(BenchmarkImportError, match=r"y\.csv: cannot tell the layout"):
+        _imp(tmp_path / "b", strict=True)
+    with pytest.raises(BenchmarkImportError, match="no such file or folder"):
+        _imp(tmp_path / "missing")
+    with pytest.raises(BenchmarkImportError, match="layout must be one of"):
+        ImportConfig(layout="wide")
+
+
+def test_costs_need_a_price_or_a_default(tmp_path):
+    _write(tmp_path, "t.csv", pd.DataFrame({"prompt": ["p1", "p2"], "m-a": [1, 0], "m-b": [0, 1]}))
+    with pytest.raises(BenchmarkImportError, match="model 'm-a' has no cost in the table for 2 prompts and no price"):
+        _imp(tmp_path)
+    tab, rep = _imp(tmp_path, default_cost_per_call=0.002)
+    assert (tab.cost == 0.002).all() and (tab.cost_source == COST_SOURCES.index("default_cost_per_call")).all()
+    assert rep.price_sources["m-b"] == "default_cost_per_call = 0.002 USD"
+
+
+def test_price_table_errors_name_the_field(tmp_path):
+    p = tmp_path / "prices.yaml"
+    p.write_text("models:\n  m: {input_per_mtok: -1}\n")
+    with pytest.raises(ConfigError, match=r"prices\.yaml: models\.m\.input_per_mtok: must be >= 0"):
+        PriceTable.load(p)
+    p.write_text("models:\n  m: {input_per_mtok: 1, ouput_per_mtok: 2}\n")
+    with pytest.raises(ConfigError, match=r"models\.m: unknown keys \['ouput_per_mtok'\]"):
+        PriceTable.load(p)
+
+
+def test_explicit_exclusion_list_must_exist_and_be_json_lines(tmp_path):
+    shutil.copytree(SLICE, tmp_path / "t")
+    with pytest.raises(BenchmarkImportError, match="exclusion list not found"):
+        _imp(tmp_path / "t", exclude_prompts="nope.jsonl")
+    (tmp_path / "t" / "bad.jsonl").write_text('{"eval_prompt": "a"}\nnot json\n')
+    with pytest.raises(BenchmarkImportError, match=r"bad\.jsonl: row 2: not a JSON line"):
+        _imp(tmp_path / "t", exclude_prompts="bad.jsonl")
+    tab, rep = _imp(tmp_path / "t", exclude_prompts="")
+    assert len(tab) == 360 and rep.excluded == 0
+
+
+def test_configured_models_leave_other_columns_unvalidated(tmp_path):
+    _write(tmp_path, "a.csv", pd.DataFrame({"prompt": ["p1", "p2"], WEAK: [True, False], STRONG: [True, True],
+                                            "subject": ["algebra", "history"]}))
+    tab, rep = _imp(tmp_path, models=(WEAK, STRONG))
+    assert len(tab) == 2 and rep.n_dropped == 0
+    assert rep.ignored_columns == [f"{tmp_path / 'a.csv'}: subject (model not in every file / not configured)"]
+    # without the configuration the text column is read as a model, and every row has a bad quality
+    with pytest.raises(BenchmarkImportError, match="no valid rows"):
+        _imp(tmp_path)
+    long = pd.DataFrame({"prompt_id": ["a", "a", "a"], "model": ["m1", "m2", "m3"], "quality": [1, 0, "x"],
+                         "cost": [0.1, 0.2, 0.3]})
+    _write(tmp_path / "long", "l.csv", long)
+    tab, rep = _imp(tmp_path / "long", models=("m1", "m2"), price_table=None)
+    assert tab.models == ("m1", "m2") and len(tab) == 1 and rep.n_dropped == 0

@@ -1,0 +1,99 @@
+"""The field's metrics: NDCH and AIQ (RouterBench), APGR and CPT (RouteLLM), decisions."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from sage_pipeline.routing import benchmark_metrics as bm
+
+
+def test_ndch_is_the_upper_non_decreasing_hull():
+    cost = np.array([0.0, 1.0, 2.0, 3.0, 4.0, 1.5])
+    qual = np.array([0.2, 0.3, 0.8, 0.85, 0.7, 0.9])
+    hc, hq = bm.ndch(cost, qual)
+    # (1, 0.3) lies under the chord (0, 0.2)-(1.5, 0.9); past the best point (1.5, 0.9) the curve is flat
+    assert hc.tolist() == [0.0, 1.5] and hq.tolist() == [0.2, 0.9]
+    hc, hq = bm.ndch(np.array([0.0, 1.0, 2.0]), np.array([0.5, 0.9, 1.0]))
+    assert hc.tolist() == [0.0, 1.0, 2.0]  # concave and rising: every point is on the hull
+    assert np.all(np.diff(hq) >= 0)
+    with pytest.raises(ValueError, match="finite"):
+        bm.ndch(np.array([0.0, np.nan]), np.array([0.1, 0.2]))
+
+
+def test_aiq_exact_areas():
+    # the zero router of two models: the chord between them, area = mean of their qualities
+    assert bm.aiq(np.array([1.0, 3.0]), np.array([0.4, 0.8]), 1.0, 3.0) == pytest.approx(0.6)
+    # a point above the chord raises AIQ; dominated points do not change it
+    with_mid = bm.aiq(np.array([1.0, 3.0, 2.0]), np.array([0.4, 0.8, 0.75]), 1.0, 3.0)
+    assert with_mid == pytest.approx((0.5 * (0.4 + 0.75) + 0.5 * (0.75 + 0.8)) / 2)
+    dominated = bm.aiq(np.array([1.0, 3.0, 2.0, 2.5]), np.array([0.4, 0.8, 0.75, 0.5]), 1.0, 3.0)
+    assert dominated == pytest.approx(with_mid)
+    # reaching the best quality early: flat after it
+    assert bm.aiq(np.array([1.0, 2.0]), np.array([0.4, 0.8]), 1.0, 3.0) == pytest.approx((0.6 + 0.8) / 2)
+    # a router that cannot operate below cost 2 gets nothing on [1, 2]
+    assert bm.aiq(np.array([2.0, 3.0]), np.array([0.8, 0.8]), 1.0, 3.0) == pytest.approx(0.4)
+    with pytest.raises(ValueError, match="c_max > c_min"):
+        bm.aiq(np.array([1.0]), np.array([0.5]), 2.0, 2.0)
+
+
+def test_decide_breaks_ties_to_the_cheaper_model_and_infinite_weight_picks_the_cheapest():
+    u = np.array([[1.0, 1.0, 0.0], [0.0, 1.0, 0.9]])
+    c = np.array([[2.0, 1.0, 3.0], [1.0, 3.0, 2.0]])
+    assert bm.decide(u, c, 0.0).tolist() == [1, 1]
+    assert bm.decide(u, c, 0.2).tolist() == [1, 2]
+    assert bm.decide(u, c, np.inf).tolist() == [1, 0]
+
+
+def _routellm_reference(score, q_strong, q_weak):
+    """RouteLLM's evaluate.py + benchmarks.py, transcribed (np.interp CPT, trapezoid APGR)."""
+    _, thresholds = pd.qcut(score, 10, retbins=True)
+    pts = []
+    for i, t in enumerate(thresholds):
+        sel = score >= t if i != len(thresholds) - 1 else score > t
+        pts.append((sel.mean() * 100, np.where(sel, q_strong, q_weak).mean() * 100))
+    df = pd.DataFrame(pts, columns=["strong_percentage", "accuracy"]).sort_values("strong_percentage")
+    weak, strong = q_weak.mean() * 100, q_strong.mean() * 100
+    auc = np.trapezoid(df["accuracy"], df["strong_percentage"] / 100)
+    x = df["strong_percentage"] / 100
+    apgr = (auc - np.trapezoid(np.full(len(df), weak), x)) / (np.trapezoid(np.full(len(df), strong), x)
+                                                              - np.trapezoid(np.full(len(df), weak), x))
+    cpt = [np.interp(p * (strong - weak) + weak, df["accuracy"], df["strong_percentage"]) / 100 for p in (0.5, 0.8)]
+    return apgr, cpt
+
+
+def test_routellm_metrics_match_the_reference_when_the_curve_rises():
+    rng = np.random.default_rng(0)
+    n = 4000
+    gain = rng.random(n)
+    q_weak = (rng.random(n) < 0.6).astype(float)
+    q_strong = np.maximum(q_weak, (rng.random(n) < gain).astype(float))  # the strong model helps where gain is high
+    score = gain + 0.3 * rng.random(n)
+    m = bm.routellm_metrics(score, q_strong, q_weak)
+    apgr, (cpt50, cpt80) = _routellm_reference(score, q_strong, q_weak)
+    assert np.all(np.diff(m.quality) >= 0)
+    assert m.apgr == pytest.approx(apgr) and m.cpt50 == pytest.approx(cpt50) and m.cpt80 == pytest.approx(cpt80)
+    assert m.apgr > 0.6 and m.cpt50 < 0.4
+    rand = bm.routellm_metrics(rng.random(n), q_strong, q_weak)
+    assert rand.apgr == pytest.approx(0.5, abs=0.05) and rand.cpt50 == pytest.approx(0.5, abs=0.07)
+
+
+def test_routellm_metrics_need_a_better_strong_model():
+    q = np.array([1.0, 0.0, 1.0, 0.0])
+    with pytest.raises(ValueError, match="strong model to beat the weak one"):
+        bm.routellm_metrics(np.arange(4.0), q, q)
+
+
+def test_first_crossing_is_defined_on_a_falling_curve():
+    x, y = np.array([0.0, 0.5, 0.6, 1.0]), np.array([0.0, 0.8, 0.4, 1.0])
+    assert bm.first_crossing(x, y, 0.4) == pytest.approx(0.25)
+    assert np.isnan(bm.first_crossing(x, y, 1.5))
+
+
+def test_sweep_scores_decisions_by_the_truth():
+    q = np.array([[0.0, 1.0], [1.0, 1.0]])
+    c = np.array([[1.0, 3.0], [1.0, 3.0]])
+    curve = bm.sweep("t", lambda w: bm.decide(q, c, w), np.array([0.0, 1.0]), q, c)
+    assert curve.cost.tolist() == [2.0, 1.0] and curve.quality.tolist() == [1.0, 0.5]
+    assert curve.share.tolist() == [[0.5, 0.5], [1.0, 0.0]]
