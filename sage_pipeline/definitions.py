@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import dagster as dg
 
-from sage_pipeline.defs import policy_assets, routing_assets, routing_checks
-from sage_pipeline.defs.resources import SageResource
+from sage_pipeline.defs import policy_assets, routing_assets, routing_checks, sim_assets
+from sage_pipeline.defs.benchmark_assets import routing_benchmark_defs
+from sage_pipeline.defs.resources import SageResource, SandboxResource
+from sage_pipeline.defs.sim_policy_assets import sim_policy_defs
+from sage_pipeline.defs.sleep_assets import sleep_defs
 
 ROUTING_ASSETS = [routing_assets.synthetic_sessions, routing_assets.trajectories,
                   routing_assets.routing_dataset, routing_assets.reward_report,
@@ -29,15 +32,23 @@ offline_routing_defs = dg.Definitions(
 )
 
 sage_main_job = dg.define_asset_job(
-    "sage_main", selection=dg.AssetSelection.all(),
-    description="Everything, on embedded defaults: what the README's first command runs.")
+    "sage_main", selection=dg.AssetSelection.all() - dg.AssetSelection.groups("sleep_cycle")
+    - dg.AssetSelection.assets("sandbox_rollouts", "ppo_policy"),
+    description="Every unpartitioned asset upstream of the partitioned ones: the offline routing chain, the "
+                "routing-benchmark import and sim_tasks. A job cannot mix partitions definitions: "
+                "sandbox_rollouts (shards), ppo_policy and the sleep cycle (nights) follow in "
+                "scripts/materialize_all.sh, which is what the README's `make run` calls.")
 
 # One fragment per chain; add a chain's fragment here and nowhere else.
 FRAGMENTS: list[dg.Definitions] = [
+    sleep_defs,
     offline_routing_defs,
+    sim_assets.simulator_rollout_defs,
+    sim_policy_defs,
+    routing_benchmark_defs,
 ]
 
 defs = dg.Definitions.merge(
     *FRAGMENTS,
-    dg.Definitions(jobs=[sage_main_job], resources={"sage": SageResource()}),
+    dg.Definitions(jobs=[sage_main_job], resources={"sage": SageResource(), "sandbox": SandboxResource()}),
 )

@@ -7,24 +7,35 @@ critics of CQL), as plain arrays, so serving a policy needs numpy only: :func:`l
 
 Loading a checkpoint against data whose feature spec or action set differs is an error
 that says what differs.
+
+``spec_kind`` names the observation encoding the policy reads: ``"routing"`` (the
+routing :class:`~sage_pipeline.routing.features.FeatureSpec` over ``Contexts``; the
+default, so checkpoints written before the field existed load unchanged) or
+``"code_task"`` (the code-task environment's :class:`~sage_pipeline.sim.obs.ObsSpec`
+over ``CodeTaskObs``, written by PPO). A checkpoint checked against a spec of the other
+kind is an error naming both kinds.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
 
 from sage_pipeline import artifacts
-from sage_pipeline.routing.features import Contexts, FeatureSpec
+from sage_pipeline.routing.features import Contexts
 
 CHECKPOINT_VERSION = 1
 POLICY_FILE = "policy.json"
 WEIGHTS_FILE = "weights.npz"
 HEADS = ("softmax", "greedy")
+# spec_kind -> "module:class" of the observation spec (imported only when used)
+SPEC_KINDS = {"routing": "sage_pipeline.routing.features:FeatureSpec",
+              "code_task": "sage_pipeline.sim.obs:ObsSpec"}
 
 
 class CheckpointError(ValueError):
@@ -43,7 +54,8 @@ class CheckpointMeta:
     metrics: dict = field(default_factory=dict)
     config: dict = field(default_factory=dict)
     version: int = CHECKPOINT_VERSION
-    created_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    spec_kind: str = "routing"  # which observation spec feature_spec describes (SPEC_KINDS)
+    created_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
 
 
 def mlp_forward(layers: list[tuple[np.ndarray, np.ndarray]], x: np.ndarray) -> np.ndarray:
@@ -73,6 +85,24 @@ def masked_greedy(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
 Layers = list[tuple[np.ndarray, np.ndarray]]  # one MLP: (weight (out, in), bias (out,)) per layer
 
 
+def spec_kind_of(spec) -> str:
+    """The ``spec_kind`` of an observation spec object (FeatureSpec is ``"routing"``)."""
+    return getattr(type(spec), "spec_kind", "routing")
+
+
+def spec_from_meta(meta: CheckpointMeta, source: str = "checkpoint"):
+    """The observation spec object a checkpoint's ``feature_spec`` describes."""
+    if meta.spec_kind not in SPEC_KINDS:
+        raise CheckpointError(f"{source}: unknown spec_kind {meta.spec_kind!r} (known: {', '.join(SPEC_KINDS)}); "
+                              "the checkpoint was written by a newer version of this code")
+    module, cls = SPEC_KINDS[meta.spec_kind].split(":")
+    spec_cls = getattr(importlib.import_module(module), cls)
+    try:
+        return spec_cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in meta.feature_spec.items()})
+    except TypeError as exc:
+        raise CheckpointError(f"{source}: feature_spec does not describe a {meta.spec_kind!r} spec ({exc})") from exc
+
+
 @dataclass(frozen=True)
 class MLPPolicy:
     """A trained policy served from its checkpoint: encode -> MLP(s) -> masked head."""
@@ -90,8 +120,9 @@ class MLPPolicy:
         return np.asarray(self.meta.role_mask, dtype=bool)
 
     @property
-    def spec(self) -> FeatureSpec:
-        return FeatureSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in self.meta.feature_spec.items()})
+    def spec(self):
+        """The observation spec (a FeatureSpec for routing checkpoints, an ObsSpec for code-task ones)."""
+        return spec_from_meta(self.meta, self.name)
 
     def outputs(self, ctx: Contexts) -> np.ndarray:
         """Raw network outputs (logits or Q-values), (n, K)."""
@@ -145,12 +176,16 @@ def read_meta(path: str | Path) -> CheckpointMeta:
         raise CheckpointError(f"{pj}: unexpected or missing fields ({exc})") from exc
 
 
-def check_compatible(meta: CheckpointMeta, source: str, spec: FeatureSpec | None = None,
+def check_compatible(meta: CheckpointMeta, source: str, spec=None,
                      actions: tuple[str, ...] | None = None) -> None:
-    """Raise if the checkpoint was trained on another feature spec or action set."""
+    """Raise if the checkpoint was trained on another observation spec (kind or content)
+    or action set. ``spec`` is a FeatureSpec (routing) or an ObsSpec (code task)."""
     problems = []
-    if spec is not None:
-        mine = FeatureSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in meta.feature_spec.items()})
+    if spec is not None and spec_kind_of(spec) != meta.spec_kind:
+        problems.append(f"observation spec kind differs: checkpoint reads {meta.spec_kind!r} observations, "
+                        f"the data is {spec_kind_of(spec)!r}")
+    elif spec is not None:
+        mine = spec_from_meta(meta, source)
         problems += [f"feature spec {d}" for d in mine.diff(spec)]
     if actions is not None and tuple(meta.actions) != tuple(actions):
         missing = [a for a in actions if a not in meta.actions]
@@ -162,7 +197,7 @@ def check_compatible(meta: CheckpointMeta, source: str, spec: FeatureSpec | None
                               + ". Retrain the policy on this data or use the matching catalogue.")
 
 
-def load_policy(path: str | Path, spec: FeatureSpec | None = None,
+def load_policy(path: str | Path, spec=None,
                 actions: tuple[str, ...] | None = None) -> MLPPolicy:
     """Load a checkpoint folder as a policy (numpy only). With ``spec``/``actions``, check
     that the checkpoint fits them and say what differs if not."""
