@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Materialize every asset on embedded defaults, in lineage order, with the Dagster CLI.
+# `dagster asset materialize --select '*'` cannot mix partitioned and unpartitioned assets
+# in one run, so this runs the graph in four steps:
+#   1. every unpartitioned asset upstream of the partitioned ones (offline routing chain,
+#      routing-benchmark import, sim_tasks), with their checks;
+#   2. sandbox_rollouts, all shards in one run (single-run backfill policy);
+#   3. what depends on the rollouts (ppo_policy);
+#   4. the sleep cycle, one night per partition, oldest first (SLEEP_NIGHTS, default 3).
+# Uses DAGSTER_HOME and SAGE_DATA_DIR from the environment (the Makefile sets them).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DG="${DAGSTER_BIN:-.venv/bin/dagster} asset materialize -m sage_pipeline"
+PY="${PYTHON_BIN:-.venv/bin/python}"
+
+step() { echo; echo "== $*"; }
+
+step "1/4 unpartitioned assets"
+$DG --select 'not key:sandbox_rollouts and not key:ppo_policy and not group:sleep_cycle'
+
+shards=$($PY -c 'from sage_pipeline.defs.sim_assets import SHARDS; k = SHARDS.get_partition_keys(); print(f"{k[0]}...{k[-1]}")')
+step "2/4 sandbox_rollouts, shards $shards"
+$DG --select sandbox_rollouts --partition-range "$shards"
+
+step "3/4 ppo_policy"
+$DG --select ppo_policy
+
+nights=$($PY -c 'from sage_pipeline.defs.sleep_assets import default_nights; print(" ".join(default_nights(int("'"${SLEEP_NIGHTS:-3}"'"))))')
+for night in $nights; do
+  step "4/4 sleep cycle, night $night"
+  $DG --select 'group:sleep_cycle' --partition "$night"
+done
