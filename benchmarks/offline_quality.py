@@ -34,7 +34,8 @@ sys.path.insert(0, str(ROOT))
 SCRATCH = ROOT / "benchmarks" / ".scratch"
 
 
-def run_seed(seed: int, episodes: int, criterion: str = "estimate", eval_fraction: float | None = None) -> dict:
+def run_seed(seed: int, episodes: int, criterion: str = "estimate", eval_fraction: float | None = None,
+             support: str = "logged_pairs") -> dict:
     import pyarrow.parquet as pq
 
     from sage_pipeline.rl import cql, offline_eval as oe, ope
@@ -57,13 +58,22 @@ def run_seed(seed: int, episodes: int, criterion: str = "estimate", eval_fractio
         res = ingest.ingest(ingest.IngestConfig((tmp / "sessions",)), cat, tmp / "routing", progress=quiet)
         cfg = DatasetConfig() if eval_fraction is None else DatasetConfig(eval_fraction=eval_fraction)
         df = build_routing_dataset(pq.read_table(res.trajectories).to_pandas(), cat, tab, cfg)
+    behaviour = None
+    if support == "behaviour":  # BC on the train split as the behaviour model, as the assets do
+        from sage_pipeline.rl import bc
+        from sage_pipeline.rl.data import from_dataset
+        from sage_pipeline.routing.features import FeatureSpec
+
+        behaviour = bc.train_bc(from_dataset(df, cat).split_rows("train"), FeatureSpec(),
+                                bc.BCConfig(seed=seed), log=quiet).policy()
     sel = oe.train_select_cql(df, cat, cql.CQLConfig(seed=seed), oe.DEFAULT_ALPHAS,
-                              ope.OPEConfig(n_boot=300, seed=seed), criterion=criterion, progress=quiet)
+                              ope.OPEConfig(n_boot=300, seed=seed), criterion=criterion, progress=quiet,
+                              behaviour=behaviour)
     policies = {"static_table": StaticTablePolicy(tab, cat),
                 "uniform": UniformPolicy(cat.actions, cat.role_mask()),
                 "cql": sel.result.policy()}
     report = oe.run_offline_eval(oe.eval_part(df, "report"), policies, cat, ope.OPEConfig(n_boot=1000, seed=seed),
-                                 sim=sim, progress=quiet)
+                                 sim=sim, progress=quiet, behaviour=behaviour)
     gt = report.truth.episode_value
     return {
         "seed": seed, "seconds": time.perf_counter() - t0, "alpha": sel.label, "selected_by": sel.how,
@@ -104,6 +114,9 @@ def main() -> None:
                     help="how OPE picks CQL's alpha (the cql_policy asset's default: estimate)")
     ap.add_argument("--eval-fraction", type=float, default=None,
                     help="share of sessions in the eval split (default: the routing_dataset default)")
+    ap.add_argument("--support", default="logged_pairs", choices=("logged_pairs", "behaviour"),
+                    help="support rule: (role, model) pairs present in the evaluated logs, or the behaviour "
+                         "policy's support as BC (trained on the train split) models it")
     args = ap.parse_args()
     SCRATCH.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -112,7 +125,8 @@ def main() -> None:
     runs = []
     with ProcessPoolExecutor(args.workers) as pool:
         n = len(seeds)
-        for r in pool.map(run_seed, seeds, [args.episodes] * n, [args.criterion] * n, [args.eval_fraction] * n):
+        for r in pool.map(run_seed, seeds, [args.episodes] * n, [args.criterion] * n, [args.eval_fraction] * n,
+                          [args.support] * n):
             runs.append(r)
             print(f"seed {r['seed']:3d}: cql {r['alpha']:<10} regret closure {r['regret_closure']['cql']:.3f}  "
                   f"truth static {r['ground_truth']['static_table']:.4f} cql {r['ground_truth']['cql']:.4f} "

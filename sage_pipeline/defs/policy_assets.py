@@ -22,6 +22,13 @@ def _dataset(sage: SageResource):
     return path, rd.read_routing_dataset(path)
 
 
+def _behaviour(support: str, bc_model):
+    """The behaviour model OPE's support check uses, or None for the logged-pairs rule."""
+    if support not in oe.SUPPORT_RULES:
+        raise ValueError(f"support {support!r}: use one of {', '.join(oe.SUPPORT_RULES)}")
+    return bc_model if support == "behaviour" else None
+
+
 class BCPolicyConfig(dg.Config):
     epochs: int = Field(100, description="maximum training epochs (early stopping on held-out train sessions)")
     hidden: list[int] = Field([64, 64], description="hidden layer sizes")
@@ -59,6 +66,9 @@ class CQLPolicyConfig(dg.Config):
     n_critics: int = 2
     seed: int = 0
     n_boot: int = Field(300, description="bootstrap resamples for the alpha selection")
+    support: str = Field("logged_pairs", description="support rule of the OPE that picks alpha: "
+                         "'logged_pairs' ((role, model) pairs present in the evaluated logs) or 'behaviour' "
+                         "(the behaviour policy's support as bc_policy models it); see docs/benchmarks.md")
 
 
 @dg.asset(group_name=GROUP, deps=[routing_dataset, reward_report, bc_policy], kinds={"pytorch"},
@@ -72,7 +82,7 @@ def cql_policy(context: dg.AssetExecutionContext, config: CQLPolicyConfig, sage:
     cfg = cql.CQLConfig(mode=config.mode, steps=config.steps, n_critics=config.n_critics, seed=config.seed)
     sel = oe.train_select_cql(df, sage.catalogue, cfg, config.alphas,
                               ope.OPEConfig(n_boot=config.n_boot, seed=config.seed), config.selection,
-                              progress=context.log.info)
+                              progress=context.log.info, behaviour=_behaviour(config.support, bc_model))
     chosen, how, table = sel.result, sel.how, sel.table
     ck = cql.save_cql(sage.path("checkpoints", "cql"), chosen, artifacts.file_sha256(path),
                       metrics={"alpha_selection": table, "selected_by": how})
@@ -90,6 +100,7 @@ def cql_policy(context: dg.AssetExecutionContext, config: CQLPolicyConfig, sage:
 class OfflineEvalConfig(dg.Config):
     n_boot: int = Field(1000, description="bootstrap resamples per estimator")
     seed: int = 0
+    support: str = Field("logged_pairs", description="support rule: 'logged_pairs' or 'behaviour' (as cql_policy)")
 
 
 @dg.asset(group_name=GROUP, deps=[bc_policy, cql_policy], kinds={"python", "json"},
@@ -109,7 +120,8 @@ def offline_eval(context: dg.AssetExecutionContext, config: OfflineEvalConfig, s
     sim = (oe.simulator_from_manifest(manifest, cat, sage.table, rd.read_reward_spec(path) or RewardSpec())
            if manifest.is_file() and (df_eval["data_source"] == "synthetic").all() else None)
     report = oe.run_offline_eval(df_eval, policies, cat, ope.OPEConfig(n_boot=config.n_boot, seed=config.seed),
-                                 sim=sim, progress=context.log.info)
+                                 sim=sim, progress=context.log.info,
+                                 behaviour=_behaviour(config.support, policies["bc"]))
     promoted = oe.promote(report.gate, ckpts, sage.path("checkpoints", "promoted"),
                           {"summary": report.summary(), "dataset_sha256": artifacts.file_sha256(path)})
     out = artifacts.write_json(sage.path("reports", "offline_eval.json"),

@@ -163,9 +163,22 @@ def fill_missing_propensities(df: pd.DataFrame, behaviour_model) -> tuple[pd.Dat
     return out, int(missing.sum())
 
 
+SUPPORT_RULES = ("logged_pairs", "behaviour")
+
+
+def _evaluate_all(policies: dict[str, object], data: ope.LoggedData, config: ope.OPEConfig, behaviour,
+                  progress: Callable[[str], None]) -> dict[str, ope.PolicyEvaluation]:
+    """Every policy's evaluation; with a ``behaviour`` model (BC) support is the behaviour
+    policy's (its probabilities), else the sample's (logged (role, model) pairs)."""
+    bp = ope.policy_probs(behaviour, data) if behaviour is not None else None
+    return {name: ope.evaluate_policy(data, pol, config, behaviour_probs=bp, progress=progress)
+            for name, pol in policies.items()}
+
+
 def select_by_ope(candidates: dict[str, object], df_eval: pd.DataFrame, catalogue: ModelCatalogue,
                   config: ope.OPEConfig = ope.OPEConfig(), criterion: str = "estimate",
-                  progress: Callable[[str], None] = log.info) -> tuple[str | None, dict[str, ope.PolicyEvaluation]]:
+                  progress: Callable[[str], None] = log.info,
+                  behaviour=None) -> tuple[str | None, dict[str, ope.PolicyEvaluation]]:
     """Pick the candidate with the highest step-wise DR ``estimate`` (or its interval's
     ``lower_bound``, which favours policies close to the logs) on the eval split. Never
     reads ground truth. ``None`` when no candidate has support in the eval split (each
@@ -173,7 +186,7 @@ def select_by_ope(candidates: dict[str, object], df_eval: pd.DataFrame, catalogu
     if criterion not in SELECTION_CRITERIA:
         raise ValueError(f"criterion must be one of {SELECTION_CRITERIA}, got {criterion!r}")
     data = ope.LoggedData.from_frame(df_eval, catalogue.actions)
-    evals = {name: ope.evaluate_policy(data, pol, config, progress=progress) for name, pol in candidates.items()}
+    evals = _evaluate_all(candidates, data, config, behaviour, progress)
     pick = (lambda e: e.value) if criterion == "estimate" else (lambda e: e.ci_low)
     scored = {n: pick(e.estimates[GATE_ESTIMATOR]) for n, e in evals.items()
               if e.estimates[GATE_ESTIMATOR].value is not None}
@@ -209,7 +222,7 @@ class CQLSelection:
 
 def train_select_cql(df: pd.DataFrame, catalogue: ModelCatalogue, config, alphas=DEFAULT_ALPHAS,
                      ope_config: ope.OPEConfig = ope.OPEConfig(n_boot=300), criterion: str = "estimate",
-                     progress: Callable[[str], None] = log.info) -> CQLSelection:
+                     progress: Callable[[str], None] = log.info, behaviour=None) -> CQLSelection:
     """Train CQL for every alpha on the train split (one batched run) and keep the one OPE
     prefers on the eval split's ``select`` part (:func:`select_by_ope`, :func:`eval_part`).
     If no alpha is supported there, keep the most conservative (largest) one and say so."""
@@ -220,7 +233,8 @@ def train_select_cql(df: pd.DataFrame, catalogue: ModelCatalogue, config, alphas
     data = from_dataset(df, catalogue)
     results = cql.train_cql_grid(data.split_rows("train"), FeatureSpec(), config, list(alphas), log=progress)
     cands = {f"alpha={a:g}": r.policy() for a, r in zip(alphas, results)}
-    best, evals = select_by_ope(cands, eval_part(df, "select"), catalogue, ope_config, criterion, progress)
+    best, evals = select_by_ope(cands, eval_part(df, "select"), catalogue, ope_config, criterion, progress,
+                                behaviour)
     how = f"{GATE_ESTIMATOR} {criterion.replace('_', ' ')} on the eval split's select part"
     if best is None:
         best, how = list(cands)[int(np.argmax(alphas))], "largest alpha: no candidate has support in the eval split"
@@ -284,14 +298,15 @@ class OfflineEvalReport:
 
 def run_offline_eval(df_eval: pd.DataFrame, policies: dict[str, object], catalogue: ModelCatalogue,
                      config: ope.OPEConfig = ope.OPEConfig(), sim: RoutingSimulator | None = None,
-                     progress: Callable[[str], None] = log.info) -> OfflineEvalReport:
-    """Evaluate ``policies`` (must include ``static_table``) on the eval rows."""
+                     progress: Callable[[str], None] = log.info, behaviour=None) -> OfflineEvalReport:
+    """Evaluate ``policies`` (must include ``static_table``) on the eval rows; ``behaviour``:
+    see :func:`_evaluate_all`."""
     if STATIC not in policies:
         raise ValueError(f"policies must include {STATIC!r}: it is the baseline every policy is compared with")
     if df_eval.empty:
         raise ValueError("the eval split is empty: rebuild routing_dataset with a larger eval_fraction or more data")
     data = ope.LoggedData.from_frame(df_eval, catalogue.actions)
-    evals = {name: ope.evaluate_policy(data, pol, config, progress=progress) for name, pol in policies.items()}
+    evals = _evaluate_all(policies, data, config, behaviour, progress)
     truth = ground_truth(sim, eval_tasks(data), policies) if sim is not None else None
     return OfflineEvalReport(evals, truth, promotion_gate(evals))
 

@@ -62,6 +62,10 @@ class OPEConfig:
     switch_lambda: float = 10.0
     bandit_scope: str = "first_step"  # bandit rounds: each episode's first decision, or every decision
     max_unsupported_mass: float = 1e-3  # above this mean mass off the logged support: no number
+    # With a behaviour model (BC) the support is the behaviour policy's, not the sample's: an
+    # action is unsupported where the model gives it less than this probability. Without
+    # one, a (role, model) pair absent from the evaluated logs is unsupported.
+    min_behaviour_prob: float = 0.005
     feature_spec: FeatureSpec = FeatureSpec()
 
     def __post_init__(self) -> None:
@@ -359,16 +363,18 @@ class Support:
 def check_support(action_dist: np.ndarray, action: np.ndarray, pscore: np.ndarray, *,
                   role: np.ndarray | None = None, behaviour_probs: np.ndarray | None = None,
                   actions: tuple[str, ...] | None = None, policy_name: str = "policy",
-                  max_unsupported_mass: float = 1e-3) -> Support:
+                  max_unsupported_mass: float = 1e-3, min_behaviour_prob: float = 0.0) -> Support:
     """Does the logged data support the evaluation policy?
 
     An action ``a`` at decision ``i`` is unsupported when the behaviour policy could not
     (or, in these logs, did not) take it there:
 
-    * ``behaviour_probs[i, a] == 0`` when the behaviour policy's full distribution is given;
+    * ``behaviour_probs[i, a] <= min_behaviour_prob`` when the behaviour policy's full
+      distribution (or a model of it, e.g. BC) is given: the behaviour policy's support;
     * every ``a != a_i`` when the logged propensity is 1 (a deterministic behaviour, e.g.
       SAGE's static table without exploration);
-    * ``(role_i, a)`` never logged at all (with ``role``): nothing is known about it.
+    * without ``behaviour_probs``, ``(role_i, a)`` never logged at all (with ``role``):
+      nothing in the sample says the behaviour policy could take it.
 
     Importance weighting is blind to such mass (it is never sampled), so above
     ``max_unsupported_mass`` every estimate is withheld and ``reason`` says why.
@@ -379,11 +385,11 @@ def check_support(action_dist: np.ndarray, action: np.ndarray, pscore: np.ndarra
         behaviour_probs = np.asarray(behaviour_probs, dtype=np.float64)
         if behaviour_probs.shape != (n, k):
             raise ValueError(f"behaviour_probs has shape {behaviour_probs.shape}, expected {(n, k)}")
-        unsupported |= behaviour_probs <= 0.0
+        unsupported |= behaviour_probs <= min_behaviour_prob
     deterministic = pscore >= DETERMINISTIC_PSCORE
     unsupported[deterministic] = True
     unsupported[np.flatnonzero(deterministic), action[deterministic]] = False
-    if role is not None:
+    if role is not None and behaviour_probs is None:
         logged = np.zeros((int(role.max()) + 1, k), dtype=bool)
         logged[role, action] = True
         unsupported |= ~logged[role]
@@ -788,7 +794,8 @@ def evaluate_policy(data: LoggedData, policy: ActionProbs, config: OPEConfig = O
 
     support = check_support(pi, data.action, pscore, role=data.contexts.role, behaviour_probs=behaviour_probs,
                             actions=data.actions, policy_name=name,
-                            max_unsupported_mass=config.max_unsupported_mass)
+                            max_unsupported_mass=config.max_unsupported_mass,
+                            min_behaviour_prob=config.min_behaviour_prob)
     w = importance_weights(data.action, pscore, pi)
     rounds = lay.first_row if config.bandit_scope == "first_step" else np.arange(n)
     traj_w = np.cumprod(lay.grid(w, fill=1.0), axis=1)[:, -1]

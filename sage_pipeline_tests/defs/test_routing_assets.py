@@ -185,3 +185,22 @@ def test_logs_without_propensities_use_bc_estimates(tmp_path):
     report = json.loads((tmp_path / "reports" / "offline_eval.json").read_text())
     assert report["ground_truth"] is None
     assert report["propensities_estimated_by_bc"] == meta["propensities_estimated_by_bc"]
+
+
+def test_support_rule_is_a_config_choice(tmp_path):
+    """With support='behaviour' the support check is BC's model of the behaviour policy: every
+    policy of the small run is evaluated (the logged-pairs rule may withhold some); a rule
+    that does not exist is an error naming it."""
+    ops = {**SMALL["ops"],
+           "cql_policy": {"config": {**SMALL["ops"]["cql_policy"]["config"], "support": "behaviour"}},
+           "offline_eval": {"config": {**SMALL["ops"]["offline_eval"]["config"], "support": "behaviour"}}}
+    result = _run(tmp_path, {"ops": ops})
+    report = json.loads((tmp_path / "reports" / "offline_eval.json").read_text())
+    step = [r for r in report["summary"] if r["policy"] in ("static_table", "bc", "cql")]
+    assert step and all(r["no_support"] is None for r in step)
+    assert _metadata(result, "offline_eval")["ground_truth"] == "simulator"
+    bad = {"ops": {**ops, "offline_eval": {"config": {"support": "sample"}}}}
+    failed = _run(tmp_path, bad, raise_on_error=False)
+    assert not failed.success
+    err = str(failed.get_step_failure_events()[0].event_specific_data.error)
+    assert "support 'sample'" in err and "logged_pairs" in err

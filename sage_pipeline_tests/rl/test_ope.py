@@ -371,6 +371,23 @@ def test_support_check_with_the_behaviour_distribution() -> None:
     assert not tolerated.no_support
 
 
+def test_support_is_the_behaviour_models_when_one_is_given() -> None:
+    # Role 0 logged only model 0; the policy puts mass on model 1 there.
+    role, action, pscore = np.array([0, 0, 1]), np.array([0, 0, 1]), np.array([0.5, 0.5, 0.5])
+    pi = np.array([[0.2, 0.8], [0.2, 0.8], [0.0, 1.0]])
+    # From the sample alone: (role 0, model 1) was never logged, so nothing is known of it.
+    assert ope.check_support(pi, action, pscore, role=role).no_support
+    # A behaviour model that gives model 1 real probability in role 0: the behaviour policy
+    # could take it there (it just did not in this sample), so the estimate stands.
+    pb = np.array([[0.5, 0.5], [0.5, 0.5], [0.5, 0.5]])
+    sup = ope.check_support(pi, action, pscore, role=role, behaviour_probs=pb, min_behaviour_prob=0.005)
+    assert not sup.no_support
+    # A behaviour model that (almost) never takes it: unsupported, and the reason says so.
+    pb_rare = np.array([[0.999, 0.001], [0.999, 0.001], [0.5, 0.5]])
+    sup = ope.check_support(pi, action, pscore, role=role, behaviour_probs=pb_rare, min_behaviour_prob=0.005)
+    assert sup.no_support and "never took" in sup.reason
+
+
 def test_logged_data_errors_name_the_decision(sim: RoutingSimulator) -> None:
     _, data = logged(sim, 50, seed=1)
     uniform = policies(sim)["uniform"]
