@@ -31,6 +31,7 @@ import contextlib
 import json
 import os
 import queue
+import selectors
 import shutil
 import signal
 import subprocess
@@ -186,8 +187,6 @@ class _Worker:
         assert self.proc is not None and self.proc.stdout is not None
         fd = self.proc.stdout.fileno()
         deadline = time.monotonic() + timeout
-        import selectors
-
         with selectors.DefaultSelector() as sel:
             sel.register(fd, selectors.EVENT_READ)
             while b"\n" not in self._buf:

@@ -17,6 +17,8 @@ once.
 
 from __future__ import annotations
 
+import abc
+
 import hashlib
 import http.client
 import json
@@ -94,22 +96,26 @@ class CallLog:
                     "errors": len(self.errors), "by_purpose": by}
 
 
-class Backend:
-    """The interface of every backend. ``calls`` records what they cost."""
+class Backend(abc.ABC):
+    """The interface of every backend (simulated, OpenAI-compatible). ``calls`` records what
+    they cost."""
 
     name = "backend"
 
     def __init__(self) -> None:
         self.calls = CallLog()
 
+    @abc.abstractmethod
     def solve(self, task: TaskRecord, skill: str, memory: str) -> Reply:
-        raise NotImplementedError
+        """The backend's answer to ``task`` under the skill document and memory."""
 
+    @abc.abstractmethod
     def grade(self, task: TaskRecord, response: str) -> Reply:
-        raise NotImplementedError
+        """A rubric grade of ``response`` (reply text: JSON with a score in [0, 1])."""
 
+    @abc.abstractmethod
     def reflect(self, request: ReflectRequest) -> Reply:
-        raise NotImplementedError
+        """Proposed edits to the learned blocks (reply text: JSON)."""
 
     def describe(self) -> dict:
         return {"name": self.name}
