@@ -1,18 +1,20 @@
 """Offline chain quality over many seeds: does CQL beat the static table in ground truth,
 how wrong is DR, and do the 95% intervals cover the truth?
 
-For each seed, exactly what the assets do on embedded defaults: the collector writes
-5,000 simulated episodes (static table + epsilon 0.3), the ingest and the routing dataset
-build the train/eval split, CQL is trained for every default alpha and the alpha is
-chosen by OPE on the eval split (``offline_eval.train_select_cql``), then
-``run_offline_eval`` evaluates the static table, the uniform policy and CQL on the eval
-split and the simulator gives each one's exact value. Ground truth is only read here,
-after every choice is made.
+For each seed, exactly what the assets do on embedded defaults: the collector writes the
+default number of simulated episodes (static table + epsilon 0.3), the ingest and the
+routing dataset build the train/eval split, BC is trained on the train split, CQL is
+trained for every default alpha and the alpha is chosen by OPE on the eval split's select
+half (``offline_eval.train_select_cql``, the asset's default criterion), then
+``run_offline_eval`` evaluates the static table, BC, CQL and (as a stress test, far from
+the logs) the uniform policy on the report half, and the simulator gives each one's exact
+value. Ground truth is only read here, after every choice is made.
 
 Goals (issue 3): CQL regret closure >= 0.7; DR relative error <= 5%; 95% intervals cover
 the ground truth in at least 90% of 50 seeds.
 
-    .venv/bin/python benchmarks/offline_quality.py [--seeds 50] [--workers 2] [--episodes 5000]
+    .venv/bin/python benchmarks/offline_quality.py [--seeds 50] [--workers 2] [--episodes N]
+        [--criterion fqe|estimate|lower_bound] [--support logged_pairs|behaviour] [--eval-fraction F]
 
 Results: printed, and every seed's figures in ``benchmarks/.scratch/offline_quality.json``.
 """
@@ -34,14 +36,16 @@ sys.path.insert(0, str(ROOT))
 SCRATCH = ROOT / "benchmarks" / ".scratch"
 
 
-def run_seed(seed: int, episodes: int, criterion: str = "estimate", eval_fraction: float | None = None,
+def run_seed(seed: int, episodes: int, criterion: str = "fqe", eval_fraction: float | None = None,
              support: str = "logged_pairs") -> dict:
     import pyarrow.parquet as pq
 
-    from sage_pipeline.rl import cql, offline_eval as oe, ope
+    from sage_pipeline.rl import bc, cql, offline_eval as oe, ope
+    from sage_pipeline.rl.data import from_dataset
     from sage_pipeline.rl.policy import StaticTablePolicy, UniformPolicy
     from sage_pipeline.routing import collector, ingest
     from sage_pipeline.routing.catalogue import ModelCatalogue
+    from sage_pipeline.routing.features import FeatureSpec
     from sage_pipeline.routing.routing_dataset import DatasetConfig, build_routing_dataset
     from sage_pipeline.routing.simulator import RoutingSimulator
     from sage_pipeline.routing.table import RoutingTable
@@ -58,20 +62,16 @@ def run_seed(seed: int, episodes: int, criterion: str = "estimate", eval_fractio
         res = ingest.ingest(ingest.IngestConfig((tmp / "sessions",)), cat, tmp / "routing", progress=quiet)
         cfg = DatasetConfig() if eval_fraction is None else DatasetConfig(eval_fraction=eval_fraction)
         df = build_routing_dataset(pq.read_table(res.trajectories).to_pandas(), cat, tab, cfg)
-    behaviour = None
-    if support == "behaviour":  # BC on the train split as the behaviour model, as the assets do
-        from sage_pipeline.rl import bc
-        from sage_pipeline.rl.data import from_dataset
-        from sage_pipeline.routing.features import FeatureSpec
-
-        behaviour = bc.train_bc(from_dataset(df, cat).split_rows("train"), FeatureSpec(),
-                                bc.BCConfig(seed=seed), log=quiet).policy()
+    # BC on the train split, as the bc_policy asset; with --support behaviour it is also the
+    # behaviour model of the support rule, as in the assets
+    bc_policy = bc.train_bc(from_dataset(df, cat).split_rows("train"), FeatureSpec(), bc.BCConfig(seed=seed),
+                            log=quiet).policy()
+    behaviour = bc_policy if support == "behaviour" else None
     sel = oe.train_select_cql(df, cat, cql.CQLConfig(seed=seed), oe.DEFAULT_ALPHAS,
                               ope.OPEConfig(n_boot=300, seed=seed), criterion=criterion, progress=quiet,
                               behaviour=behaviour)
-    policies = {"static_table": StaticTablePolicy(tab, cat),
-                "uniform": UniformPolicy(cat.actions, cat.role_mask()),
-                "cql": sel.result.policy()}
+    policies = {"static_table": StaticTablePolicy(tab, cat), "bc": bc_policy, "cql": sel.result.policy(),
+                "uniform": UniformPolicy(cat.actions, cat.role_mask())}
     report = oe.run_offline_eval(oe.eval_part(df, "report"), policies, cat, ope.OPEConfig(n_boot=1000, seed=seed),
                                  sim=sim, progress=quiet, behaviour=behaviour)
     gt = report.truth.episode_value
@@ -87,7 +87,12 @@ def summarise(runs: list[dict]) -> dict:
     rc = [r["regret_closure"]["cql"] for r in runs]
     out = {"seeds": len(runs), "cql_regret_closure": {"mean": statistics.fmean(rc), "median": statistics.median(rc),
                                                       "min": min(rc), "share_ge_0.7": sum(x >= 0.7 for x in rc) / len(rc)},
-           "promoted_share": {p: sum(r["promoted"] == p for r in runs) / len(runs) for p in ("cql", "uniform", None)}}
+           "promoted_share": {p: sum(r["promoted"] == p for r in runs) / len(runs)
+                              for p in ("cql", "bc", "uniform", None)},
+           "alphas": {a: sum(r["alpha"] == a for r in runs) for a in sorted({r["alpha"] for r in runs})},
+           "wrong_promotions": sum(r["promoted"] is not None
+                                   and r["ground_truth"][r["promoted"]] <= r["ground_truth"]["static_table"]
+                                   for r in runs)}
     cells: dict[tuple[str, str], list[dict]] = {}
     for r in runs:
         for e in r["estimates"]:
@@ -109,17 +114,22 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=50)
     ap.add_argument("--first-seed", type=int, default=0)
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--episodes", type=int, default=5000)
-    ap.add_argument("--criterion", default="estimate", choices=("estimate", "lower_bound"),
-                    help="how OPE picks CQL's alpha (the cql_policy asset's default: estimate)")
+    ap.add_argument("--episodes", type=int, default=None, help="default: the collector's default")
+    ap.add_argument("--criterion", default="fqe", choices=("fqe", "estimate", "lower_bound"),
+                    help="how OPE picks CQL's alpha (the cql_policy asset's default: fqe)")
     ap.add_argument("--eval-fraction", type=float, default=None,
                     help="share of sessions in the eval split (default: the routing_dataset default)")
     ap.add_argument("--support", default="logged_pairs", choices=("logged_pairs", "behaviour"),
                     help="support rule: (role, model) pairs present in the evaluated logs, or the behaviour "
                          "policy's support as BC (trained on the train split) models it")
+    ap.add_argument("--out", default="offline_quality.json", help="file name under benchmarks/.scratch/")
     args = ap.parse_args()
     SCRATCH.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if args.episodes is None:
+        from sage_pipeline.routing.collector import CollectorConfig
+
+        args.episodes = CollectorConfig().episodes
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     t0 = time.perf_counter()
     runs = []
@@ -137,14 +147,15 @@ def main() -> None:
     rc = s["cql_regret_closure"]
     print(f"CQL regret closure: mean {rc['mean']:.3f}, median {rc['median']:.3f}, min {rc['min']:.3f}, "
           f">= 0.7 in {rc['share_ge_0.7']:.0%} of seeds (goal: >= 0.7)")
-    print(f"promoted: {s['promoted_share']}")
+    print(f"alphas chosen: {s['alphas']}")
+    print(f"promoted: {s['promoted_share']}; promoted but not truly better than the table: {s['wrong_promotions']}")
     print(f"\n{'policy/estimator':<26}{'scope':<10}{'coverage':>10}{'mean rel err':>14}{'max rel err':>13}")
     for k, v in s["estimators"].items():
         if v["coverage"] is None:
             print(f"{k:<26}{v['scope']:<10}{'no support':>10}")
             continue
         print(f"{k:<26}{v['scope']:<10}{v['coverage']:>10.0%}{v['mean_rel_error']:>14.2%}{v['max_rel_error']:>13.2%}")
-    out = SCRATCH / "offline_quality.json"
+    out = SCRATCH / args.out
     out.write_text(json.dumps({"args": vars(args), "summary": s, "runs": runs}, indent=1))
     print(f"\nresults: {out}")
 

@@ -60,8 +60,10 @@ class CQLPolicyConfig(dg.Config):
     mode: str = Field("multistep", description="'multistep' (episodes, double-DQN target) or 'bandit' (one decision)")
     alphas: list[float] = Field(list(oe.DEFAULT_ALPHAS), description="conservative weights tried in one batched "
                                 "run; OPE on the eval split keeps one (see selection)")
-    selection: str = Field("estimate", description="'estimate': the best step-wise DR estimate on the eval split; "
-                           "'lower_bound': the best lower bound of its interval (favours policies near the logs)")
+    selection: str = Field("fqe", description="how OPE on the eval split's select half ranks the alphas: 'fqe' "
+                           "(default): the best fitted-Q evaluation estimate; 'estimate': the best step-wise DR "
+                           "estimate; 'lower_bound': the best lower bound of its interval (favours policies near "
+                           "the logs). See docs/benchmarks.md for how they compare")
     steps: int = Field(2000, description="gradient steps")
     n_critics: int = 2
     seed: int = 0
@@ -73,8 +75,8 @@ class CQLPolicyConfig(dg.Config):
 
 @dg.asset(group_name=GROUP, deps=[routing_dataset, reward_report, bc_policy], kinds={"pytorch"},
           description="Discrete conservative Q-learning (CQL) on the train split, bandit or multi-step; "
-                      "alpha chosen on the eval split by OPE (step-wise DR; BC's propensities where the "
-                      "logs have none), never by simulator ground truth. Checkpoint in checkpoints/cql/.")
+                      "alpha chosen on the eval split by OPE (fitted-Q evaluation by default; BC's "
+                      "propensities where the logs have none), never by simulator ground truth. Checkpoint in checkpoints/cql/.")
 def cql_policy(context: dg.AssetExecutionContext, config: CQLPolicyConfig, sage: SageResource) -> dg.MaterializeResult:
     path, df = _dataset(sage)
     bc_model = load_policy(sage.path("checkpoints", "bc"), FeatureSpec(), sage.catalogue.actions)

@@ -22,7 +22,9 @@ GROUP = "offline_routing"
 
 
 class SyntheticSessionsConfig(dg.Config):
-    episodes: int = Field(5000, description="episodes (tasks) to simulate")
+    episodes: int = Field(collector.CollectorConfig().episodes,
+                          description="episodes (tasks) to simulate; the default gives OPE enough eval "
+                                      "sessions to rank and estimate policies (docs/benchmarks.md)")
     seed: int = Field(0, description="random seed of the simulator and the collector")
     epsilon: float = Field(0.3, description="exploration rate over each role's candidate models")
     max_attempts: int = Field(4, description="attempts per task before the episode ends")

@@ -30,7 +30,10 @@ MANIFEST = "simulator.json"
 
 @dataclass(frozen=True)
 class CollectorConfig:
-    episodes: int = 5000
+    # 20,000 episodes (5,000 sessions): the eval split's two halves then hold ~2,000 tasks each,
+    # which OPE needs to rank CQL's alphas and to estimate a greedy policy within a few percent;
+    # at 5,000 it could do neither reliably (docs/benchmarks.md, "Offline chain quality")
+    episodes: int = 20_000
     seed: int = 0
     epsilon: float = 0.3
     sessions_per_file: int = 250

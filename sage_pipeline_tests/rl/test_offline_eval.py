@@ -83,3 +83,62 @@ def test_eval_parts_split_eval_sessions_in_two_stable_disjoint_halves():
     assert set(again["session_id"]) == set(sel["session_id"])
     with pytest.raises(ValueError, match="part must be 'select' or 'report'"):
         oe.eval_part(df, "test")
+
+
+@pytest.fixture(scope="module")
+def logged_frame(tmp_path_factory):
+    import pyarrow.parquet as pq
+
+    from sage_pipeline.routing.catalogue import ModelCatalogue
+    from sage_pipeline.routing.collector import CollectorConfig, collect
+    from sage_pipeline.routing.ingest import IngestConfig, ingest
+    from sage_pipeline.routing.routing_dataset import DatasetConfig, build_routing_dataset
+    from sage_pipeline.routing.simulator import RoutingSimulator
+    from sage_pipeline.routing.table import RoutingTable
+
+    tmp = tmp_path_factory.mktemp("logged")
+    cat = ModelCatalogue.load()
+    tab = RoutingTable.load(catalogue=cat)
+    sim = RoutingSimulator(cat, tab)
+    collect(sim, tmp / "sessions", CollectorConfig(episodes=4000, seed=5), progress=lambda s: None)
+    traj = ingest(IngestConfig((tmp / "sessions",)), cat, tmp / "routing")
+    df = build_routing_dataset(pq.read_table(traj.trajectories).to_pandas(), cat, tab, DatasetConfig(eval_fraction=0.5))
+    return sim, df
+
+
+def test_selection_by_ope_ranks_by_the_criterion_and_never_reads_ground_truth(logged_frame):
+    from sage_pipeline.rl.policy import StaticTablePolicy, UniformPolicy
+
+    sim, df = logged_frame
+    cat = sim.catalogue
+    cands = {"static": StaticTablePolicy(sim.table, cat), "uniform": UniformPolicy(cat.actions, cat.role_mask()),
+             "oracle": sim.oracle_policy()}
+    select = oe.eval_part(df, "select")
+    cfg = ope.OPEConfig(n_boot=100)
+    for criterion in oe.SELECTION_CRITERIA:
+        best, evals = oe.select_by_ope(cands, select, cat, cfg, criterion, progress=lambda s: None)
+        key = oe.SELECTION_ESTIMATOR[criterion]
+        scores = {n: (e.estimates[key].ci_low if criterion == "lower_bound" else e.estimates[key].value)
+                  for n, e in evals.items()}
+        assert best == max(scores, key=scores.get), (criterion, scores)
+    # the oracle is clearly the best and the uniform policy the worst: FQE ranks all three right
+    best, evals = oe.select_by_ope(cands, select, cat, cfg, "fqe", progress=lambda s: None)
+    fqe = {n: e.estimates["fqe"].value for n, e in evals.items()}
+    truth = {n: sim.policy_value(p, oe.eval_tasks(ope.LoggedData.from_frame(select, cat.actions))).mean
+             for n, p in cands.items()}
+    assert best == "oracle" and sorted(fqe, key=fqe.get) == sorted(truth, key=truth.get)
+    with pytest.raises(ValueError, match="criterion must be one of"):
+        oe.select_by_ope(cands, select, cat, cfg, "truth")
+
+
+def test_train_select_cql_keeps_the_alpha_ope_prefers_and_tables_every_alpha(logged_frame):
+    from sage_pipeline.rl import cql
+
+    sim, df = logged_frame
+    sel = oe.train_select_cql(df, sim.catalogue, cql.CQLConfig(steps=300), (0.01, 3.0),
+                              ope.OPEConfig(n_boot=50), progress=lambda s: None)
+    rows = {r["alpha"]: r for r in sel.table}
+    assert set(rows) == {"alpha=0.01", "alpha=3"} and sum(r["chosen"] for r in rows.values()) == 1
+    assert rows[sel.label]["fqe"] == max(r["fqe"] for r in rows.values())
+    assert sel.result.config.alpha == float(sel.label.split("=")[1])
+    assert sel.how == "fqe estimate on the eval split's select part"

@@ -301,6 +301,19 @@ def test_episode_estimators_recover_the_exact_policy_value(sim: RoutingSimulator
     # the fitted-Q baseline buys variance: step-wise DR is tighter than PDIS
     assert ev.estimates["step_dr"].se < ev.estimates["pdis"].se
     assert ev.value == ev.estimates["step_dr"].value
+    # FQE (no weights) is tighter still, and near the truth: its model is close on these policies
+    f = ev.estimates["fqe"]
+    assert f.scope == "episode" and f.se < ev.estimates["step_dr"].se
+    assert abs(f.value - truth) < 0.02, (f.value, truth)
+
+
+def test_fqe_is_the_mean_of_the_first_steps_fitted_value() -> None:
+    # two episodes (rows given out of order): e1 = rows 2, 0; e2 = row 1
+    v_hat = np.array([5.0, 0.4, 0.8])
+    est = ope.fqe(v_hat, np.array(["e1", "e2", "e1"]), np.array([1, 0, 0]))
+    assert est.value == pytest.approx((0.8 + 0.4) / 2) and sorted(est.round_rewards) == [0.4, 0.8]
+    with pytest.raises(ValueError, match="v_hat"):
+        ope.fqe(np.array([np.nan, 0.4, 0.8]), np.array(["e1", "e2", "e1"]), np.array([1, 0, 0]))
 
 
 def test_evaluation_diagnostics(multistep) -> None:
@@ -436,6 +449,7 @@ def test_evaluate_policy_on_the_routing_dataset(tmp_path) -> None:
     for est in ("pdis", "step_dr"):
         e = ev.estimates[est]
         assert abs(e.value - truth) < 4 * e.se, (est, e, truth)
+    assert abs(ev.estimates["fqe"].value - truth) < 0.03
 
 
 def test_module_imports_only_numpy_and_the_routing_core() -> None:
