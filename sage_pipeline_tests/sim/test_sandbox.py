@@ -113,8 +113,12 @@ def test_containers_are_removed_when_the_run_fails(docker_ready):
 def test_containers_are_removed_on_interrupt(docker_ready, tmp_path, sig):
     label = f"test-{uuid.uuid4().hex[:8]}"
     script = tmp_path / "interrupted.py"
+    # the child takes signals as an interactive process does, whatever its parent ignores: a
+    # shell without job control starts background commands with SIGINT ignored
     script.write_text(textwrap.dedent(f"""
-        import sys
+        import signal, sys
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         from sage_pipeline.sim.sandbox import open_sandbox
         from sage_pipeline.sim.schema import ExecJob
         hang = ExecJob("def f():\\n    while True:\\n        pass\\n", "f", [{{"args": [], "expected": 0}}], 60.0)
