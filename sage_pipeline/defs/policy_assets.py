@@ -91,6 +91,7 @@ def cql_policy(context: dg.AssetExecutionContext, config: CQLPolicyConfig, sage:
     return dg.MaterializeResult(metadata={
         "path": dg.MetadataValue.path(str(ck)), "mode": config.mode, "alpha": chosen.config.alpha,
         "selected_by": how, "propensities_estimated_by_bc": n_estimated,
+        "select_episodes": sel.n_episodes, "sample_size_warning": sel.warning or "none",
         "alpha_selection": dg.MetadataValue.md(
             f"Chosen by {how}. These estimates are optimistic for the winner (it was chosen on "
             "them); offline_eval re-estimates every policy on the eval split's other half.\n\n"
@@ -138,6 +139,7 @@ def offline_eval(context: dg.AssetExecutionContext, config: OfflineEvalConfig, s
         "promotion": report.gate.reason, "promoted": report.gate.promoted or "none",
         "promoted_path": dg.MetadataValue.path(str(promoted)) if promoted else "none",
         "ground_truth": "simulator" if sim is not None else "none (not simulated data)",
+        "sample_size_warning": report.warning or "none",
         "propensities_estimated_by_bc": n_estimated,
         "path": dg.MetadataValue.path(str(out)),
     })

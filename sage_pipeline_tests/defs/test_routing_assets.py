@@ -152,6 +152,10 @@ def test_policies_and_offline_eval_with_gate(chain):
         assert gate["reason"].startswith("no policy promoted") and not promoted.exists()
     cql_meta = _metadata(result, "cql_policy")
     assert "on the eval split" in cql_meta["selected_by"]
+    # 600 episodes leave a few dozen per eval half: both assets say the numbers are not to be trusted
+    assert 0 < cql_meta["select_episodes"] < 1000
+    assert f"select half has {cql_meta['select_episodes']} episodes" in cql_meta["sample_size_warning"]
+    assert "report half has" in meta["sample_size_warning"] and report["sample_size_warning"] == meta["sample_size_warning"]
 
 
 def test_logs_without_propensities_use_bc_estimates(tmp_path):

@@ -142,3 +142,13 @@ def test_train_select_cql_keeps_the_alpha_ope_prefers_and_tables_every_alpha(log
     assert rows[sel.label]["fqe"] == max(r["fqe"] for r in rows.values())
     assert sel.result.config.alpha == float(sel.label.split("=")[1])
     assert sel.how == "fqe estimate on the eval split's select part"
+    select = oe.eval_part(df, "select")
+    assert sel.n_episodes == select["episode_id"].nunique()
+    assert (sel.warning is None) == (sel.n_episodes >= oe.MIN_RELIABLE_EPISODES)
+
+
+def test_sample_size_warning_names_the_count_and_what_to_do():
+    assert oe.sample_size_warning(oe.MIN_RELIABLE_EPISODES, "report") is None
+    w = oe.sample_size_warning(480, "select")
+    assert "select half has 480 episodes" in w and "alpha chosen" in w and "eval_fraction" in w
+    assert "estimates" in oe.sample_size_warning(10, "report")
