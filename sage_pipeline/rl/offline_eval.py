@@ -190,8 +190,8 @@ def select_by_ope(candidates: dict[str, object], df_eval: pd.DataFrame, catalogu
     DR's interval (favours policies close to the logs). FQE is the default because it ranks
     far better: candidates that differ in a few decisions get nearly the same DR estimate up
     to importance-weight noise several times their true difference, while FQE, with no
-    weights, keeps their difference (as Paine et al. 2020 found for offline-RL
-    hyperparameters; measured in docs/benchmarks.md). Its model's bias hurts a ranking only
+    weights, keeps their difference (measured in docs/benchmarks.md; Paine et al. 2020 also
+    rank offline-RL hyperparameters by fitted-Q evaluation). Its model's bias hurts a ranking only
     where it differs between candidates; the estimates that are reported and gated stay
     step-wise DR's, which is unbiased whatever the model.
     ``None`` when no candidate has support in the eval rows (each evaluation says why).
