@@ -109,8 +109,8 @@ class OfflineEvalConfig(dg.Config):
 @dg.asset(group_name=GROUP, deps=[bc_policy, cql_policy], kinds={"python", "json"},
           description="Off-policy evaluation of the static table, BC and CQL on the eval split's report half "
                       "(the half CQL's alpha was not chosen on): IPS, SNIPS, "
-                      "DM, DR, SNDR, Switch-DR, PDIS and step-wise DR with 95% bootstrap intervals, ESS and "
-                      "support; ground truth and regret closure when the data is simulated. Promotion gate: "
+                      "DM, DR, SNDR, Switch-DR, PDIS, step-wise DR and FQE with 95% bootstrap intervals, ESS and "
+                      "support; a warning when a half is too small to trust; ground truth and regret closure when the data is simulated. Promotion gate: "
                       "a policy goes to checkpoints/promoted/ only if its DR lower bound beats the table's DR.")
 def offline_eval(context: dg.AssetExecutionContext, config: OfflineEvalConfig, sage: SageResource) -> dg.MaterializeResult:
     path, df = _dataset(sage)

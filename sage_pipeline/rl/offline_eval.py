@@ -275,7 +275,7 @@ def train_select_cql(df: pd.DataFrame, catalogue: ModelCatalogue, config, alphas
               "ci_low": e.estimates[GATE_ESTIMATOR].ci_low, "ci_high": e.estimates[GATE_ESTIMATOR].ci_high,
               "ess_episodes": e.ess_episode, "no_support": e.no_support_reason, "chosen": n == best}
              for n, e in evals.items()]
-    n_episodes = int(next(iter(evals.values())).n_episodes) if evals else 0
+    n_episodes = next(iter(evals.values())).n_episodes if evals else 0
     warning = sample_size_warning(n_episodes, "select")
     if warning:
         progress(f"WARNING: {warning}")
@@ -346,7 +346,7 @@ def run_offline_eval(df_eval: pd.DataFrame, policies: dict[str, object], catalog
     data = ope.LoggedData.from_frame(df_eval, catalogue.actions)
     evals = _evaluate_all(policies, data, config, behaviour, progress)
     truth = ground_truth(sim, eval_tasks(data), policies) if sim is not None else None
-    warning = sample_size_warning(int(np.unique(data.episode_id).size), "report")
+    warning = sample_size_warning(evals[STATIC].n_episodes, "report")
     if warning:
         progress(f"WARNING: {warning}")
     return OfflineEvalReport(evals, truth, promotion_gate(evals), warning)
