@@ -169,7 +169,7 @@ def make_data(episodes: int, seed: int):
     from sage_pipeline.routing.table import RoutingTable
 
     cat = ModelCatalogue.load()
-    tab = RoutingTable.load(catalogue=cat)
+    tab = RoutingTable.load()
     work = WORK / f"ep{episodes}_seed{seed}"
 
     def quiet(_: str) -> None:
@@ -178,7 +178,7 @@ def make_data(episodes: int, seed: int):
     res = collect(RoutingSimulator(cat, tab), work / "logs", CollectorConfig(episodes=episodes, seed=seed),
                   progress=quiet)
     ing = ingest.ingest(ingest.IngestConfig((work / "logs",)), cat, work / "routing", progress=quiet)
-    df = build_routing_dataset(pq.read_table(ing.trajectories).to_pandas(), cat, tab)
+    df = build_routing_dataset(pq.read_table(ing.trajectories).to_pandas(), tab, cat).frame
     data = from_dataset(df, cat)
     sim = simulator_from_manifest(res.manifest, cat, tab, RewardSpec())
     return cat, tab, sim, data

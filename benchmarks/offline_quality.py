@@ -13,8 +13,18 @@ value. Ground truth is only read here, after every choice is made.
 Goals (issue 3): CQL regret closure >= 0.7; DR relative error <= 5%; 95% intervals cover
 the ground truth in at least 90% of 50 seeds.
 
+``--action-space sage_binary`` measures what SAGE's router would run: the collector explores
+only each role's primary and fallback, BC and CQL learn in that space, each is distilled
+into per-role classifiers served behind SAGE's confidence floor (chosen by OPE on the
+select half) with the YAML fallback (``offline_eval.distill_select_served``), and the
+report, the ground truth and the gate judge those served composites, against the best
+binary policy (the simulator's exact optimum restricted to primary/fallback) as the
+oracle. Goals (issue 13): the served composite closes >= 0.6 of the regret; step-wise DR
+within 5% in >= 90% of seeds; no wrong promotion.
+
     .venv/bin/python benchmarks/offline_quality.py [--seeds 50] [--workers 2] [--episodes N]
         [--criterion fqe|estimate|lower_bound] [--support logged_pairs|behaviour] [--eval-fraction F]
+        [--action-space multi_model|sage_binary]
 
 Results: printed, and every seed's figures in ``benchmarks/.scratch/offline_quality.json``.
 """
@@ -37,7 +47,7 @@ SCRATCH = ROOT / "benchmarks" / ".scratch"
 
 
 def run_seed(seed: int, episodes: int, criterion: str = "fqe", eval_fraction: float | None = None,
-             support: str = "logged_pairs") -> dict:
+             support: str = "logged_pairs", action_space: str = "multi_model") -> dict:
     import pyarrow.parquet as pq
 
     from sage_pipeline.rl import bc, cql, offline_eval as oe, ope
@@ -53,42 +63,59 @@ def run_seed(seed: int, episodes: int, criterion: str = "fqe", eval_fraction: fl
     t0 = time.perf_counter()
     quiet = lambda *_: None  # noqa: E731
     cat = ModelCatalogue.load()
-    tab = RoutingTable.load(catalogue=cat)
+    tab = RoutingTable.load()
     sim = RoutingSimulator(cat, tab)
     with tempfile.TemporaryDirectory(dir=SCRATCH) as tmp:
         tmp = Path(tmp)
-        collector.collect(sim, tmp / "sessions", collector.CollectorConfig(episodes=episodes, seed=seed),
-                          progress=quiet)
-        res = ingest.ingest(ingest.IngestConfig((tmp / "sessions",)), cat, tmp / "routing", progress=quiet)
+        collector.collect(sim, tmp / "sessions", collector.CollectorConfig(episodes=episodes, seed=seed,
+                                                                          action_space=action_space), progress=quiet)
+        res = ingest.ingest(ingest.IngestConfig((tmp / "sessions",)), tmp / "routing", progress=quiet)
         cfg = DatasetConfig() if eval_fraction is None else DatasetConfig(eval_fraction=eval_fraction)
-        df = build_routing_dataset(pq.read_table(res.trajectories).to_pandas(), cat, tab, cfg)
+        built = build_routing_dataset(pq.read_table(res.trajectories).to_pandas(), tab, cat, cfg,
+                                      pq.read_table(res.routing_decisions).to_pandas(),
+                                      pq.read_table(res.token_usage).to_pandas())
+    df, space = built.frame, built.space.of(action_space)
+    spec = FeatureSpec(roles=space.roles)
     # BC on the train split, as the bc_policy asset; with --support behaviour it is also the
     # behaviour model of the support rule, as in the assets
-    bc_policy = bc.train_bc(from_dataset(df, cat).split_rows("train"), FeatureSpec(), bc.BCConfig(seed=seed),
-                            log=quiet).policy()
+    bc_policy = bc.train_bc(from_dataset(df, space).split_rows("train").restrict(space), spec,
+                            bc.BCConfig(seed=seed), log=quiet).policy()
     behaviour = bc_policy if support == "behaviour" else None
-    sel = oe.train_select_cql(df, cat, cql.CQLConfig(seed=seed), oe.DEFAULT_ALPHAS,
+    sel = oe.train_select_cql(df, space, cql.CQLConfig(seed=seed), oe.DEFAULT_ALPHAS,
                               ope.OPEConfig(n_boot=300, seed=seed), criterion=criterion, progress=quiet,
                               behaviour=behaviour)
-    policies = {"static_table": StaticTablePolicy(tab, cat), "bc": bc_policy, "cql": sel.result.policy(),
-                "uniform": UniformPolicy(cat.actions, cat.role_mask())}
-    report = oe.run_offline_eval(oe.eval_part(df, "report"), policies, cat, ope.OPEConfig(n_boot=1000, seed=seed),
-                                 sim=sim, progress=quiet, behaviour=behaviour)
+    policies = {"static_table": StaticTablePolicy(tab, space), "bc": bc_policy, "cql": sel.result.policy(),
+                "uniform": UniformPolicy(space.actions, space.role_mask())}
+    extra, candidates, oracle, subject = {}, None, None, "cql"
+    if action_space == "sage_binary":
+        served = {f"{k}_served": oe.distill_select_served(df, space, tab, policies[k], k,
+                                                          ope_config=ope.OPEConfig(n_boot=300, seed=seed),
+                                                          criterion=criterion, progress=quiet, behaviour=behaviour)
+                  for k in ("bc", "cql")}
+        policies |= {n: s.policy for n, s in served.items()}
+        candidates, oracle, subject = tuple(served), sim.oracle_policy(space.mask), "cql_served"
+        extra = {"min_confidence": {n: s.policy.min_confidence for n, s in served.items()},
+                 "agreement_eval": {n: s.agreement_eval for n, s in served.items()}}
+    report = oe.run_offline_eval(oe.eval_part(df, "report"), policies, space, ope.OPEConfig(n_boot=1000, seed=seed),
+                                 sim=sim, progress=quiet, behaviour=behaviour, oracle=oracle, candidates=candidates)
     gt = report.truth.episode_value
     return {
         "seed": seed, "seconds": time.perf_counter() - t0, "alpha": sel.label, "selected_by": sel.how,
-        "ground_truth": gt,
+        "action_space": action_space, "subject": subject, "ground_truth": gt,
         "regret_closure": {p: oe.regret_closure(gt[p], gt["static_table"], gt["oracle"]) for p in policies},
-        "estimates": report.rows(), "promoted": report.gate.promoted, "gate": report.gate.reason,
+        "estimates": report.rows(), "promoted": report.gate.promoted, "gate": report.gate.reason, **extra,
     }
 
 
 def summarise(runs: list[dict]) -> dict:
-    rc = [r["regret_closure"]["cql"] for r in runs]
-    out = {"seeds": len(runs), "cql_regret_closure": {"mean": statistics.fmean(rc), "median": statistics.median(rc),
-                                                      "min": min(rc), "share_ge_0.7": sum(x >= 0.7 for x in rc) / len(rc)},
-           "promoted_share": {p: sum(r["promoted"] == p for r in runs) / len(runs)
-                              for p in ("cql", "bc", "uniform", None)},
+    subject = runs[0]["subject"]
+    rc = [r["regret_closure"][subject] for r in runs]
+    out = {"seeds": len(runs), "subject": subject,
+           "regret_closure": {"mean": statistics.fmean(rc), "median": statistics.median(rc), "min": min(rc),
+                              "share_ge_0.7": sum(x >= 0.7 for x in rc) / len(rc),
+                              "share_ge_0.6": sum(x >= 0.6 for x in rc) / len(rc)},
+           "promoted_share": {str(p): sum(r["promoted"] == p for r in runs) / len(runs)
+                              for p in sorted({r["promoted"] for r in runs}, key=str)},
            "alphas": {a: sum(r["alpha"] == a for r in runs) for a in sorted({r["alpha"] for r in runs})},
            "wrong_promotions": sum(r["promoted"] is not None
                                    and r["ground_truth"][r["promoted"]] <= r["ground_truth"]["static_table"]
@@ -105,6 +132,7 @@ def summarise(runs: list[dict]) -> dict:
             "coverage": sum(bool(e["covered"]) for e in ok) / len(ok) if ok else None,
             "mean_rel_error": statistics.fmean(e["relative_error"] for e in ok) if ok else None,
             "max_rel_error": max(e["relative_error"] for e in ok) if ok else None,
+            "share_within_5pct": sum(e["relative_error"] <= 0.05 for e in ok) / len(ok) if ok else None,
         }
     return out
 
@@ -122,7 +150,11 @@ def main() -> None:
     ap.add_argument("--support", default="logged_pairs", choices=("logged_pairs", "behaviour"),
                     help="support rule: (role, model) pairs present in the evaluated logs, or the behaviour "
                          "policy's support as BC (trained on the train split) models it")
-    ap.add_argument("--out", default="offline_quality.json", help="file name under benchmarks/.scratch/")
+    ap.add_argument("--action-space", default="multi_model", choices=("multi_model", "sage_binary"),
+                    help="sage_binary: SAGE's primary/fallback space, judged as served (distilled classifiers, "
+                         "confidence floor, YAML fallback) against the best binary policy")
+    ap.add_argument("--out", default=None, help="file name under benchmarks/.scratch/ "
+                    "(default offline_quality[_sage_binary].json)")
     args = ap.parse_args()
     SCRATCH.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -136,26 +168,30 @@ def main() -> None:
     with ProcessPoolExecutor(args.workers) as pool:
         n = len(seeds)
         for r in pool.map(run_seed, seeds, [args.episodes] * n, [args.criterion] * n, [args.eval_fraction] * n,
-                          [args.support] * n):
+                          [args.support] * n, [args.action_space] * n):
             runs.append(r)
-            print(f"seed {r['seed']:3d}: cql {r['alpha']:<10} regret closure {r['regret_closure']['cql']:.3f}  "
-                  f"truth static {r['ground_truth']['static_table']:.4f} cql {r['ground_truth']['cql']:.4f} "
-                  f"oracle {r['ground_truth']['oracle']:.4f}  promoted {r['promoted']}  ({r['seconds']:.0f}s)",
-                  flush=True)
+            subj = r["subject"]
+            print(f"seed {r['seed']:3d}: cql {r['alpha']:<10} {subj} regret closure {r['regret_closure'][subj]:.3f}  "
+                  f"truth static {r['ground_truth']['static_table']:.4f} {subj} {r['ground_truth'][subj]:.4f} "
+                  f"oracle {r['ground_truth']['oracle']:.4f}  promoted {r['promoted']}  ({r['seconds']:.0f}s)"
+                  + (f"  floors {r['min_confidence']}" if "min_confidence" in r else ""), flush=True)
     s = summarise(runs)
-    print(f"\n{s['seeds']} seeds in {time.perf_counter() - t0:.0f}s")
-    rc = s["cql_regret_closure"]
-    print(f"CQL regret closure: mean {rc['mean']:.3f}, median {rc['median']:.3f}, min {rc['min']:.3f}, "
-          f">= 0.7 in {rc['share_ge_0.7']:.0%} of seeds (goal: >= 0.7)")
+    print(f"\n{s['seeds']} seeds in {time.perf_counter() - t0:.0f}s ({args.action_space})")
+    rc = s["regret_closure"]
+    print(f"{s['subject']} regret closure: mean {rc['mean']:.3f}, median {rc['median']:.3f}, min {rc['min']:.3f}, "
+          f">= 0.7 in {rc['share_ge_0.7']:.0%}, >= 0.6 in {rc['share_ge_0.6']:.0%} of seeds")
     print(f"alphas chosen: {s['alphas']}")
     print(f"promoted: {s['promoted_share']}; promoted but not truly better than the table: {s['wrong_promotions']}")
-    print(f"\n{'policy/estimator':<26}{'scope':<10}{'coverage':>10}{'mean rel err':>14}{'max rel err':>13}")
+    print(f"\n{'policy/estimator':<30}{'scope':<10}{'coverage':>10}{'mean rel err':>14}{'max rel err':>13}"
+          f"{'<=5%':>7}")
     for k, v in s["estimators"].items():
         if v["coverage"] is None:
-            print(f"{k:<26}{v['scope']:<10}{'no support':>10}")
+            print(f"{k:<30}{v['scope']:<10}{'no support':>10}")
             continue
-        print(f"{k:<26}{v['scope']:<10}{v['coverage']:>10.0%}{v['mean_rel_error']:>14.2%}{v['max_rel_error']:>13.2%}")
-    out = SCRATCH / args.out
+        print(f"{k:<30}{v['scope']:<10}{v['coverage']:>10.0%}{v['mean_rel_error']:>14.2%}{v['max_rel_error']:>13.2%}"
+              f"{v['share_within_5pct']:>7.0%}")
+    out = SCRATCH / (args.out or ("offline_quality.json" if args.action_space == "multi_model"
+                                  else f"offline_quality_{args.action_space}.json"))
     out.write_text(json.dumps({"args": vars(args), "summary": s, "runs": runs}, indent=1))
     print(f"\nresults: {out}")
 

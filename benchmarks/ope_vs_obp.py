@@ -101,7 +101,7 @@ def make_inputs(episodes: int, seed: int) -> dict[str, np.ndarray]:
     from sage_pipeline.routing.table import RoutingTable
 
     cat = ModelCatalogue.load()
-    sim = RoutingSimulator(cat, RoutingTable.load(catalogue=cat))
+    sim = RoutingSimulator(cat, RoutingTable.load())
     rng = np.random.default_rng(seed)
     tasks = sim.sample_tasks(episodes, rng)
     static = StaticTablePolicy(sim.table, cat)

@@ -61,7 +61,7 @@ SCRATCH = ROOT / "benchmarks" / ".scratch"
 
 def load_sim(data_dir: Path) -> tuple[CodeTaskSim, str]:
     cat = ModelCatalogue.load()
-    table = RoutingTable.load(catalogue=cat)
+    table = RoutingTable.load()
     tasks_file, shards = data_dir / "sim" / "tasks.jsonl", data_dir / "sim" / "rollouts"
     if tasks_file.is_file() and shards.is_dir() and any(shards.glob("shard-*.parquet")):
         return CodeTaskSim.build(read_tasks(tasks_file), read_rollouts(shards), cat, table), f"{tasks_file} + {shards}"

@@ -18,12 +18,13 @@ from sage_pipeline.defs.sleep_assets import sleep_defs
 
 ROUTING_ASSETS = [routing_assets.synthetic_sessions, routing_assets.trajectories,
                   routing_assets.routing_dataset, routing_assets.reward_report,
-                  policy_assets.bc_policy, policy_assets.cql_policy, policy_assets.offline_eval]
+                  policy_assets.bc_policy, policy_assets.cql_policy, policy_assets.offline_eval,
+                  policy_assets.sage_router_checkpoint]
 
 offline_routing_job = dg.define_asset_job(
     "offline_routing", selection=dg.AssetSelection.groups(routing_assets.GROUP),
     description="The offline routing chain: logs -> trajectories -> routing_dataset -> reward_report "
-                "-> bc_policy, cql_policy -> offline_eval (with the promotion gate).")
+                "-> bc_policy, cql_policy -> offline_eval (with the promotion gate) -> sage_router_checkpoint.")
 
 offline_routing_defs = dg.Definitions(
     assets=ROUTING_ASSETS,

@@ -20,7 +20,7 @@ def catalogue() -> ModelCatalogue:
 
 @pytest.fixture(scope="session")
 def table(catalogue) -> RoutingTable:
-    return RoutingTable.load(catalogue=catalogue)
+    return RoutingTable.load()
 
 
 @pytest.fixture(scope="session")

@@ -8,11 +8,12 @@ from pydantic import Field
 from sage_pipeline import artifacts, markdown
 from sage_pipeline.defs.resources import SageResource
 from sage_pipeline.defs.routing_assets import GROUP, reward_report, routing_dataset
-from sage_pipeline.rl import bc, cql, offline_eval as oe, ope
+from sage_pipeline.rl import bc, cql, offline_eval as oe, ope, sage_router
 from sage_pipeline.rl.checkpoint import load_policy
 from sage_pipeline.rl.data import from_dataset
 from sage_pipeline.rl.policy import StaticTablePolicy
 from sage_pipeline.routing import routing_dataset as rd
+from sage_pipeline.routing.action_space import FILE_NAME as ACTION_SPACE_FILE, SPACES, ActionSpace
 from sage_pipeline.routing.features import FeatureSpec
 from sage_pipeline.routing.reward import RewardSpec
 
@@ -22,6 +23,24 @@ def _dataset(sage: SageResource):
     return path, rd.read_routing_dataset(path)
 
 
+def _space(sage: SageResource, name: str = "multi_model") -> ActionSpace:
+    """The action space routing_dataset built (roles from the table, models from table and logs)."""
+    return ActionSpace.load(sage.path("routing", ACTION_SPACE_FILE), name)
+
+
+def _checkpoint_dir(sage: SageResource, kind: str, space: str):
+    """checkpoints/<kind>/ for the multi-model space, checkpoints/<kind>_sage_binary/ for SAGE's."""
+    return sage.path("checkpoints", kind if space == "multi_model" else f"{kind}_{space}")
+
+
+def _check_spaces(spaces: list[str]) -> list[str]:
+    bad = [s for s in spaces if s not in SPACES]
+    if bad or "multi_model" not in spaces:
+        raise ValueError(f"action_spaces {spaces}: list 'multi_model' (BC's behaviour model, OPE's propensities) "
+                         f"and optionally 'sage_binary'; unknown: {bad}")
+    return list(dict.fromkeys(spaces))
+
+
 def _behaviour(support: str, bc_model):
     """The behaviour model OPE's support check uses, or None for the logged-pairs rule."""
     if support not in oe.SUPPORT_RULES:
@@ -29,7 +48,12 @@ def _behaviour(support: str, bc_model):
     return bc_model if support == "behaviour" else None
 
 
+SPACES_FIELD = Field(list(SPACES), description="action spaces to train: 'multi_model' (any logged model per "
+                     "role) and 'sage_binary' (the table's primary or fallback, what SAGE's router executes)")
+
+
 class BCPolicyConfig(dg.Config):
+    action_spaces: list[str] = SPACES_FIELD
     epochs: int = Field(100, description="maximum training epochs (early stopping on held-out train sessions)")
     hidden: list[int] = Field([64, 64], description="hidden layer sizes")
     seed: int = 0
@@ -37,26 +61,32 @@ class BCPolicyConfig(dg.Config):
 
 @dg.asset(group_name=GROUP, deps=[routing_dataset, reward_report], kinds={"pytorch"},
           description="Behaviour cloning of the logged routing decisions (torch MLP, masked per role), "
-                      "calibrated by temperature scaling; also the propensity model for logs without "
-                      "propensities. Checkpoint in checkpoints/bc/.")
+                      "calibrated by temperature scaling, per action space: checkpoints/bc/ (multi-model; also "
+                      "the propensity model for logs without propensities) and checkpoints/bc_sage_binary/ "
+                      "(primary or fallback, from the decisions that took one of them).")
 def bc_policy(context: dg.AssetExecutionContext, config: BCPolicyConfig, sage: SageResource) -> dg.MaterializeResult:
     path, df = _dataset(sage)
-    data = from_dataset(df, sage.catalogue).split_rows("train")
-    res = bc.train_bc(data, FeatureSpec(), bc.BCConfig(epochs=config.epochs, hidden=tuple(config.hidden),
-                                                       seed=config.seed), log=context.log.info)
-    ck = res.save(sage.path("checkpoints", "bc"), training_data_sha256=artifacts.file_sha256(path))
-    m = res.metrics
     keys = ("temperature", "epochs", "best_epoch", "holdout_accuracy", "holdout_nll_before", "holdout_nll_after",
             "holdout_ece_before", "holdout_ece_after", "holdout_propensity_mae", "seconds")
-    return dg.MaterializeResult(metadata={
-        "path": dg.MetadataValue.path(str(ck)), "train_rows": len(data),
-        "calibration": dg.MetadataValue.md(markdown.table([{"metric": k, "value": m.get(k)} for k in keys if k in m])),
-        "roles_with_one_action": dg.MetadataValue.json(m.get("roles_with_one_action", [])),
-        "metrics": dg.MetadataValue.json(m),
-    })
+    meta = {}
+    for name in _check_spaces(config.action_spaces):
+        space = _space(sage, name)
+        data = from_dataset(df, space).split_rows("train").restrict(space)
+        res = bc.train_bc(data, FeatureSpec(roles=space.roles), bc.BCConfig(
+            epochs=config.epochs, hidden=tuple(config.hidden), seed=config.seed), log=context.log.info)
+        ck = res.save(_checkpoint_dir(sage, "bc", name), training_data_sha256=artifacts.file_sha256(path))
+        m = res.metrics
+        sfx = "" if name == "multi_model" else f"_{name}"
+        meta |= {f"path{sfx}": dg.MetadataValue.path(str(ck)), f"train_rows{sfx}": len(data),
+                 f"calibration{sfx}": dg.MetadataValue.md(
+                     markdown.table([{"metric": k, "value": m.get(k)} for k in keys if k in m])),
+                 f"roles_with_one_action{sfx}": dg.MetadataValue.json(m.get("roles_with_one_action", [])),
+                 f"metrics{sfx}": dg.MetadataValue.json(m)}
+    return dg.MaterializeResult(metadata=meta)
 
 
 class CQLPolicyConfig(dg.Config):
+    action_spaces: list[str] = SPACES_FIELD
     mode: str = Field("multistep", description="'multistep' (episodes, double-DQN target) or 'bandit' (one decision)")
     alphas: list[float] = Field(list(oe.DEFAULT_ALPHAS), description="conservative weights tried in one batched "
                                 "run; OPE on the eval split keeps one (see selection)")
@@ -79,25 +109,31 @@ class CQLPolicyConfig(dg.Config):
                       "propensities where the logs have none), never by simulator ground truth. Checkpoint in checkpoints/cql/.")
 def cql_policy(context: dg.AssetExecutionContext, config: CQLPolicyConfig, sage: SageResource) -> dg.MaterializeResult:
     path, df = _dataset(sage)
-    bc_model = load_policy(sage.path("checkpoints", "bc"), FeatureSpec(), sage.catalogue.actions)
+    multi = _space(sage)
+    bc_model = load_policy(sage.path("checkpoints", "bc"), FeatureSpec(roles=multi.roles), multi.actions)
     df, n_estimated = oe.fill_missing_propensities(df, bc_model)
     cfg = cql.CQLConfig(mode=config.mode, steps=config.steps, n_critics=config.n_critics, seed=config.seed)
-    sel = oe.train_select_cql(df, sage.catalogue, cfg, config.alphas,
-                              ope.OPEConfig(n_boot=config.n_boot, seed=config.seed), config.selection,
-                              progress=context.log.info, behaviour=_behaviour(config.support, bc_model))
-    chosen, how, table = sel.result, sel.how, sel.table
-    ck = cql.save_cql(sage.path("checkpoints", "cql"), chosen, artifacts.file_sha256(path),
-                      metrics={"alpha_selection": table, "selected_by": how})
-    return dg.MaterializeResult(metadata={
-        "path": dg.MetadataValue.path(str(ck)), "mode": config.mode, "alpha": chosen.config.alpha,
-        "selected_by": how, "propensities_estimated_by_bc": n_estimated,
-        "select_episodes": sel.n_episodes, "sample_size_warning": sel.warning or "none",
-        "alpha_selection": dg.MetadataValue.md(
-            f"Chosen by {how}. These estimates are optimistic for the winner (it was chosen on "
-            "them); offline_eval re-estimates every policy on the eval split's other half.\n\n"
-            + markdown.table(table)),
-        "training": dg.MetadataValue.json({k: v for k, v in chosen.metrics.items() if not isinstance(v, list)}),
-    })
+    meta = {"mode": config.mode, "propensities_estimated_by_bc": n_estimated}
+    for name in _check_spaces(config.action_spaces):
+        sel = oe.train_select_cql(df, multi.of(name), cfg, config.alphas,
+                                  ope.OPEConfig(n_boot=config.n_boot, seed=config.seed), config.selection,
+                                  progress=context.log.info, behaviour=_behaviour(config.support, bc_model))
+        chosen, how, table = sel.result, sel.how, sel.table
+        ck = cql.save_cql(_checkpoint_dir(sage, "cql", name), chosen, artifacts.file_sha256(path),
+                          metrics={"alpha_selection": table, "selected_by": how})
+        sfx = "" if name == "multi_model" else f"_{name}"
+        meta |= {
+            f"path{sfx}": dg.MetadataValue.path(str(ck)), f"alpha{sfx}": chosen.config.alpha,
+            f"selected_by{sfx}": how, f"select_episodes{sfx}": sel.n_episodes,
+            f"sample_size_warning{sfx}": sel.warning or "none",
+            f"alpha_selection{sfx}": dg.MetadataValue.md(
+                f"Chosen by {how}. These estimates are optimistic for the winner (it was chosen on "
+                "them); offline_eval re-estimates every policy on the eval split's other half.\n\n"
+                + markdown.table(table)),
+            f"training{sfx}": dg.MetadataValue.json(
+                {k: v for k, v in chosen.metrics.items() if not isinstance(v, list)}),
+        }
+    return dg.MaterializeResult(metadata=meta)
 
 
 class OfflineEvalConfig(dg.Config):
@@ -107,39 +143,103 @@ class OfflineEvalConfig(dg.Config):
 
 
 @dg.asset(group_name=GROUP, deps=[bc_policy, cql_policy], kinds={"python", "json"},
-          description="Off-policy evaluation of the static table, BC and CQL on the eval split's report half "
-                      "(the half CQL's alpha was not chosen on): IPS, SNIPS, "
-                      "DM, DR, SNDR, Switch-DR, PDIS, step-wise DR and FQE with 95% bootstrap intervals, ESS and "
-                      "support; a warning when a half is too small to trust; ground truth and regret closure when the data is simulated. Promotion gate: "
-                      "a policy goes to checkpoints/promoted/ only if its DR lower bound beats the table's DR.")
+          description="Off-policy evaluation on the eval split's report half (the half no choice was made on): "
+                      "IPS, SNIPS, DM, DR, SNDR, Switch-DR, PDIS, step-wise DR and FQE with 95% bootstrap "
+                      "intervals, ESS and support; ground truth and regret closure when the data is simulated. "
+                      "Per action space: multi_model judges the static table, BC and CQL; sage_binary judges "
+                      "what SAGE's router would run (each policy distilled into per-role classifiers behind "
+                      "SAGE's confidence floor, chosen by OPE, with the YAML fallback), the networks shown "
+                      "beside. Promotion gate: a policy is promoted (checkpoints/promoted/, and "
+                      "checkpoints/promoted_sage/ for the served composite) only if its DR lower bound beats "
+                      "the table's DR.")
 def offline_eval(context: dg.AssetExecutionContext, config: OfflineEvalConfig, sage: SageResource) -> dg.MaterializeResult:
     path, df = _dataset(sage)
-    cat, spec = sage.catalogue, FeatureSpec()
-    ckpts = {"bc": sage.path("checkpoints", "bc"), "cql": sage.path("checkpoints", "cql")}
-    policies = {"static_table": StaticTablePolicy(sage.table, cat)} | {
-        n: load_policy(p, spec, cat.actions) for n, p in ckpts.items()}
-    df_eval, n_estimated = oe.fill_missing_propensities(oe.eval_part(df, "report"), policies["bc"])
+    multi, table = _space(sage), sage.table
+    spec = FeatureSpec(roles=multi.roles)
+    bc_model = load_policy(sage.path("checkpoints", "bc"), spec, multi.actions)
+    df_eval, n_estimated = oe.fill_missing_propensities(oe.eval_part(df, "report"), bc_model)
     manifest = sage.path("sessions", "synthetic", "simulator.json")
-    sim = (oe.simulator_from_manifest(manifest, cat, sage.table, rd.read_reward_spec(path) or RewardSpec())
+    sim = (oe.simulator_from_manifest(manifest, sage.catalogue, table, rd.read_reward_spec(path) or RewardSpec())
            if manifest.is_file() and (df_eval["data_source"] == "synthetic").all() else None)
-    report = oe.run_offline_eval(df_eval, policies, cat, ope.OPEConfig(n_boot=config.n_boot, seed=config.seed),
-                                 sim=sim, progress=context.log.info,
-                                 behaviour=_behaviour(config.support, policies["bc"]))
-    promoted = oe.promote(report.gate, ckpts, sage.path("checkpoints", "promoted"),
-                          {"summary": report.summary(), "dataset_sha256": artifacts.file_sha256(path)})
+    ope_cfg, behaviour = ope.OPEConfig(n_boot=config.n_boot, seed=config.seed), _behaviour(config.support, bc_model)
+    evidence = {"dataset_sha256": artifacts.file_sha256(path)}
+    reports, meta = {}, {}
+    # the multi-model space: the static table, BC and CQL as trained
+    ckpts = {"bc": sage.path("checkpoints", "bc"), "cql": sage.path("checkpoints", "cql")}
+    policies = {"static_table": StaticTablePolicy(table, multi), "bc": bc_model,
+                "cql": load_policy(ckpts["cql"], spec, multi.actions)}
+    rep = reports["multi_model"] = oe.run_offline_eval(df_eval, policies, multi, ope_cfg, sim=sim,
+                                                       progress=context.log.info, behaviour=behaviour)
+    promoted = oe.promote(rep.gate, ckpts, sage.path("checkpoints", "promoted"),
+                          evidence | {"summary": rep.summary()})
+    meta |= {"promoted": rep.gate.promoted or "none", "promotion": rep.gate.reason,
+             "promoted_path": dg.MetadataValue.path(str(promoted)) if promoted else "none"}
+    # SAGE's binary space, when trained: judge what SAGE's router would run
+    binary = multi.binary()
+    trained = {k: _checkpoint_dir(sage, k, "sage_binary") for k in ("bc", "cql")}
+    if all(p.is_dir() for p in trained.values()):
+        df_filled, _ = oe.fill_missing_propensities(df, bc_model)
+        served = {f"{k}_served": oe.distill_select_served(
+            df_filled, binary, table, load_policy(p, spec, binary.actions), k, ope_config=ope_cfg,
+            progress=context.log.info, behaviour=behaviour) for k, p in trained.items()}
+        policies = {"static_table": StaticTablePolicy(table, binary)} | {
+            f"{k}_trained": load_policy(p, spec, binary.actions) for k, p in trained.items()} | {
+            n: s.policy for n, s in served.items()}
+        rep = reports["sage_binary"] = oe.run_offline_eval(
+            df_eval, policies, binary, ope_cfg, sim=sim, progress=context.log.info, behaviour=behaviour,
+            oracle=sim.oracle_policy(binary.mask) if sim is not None else None, candidates=tuple(served))
+        promoted_sage = oe.promote_served(rep.gate, served, sage.path("checkpoints", "promoted_sage"),
+                                          evidence | {"summary": rep.summary()})
+        meta |= {"promoted_sage": rep.gate.promoted or "none", "promotion_sage": rep.gate.reason,
+                 "promoted_sage_path": dg.MetadataValue.path(str(promoted_sage)) if promoted_sage else "none",
+                 "served_floor_selection": dg.MetadataValue.md("\n\n".join(
+                     f"**{n}** (from {s.source}; floor chosen by {s.how}; agreement with the network on eval "
+                     f"states: {s.agreement_eval})\n\n{markdown.table(s.table)}" for n, s in served.items()))}
     out = artifacts.write_json(sage.path("reports", "offline_eval.json"),
-                               report.to_dict() | {"propensities_estimated_by_bc": n_estimated})
-    png = oe.plot_offline_eval(report)
+                               {k: r.to_dict() for k, r in reports.items()} | {"propensities_estimated_by_bc": n_estimated})
+    png = oe.plot_offline_eval(reports["multi_model"])
     artifacts.write_bytes(sage.path("reports", "offline_eval.png"), png)
-    context.log.info(report.gate.reason)
-    return dg.MaterializeResult(metadata={
-        "summary": dg.MetadataValue.md(markdown.table(report.summary())),
-        "estimates": dg.MetadataValue.md(markdown.table(report.rows())),
+    for name, r in reports.items():
+        context.log.info(f"{name}: {r.gate.reason}")
+        sfx = "" if name == "multi_model" else f"_{name}"
+        meta |= {f"summary{sfx}": dg.MetadataValue.md(markdown.table(r.summary())),
+                 f"estimates{sfx}": dg.MetadataValue.md(markdown.table(r.rows())),
+                 f"sample_size_warning{sfx}": r.warning or "none"}
+    return dg.MaterializeResult(metadata=meta | {
+        "action_spaces": list(reports),
         "plot": dg.MetadataValue.md(markdown.image(png, "OPE estimates with 95% intervals; ground truth dashed")),
-        "promotion": report.gate.reason, "promoted": report.gate.promoted or "none",
-        "promoted_path": dg.MetadataValue.path(str(promoted)) if promoted else "none",
         "ground_truth": "simulator" if sim is not None else "none (not simulated data)",
-        "sample_size_warning": report.warning or "none",
         "propensities_estimated_by_bc": n_estimated,
         "path": dg.MetadataValue.path(str(out)),
+    })
+
+
+@dg.asset(group_name=GROUP, deps=[offline_eval], kinds={"python", "sklearn"},
+          description="The promoted sage_binary policy as the file SAGE's router loads unchanged "
+                      "(checkpoints/sage/policy.joblib: {'models': {role: classifier}, 'feature_keys': [...]}) "
+                      "plus manifest.json (versions, source, agreement per role, min_confidence); the metadata "
+                      "shows the environment variables to set in SAGE. Nothing promoted: SAGE keeps its table.")
+def sage_router_checkpoint(context: dg.AssetExecutionContext, sage: SageResource) -> dg.MaterializeResult:
+    src, dest = sage.path("checkpoints", "promoted_sage"), sage.path("checkpoints", "sage")
+    binary = _space(sage, "sage_binary")
+    if not (src / sage_router.JOBLIB_NAME).is_file():
+        context.log.warning("no sage_binary policy has passed the promotion gate: SAGE keeps its YAML table")
+        return dg.MaterializeResult(metadata={"written": False, "reason": "no sage_binary policy promoted "
+                                              "(see offline_eval's promotion_sage)"})
+    served = sage_router.load_sage_checkpoint(src, sage.table, binary)
+    manifest = sage_router.read_manifest(src)
+    paths = sage_router.write_sage_checkpoint(dest, served, {k: v for k, v in manifest.items()
+                                                             if k in sage_router.CARRIED_MANIFEST_KEYS})
+    checked = sage_router.check_loads_as_sage(paths[0], served, binary)
+    env = sage_router.read_manifest(dest)["sage_env"]
+    context.log.info(f"SAGE router checkpoint {paths[0]}: {checked} decisions checked as SAGE makes them")
+    return dg.MaterializeResult(metadata={
+        "written": True, "path": dg.MetadataValue.path(str(paths[0])),
+        "manifest": dg.MetadataValue.path(str(paths[1])), "sha256": artifacts.file_sha256(paths[0]),
+        "min_confidence": served.min_confidence, "roles": sorted(served.models),
+        "source": manifest.get("source", "unknown"),
+        "agreement_by_role": dg.MetadataValue.json(manifest.get("agreement", {})),
+        "sage_env": dg.MetadataValue.md("Set in SAGE's environment:\n\n```bash\n" + "\n".join(
+            f"export {k}={v}" for k, v in env.items()) + "\n```"),
+        "decisions_checked_as_sage": checked,
     })

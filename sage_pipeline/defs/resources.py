@@ -42,7 +42,7 @@ class SageResource(dg.ConfigurableResource):
 
     @cached_property
     def table(self) -> RoutingTable:
-        return RoutingTable.load(self.table_path(), catalogue=self.catalogue)
+        return RoutingTable.load(self.table_path())
 
 
 class SandboxResource(dg.ConfigurableResource):

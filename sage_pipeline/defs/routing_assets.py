@@ -15,6 +15,7 @@ from sage_pipeline import markdown
 from sage_pipeline.defs.resources import SageResource
 from sage_pipeline.routing import collector, ingest, reward_report as rr, routing_dataset as rd
 from sage_pipeline.routing.reward import RewardSpec
+from sage_pipeline.routing.action_space import FILE_NAME as ACTION_SPACE_FILE
 from sage_pipeline.routing.schema import DATASET_COLUMNS, ROLES
 from sage_pipeline.routing.simulator import RoutingSimulator, SimulatorConfig
 
@@ -28,19 +29,23 @@ class SyntheticSessionsConfig(dg.Config):
     seed: int = Field(0, description="random seed of the simulator and the collector")
     epsilon: float = Field(0.3, description="exploration rate over each role's candidate models")
     max_attempts: int = Field(4, description="attempts per task before the episode ends")
-    sessions_per_file: int = Field(250, description="sessions per JSON-lines log file")
+    sessions_per_day: int = Field(250, description="sessions per day, i.e. per YYYY-MM-DD.log journal file")
+    action_space: str = Field("multi_model", description="what the behaviour policy explores: 'multi_model' "
+                              "(every candidate model of the role) or 'sage_binary' (only the table's primary "
+                              "and fallback, what SAGE's router can execute)")
 
 
 @dg.asset(group_name=GROUP, kinds={"python", "jsonl"},
-          description="SAGE-format session logs from the routing simulator: the static YAML table "
-                      "with epsilon-exploration, with propensities. Writes sessions/synthetic/ and "
-                      "the simulator's exact ground-truth policy values.")
+          description="Session journals in SAGE's own shape (sessions/synthetic/YYYY-MM-DD.log: "
+                      "MODEL_ROUTING_DECISION, TOKEN_USAGE and TRAJECTORY_STEP events, no step) from the "
+                      "routing simulator: the static YAML table with epsilon-exploration, with propensities "
+                      "as an extension key; and the simulator's exact ground-truth policy values.")
 def synthetic_sessions(context: dg.AssetExecutionContext, config: SyntheticSessionsConfig,
                        sage: SageResource) -> dg.MaterializeResult:
     sim = RoutingSimulator(sage.catalogue, sage.table, SimulatorConfig(max_attempts=config.max_attempts))
     res = collector.collect(sim, sage.path("sessions", "synthetic"), collector.CollectorConfig(
         episodes=config.episodes, seed=config.seed, epsilon=config.epsilon,
-        sessions_per_file=config.sessions_per_file), progress=context.log.info)
+        sessions_per_day=config.sessions_per_day, action_space=config.action_space), progress=context.log.info)
     gt = [{"policy": k, "value (all roles)": v, **{r: res.ground_truth_by_role[k].get(r) for r in ROLES}}
           for k, v in res.ground_truth.items()]
     return dg.MaterializeResult(metadata={
@@ -57,14 +62,16 @@ def synthetic_sessions(context: dg.AssetExecutionContext, config: SyntheticSessi
 
 class TrajectoriesConfig(dg.Config):
     log_dirs: list[str] = Field(["sessions"], description="folders (relative to the artifact root, or "
-                                "absolute) searched recursively for *.jsonl and *.jsonl.gz session logs")
+                                "absolute) searched recursively for SAGE journals: *.log, *.jsonl and their "
+                                ".gz forms (SAGE's own folder is <SAGE>/memory/sessions)")
     max_line_bytes: int = Field(1 << 20, description="longer lines are quarantined, never held whole")
     max_quarantined_fraction: float = Field(0.01, description="the blocking check fails above this")
 
 
 @dg.asset(group_name=GROUP, deps=[synthetic_sessions], kinds={"python", "parquet"},
-          description="Every TRAJECTORY_STEP event of every session log, validated, with provenance "
-                      "(data_source, file, line). Bad lines go to routing/quarantine.jsonl with the "
+          description="Every TRAJECTORY_STEP event of every SAGE session journal, validated, with provenance "
+                      "(data_source, file, line); MODEL_ROUTING_DECISION and TOKEN_USAGE events kept beside it "
+                      "for the dataset's joins. Bad lines go to routing/quarantine.jsonl with the "
                       "reason; other SAGE event types are counted and skipped.",
           check_specs=[dg.AssetCheckSpec("quarantine_below_threshold", asset="trajectories", blocking=True,
                                          description="Fails when the quarantined share of log lines "
@@ -74,7 +81,7 @@ def trajectories(context: dg.AssetExecutionContext, config: TrajectoriesConfig,
     dirs = tuple(sage.root() / d for d in config.log_dirs)  # absolute entries stay absolute
     res = ingest.ingest(ingest.IngestConfig(dirs, max_line_bytes=config.max_line_bytes,
                                             setting="trajectories config log_dirs"),
-                        sage.catalogue, sage.path("routing"), progress=context.log.info)
+                        sage.path("routing"), progress=context.log.info)
     s = res.stats
     if s.steps_accepted == 0:
         raise ingest.NoTrajectorySteps(
@@ -89,6 +96,7 @@ def trajectories(context: dg.AssetExecutionContext, config: TrajectoriesConfig,
             "quarantined_fraction": frac, "accepted + quarantined == lines read":
                 s.accepted_lines + s.quarantined == s.lines_read,
             "other_events": dg.MetadataValue.json(dict(s.other_events)),
+            "ingest": dg.MetadataValue.json(s.to_dict()),
             "rows_by_source": dg.MetadataValue.json(dict(s.rows_by_source)),
             "quarantine_reasons": dg.MetadataValue.md(markdown.table(reasons)),
             "empty_files": dg.MetadataValue.json(s.empty_files), "files": len(s.files),
@@ -104,6 +112,11 @@ def trajectories(context: dg.AssetExecutionContext, config: TrajectoriesConfig,
     )
 
 
+def _read_optional(path):
+    """A parquet file as a frame; None when an older ingest did not write it."""
+    return pq.read_table(path).to_pandas() if path.is_file() else None
+
+
 class RoutingDatasetConfig(dg.Config):
     reward_version: str = Field("reward_v1", description="reward_v1 (SAGE's reward) or reward_v2 (minus cost)")
     cost_weight: float = Field(5.0, description="reward_v2: reward units subtracted per USD of cost")
@@ -117,12 +130,17 @@ class RoutingDatasetConfig(dg.Config):
 def routing_dataset(context: dg.AssetExecutionContext, config: RoutingDatasetConfig,
                     sage: SageResource) -> dg.MaterializeResult:
     traj = pq.read_table(sage.path("routing", "trajectories.parquet")).to_pandas()
+    mrd, tu = (_read_optional(sage.path("routing", f"{n}.parquet")) for n in ("routing_decisions", "token_usage"))
     cfg = rd.DatasetConfig(reward=RewardSpec(version=config.reward_version, cost_weight=config.cost_weight),
                            eval_fraction=config.eval_fraction)
-    df = rd.build_routing_dataset(traj, sage.catalogue, sage.table, cfg)
+    df, space, built = rd.build_routing_dataset(traj, sage.table, sage.catalogue, cfg, mrd, tu,
+                                                price_source=str(sage.catalogue_path()))
     files = rd.write_routing_dataset(df, sage.path("routing"), cfg.reward)
-    context.log.info(f"routing dataset: {len(df):,} decisions, {df['episode_id'].nunique():,} episodes")
-    per_role = df.groupby("role").size().reindex(list(ROLES), fill_value=0)
+    space.save(sage.path("routing", ACTION_SPACE_FILE))
+    context.log.info(f"routing dataset: {len(df):,} decisions, {df['episode_id'].nunique():,} episodes; "
+                     f"{built.steps_derived:,} steps derived, {built.routing_decisions_joined:,} routing decisions "
+                     f"joined; roles left out (not in the table): {built.excluded_roles or 'none'}")
+    per_role = df.groupby("role").size().reindex(list(space.roles), fill_value=0)
     return dg.MaterializeResult(metadata={
         "dagster/row_count": len(df),
         "dagster/column_schema": dg.TableSchema(columns=[
@@ -132,7 +150,9 @@ def routing_dataset(context: dg.AssetExecutionContext, config: RoutingDatasetCon
         "rows_per_split": dg.MetadataValue.json(df["split"].value_counts().to_dict()),
         "incomplete_episodes": int((~df["episode_complete"]).groupby(df["episode_id"]).any().sum()),
         "reward_version": config.reward_version, "schema_version": int(df["schema_version"].iat[0]),
-        "propensities_logged": float((df["propensity_source"] == "logged").mean()),
+        "propensities_logged": float((df["propensity_source"] != "missing").mean()),
+        "joins_and_derivations": dg.MetadataValue.json(built.to_dict()),
+        "action_space": dg.MetadataValue.json(space.describe()),
         "path": dg.MetadataValue.path(str(files.parquet)), "jsonl": dg.MetadataValue.path(str(files.jsonl)),
         "sha256": files.parquet_sha256,
     })

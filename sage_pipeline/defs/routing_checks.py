@@ -5,6 +5,7 @@ import dagster as dg
 
 from sage_pipeline.defs.resources import SageResource
 from sage_pipeline.routing import expectations, routing_dataset as rd
+from sage_pipeline.routing.action_space import FILE_NAME as ACTION_SPACE_FILE, ActionSpace
 
 
 @dg.asset_check(asset="routing_dataset", blocking=True,
@@ -13,7 +14,7 @@ from sage_pipeline.routing import expectations, routing_dataset as rd
                             "allowed models per role, unique decision ids. Blocks downstream assets.")
 def routing_dataset_contract(sage: SageResource) -> dg.AssetCheckResult:
     df = rd.read_routing_dataset(sage.path("routing", rd.PARQUET_NAME))
-    res = expectations.validate_contract(df, sage.catalogue)
+    res = expectations.validate_contract(df, ActionSpace.load(sage.path("routing", ACTION_SPACE_FILE)))
     return dg.AssetCheckResult(
         passed=res.success,
         metadata={"expectations": len(res.outcomes), "failed": len(res.failures()),
@@ -25,7 +26,8 @@ def routing_dataset_contract(sage: SageResource) -> dg.AssetCheckResult:
                             "500) for every role. A warning: few rows make per-role estimates noisy.")
 def routing_dataset_volume(sage: SageResource) -> dg.AssetCheckResult:
     df = rd.read_routing_dataset(sage.path("routing", rd.PARQUET_NAME))
-    res = expectations.validate_volume(df, sage.min_rows_per_role)
+    roles = ActionSpace.load(sage.path("routing", ACTION_SPACE_FILE)).roles
+    res = expectations.validate_volume(df, roles, sage.min_rows_per_role)
     return dg.AssetCheckResult(
         passed=res.success, severity=dg.AssetCheckSeverity.WARN,
         metadata={"min_rows_per_role": sage.min_rows_per_role,

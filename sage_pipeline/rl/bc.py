@@ -42,7 +42,6 @@ from torch import nn
 from sage_pipeline.rl.checkpoint import CheckpointMeta, Layers, MLPPolicy, masked_softmax, save_checkpoint
 from sage_pipeline.rl.data import LoggedDecisions
 from sage_pipeline.routing.features import Contexts, FeatureSpec
-from sage_pipeline.routing.schema import ROLES
 
 logger = logging.getLogger(__name__)
 
@@ -228,7 +227,7 @@ def _check_input(data: LoggedDecisions) -> None:
     if bad.any():
         i = int(np.argmax(bad))
         raise ValueError(f"logged model {data.actions[data.action[i]]!r} at row {i} is not a candidate for "
-                         f"role {ROLES[data.contexts.role[i]]!r} ({int(bad.sum())} rows): fix the catalogue "
+                         f"role {data.roles[data.contexts.role[i]]!r} ({int(bad.sum())} rows): fix the catalogue "
                          "or the logs")
 
 
@@ -315,10 +314,10 @@ def _train(data: LoggedDecisions, spec: FeatureSpec, config: BCConfig,
 
     # roles whose logs hold a single model: BC puts (almost) all mass on it; probability 1
     # exactly where the role has a single candidate
-    one = [ROLES[r] for r in np.unique(data.contexts.role)
+    one = [data.roles[r] for r in np.unique(data.contexts.role)
            if len(np.unique(data.action[data.contexts.role == r])) == 1]
     metrics["roles_with_one_action"] = one
-    metrics["roles_without_data"] = [r for i, r in enumerate(ROLES) if not (data.contexts.role == i).any()]
+    metrics["roles_without_data"] = [r for i, r in enumerate(data.roles) if not (data.contexts.role == i).any()]
 
     layers = export_layers(net)
     result = BCResult(nets=[layers], temperature=T, metrics=metrics, config=config,

@@ -12,8 +12,10 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from sage_pipeline.routing.action_space import ActionSpace
 from sage_pipeline.routing.catalogue import ModelCatalogue
 from sage_pipeline.routing.features import Contexts, FeatureSpec
+from sage_pipeline.routing.schema import ROLES
 
 REQUIRED = ("episode_id", "session_id", "step", "role", "model", "action_index", "reward",
             "task_complexity_score", "prompt_tokens", "failure_count", "primary_failure_count",
@@ -34,6 +36,7 @@ class LoggedDecisions:
     split: np.ndarray  # "train" / "eval"
     actions: tuple[str, ...]
     role_mask: np.ndarray  # (n_roles, K)
+    roles: tuple[str, ...] = ROLES  # what contexts.role indexes
 
     def __len__(self) -> int:
         return len(self.action)
@@ -55,14 +58,25 @@ class LoggedDecisions:
         nxt = np.where(nxt >= 0, new_pos[np.maximum(nxt, 0)], -1)
         return LoggedDecisions(self.contexts.take(idx), self.action[idx], self.reward[idx], self.pscore[idx],
                                self.episode[idx], self.session[idx], self.step[idx], self.terminal[idx],
-                               nxt, self.split[idx], self.actions, self.role_mask)
+                               nxt, self.split[idx], self.actions, self.role_mask, self.roles)
 
     def split_rows(self, name: str) -> "LoggedDecisions":
         return self.subset(self.split == name)
 
+    def restrict(self, space) -> "LoggedDecisions":
+        """The decisions whose logged model ``space`` allows for the role, with its mask (how
+        the ``sage_binary`` learners see logs that also explored other models). A decision
+        whose next one is dropped ends its episode there."""
+        if tuple(space.actions) != tuple(self.actions) or tuple(space.roles) != tuple(self.roles):
+            raise ValueError(f"action space {space.name!r} orders roles/actions differently from the data")
+        sub = self.subset(space.in_space(self.contexts.role, self.action))
+        return LoggedDecisions(sub.contexts, sub.action, sub.reward, sub.pscore, sub.episode, sub.session, sub.step,
+                               sub.terminal, sub.next_index, sub.split, sub.actions, np.asarray(space.mask), sub.roles)
 
-def from_dataset(df: pd.DataFrame, catalogue: ModelCatalogue) -> LoggedDecisions:
-    """Arrays from a routing dataset frame; errors name what is wrong."""
+
+def from_dataset(df: pd.DataFrame, catalogue: ActionSpace | ModelCatalogue) -> LoggedDecisions:
+    """Arrays from a routing dataset frame, in ``catalogue``'s roles and action order (an
+    :class:`ActionSpace`, or a catalogue for simulator-only data); errors name what is wrong."""
     missing = [c for c in REQUIRED if c not in df.columns]
     if missing:
         raise ValueError(f"routing dataset lacks columns {missing}: materialize routing_dataset with this version")
@@ -77,7 +91,8 @@ def from_dataset(df: pd.DataFrame, catalogue: ModelCatalogue) -> LoggedDecisions
                              f"{df['decision_id'].iat[i] if 'decision_id' in df else i}")
     unknown = set(df["model"]) - set(catalogue.actions)
     if unknown:
-        raise ValueError(f"models {sorted(unknown)} in the dataset are not in the catalogue {catalogue.source}")
+        raise ValueError(f"models {sorted(unknown)} in the dataset are not in the action set of {catalogue.source}: "
+                         "rematerialize routing_dataset (it writes the action space the dataset uses)")
     episode = pd.factorize(df["episode_id"])[0].astype(np.int64)
     step = df["step"].to_numpy(dtype=np.int64)
     terminal = df["terminal"].to_numpy(dtype=bool)
@@ -87,11 +102,11 @@ def from_dataset(df: pd.DataFrame, catalogue: ModelCatalogue) -> LoggedDecisions
     follows[:-1] = (episode[1:] == episode[:-1]) & (step[1:] == step[:-1] + 1)
     nxt = np.where(follows & ~terminal, nxt, -1)
     return LoggedDecisions(
-        contexts=Contexts.from_frame(df),
+        contexts=Contexts.from_frame(df, catalogue.roles),
         action=df["model"].map(catalogue.index).to_numpy(dtype=np.int64),
         reward=df["reward"].to_numpy(dtype=np.float64),
         pscore=df["propensity"].astype("float64").to_numpy(na_value=np.nan),
         episode=episode, session=pd.factorize(df["session_id"])[0].astype(np.int64), step=step,
         terminal=terminal, next_index=nxt, split=df["split"].to_numpy(dtype=object).astype(str),
-        actions=catalogue.actions, role_mask=catalogue.role_mask(),
+        actions=catalogue.actions, role_mask=catalogue.role_mask(), roles=tuple(catalogue.roles),
     )

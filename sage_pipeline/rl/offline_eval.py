@@ -26,6 +26,7 @@ import pandas as pd
 
 from sage_pipeline import artifacts
 from sage_pipeline.rl import ope
+from sage_pipeline.routing.action_space import ActionSpace
 from sage_pipeline.routing.catalogue import ModelCatalogue
 from sage_pipeline.routing.features import Contexts
 from sage_pipeline.routing.reward import RewardSpec
@@ -62,11 +63,13 @@ class GroundTruth:
     n_tasks: int
 
 
-def ground_truth(sim: RoutingSimulator, tasks: Tasks, policies: dict[str, object]) -> GroundTruth:
+def ground_truth(sim: RoutingSimulator, tasks: Tasks, policies: dict[str, object], oracle=None) -> GroundTruth:
+    """Exact values of ``policies`` and of ``oracle`` (default: the simulator's optimum over
+    every candidate; for the sage_binary space, the optimum restricted to primary/fallback)."""
     ctx0 = sim.contexts(tasks, np.zeros(len(tasks), dtype=np.int64), np.zeros(len(tasks), dtype=np.int64))
     q0 = np.stack([_expected_or_zero(sim, ctx0, a) for a in range(sim.K)], axis=1)
     episode, first = {}, {}
-    for name, pol in {**policies, "oracle": sim.oracle_policy()}.items():
+    for name, pol in {**policies, "oracle": oracle if oracle is not None else sim.oracle_policy()}.items():
         episode[name] = sim.policy_value(pol, tasks).mean
         first[name] = float((pol.action_probs(ctx0) * q0).sum(axis=1).mean())
     return GroundTruth(episode, first, len(tasks))
@@ -98,16 +101,18 @@ class GateDecision:
 
 
 def promotion_gate(evals: dict[str, ope.PolicyEvaluation], static: str = STATIC,
-                   estimator: str = GATE_ESTIMATOR) -> GateDecision:
+                   estimator: str = GATE_ESTIMATOR, candidates: tuple[str, ...] | None = None) -> GateDecision:
     """Promote the candidate whose ``estimator`` lower bound beats the static table's
-    ``estimator`` estimate by the widest margin; else say why none was promoted."""
+    ``estimator`` estimate by the widest margin; else say why none was promoted.
+    ``candidates``: the policies that may be promoted (default: every non-static one);
+    in the sage_binary space only the served composites are, never the networks behind them."""
     if static not in evals or evals[static].estimates[estimator].value is None:
         return GateDecision(None, f"no promotion: the static table has no {estimator} estimate "
                                   f"({evals[static].no_support_reason if static in evals else 'not evaluated'})")
     base = evals[static].estimates[estimator].value
     cands = {}
     for name, ev in evals.items():
-        if name == static:
+        if name == static or (candidates is not None and name not in candidates):
             continue
         e = ev.estimates[estimator]
         if e.value is None:
@@ -143,6 +148,21 @@ def promote(decision: GateDecision, checkpoints: dict[str, Path], dest: str | Pa
     return Path(dest)
 
 
+def promote_served(decision: GateDecision, served: dict[str, "ServedSelection"], dest: str | Path,
+                   evidence: dict) -> Path | None:
+    """Write the promoted served composite (SAGE's joblib file and its manifest) to ``dest``;
+    when nothing is promoted, ``dest`` is left as it is."""
+    if decision.promoted is None:
+        return None
+    from sage_pipeline.rl import sage_router
+
+    sel = served[decision.promoted]
+    sage_router.write_sage_checkpoint(dest, sel.policy, {
+        "policy": decision.promoted, "source": sel.source, "reason": decision.reason,
+        "min_confidence_selected_by": sel.how, "agreement_eval": sel.agreement_eval, **evidence})
+    return Path(dest)
+
+
 # ------------------------------------------------------------------ propensities, selection
 PROPENSITY_FLOOR = 1e-3
 
@@ -155,7 +175,7 @@ def fill_missing_propensities(df: pd.DataFrame, behaviour_model) -> tuple[pd.Dat
     if not missing.any():
         return df, 0
     sub = df.loc[missing]
-    probs = behaviour_model.action_probs(Contexts.from_frame(sub))
+    probs = behaviour_model.action_probs(Contexts.from_frame(sub, behaviour_model.spec.roles))
     p = probs[np.arange(len(sub)), sub["action_index"].to_numpy(dtype=np.int64)]
     out = df.copy()
     out.loc[missing, "propensity"] = np.maximum(p, PROPENSITY_FLOOR)
@@ -179,7 +199,7 @@ SELECTION_CRITERIA = ("fqe", "estimate", "lower_bound")
 SELECTION_ESTIMATOR = {"fqe": "fqe", "estimate": GATE_ESTIMATOR, "lower_bound": GATE_ESTIMATOR}
 
 
-def select_by_ope(candidates: dict[str, object], df_eval: pd.DataFrame, catalogue: ModelCatalogue,
+def select_by_ope(candidates: dict[str, object], df_eval: pd.DataFrame, catalogue: ActionSpace | ModelCatalogue,
                   config: ope.OPEConfig = ope.OPEConfig(), criterion: str = "fqe",
                   progress: Callable[[str], None] = log.info,
                   behaviour=None) -> tuple[str | None, dict[str, ope.PolicyEvaluation]]:
@@ -198,7 +218,7 @@ def select_by_ope(candidates: dict[str, object], df_eval: pd.DataFrame, catalogu
     """
     if criterion not in SELECTION_CRITERIA:
         raise ValueError(f"criterion must be one of {SELECTION_CRITERIA}, got {criterion!r}")
-    data = ope.LoggedData.from_frame(df_eval, catalogue.actions)
+    data = ope.LoggedData.from_frame(df_eval, catalogue.actions, catalogue.roles)
     evals = _evaluate_all(candidates, data, config, behaviour, progress)
     key = SELECTION_ESTIMATOR[criterion]
     pick = (lambda e: e.ci_low) if criterion == "lower_bound" else (lambda e: e.value)
@@ -252,18 +272,22 @@ class CQLSelection:
     warning: str | None = None  # sample_size_warning of the select half
 
 
-def train_select_cql(df: pd.DataFrame, catalogue: ModelCatalogue, config, alphas=DEFAULT_ALPHAS,
+def train_select_cql(df: pd.DataFrame, catalogue: ActionSpace | ModelCatalogue, config, alphas=DEFAULT_ALPHAS,
                      ope_config: ope.OPEConfig = ope.OPEConfig(n_boot=300), criterion: str = "fqe",
                      progress: Callable[[str], None] = log.info, behaviour=None) -> CQLSelection:
     """Train CQL for every alpha on the train split (one batched run) and keep the one OPE
     prefers on the eval split's ``select`` part (:func:`select_by_ope`, :func:`eval_part`).
-    If no alpha is supported there, keep the most conservative (largest) one and say so."""
+    If no alpha is supported there, keep the most conservative (largest) one and say so.
+    In the ``sage_binary`` space CQL learns from the decisions that took the primary or the
+    fallback (:meth:`LoggedDecisions.restrict`); OPE still reads every eval decision."""
     from sage_pipeline.rl import cql
     from sage_pipeline.rl.data import from_dataset
     from sage_pipeline.routing.features import FeatureSpec
 
-    data = from_dataset(df, catalogue)
-    results = cql.train_cql_grid(data.split_rows("train"), FeatureSpec(), config, list(alphas), log=progress)
+    data = from_dataset(df, catalogue).split_rows("train")
+    if isinstance(catalogue, ActionSpace):
+        data = data.restrict(catalogue)
+    results = cql.train_cql_grid(data, FeatureSpec(roles=tuple(catalogue.roles)), config, list(alphas), log=progress)
     cands = {f"alpha={a:g}": r.policy() for a, r in zip(alphas, results)}
     best, evals = select_by_ope(cands, eval_part(df, "select"), catalogue, ope_config, criterion, progress,
                                 behaviour)
@@ -280,6 +304,66 @@ def train_select_cql(df: pd.DataFrame, catalogue: ModelCatalogue, config, alphas
     if warning:
         progress(f"WARNING: {warning}")
     return CQLSelection(results[list(cands).index(best)], best, how, table, n_episodes, warning)
+
+
+@dataclass(frozen=True)
+class ServedSelection:
+    """A sage_binary policy as SAGE's router would serve it, and how its floor was chosen."""
+
+    policy: object  # sage_router.ServedSagePolicy: distilled classifiers + floor + YAML fallback
+    source: str  # the trained policy it was distilled from
+    how: str
+    table: list[dict]  # one row per min_confidence tried: OPE estimate, interval, chosen
+    agreement_train: dict[str, float]  # per role: distilled decision == the policy's, train states
+    agreement_eval: dict[str, float]  # the same on the eval split's states
+
+
+def _binary_choice(policy, ctx: Contexts, space: ActionSpace) -> np.ndarray:
+    """1 where ``policy`` puts more mass on the row's fallback than on its primary."""
+    p = policy.action_probs(ctx)
+    rows = np.arange(len(ctx))
+    return (p[rows, space.fallback[ctx.role]] > p[rows, space.primary[ctx.role]]).astype(np.int64)
+
+
+def agreement_by_role(served, trained, ctx: Contexts, space: ActionSpace) -> dict[str, float]:
+    """Per role: the share of ``ctx`` rows where the distilled classifier (no floor) decides
+    as the trained policy does."""
+    a = _binary_choice(served.with_min_confidence(0.0), ctx, space)
+    b = _binary_choice(trained, ctx, space)
+    return {r: float((a[ctx.role == i] == b[ctx.role == i]).mean()) for i, r in enumerate(space.roles)
+            if (ctx.role == i).any()}
+
+
+def distill_select_served(df: pd.DataFrame, space: ActionSpace, table: RoutingTable, trained, source: str,
+                          config=None, ope_config: ope.OPEConfig = ope.OPEConfig(n_boot=300),
+                          criterion: str = "fqe", progress: Callable[[str], None] = log.info,
+                          behaviour=None) -> ServedSelection:
+    """What SAGE would run: ``trained`` (a sage_binary policy) distilled into one classifier per
+    role on the train split's states, served behind SAGE's confidence floor with the YAML
+    table as fallback; the floor is chosen by OPE on the eval split's select half (as CQL's
+    alpha, :func:`select_by_ope`), never by ground truth."""
+    from sage_pipeline.rl import sage_router
+
+    config = config or sage_router.SageRouterConfig()
+    ctx_train = Contexts.from_frame(df[df["split"] == "train"], space.roles)
+    distilled = sage_router.distill(trained, ctx_train, space, config)
+    base = sage_router.ServedSagePolicy.from_distilled(distilled, table, space, config.default_min_confidence,
+                                                       name=f"{source}_served")
+    cands = {f"min_confidence={c:g}": base.with_min_confidence(c) for c in config.min_confidence_grid}
+    best, evals = select_by_ope(cands, eval_part(df, "select"), space, ope_config, criterion, progress, behaviour)
+    how = f"{SELECTION_ESTIMATOR[criterion]} on the eval split's select part"
+    if best is None:
+        best, how = f"min_confidence={config.default_min_confidence:g}", "SAGE's default: no floor has support"
+        cands.setdefault(best, base)
+    table_rows = [{"min_confidence": n.split("=")[1], "fqe": e.estimates["fqe"].value,
+                   GATE_ESTIMATOR: e.estimates[GATE_ESTIMATOR].value, "ci_low": e.estimates[GATE_ESTIMATOR].ci_low,
+                   "ci_high": e.estimates[GATE_ESTIMATOR].ci_high, "no_support": e.no_support_reason,
+                   "chosen": n == best} for n, e in evals.items()]
+    chosen = cands[best]
+    ctx_eval = Contexts.from_frame(df[df["split"] == "eval"], space.roles)
+    progress(f"{source}: served with {best} ({how})")
+    return ServedSelection(chosen, source, how, table_rows, dict(distilled.agreement),
+                           agreement_by_role(chosen, trained, ctx_eval, space))
 
 
 # ------------------------------------------------------------------ the report
@@ -336,20 +420,22 @@ class OfflineEvalReport:
 
 def run_offline_eval(df_eval: pd.DataFrame, policies: dict[str, object], catalogue: ModelCatalogue,
                      config: ope.OPEConfig = ope.OPEConfig(), sim: RoutingSimulator | None = None,
-                     progress: Callable[[str], None] = log.info, behaviour=None) -> OfflineEvalReport:
+                     progress: Callable[[str], None] = log.info, behaviour=None, oracle=None,
+                     candidates: tuple[str, ...] | None = None) -> OfflineEvalReport:
     """Evaluate ``policies`` (must include ``static_table``) on the eval rows; ``behaviour``:
-    see :func:`_evaluate_all`."""
+    see :func:`_evaluate_all`; ``oracle``: see :func:`ground_truth`; ``candidates``: the
+    policies the gate may promote (:func:`promotion_gate`)."""
     if STATIC not in policies:
         raise ValueError(f"policies must include {STATIC!r}: it is the baseline every policy is compared with")
     if df_eval.empty:
         raise ValueError("the eval split is empty: rebuild routing_dataset with a larger eval_fraction or more data")
-    data = ope.LoggedData.from_frame(df_eval, catalogue.actions)
+    data = ope.LoggedData.from_frame(df_eval, catalogue.actions, catalogue.roles)
     evals = _evaluate_all(policies, data, config, behaviour, progress)
-    truth = ground_truth(sim, eval_tasks(data), policies) if sim is not None else None
+    truth = ground_truth(sim, eval_tasks(data), policies, oracle) if sim is not None else None
     warning = sample_size_warning(evals[STATIC].n_episodes, "report")
     if warning:
         progress(f"WARNING: {warning}")
-    return OfflineEvalReport(evals, truth, promotion_gate(evals), warning)
+    return OfflineEvalReport(evals, truth, promotion_gate(evals, candidates=candidates), warning)
 
 
 def plot_offline_eval(report: OfflineEvalReport) -> bytes:

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Protocol
 
 import numpy as np
@@ -369,7 +369,8 @@ class Support:
 
 def check_support(action_dist: np.ndarray, action: np.ndarray, pscore: np.ndarray, *,
                   role: np.ndarray | None = None, behaviour_probs: np.ndarray | None = None,
-                  actions: tuple[str, ...] | None = None, policy_name: str = "policy",
+                  actions: tuple[str, ...] | None = None, roles: tuple[str, ...] = ROLES,
+                  policy_name: str = "policy",
                   max_unsupported_mass: float = 1e-3, min_behaviour_prob: float = 0.0) -> Support:
     """Does the logged data support the evaluation policy?
 
@@ -409,7 +410,7 @@ def check_support(action_dist: np.ndarray, action: np.ndarray, pscore: np.ndarra
         reason = (f"no support: policy {policy_name!r} puts no probability on any logged action, so the logs "
                   "say nothing about it")
     elif unsupported_mass > max_unsupported_mass:
-        worst = _worst_pairs(action_dist * unsupported, role, actions)
+        worst = _worst_pairs(action_dist * unsupported, role, actions, roles)
         reason = (f"no support: policy {policy_name!r} puts {unsupported_mass:.1%} of its probability mass "
                   f"on actions the behaviour policy never took in those contexts ({n_rows} of {n} decisions"
                   f"{worst}); the logs cannot say how they would have done. Collect logs that explore these "
@@ -417,14 +418,15 @@ def check_support(action_dist: np.ndarray, action: np.ndarray, pscore: np.ndarra
     return Support(share, unsupported_mass, n_rows, reason)
 
 
-def _worst_pairs(mass: np.ndarray, role: np.ndarray | None, actions: tuple[str, ...] | None) -> str:
+def _worst_pairs(mass: np.ndarray, role: np.ndarray | None, actions: tuple[str, ...] | None,
+                 roles: tuple[str, ...]) -> str:
     """The (role, model) pairs with the most unsupported mass, for the no-support message."""
     if role is None:
         return ""
-    by_pair = np.zeros((len(ROLES), mass.shape[1]))
+    by_pair = np.zeros((len(roles), mass.shape[1]))
     np.add.at(by_pair, role, mass)
     top = np.unravel_index(np.argsort(by_pair, axis=None)[::-1][:3], by_pair.shape)
-    names = [f"{ROLES[r]}->{actions[a] if actions else a}"
+    names = [f"{roles[r]}->{actions[a] if actions else a}"
              for r, a in zip(*top, strict=True) if by_pair[r, a] > 0]
     return "; mostly " + ", ".join(names) if names else ""
 
@@ -675,6 +677,7 @@ class LoggedData:
     actions: tuple[str, ...]  # the action order (the catalogue's)
     session_id: np.ndarray | None = None  # when given, folds and the bootstrap group by session
     labels: np.ndarray | None = None  # decision ids, for error messages
+    roles: tuple[str, ...] = ROLES  # what contexts.role indexes (the action space's roles)
 
     def __len__(self) -> int:
         return len(self.action)
@@ -688,10 +691,10 @@ class LoggedData:
         return self.session_id if self.session_id is not None else self.episode_id
 
     @classmethod
-    def from_frame(cls, df, actions: tuple[str, ...]) -> LoggedData:
+    def from_frame(cls, df, actions: tuple[str, ...], roles: tuple[str, ...] = ROLES) -> LoggedData:
         """From routing dataset rows (``routing_dataset.build_routing_dataset``)."""
         return cls(
-            contexts=Contexts.from_frame(df),
+            contexts=Contexts.from_frame(df, roles),
             action=df["action_index"].to_numpy(dtype=np.int64),
             reward=df["reward"].to_numpy(dtype=np.float64),
             pscore=df["propensity"].astype("float64").to_numpy(na_value=np.nan),
@@ -699,6 +702,7 @@ class LoggedData:
             actions=tuple(actions),
             session_id=df["session_id"].to_numpy(dtype=object).astype(str) if "session_id" in df else None,
             labels=df["decision_id"].to_numpy(dtype=object) if "decision_id" in df else None,
+            roles=tuple(roles),
         )
 
     def validate(self) -> None:
@@ -811,7 +815,7 @@ def evaluate_policy(data: LoggedData, policy: ActionProbs, config: OPEConfig = O
     n = len(data)
 
     support = check_support(pi, data.action, pscore, role=data.contexts.role, behaviour_probs=behaviour_probs,
-                            actions=data.actions, policy_name=name,
+                            actions=data.actions, roles=data.roles, policy_name=name,
                             max_unsupported_mass=config.max_unsupported_mass,
                             min_behaviour_prob=config.min_behaviour_prob)
     w = importance_weights(data.action, pscore, pi)
@@ -832,7 +836,8 @@ def evaluate_policy(data: LoggedData, policy: ActionProbs, config: OPEConfig = O
         estimates |= {k: EstimatorResult(k, "episode", None, None, None, None) for k in EPISODE_ESTIMATORS}
     else:
         K = len(data.actions)
-        fit = dict(n_folds=config.n_folds, ridge=config.ridge, seed=config.seed, spec=config.feature_spec)
+        spec = replace(config.feature_spec, roles=tuple(data.roles))  # the one-hot follows the data's roles
+        fit = dict(n_folds=config.n_folds, ridge=config.ridge, seed=config.seed, spec=spec)
         q_reward = cross_fit_q(data.contexts, data.action, reward, data.groups, K, **fit)
         q_return = cross_fit_q(data.contexts, data.action, reward, data.groups, K, next_row=lay.next_row,
                                pi=pi, horizon=lay.horizon, gamma=config.gamma, **fit)

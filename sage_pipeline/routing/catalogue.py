@@ -48,6 +48,11 @@ class ModelCatalogue:
         return tuple(m.name for m in self.models)
 
     @property
+    def roles(self) -> tuple[str, ...]:
+        """The roles the catalogue's capabilities (and so the simulator) describe."""
+        return ROLES
+
+    @property
     def index(self) -> dict[str, int]:
         return {m.name: i for i, m in enumerate(self.models)}
 

@@ -1,9 +1,20 @@
 """The synthetic collector: runs SAGE's static table with epsilon-exploration in the
-routing simulator and writes SAGE-format session logs (JSON lines).
+routing simulator and writes session journals in SAGE's own shape.
 
-Each session is one orchestrator run: ``SESSION_START``, then per task and attempt an
-``AGENT_MESSAGE`` and a ``TRAJECTORY_STEP`` (with ``propensity`` and ``step``), then
-``SESSION_END``. The logs go through exactly the same ingest as real logs.
+SAGE appends to ``memory/sessions/YYYY-MM-DD.log``, one JSON object per line; so does this
+collector, one file per simulated day. Each session is one orchestrator run:
+``SESSION_START``, then per task and attempt, in SAGE's order, a ``MODEL_ROUTING_DECISION``
+(the table's primary and fallback, the triggers that fired, ``policy_source``), a
+``TOKEN_USAGE`` and a ``TRAJECTORY_STEP`` with no ``step`` (the ingest derives it from the
+timestamps, as for SAGE's own journals), then ``SESSION_END``. ``session_id`` is written as
+SAGE does when ``SAGE_SESSION_ID`` is set. The one extension is ``propensity`` (on the step
+and the routing decision): the behaviour policy's probability of the logged model, a key a
+SAGE patch could add; every other key is SAGE's. The logs go through exactly the same
+ingest as real journals.
+
+``action_space``: ``multi_model`` explores every candidate model of the role (the
+catalogue's capabilities); ``sage_binary`` explores only the role's primary and fallback,
+what SAGE's router can execute.
 """
 
 from __future__ import annotations
@@ -24,8 +35,10 @@ from sage_pipeline.routing.simulator import RoutingSimulator, Tasks
 
 log = logging.getLogger(__name__)
 
-FILE_PREFIX = "synthetic_"
 MANIFEST = "simulator.json"
+ACTION_SPACES = ("multi_model", "sage_binary")
+LAYOUT = "sage_journal"  # YYYY-MM-DD.log files, SAGE's event shapes
+COMPLETION_TOKENS_PER_CALL = 600  # TOKEN_USAGE's completion tokens (the simulator models prompts only)
 
 
 @dataclass(frozen=True)
@@ -36,17 +49,20 @@ class CollectorConfig:
     episodes: int = 20_000
     seed: int = 0
     epsilon: float = 0.3
-    sessions_per_file: int = 250
+    sessions_per_day: int = 250  # one YYYY-MM-DD.log journal per simulated day
     mean_tasks_per_session: float = 4.0
     start_time: str = "2026-11-01T00:00:00+00:00"
+    action_space: str = "multi_model"  # what the behaviour policy explores (ACTION_SPACES)
 
     def __post_init__(self) -> None:
         if self.episodes < 1:
             raise ValueError(f"episodes must be >= 1, got {self.episodes}")
         if not 0.0 < self.epsilon <= 1.0:
             raise ValueError(f"epsilon must be in (0, 1] so every candidate has support, got {self.epsilon}")
-        if self.sessions_per_file < 1:
-            raise ValueError(f"sessions_per_file must be >= 1, got {self.sessions_per_file}")
+        if self.sessions_per_day < 1:
+            raise ValueError(f"sessions_per_day must be >= 1, got {self.sessions_per_day}")
+        if self.action_space not in ACTION_SPACES:
+            raise ValueError(f"action_space must be one of {', '.join(ACTION_SPACES)}, got {self.action_space!r}")
 
 
 @dataclass(frozen=True)
@@ -96,57 +112,116 @@ def simulate_episodes(sim: RoutingSimulator, tasks: Tasks, behaviour, rng: np.ra
     return {k: np.concatenate(v) for k, v in cols.items()}
 
 
+@dataclass(frozen=True)
+class _Restricted:
+    """A policy whose candidates are ``role_mask`` (so epsilon-exploration stays inside it)."""
+
+    base: object
+    role_mask: np.ndarray
+    name: str = "static_table"
+
+    @property
+    def actions(self) -> tuple[str, ...]:
+        return self.base.actions
+
+    def action_probs(self, ctx) -> np.ndarray:
+        return self.base.action_probs(ctx)
+
+
+def binary_mask(sim: RoutingSimulator) -> np.ndarray:
+    """(n_roles, K): each role's primary and fallback, what SAGE's router can execute."""
+    m = np.zeros_like(sim.role_mask)
+    r = np.arange(len(m))
+    m[r, sim.primary] = m[r, sim.table.fallback_index(sim.catalogue)] = True
+    return m
+
+
+def _stamp(t: datetime) -> str:
+    """ISO 8601 with microseconds and offset, as SAGE's datetime.isoformat() writes it."""
+    return t.isoformat(timespec="microseconds")
+
+
+def _fired(sim: RoutingSimulator, tasks: Tasks, rows: dict[str, np.ndarray]) -> list[list[str]]:
+    """Per decision: the table triggers that fired, as SAGE lists them."""
+    role = tasks.role[rows["task"]]
+    values = {"task_complexity_score": tasks.task_complexity_score[rows["task"]],
+              "primary_failure_count": rows["primary_failure_count"], "failure_count": rows["failure_count"]}
+    out: list[list[str]] = [[] for _ in range(len(role))]
+    for r_i, r in enumerate(sim.table.roles):
+        for trig in sim.table.routes[r].triggers:
+            for i in np.flatnonzero((role == r_i) & trig.fires(values)):
+                out[i].append(str(trig))
+    return out
+
+
 def collect(sim: RoutingSimulator, out_dir: str | Path, config: CollectorConfig = CollectorConfig(),
             progress: Callable[[str], None] = log.info) -> CollectResult:
-    """Simulate ``config.episodes`` episodes and write them as SAGE session logs."""
+    """Simulate ``config.episodes`` episodes and write them as SAGE session journals."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(config.seed)
     static = StaticTablePolicy(sim.table, sim.catalogue)
-    behaviour = EpsilonGreedyPolicy(static, config.epsilon)
+    mask = sim.role_mask if config.action_space == "multi_model" else binary_mask(sim)
+    behaviour = EpsilonGreedyPolicy(_Restricted(static, mask), config.epsilon)
     tasks = sim.sample_tasks(config.episodes, rng)
     rows = simulate_episodes(sim, tasks, behaviour, rng)
     sizes = _session_sizes(config.episodes, config.mean_tasks_per_session, rng)
     first_task = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    progress(f"simulated {config.episodes} episodes, {len(rows['task'])} decisions, {len(sizes)} sessions")
+    progress(f"simulated {config.episodes} episodes, {len(rows['task'])} decisions, {len(sizes)} sessions "
+             f"({config.action_space})")
 
     order = np.lexsort((rows["step"], rows["task"]))  # by task, then attempt
     rows = {k: v[order] for k, v in rows.items()}
+    fired = _fired(sim, tasks, rows)
     bounds = np.searchsorted(rows["task"], np.arange(config.episodes + 1))
     t0 = datetime.fromisoformat(config.start_time).astimezone(timezone.utc)
+    spacing = timedelta(seconds=0.9 * 86400 / config.sessions_per_day)  # every session ends on its day
     enc = msgspec.json.Encoder()
-    actions = sim.actions
+    actions, fallback = sim.actions, sim.table.fallback_index(sim.catalogue)
     files: list[Path] = []
     n_events = 0
-    n_files = (len(sizes) + config.sessions_per_file - 1) // config.sessions_per_file
-    for f_i in range(n_files):
+    n_days = (len(sizes) + config.sessions_per_day - 1) // config.sessions_per_day
+    for day in range(n_days):
         lines: list[bytes] = []
-        for s in range(f_i * config.sessions_per_file, min((f_i + 1) * config.sessions_per_file, len(sizes))):
+        for s in range(day * config.sessions_per_day, min((day + 1) * config.sessions_per_day, len(sizes))):
             sid = f"syn-{config.seed}-{s:06d}"
-            clock = t0 + timedelta(minutes=7 * s)
-            stamp = lambda c: c.isoformat(timespec="milliseconds").replace("+00:00", "Z")  # noqa: E731
-            lines.append(enc.encode({"type": "SESSION_START", "timestamp": stamp(clock), "session_id": sid,
+            clock = t0 + timedelta(days=day) + spacing * (s - day * config.sessions_per_day)
+            lines.append(enc.encode({"type": "SESSION_START", "timestamp": _stamp(clock), "session_id": sid,
                                      "extra": {"synthetic": True, "collector": "sage_pipeline.routing.collector"}}))
             for j in range(sizes[s]):
                 task = first_task[s] + j
-                role = ROLES[tasks.role[task]]
+                r_i = int(tasks.role[task])
+                role = ROLES[r_i]
                 tid = f"{sid}-t{j:02d}"
                 for r in range(bounds[task], bounds[task + 1]):
-                    clock += timedelta(seconds=float(rows["latency_s"][r]))
                     model = actions[rows["action"][r]]
                     timed_out = bool(rows["timed_out"][r])
                     passed = bool(rows["verification_passed"][r])
+                    propensity = round(float(rows["propensity"][r]), 10)
+                    tcs, pfc = float(tasks.task_complexity_score[task]), int(rows["primary_failure_count"][r])
+                    table_choice = fallback[r_i] if fired[r] else sim.primary[r_i]
+                    clock += timedelta(milliseconds=5)
                     lines.append(enc.encode({
-                        "type": "AGENT_MESSAGE", "timestamp": stamp(clock), "session_id": sid, "task_id": tid,
-                        "agent": role, "content": f"{role} attempt {int(rows['step'][r])} on {tid} via {model}"}))
+                        "type": "MODEL_ROUTING_DECISION", "timestamp": _stamp(clock), "session_id": sid,
+                        "agent_role": role, "task_complexity_score": tcs, "primary_failure_count": pfc,
+                        "primary_model": actions[sim.primary[r_i]], "fallback_model": actions[fallback[r_i]],
+                        "selected_model": model, "matched_fallback_triggers": fired[r],
+                        "policy_source": "yaml" if rows["action"][r] == table_choice else "learned",
+                        "propensity": propensity}))
+                    clock += timedelta(seconds=float(rows["latency_s"][r]))
                     lines.append(enc.encode({
-                        "type": TRAJECTORY_STEP, "timestamp": stamp(clock), "session_id": sid, "task_id": tid,
-                        "agent": role, "step": int(rows["step"][r]),
-                        "action": {"model_chosen": model},
-                        "propensity": round(float(rows["propensity"][r]), 10),
+                        "type": "TOKEN_USAGE", "timestamp": _stamp(clock), "session_id": sid, "model": model,
+                        "prompt_tokens": int(rows["prompt_tokens"][r]),
+                        "completion_tokens": 0 if timed_out else COMPLETION_TOKENS_PER_CALL}))
+                    clock += timedelta(milliseconds=5)
+                    lines.append(enc.encode({
+                        "type": TRAJECTORY_STEP, "timestamp": _stamp(clock), "session_id": sid, "task_id": tid,
+                        "agent": role,
+                        "action": {"model_chosen": model, "prompt_strategy_key": "default"},
+                        "propensity": propensity,
                         "state": {
-                            "task_complexity_score": float(tasks.task_complexity_score[task]),
-                            "primary_failure_count": int(rows["primary_failure_count"][r]),
+                            "task_complexity_score": tcs,
+                            "primary_failure_count": pfc,
                             "failure_count": int(rows["failure_count"][r]),
                             "prompt_tokens": int(rows["prompt_tokens"][r]),
                             "verification_passed": passed,
@@ -160,25 +235,28 @@ def collect(sim: RoutingSimulator, out_dir: str | Path, config: CollectorConfig 
                         "terminal": bool(rows["terminal"][r]),
                         "extra": {"synthetic": True, "reward_version": "reward_v1"},
                     }))
-            lines.append(enc.encode({"type": "SESSION_END", "timestamp": stamp(clock), "session_id": sid}))
-        path = out_dir / f"{FILE_PREFIX}seed{config.seed}_part{f_i:04d}.jsonl"
+            lines.append(enc.encode({"type": "SESSION_END", "timestamp": _stamp(clock), "session_id": sid}))
+        path = out_dir / f"{(t0 + timedelta(days=day)).date().isoformat()}.log"
         artifacts.write_bytes(path, b"\n".join(lines) + b"\n")
         files.append(path)
         n_events += len(lines)
-    for stale in sorted(set(out_dir.glob(f"{FILE_PREFIX}*.jsonl")) - set(files)):
+    # journals of an earlier run (and the jsonl layout before SAGE's own) must not mix in
+    for stale in sorted((set(out_dir.glob("*.log")) | set(out_dir.glob("synthetic_*.jsonl"))) - set(files)):
         stale.unlink()
-    progress(f"wrote {n_events} events to {len(files)} files in {out_dir}")
+    progress(f"wrote {n_events} events to {len(files)} journals in {out_dir}")
 
     values = {
         "static_table": sim.policy_value(static, tasks),
         "behaviour": sim.policy_value(behaviour, tasks),
-        "uniform": sim.policy_value(UniformPolicy(actions, sim.role_mask), tasks),
+        "uniform": sim.policy_value(UniformPolicy(actions, mask), tasks),
         "oracle": sim.optimal_value(tasks),
     }
+    if config.action_space == "sage_binary":
+        values["binary_oracle"] = sim.optimal_value(tasks, mask)
     gt = {k: v.mean for k, v in values.items()}
     by_role = {k: v.by_role(tasks) for k, v in values.items()}
     manifest = artifacts.write_json(out_dir / MANIFEST, {
-        "collector": asdict(config),
+        "collector": asdict(config), "layout": LAYOUT,
         "simulator": sim.config.to_dict(),
         "model_catalogue": {"path": sim.catalogue.source, "sha256": _sha(sim.catalogue.source)},
         "routing_table": {"path": sim.table.source, "sha256": _sha(sim.table.source)},

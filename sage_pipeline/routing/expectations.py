@@ -2,7 +2,8 @@
 
 ``contract`` is what every consumer of ``routing_v1.parquet`` relies on: the documented
 columns exist with the right types, values lie in their ranges (NaN and inf rewards fail),
-every (role, model) pair is one the model catalogue allows, and decision ids are unique.
+every (role, model) pair is one the dataset's action space allows (roles from the routing
+table, models from the table and the logs), and decision ids are unique.
 ``volume`` warns when a role has too few rows to learn from; a role absent from the data
 is reported with 0 rows. Both run on an ephemeral GX context (no files, no network, no
 progress bars). GX is imported inside the functions, so importing this module is cheap.
@@ -15,20 +16,21 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sage_pipeline.routing.schema import DATA_SOURCES, DATASET_COLUMNS, REWARD_MAX, REWARD_MIN, ROLES, SPLITS
+from sage_pipeline.routing.schema import DATA_SOURCES, DATASET_COLUMNS, REWARD_MAX, REWARD_MIN, SPLITS
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from sage_pipeline.routing.catalogue import ModelCatalogue
+    from sage_pipeline.routing.action_space import ActionSpace
 
 INTEGER_TYPES = ["int64", "int32", "Int64Dtype", "Int32Dtype"]  # numpy dtypes and pandas nullable ones
 NUMERIC_TYPES = ["float64", "float32", "Float64Dtype", "Float32Dtype", *INTEGER_TYPES]
 NUMERIC_COLUMNS = ("reward", "logged_reward", "propensity", "task_complexity_score", "cost_usd")
 INTEGER_COLUMNS = ("step", "primary_failure_count", "failure_count", "action_index", "schema_version")
 STRING_COLUMNS = ("decision_id", "role", "model", "split", "data_source", "reward_version")
+# cost_usd may be null: a model with no logged cost and no catalogue price (cost_source "unknown")
 NOT_NULL_COLUMNS = ("decision_id", "role", "model", "task_complexity_score", "reward", "logged_reward",
-                    "cost_usd", "split", "data_source")
+                    "split", "data_source")
 _EXAMPLES = 5  # unexpected values quoted per failed expectation
 
 
@@ -60,7 +62,7 @@ class SuiteResult:
 
 @dataclass(frozen=True)
 class VolumeResult(SuiteResult):
-    counts: dict[str, int]  # role -> rows, every role in ROLES (0 when absent)
+    counts: dict[str, int]  # role -> rows, every role of the action space (0 when absent)
     min_rows_per_role: int
 
     @property
@@ -76,7 +78,7 @@ def _gx() -> Any:
     return gx
 
 
-def contract_suite(catalogue: ModelCatalogue) -> Any:
+def contract_suite(space: ActionSpace) -> Any:
     """The blocking contract of the routing dataset, as a ``gx.ExpectationSuite``.
 
     Like every GX suite it needs an active GX context (``validate_contract`` makes one).
@@ -98,11 +100,11 @@ def contract_suite(catalogue: ModelCatalogue) -> Any:
         E.ExpectColumnValuesToBeBetween(column="propensity", min_value=0.0, max_value=1.0, strict_min=True),
         *[E.ExpectColumnValuesToBeBetween(column=c, min_value=0) for c in
           ("step", "primary_failure_count", "failure_count", "cost_usd")],
-        E.ExpectColumnValuesToBeInSet(column="role", value_set=list(ROLES)),
+        E.ExpectColumnValuesToBeInSet(column="role", value_set=list(space.roles)),
         E.ExpectColumnValuesToBeInSet(column="split", value_set=list(SPLITS)),
         E.ExpectColumnValuesToBeInSet(column="data_source", value_set=list(DATA_SOURCES)),
         E.ExpectColumnPairValuesToBeInSet(column_A="role", column_B="model", value_pairs_set=[
-            (r, m) for r in ROLES for m in catalogue.candidates(r)]),
+            (r, m) for r in space.roles for m in space.candidates(r)]),
         E.ExpectColumnValuesToBeUnique(column="decision_id"),
     ]
     suite = gx.ExpectationSuite(name="contract")
@@ -111,13 +113,13 @@ def contract_suite(catalogue: ModelCatalogue) -> Any:
     return suite
 
 
-def volume_suite(min_rows_per_role: int = 500) -> Any:
+def volume_suite(roles: tuple[str, ...], min_rows_per_role: int = 500) -> Any:
     """One row-count expectation per role, on the rows where ``role`` is that role (needs a GX context)."""
     gx = _gx()
     from great_expectations.expectations.row_conditions import Column
 
     suite = gx.ExpectationSuite(name="volume")
-    for r in ROLES:
+    for r in roles:
         suite.add_expectation(gx.expectations.ExpectTableRowCountToBeBetween(
             min_value=min_rows_per_role, row_condition=Column("role") == r, meta={"role": r}))
     return suite
@@ -197,17 +199,17 @@ def _outcomes(results: list[Any], df: pd.DataFrame) -> list[ExpectationOutcome]:
             for r in results]
 
 
-def validate_contract(df: pd.DataFrame, catalogue: ModelCatalogue) -> SuiteResult:
+def validate_contract(df: pd.DataFrame, space: ActionSpace) -> SuiteResult:
     """Run the blocking contract suite on the routing dataset."""
     context = _context()
-    outcomes = _outcomes(_run(context, df, contract_suite(catalogue)), df)
+    outcomes = _outcomes(_run(context, df, contract_suite(space)), df)
     return SuiteResult("contract", all(o.success for o in outcomes), outcomes)
 
 
-def validate_volume(df: pd.DataFrame, min_rows_per_role: int = 500) -> VolumeResult:
+def validate_volume(df: pd.DataFrame, roles: tuple[str, ...], min_rows_per_role: int = 500) -> VolumeResult:
     """Run the volume suite (a warning): at least ``min_rows_per_role`` rows for every role."""
     context = _context()
-    results = _run(context, df, volume_suite(min_rows_per_role))
+    results = _run(context, df, volume_suite(roles, min_rows_per_role))
     counts = {r.expectation_config.meta["role"]: int(r.result.get("observed_value") or 0)
               for r in results}
     outcomes = _outcomes(results, df)

@@ -12,12 +12,12 @@ from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 
-from sage_pipeline.routing.schema import ROLE_INDEX, ROLES
+from sage_pipeline.routing.schema import ROLES
 
 
 @dataclass(frozen=True)
 class Contexts:
-    role: np.ndarray  # int64 index into ROLES
+    role: np.ndarray  # int64 index into the action space's roles (RoutingTable.roles)
     task_complexity_score: np.ndarray  # float64 in [0, 1]
     prompt_tokens: np.ndarray  # float64
     step: np.ndarray  # int64, attempt index within the episode
@@ -37,15 +37,15 @@ class Contexts:
         return Contexts(**{f.name: getattr(self, f.name)[idx] for f in fields(self)})
 
     @classmethod
-    def from_frame(cls, df) -> "Contexts":  # pandas DataFrame with dataset columns
-        unknown = set(df["role"].unique()) - set(ROLES)
+    def from_frame(cls, df, roles: tuple[str, ...] = ROLES) -> "Contexts":  # DataFrame with dataset columns
+        unknown = set(df["role"].unique()) - set(roles)
         if unknown:
-            raise ValueError(f"unknown role(s) {sorted(unknown)} in column 'role'")
+            raise ValueError(f"unknown role(s) {sorted(unknown)} in column 'role' (roles: {', '.join(roles)})")
         tokens = df["prompt_tokens"].astype("float64").to_numpy(na_value=np.nan) if "prompt_tokens" in df else None
         if tokens is None:
             tokens = np.full(len(df), np.nan)
         return cls(
-            role=df["role"].map(ROLE_INDEX).to_numpy(dtype=np.int64),
+            role=df["role"].map({r: i for i, r in enumerate(roles)}).to_numpy(dtype=np.int64),
             task_complexity_score=df["task_complexity_score"].to_numpy(dtype=np.float64),
             prompt_tokens=tokens,
             step=df["step"].to_numpy(dtype=np.int64),

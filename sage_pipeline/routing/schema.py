@@ -23,14 +23,20 @@ REWARD_MIN, REWARD_MAX = -2.0, 2.0
 DATA_SOURCES = ("real", "synthetic")
 SPLITS = ("train", "eval")
 
-# Columns of trajectories.parquet (one row per accepted TRAJECTORY_STEP event).
+# Columns of trajectories.parquet (one row per accepted TRAJECTORY_STEP event), in file order.
+# Nullable: trace_id, step, prompt_strategy_key, propensity and every state field (SAGE logs
+# no step and no propensity; the routing dataset derives or joins what is missing).
 TRAJECTORY_COLUMNS: tuple[str, ...] = (
-    "timestamp",
-    "session_id",
+    "timestamp",  # as logged
+    "timestamp_utc",  # parsed ISO 8601, as a UTC instant (naive timestamps are UTC)
+    "session_id",  # as logged, else the journal file's stem (SAGE's exporter's rule)
+    "session_id_source",  # logged or file_stem
+    "trace_id",
     "task_id",
-    "role",
+    "role",  # the event's agent
     "step",
-    "model",
+    "model",  # action.model_chosen
+    "prompt_strategy_key",  # action.prompt_strategy_key
     "propensity",
     "task_complexity_score",
     "primary_failure_count",
@@ -42,11 +48,47 @@ TRAJECTORY_COLUMNS: tuple[str, ...] = (
     "reviewer_score",
     "latency_s",
     "cost_usd",
-    "logged_reward",
+    "logged_reward",  # reward
     "terminal",
-    "data_source",
+    "data_source",  # synthetic when extra.synthetic is true, else real
     "source_file",
     "source_line",
+)
+
+# SAGE event types the ingest keeps beside the steps, for the routing dataset's joins.
+MODEL_ROUTING_DECISION = "MODEL_ROUTING_DECISION"
+TOKEN_USAGE = "TOKEN_USAGE"
+
+# Columns of routing_decisions.parquet (one row per usable MODEL_ROUTING_DECISION event).
+ROUTING_DECISION_COLUMNS: tuple[str, ...] = (
+    "source_file",
+    "source_line",
+    "session_id",  # as logged, else the journal file's stem
+    "trace_id",
+    "timestamp_utc",
+    "agent_role",
+    "task_complexity_score",
+    "primary_failure_count",
+    "primary_model",
+    "fallback_model",
+    "selected_model",
+    "matched_fallback_triggers",  # list of strings
+    "policy_source",  # yaml or learned, as logged
+    "propensity",  # extension: the selected model's probability (this project's router)
+)
+
+# Columns of token_usage.parquet (one row per usable TOKEN_USAGE event).
+TOKEN_USAGE_COLUMNS: tuple[str, ...] = (
+    "source_file",
+    "source_line",
+    "session_id",  # as logged, else the journal file's stem
+    "trace_id",
+    "timestamp_utc",
+    "agent",
+    "model",
+    "prompt_tokens",
+    "completion_tokens",
+    "cost_usd",
 )
 
 # Columns of routing_v1.parquet (one row per routing decision), with their meaning.
@@ -56,24 +98,29 @@ DATASET_COLUMNS: dict[str, str] = {
     "session_id": "SAGE session id",
     "task_id": "SAGE task id",
     "step": "index of the decision within its episode (0-based)",
+    "step_source": "logged, or derived (SAGE logs no step: ordered by timestamp, then file and line)",
     "role": "agent role the decision routed",
     "model": "model chosen (the logged action)",
-    "action_index": "index of the model in the catalogue's ordered action tuple",
+    "action_index": "index of the model in the action space's ordered action tuple (action_space.json)",
     "table_model": "model the static YAML table would choose in this state",
     "fallback_triggered": "whether a fallback trigger of the static table fired in this state",
     "action_kind": "primary or fallback: the table's choice was followed (and which it was); "
                    "explore: the logged model differs from the table's choice",
     "propensity": "behaviour policy's probability of the logged action; null if not logged",
-    "propensity_source": "logged or missing",
+    "propensity_source": "logged (on the step), logged_routing_decision (a learned MODEL_ROUTING_DECISION's "
+                         "propensity), or missing",
+    "policy_source": "yaml or learned, from the joined MODEL_ROUTING_DECISION (null when none was logged)",
+    "matched_fallback_triggers": "JSON list of the triggers SAGE logged as fired (null when no routing decision)",
     "task_complexity_score": "task complexity in [0, 1]",
     "primary_failure_count": "failures of the role's primary model so far in the episode",
     "failure_count": "failures so far in the episode",
-    "prompt_tokens": "prompt size in tokens (null if not logged)",
+    "prompt_tokens": "prompt size in tokens (the step's state, else its TOKEN_USAGE; null if neither)",
+    "completion_tokens": "completion tokens from the step's TOKEN_USAGE events (null if none)",
     "verification_passed": "whether the attempt passed verification (null if not logged)",
     "timed_out": "whether the attempt timed out",
     "reviewer_score": "reviewer score in [0, 1] (null if not logged)",
-    "cost_usd": "cost of the call in USD (from the log, else the catalogue)",
-    "cost_source": "logged or catalogue",
+    "cost_usd": "cost of the call in USD (from the log, else the catalogue's price; null if unknown)",
+    "cost_source": "logged, catalogue or unknown",
     "latency_s": "latency of the call in seconds (null if not logged)",
     "logged_reward": "reward as logged by SAGE",
     "reward": "reward under reward_version",

@@ -92,6 +92,10 @@ class RoutingSimulator:
     def __init__(self, catalogue: ModelCatalogue, table: RoutingTable,
                  config: SimulatorConfig = SimulatorConfig()) -> None:
         self.catalogue, self.table, self.config = catalogue, table, config
+        if table.roles != catalogue.roles:
+            raise ValueError(f"the routing simulator models the roles {', '.join(catalogue.roles)} (its catalogue "
+                             f"{catalogue.source}); the table {table.source} routes {', '.join(table.roles)}: "
+                             "simulate with a table that routes exactly those roles")
         self.actions = catalogue.actions
         self.K = len(self.actions)
         self.role_mask = catalogue.role_mask()
@@ -204,13 +208,16 @@ class RoutingSimulator:
             raise ValueError(f"model {self.actions[action[i]]!r} is not a candidate for role "
                              f"{ROLES[ctx.role[i]]!r} ({int(bad.sum())} rows)")
 
-    def _backward(self, tasks: Tasks, policy) -> tuple[np.ndarray, np.ndarray]:
+    def _backward(self, tasks: Tasks, policy, mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Backward induction over (attempt, primary failures).
 
         Returns Q of shape (N, T, T+1, K) (``-inf`` where undefined) and the value at the
-        first attempt (N,). With ``policy=None`` the values are the optimal ones.
+        first attempt (N,). With ``policy=None`` the values are the optimal ones over the
+        actions ``mask`` allows (default: every candidate; the sage_binary space passes its
+        primary/fallback mask, giving the best binary policy).
         """
         n, T, K = len(tasks), self.config.max_attempts, self.K
+        allowed = self.role_mask if mask is None else (np.asarray(mask, dtype=bool) & self.role_mask)
         Q = np.full((n, T, T + 1, K), -np.inf)
         v_next = np.zeros((n, T + 2))  # V_{t+1}(pfc) for pfc in 0..T+1
         for t in range(T - 1, -1, -1):
@@ -219,7 +226,7 @@ class RoutingSimulator:
                 ctx = self.contexts(tasks, np.full(n, t), np.full(n, pfc))
                 q = np.full((n, K), -np.inf)
                 for a in range(K):
-                    ok = self.role_mask[tasks.role, a]
+                    ok = allowed[tasks.role, a]
                     if not ok.any():
                         continue
                     sub = ctx.take(np.flatnonzero(ok))
@@ -231,6 +238,9 @@ class RoutingSimulator:
                 if policy is None:
                     v_t[:, pfc] = q.max(axis=1)
                 else:
+                    if tuple(getattr(policy, "actions", self.actions)) != tuple(self.actions):
+                        raise ValueError(f"policy {policy.name!r} orders its actions {tuple(policy.actions)}, the "
+                                         f"simulator {tuple(self.actions)}: build it on the simulator's catalogue")
                     probs = policy.action_probs(ctx)
                     if (probs[~self.role_mask[tasks.role]] > 1e-9).any():
                         raise ValueError(f"policy {policy.name!r} puts mass on a model that is not a "
@@ -243,15 +253,16 @@ class RoutingSimulator:
         """Exact expected return of ``policy`` on each task (no sampling)."""
         return PolicyValue(getattr(policy, "name", "policy"), self._backward(tasks, policy)[1])
 
-    def optimal_value(self, tasks: Tasks) -> PolicyValue:
-        return PolicyValue("oracle", self._backward(tasks, None)[1])
+    def optimal_value(self, tasks: Tasks, mask: np.ndarray | None = None) -> PolicyValue:
+        return PolicyValue("oracle", self._backward(tasks, None, mask)[1])
 
-    def q_star(self, tasks: Tasks) -> np.ndarray:
-        """Optimal Q-values, (N, T, T+1, K)."""
-        return self._backward(tasks, None)[0]
+    def q_star(self, tasks: Tasks, mask: np.ndarray | None = None) -> np.ndarray:
+        """Optimal Q-values over the actions ``mask`` allows, (N, T, T+1, K)."""
+        return self._backward(tasks, None, mask)[0]
 
-    def oracle_policy(self) -> "OraclePolicy":
-        return OraclePolicy(self)
+    def oracle_policy(self, mask: np.ndarray | None = None) -> "OraclePolicy":
+        """The optimal policy; with ``mask`` (e.g. the sage_binary mask) the optimum among it."""
+        return OraclePolicy(self, mask)
 
 
 class OraclePolicy:
@@ -259,14 +270,15 @@ class OraclePolicy:
 
     name = "oracle"
 
-    def __init__(self, sim: RoutingSimulator) -> None:
+    def __init__(self, sim: RoutingSimulator, mask: np.ndarray | None = None) -> None:
         self.sim = sim
         self.actions = sim.actions
-        self.role_mask = sim.role_mask
+        self.mask = mask
+        self.role_mask = sim.role_mask if mask is None else (np.asarray(mask, dtype=bool) & sim.role_mask)
 
     def action_probs(self, ctx: Contexts) -> np.ndarray:
         T = self.sim.config.max_attempts
-        Q = self.sim.q_star(self.sim.tasks_of(ctx))
+        Q = self.sim.q_star(self.sim.tasks_of(ctx), self.mask)
         t = np.minimum(ctx.failure_count, T - 1)
         pfc = np.minimum(ctx.primary_failure_count, t)
         q = Q[np.arange(len(ctx)), t, pfc]

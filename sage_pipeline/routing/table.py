@@ -1,6 +1,14 @@
 """SAGE's static routing table (``models.yaml``): per role a primary, a fallback and
 ``fallback_triggers``. The fallback is used when any trigger fires.
 
+The table is read as SAGE ships it: comments, any role name (SAGE's own table routes
+``shell_router`` and ``shell_chat`` beside the eight agent roles) and any model id
+(Ollama tags such as ``qwen2.5-coder:1.5b`` included). The role set is the table's: the
+agent roles of :data:`~sage_pipeline.routing.schema.ROLES` it routes, in that order, then
+its other roles in file order (:attr:`RoutingTable.roles`); role indices everywhere
+(``Contexts.role``, masks, feature one-hots) index that tuple. Models need not be in any
+catalogue: a catalogue only adds prices (and, for the simulator, capabilities).
+
 Triggers are ``var op number`` over ``task_complexity_score``, ``primary_failure_count``
 and ``failure_count``. SAGE silently ignored a trigger it could not parse; here that is a
 load error naming the role and the expression.
@@ -16,7 +24,6 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from sage_pipeline.routing.catalogue import ModelCatalogue
 from sage_pipeline.routing.errors import ConfigError
 from sage_pipeline.routing.schema import ROLES
 
@@ -66,28 +73,45 @@ class RoleRoute:
     triggers: tuple[Trigger, ...]
 
 
+def ordered_roles(names) -> tuple[str, ...]:
+    """The agent roles of ROLES among ``names`` in ROLES' order, then the others in order."""
+    names = list(dict.fromkeys(names))
+    return tuple(r for r in ROLES if r in names) + tuple(r for r in names if r not in ROLES)
+
+
 @dataclass(frozen=True)
 class RoutingTable:
     routes: dict[str, RoleRoute]
     source: str = "<memory>"
 
-    def _index(self, catalogue: ModelCatalogue, which: str) -> np.ndarray:
-        idx = catalogue.index
+    @property
+    def roles(self) -> tuple[str, ...]:
+        """The table's roles: the index order of every role array (see the module doc)."""
+        return ordered_roles(self.routes)
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        """Every model the table names, in order of first appearance."""
+        return tuple(dict.fromkeys(m for r in self.roles for m in (self.routes[r].primary, self.routes[r].fallback)))
+
+    def _index(self, actions, which: str) -> np.ndarray:
+        """``actions``: anything with an ``index`` mapping model -> column (an ActionSpace, a catalogue)."""
+        idx = actions.index
         out = []
-        for r in ROLES:
+        for r in self.roles:
             model = getattr(self.routes[r], which)
             if model not in idx:
                 raise ConfigError(self.source, f"routing.{r}.{which}",
-                                  f"model {model!r} is not in the model catalogue {catalogue.source}")
+                                  f"model {model!r} is not in the action set of {getattr(actions, 'source', actions)}")
             out.append(idx[model])
         return np.array(out, dtype=np.int64)
 
-    def primary_index(self, catalogue: ModelCatalogue) -> np.ndarray:
-        """(n_roles,) catalogue index of each role's primary model."""
-        return self._index(catalogue, "primary")
+    def primary_index(self, actions) -> np.ndarray:
+        """(n_roles,) column of each role's primary model in ``actions`` (its ``index``)."""
+        return self._index(actions, "primary")
 
-    def fallback_index(self, catalogue: ModelCatalogue) -> np.ndarray:
-        return self._index(catalogue, "fallback")
+    def fallback_index(self, actions) -> np.ndarray:
+        return self._index(actions, "fallback")
 
     def fallback_fires(self, role: np.ndarray, task_complexity_score: np.ndarray,
                        primary_failure_count: np.ndarray, failure_count: np.ndarray) -> np.ndarray:
@@ -97,7 +121,7 @@ class RoutingTable:
                   "primary_failure_count": np.asarray(primary_failure_count, dtype=np.float64),
                   "failure_count": np.asarray(failure_count, dtype=np.float64)}
         out = np.zeros(role.shape, dtype=bool)
-        for r_i, r in enumerate(ROLES):
+        for r_i, r in enumerate(self.roles):
             sel = role == r_i
             if not sel.any():
                 continue
@@ -108,15 +132,15 @@ class RoutingTable:
             out[sel] = fired
         return out
 
-    def choose(self, catalogue: ModelCatalogue, role: np.ndarray, task_complexity_score: np.ndarray,
+    def choose(self, actions, role: np.ndarray, task_complexity_score: np.ndarray,
                primary_failure_count: np.ndarray, failure_count: np.ndarray) -> np.ndarray:
-        """Vectorised SAGE routing: the catalogue index of the chosen model per row."""
+        """Vectorised SAGE routing: the column in ``actions`` of the chosen model per row."""
         role = np.asarray(role, dtype=np.int64)
         fired = self.fallback_fires(role, task_complexity_score, primary_failure_count, failure_count)
-        return np.where(fired, self.fallback_index(catalogue)[role], self.primary_index(catalogue)[role])
+        return np.where(fired, self.fallback_index(actions)[role], self.primary_index(actions)[role])
 
     @classmethod
-    def load(cls, path: str | Path = DEFAULT_TABLE, catalogue: ModelCatalogue | None = None) -> "RoutingTable":
+    def load(cls, path: str | Path = DEFAULT_TABLE) -> "RoutingTable":
         path = Path(path)
         if not path.is_file():
             raise ConfigError(path, "<file>", "routing table not found",
@@ -125,33 +149,27 @@ class RoutingTable:
             doc = yaml.safe_load(path.read_text(encoding="utf-8"))
         except (yaml.YAMLError, UnicodeDecodeError) as exc:
             raise ConfigError(path, "<file>", f"not valid YAML: {exc}") from exc
-        return cls.from_dict(doc, source=str(path), catalogue=catalogue)
+        return cls.from_dict(doc, source=str(path))
 
     @classmethod
-    def from_dict(cls, doc: object, source: str = "<memory>",
-                  catalogue: ModelCatalogue | None = None) -> "RoutingTable":
+    def from_dict(cls, doc: object, source: str = "<memory>") -> "RoutingTable":
         if not isinstance(doc, dict) or not isinstance(doc.get("routing"), dict):
             raise ConfigError(source, "routing", "expected a mapping 'routing: {<role>: {primary, fallback, fallback_triggers}}'")
         routing = doc["routing"]
         routes: dict[str, RoleRoute] = {}
+        if not routing:
+            raise ConfigError(source, "routing", "no roles: the table routes nothing")
         for role, spec in routing.items():
-            if role not in ROLES:
-                raise ConfigError(source, f"routing.{role}", f"unknown role (roles are {', '.join(ROLES)})")
+            if not isinstance(role, str) or not role.strip():
+                raise ConfigError(source, f"routing.{role}", "a role name must be a non-empty string")
             if not isinstance(spec, dict):
                 raise ConfigError(source, f"routing.{role}", "expected a mapping with primary, fallback, fallback_triggers")
             for key in ("primary", "fallback"):
                 if not isinstance(spec.get(key), str) or not spec[key]:
                     raise ConfigError(source, f"routing.{role}.{key}", "missing or not a model name")
-                if catalogue is not None and spec[key] not in catalogue.candidates(role):
-                    raise ConfigError(source, f"routing.{role}.{key}",
-                                      f"model {spec[key]!r} is not a candidate for {role!r} in {catalogue.source}",
-                                      f"candidates: {', '.join(catalogue.candidates(role))}")
             raw = spec.get("fallback_triggers", []) or []
             if not isinstance(raw, list):
                 raise ConfigError(source, f"routing.{role}.fallback_triggers", "expected a list of expressions")
             triggers = tuple(Trigger.parse(t, source=source, role=role, i=i) for i, t in enumerate(raw))
             routes[role] = RoleRoute(role, spec["primary"], spec["fallback"], triggers)
-        missing = [r for r in ROLES if r not in routes]
-        if missing:
-            raise ConfigError(source, "routing", f"no route for role(s) {', '.join(missing)}")
         return cls(routes, source=source)

@@ -55,7 +55,7 @@ def test_chain_materializes_with_readable_metadata(chain):
     assert traj["accepted_lines"] + traj["quarantined_lines"] == traj["lines_read"]
     assert traj["accepted + quarantined == lines read"] is True
     assert traj["quarantined_lines"] == 0
-    assert set(traj["other_events"]) == {"SESSION_START", "AGENT_MESSAGE", "SESSION_END"}
+    assert set(traj["other_events"]) == {"SESSION_START", "MODEL_ROUTING_DECISION", "TOKEN_USAGE", "SESSION_END"}
     ds = _metadata(result, "routing_dataset")
     assert ds["dagster/row_count"] == traj["dagster/row_count"]
     assert ds["reward_version"] == "reward_v1"
@@ -138,7 +138,9 @@ def test_policies_and_offline_eval_with_gate(chain):
         assert (root / "checkpoints" / name / "policy.json").is_file()
     meta = _metadata(result, "offline_eval")
     assert meta["ground_truth"] == "simulator"
-    report = json.loads((root / "reports" / "offline_eval.json").read_text())
+    full = json.loads((root / "reports" / "offline_eval.json").read_text())
+    assert meta["action_spaces"] == ["multi_model", "sage_binary"]
+    report = full["multi_model"]
     assert {r["policy"] for r in report["summary"]} == {"static_table", "bc", "cql", "oracle"}
     gate = report["gate"]
     # the metadata says which policy was promoted or why none was, and the folder agrees
@@ -158,6 +160,33 @@ def test_policies_and_offline_eval_with_gate(chain):
     assert "report half has" in meta["sample_size_warning"] and report["sample_size_warning"] == meta["sample_size_warning"]
 
 
+def test_sage_binary_space_judges_what_sage_serves(chain):
+    """In SAGE's binary space the gate sees only the served composites (distilled classifiers
+    behind the confidence floor, YAML below it), valued against the best binary policy."""
+    root, result = chain
+    for name in ("bc_sage_binary", "cql_sage_binary"):
+        meta = json.loads((root / "checkpoints" / name / "policy.json").read_text())
+        mask = meta["role_mask"]
+        assert all(sum(row) <= 2 for row in mask)  # primary and fallback only
+    full = json.loads((root / "reports" / "offline_eval.json").read_text())
+    rep = full["sage_binary"]
+    rows = {r["policy"]: r for r in rep["summary"]}
+    assert set(rows) == {"static_table", "bc_trained", "cql_trained", "bc_served", "cql_served", "oracle"}
+    gt = rep["ground_truth"]["episode_value"]
+    # the binary oracle: no better than the multi-model one, no worse than the table
+    assert gt["static_table"] <= gt["oracle"] <= full["multi_model"]["ground_truth"]["episode_value"]["oracle"] + 1e-12
+    assert set(rep["gate"]["candidates"]) <= {"bc_served", "cql_served"}
+    meta = _metadata(result, "offline_eval")
+    assert "floor chosen by" in meta["served_floor_selection"]
+    sage = _metadata(result, "sage_router_checkpoint")
+    if rep["gate"]["promoted"]:
+        assert sage["written"] is True and (root / "checkpoints" / "sage" / "policy.joblib").is_file()
+        assert sage["decisions_checked_as_sage"] > 0
+        assert "export SAGE_RL_POLICY=1" in sage["sage_env"]
+    else:
+        assert sage["written"] is False and not (root / "checkpoints" / "sage").exists()
+
+
 def test_logs_without_propensities_use_bc_estimates(tmp_path):
     """Real SAGE logs without propensities: BC estimates them and the report says so."""
     from sage_pipeline.routing import collector
@@ -167,18 +196,18 @@ def test_logs_without_propensities_use_bc_estimates(tmp_path):
 
     cat = ModelCatalogue.load()
     src = tmp_path / "src"
-    collector.collect(RoutingSimulator(cat, RoutingTable.load(catalogue=cat)), src,
+    collector.collect(RoutingSimulator(cat, RoutingTable.load()), src,
                       collector.CollectorConfig(episodes=800, seed=5))
     real = tmp_path / "sessions" / "real"
     real.mkdir(parents=True)
-    for f in sorted(src.glob("*.jsonl")):
+    for f in sorted(src.glob("*.log")):
         out = []
         for line in f.read_text().splitlines():
             ev = json.loads(line)
             ev.pop("propensity", None)
             ev.setdefault("extra", {})["synthetic"] = False
             out.append(json.dumps(ev))
-        (real / f.name.replace("synthetic_", "sage_")).write_text("\n".join(out) + "\n")
+        (real / f.name).write_text("\n".join(out) + "\n")
     cfg = {"ops": {**SMALL["ops"], "trajectories": {"config": {"log_dirs": ["sessions/real"]}}}}
     result = _run(tmp_path, cfg)
     ds = _metadata(result, "routing_dataset")
@@ -187,7 +216,7 @@ def test_logs_without_propensities_use_bc_estimates(tmp_path):
     assert meta["propensities_estimated_by_bc"] > 0
     assert meta["ground_truth"].startswith("none")
     report = json.loads((tmp_path / "reports" / "offline_eval.json").read_text())
-    assert report["ground_truth"] is None
+    assert report["multi_model"]["ground_truth"] is None
     assert report["propensities_estimated_by_bc"] == meta["propensities_estimated_by_bc"]
 
 
@@ -200,7 +229,7 @@ def test_support_rule_is_a_config_choice(tmp_path):
            "offline_eval": {"config": {**SMALL["ops"]["offline_eval"]["config"], "support": "behaviour"}}}
     result = _run(tmp_path, {"ops": ops})
     report = json.loads((tmp_path / "reports" / "offline_eval.json").read_text())
-    step = [r for r in report["summary"] if r["policy"] in ("static_table", "bc", "cql")]
+    step = [r for r in report["multi_model"]["summary"] if r["policy"] in ("static_table", "bc", "cql")]
     assert step and all(r["no_support"] is None for r in step)
     assert _metadata(result, "offline_eval")["ground_truth"] == "simulator"
     bad = {"ops": {**ops, "offline_eval": {"config": {"support": "sample"}}}}

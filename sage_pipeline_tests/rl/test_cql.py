@@ -35,7 +35,7 @@ BUDGET = dict(steps=2000, batch_size=256)  # the default budget: 4 alphas train 
 @pytest.fixture(scope="module")
 def world():
     cat = ModelCatalogue.load()
-    tab = RoutingTable.load(catalogue=cat)
+    tab = RoutingTable.load()
     return cat, tab, RoutingSimulator(cat, tab)
 
 
@@ -45,7 +45,7 @@ def data(world, tmp_path_factory) -> LoggedDecisions:
     root = tmp_path_factory.mktemp("cql")
     collect(sim, root / "logs", CollectorConfig(episodes=5000, seed=11), progress=lambda m: None)
     ing = ingest.ingest(ingest.IngestConfig((root / "logs",)), cat, root / "routing", progress=lambda m: None)
-    df = build_routing_dataset(pq.read_table(ing.trajectories).to_pandas(), cat, tab)
+    df = build_routing_dataset(pq.read_table(ing.trajectories).to_pandas(), tab, cat).frame
     return from_dataset(df, cat)
 
 

@@ -98,11 +98,11 @@ def logged_frame(tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("logged")
     cat = ModelCatalogue.load()
-    tab = RoutingTable.load(catalogue=cat)
+    tab = RoutingTable.load()
     sim = RoutingSimulator(cat, tab)
     collect(sim, tmp / "sessions", CollectorConfig(episodes=4000, seed=5), progress=lambda s: None)
     traj = ingest(IngestConfig((tmp / "sessions",)), cat, tmp / "routing")
-    df = build_routing_dataset(pq.read_table(traj.trajectories).to_pandas(), cat, tab, DatasetConfig(eval_fraction=0.5))
+    df = build_routing_dataset(pq.read_table(traj.trajectories).to_pandas(), tab, cat, DatasetConfig(eval_fraction=0.5)).frame
     return sim, df
 
 

@@ -192,7 +192,7 @@ def test_config_is_validated() -> None:
 @pytest.fixture(scope="module")
 def sim() -> RoutingSimulator:
     cat = ModelCatalogue.load()
-    return RoutingSimulator(cat, RoutingTable.load(catalogue=cat))
+    return RoutingSimulator(cat, RoutingTable.load())
 
 
 def policies(sim: RoutingSimulator) -> dict[str, object]:
@@ -336,7 +336,7 @@ def test_evaluation_diagnostics(multistep) -> None:
 
 def static_choice(data: ope.LoggedData) -> np.ndarray:
     cat = ModelCatalogue.load()
-    return StaticTablePolicy(RoutingTable.load(catalogue=cat), cat).choose(data.contexts)
+    return StaticTablePolicy(RoutingTable.load(), cat).choose(data.contexts)
 
 
 def test_all_decisions_scope_estimates_the_per_decision_value(sim: RoutingSimulator) -> None:
@@ -437,11 +437,11 @@ def test_evaluate_policy_on_the_routing_dataset(tmp_path) -> None:
     from sage_pipeline.routing.routing_dataset import build_routing_dataset
 
     cat = ModelCatalogue.load()
-    tab = RoutingTable.load(catalogue=cat)
+    tab = RoutingTable.load()
     sim = RoutingSimulator(cat, tab)
     res = collect(sim, tmp_path / "sessions", CollectorConfig(episodes=1500, seed=3), progress=lambda s: None)
     traj = ingest(IngestConfig((tmp_path / "sessions",)), cat, tmp_path / "routing")
-    df = build_routing_dataset(pq.read_table(traj.trajectories).to_pandas(), cat, tab)
+    df = build_routing_dataset(pq.read_table(traj.trajectories).to_pandas(), tab, cat).frame
     data = ope.LoggedData.from_frame(df, cat.actions)
     assert data.session_id is not None and len(data) == res.decisions
     ev = ope.evaluate_policy(data, StaticTablePolicy(tab, cat), ope.OPEConfig(n_boot=300))

@@ -25,10 +25,10 @@ from sage_pipeline.routing.table import RoutingTable
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory: pytest.TempPathFactory, catalogue: ModelCatalogue) -> pd.DataFrame:
     tmp: Path = tmp_path_factory.mktemp("expectations")
-    table = RoutingTable.load(catalogue=catalogue)
+    table = RoutingTable.load()
     collect(RoutingSimulator(catalogue, table), tmp / "sessions", CollectorConfig(episodes=800, seed=1))
     res = ingest(IngestConfig((tmp / "sessions",)), catalogue, tmp / "routing")
-    df = build_routing_dataset(pq.read_table(res.trajectories).to_pandas(), catalogue, table)
+    df = build_routing_dataset(pq.read_table(res.trajectories).to_pandas(), table, catalogue).frame
     assert len(df) > 1000 and set(df["role"]) == set(ROLES)
     return df
 
@@ -140,26 +140,26 @@ def test_wrong_types_fail(dataset: pd.DataFrame, catalogue: ModelCatalogue) -> N
 def test_volume_flags_a_short_role_and_passes_with_a_lower_minimum(dataset: pd.DataFrame) -> None:
     role = "reviewer"
     df = pd.concat([dataset[dataset["role"] != role], dataset[dataset["role"] == role].head(10)])
-    strict = validate_volume(df, min_rows_per_role=500)
+    strict = validate_volume(df, ROLES, min_rows_per_role=500)
     assert strict.suite == "volume" and not strict.success
     assert strict.counts[role] == 10 and strict.short[role] == 10
     assert set(strict.counts) == set(ROLES)
     name = f"expect_table_row_count_to_be_between(role == {role!r})"
     assert "10 rows (need >= 500)" in _failed(strict)[name]
-    lenient = validate_volume(df, min_rows_per_role=5)
+    lenient = validate_volume(df, ROLES, min_rows_per_role=5)
     assert lenient.success and lenient.short == {} and lenient.counts[role] == 10
 
 
 def test_volume_reports_an_absent_role_as_zero(dataset: pd.DataFrame) -> None:
     role = "documentation"
-    result = validate_volume(dataset[dataset["role"] != role], min_rows_per_role=1)
+    result = validate_volume(dataset[dataset["role"] != role], ROLES, min_rows_per_role=1)
     assert not result.success and result.counts[role] == 0 and result.short == {role: 0}
     assert list(_failed(result)) == [f"expect_table_row_count_to_be_between(role == {role!r})"]
     assert "0 rows" in _failed(result)[f"expect_table_row_count_to_be_between(role == {role!r})"]
 
 
 def test_volume_counts_match_pandas(dataset: pd.DataFrame) -> None:
-    result = validate_volume(dataset, min_rows_per_role=1)
+    result = validate_volume(dataset, ROLES, min_rows_per_role=1)
     assert result.success and result.counts == dataset["role"].value_counts().reindex(ROLES).to_dict()
 
 

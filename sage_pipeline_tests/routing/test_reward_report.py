@@ -29,10 +29,10 @@ from sage_pipeline.routing.table import RoutingTable
 def dataset(tmp_path_factory: pytest.TempPathFactory) -> pd.DataFrame:
     tmp = tmp_path_factory.mktemp("reward_report")
     cat = ModelCatalogue.load()
-    tab = RoutingTable.load(catalogue=cat)
+    tab = RoutingTable.load()
     collect(RoutingSimulator(cat, tab), tmp / "sessions", CollectorConfig(episodes=800, seed=1))
     res = ingest(IngestConfig((tmp / "sessions",)), cat, tmp / "routing")
-    return build_routing_dataset(pq.read_table(res.trajectories).to_pandas(), cat, tab)
+    return build_routing_dataset(pq.read_table(res.trajectories).to_pandas(), tab, cat).frame
 
 
 @pytest.fixture(scope="module")

@@ -52,7 +52,7 @@ def trajectories(collected) -> pd.DataFrame:
 
 @pytest.fixture(scope="module")
 def ds(trajectories, catalogue, table) -> pd.DataFrame:
-    return build_routing_dataset(trajectories, catalogue, table)
+    return build_routing_dataset(trajectories, table, catalogue).frame
 
 
 def test_one_row_per_decision(ds, collected, trajectories):
@@ -96,7 +96,7 @@ def test_one_row_per_decision(ds, collected, trajectories):
 
 def test_build_is_pure_and_order_independent(ds, trajectories, catalogue, table):
     shuffled = trajectories.sample(frac=1.0, random_state=0).reset_index(drop=True)
-    again = build_routing_dataset(shuffled, catalogue, table)
+    again = build_routing_dataset(shuffled, table, catalogue).frame
     pd.testing.assert_frame_equal(again, ds)
 
 
@@ -117,13 +117,13 @@ def test_split_is_the_documented_hash(ds):
 
 
 def test_split_is_stable_across_runs_and_subsets(ds, trajectories, catalogue, table):
-    again = build_routing_dataset(trajectories, catalogue, table)
+    again = build_routing_dataset(trajectories, table, catalogue).frame
     assert again["split"].tolist() == ds["split"].tolist()
     sessions = sorted(trajectories["session_id"].unique())
     for subset in (sessions[::3], sessions[1::2], sessions[-5:]):
         sub = build_routing_dataset(
-            trajectories[trajectories["session_id"].isin(subset)].reset_index(drop=True), catalogue, table
-        )
+            trajectories[trajectories["session_id"].isin(subset)].reset_index(drop=True), table, catalogue
+        ).frame
         want = ds.set_index("decision_id").loc[sub["decision_id"], "split"]
         assert sub["split"].tolist() == want.tolist()
     # the split function alone: a session's split does not depend on the others
@@ -142,7 +142,7 @@ def test_split_depends_on_salt_and_fraction(ds, trajectories, catalogue, table):
     # a larger eval fraction only moves sessions from train into eval
     c = session_split(sessions, 0.5, "sage-routing")
     assert ((a == "eval") <= (c == "eval")).all() and (c == "eval").sum() > (a == "eval").sum()
-    wide = build_routing_dataset(trajectories, catalogue, table, DatasetConfig(eval_fraction=0.5))
+    wide = build_routing_dataset(trajectories, table, catalogue, DatasetConfig(eval_fraction=0.5)).frame
     assert (wide.groupby("session_id")["split"].nunique() == 1).all()
 
 
@@ -154,7 +154,7 @@ def test_reward_v1_is_the_logged_reward(ds):
 
 def test_reward_v2_subtracts_weighted_cost_and_clamps(trajectories, catalogue, table):
     cfg = DatasetConfig(reward=RewardSpec(version="reward_v2", cost_weight=5.0))
-    v2 = build_routing_dataset(trajectories, catalogue, table, cfg)
+    v2 = build_routing_dataset(trajectories, table, catalogue, cfg).frame
     assert (v2["reward_version"] == "reward_v2").all()
     want = np.clip(v2["logged_reward"] - 5.0 * v2["cost_usd"], -2.0, 2.0)
     np.testing.assert_allclose(v2["reward"], want, rtol=0, atol=1e-12)
@@ -165,17 +165,17 @@ def test_reward_v2_subtracts_weighted_cost_and_clamps(trajectories, catalogue, t
     rows["cost_usd"] = [0.1, 0.0, 0.02]
     out = build_routing_dataset(
         rows.reset_index(drop=True),
-        catalogue,
         table,
+        catalogue,
         DatasetConfig(reward=RewardSpec(version="reward_v2", cost_weight=5.0)),
-    )
+    ).frame
     assert out.sort_values("source_line")["reward"].tolist() == pytest.approx([-2.0, 2.0, 0.9], abs=1e-12)
     heavy = build_routing_dataset(
         rows.reset_index(drop=True),
-        catalogue,
         table,
+        catalogue,
         DatasetConfig(reward=RewardSpec(version="reward_v2", cost_weight=200.0)),
-    )
+    ).frame
     assert heavy.sort_values("source_line")["reward"].tolist() == pytest.approx([-2.0, 2.0, -2.0], abs=1e-12)
 
 
@@ -225,7 +225,7 @@ def test_episode_with_a_missing_step_is_incomplete(trajectories, catalogue, tabl
     hole = (
         (trajectories["session_id"] == sid) & (trajectories["task_id"] == tid) & (trajectories["step"] == 1)
     )
-    out = build_routing_dataset(trajectories[~hole].reset_index(drop=True), catalogue, table)
+    out = build_routing_dataset(trajectories[~hole].reset_index(drop=True), table, catalogue).frame
     mine = out["episode_id"] == f"{sid}/{tid}"
     assert mine.sum() >= 2
     assert not out.loc[mine, "episode_complete"].any()
@@ -246,7 +246,7 @@ def test_other_broken_episodes_are_incomplete(damage, trajectories, catalogue, t
         df = df[~(ep & (df["step"] == 0))]
     else:  # the terminal step is lost: what is left has no terminal
         df = df[~(ep & (df["step"] == last))]
-    out = build_routing_dataset(df.reset_index(drop=True), catalogue, table)
+    out = build_routing_dataset(df.reset_index(drop=True), table, catalogue).frame
     mine = out["episode_id"] == f"{sid}/{tid}"
     assert not out.loc[mine, "episode_complete"].any()
     assert out.loc[~mine, "episode_complete"].all()
@@ -260,7 +260,7 @@ def test_cost_from_catalogue_when_not_logged(trajectories, catalogue, table):
     no_tokens = df.index % 6 == 0  # among the dropped costs, some have no prompt size either
     df["prompt_tokens"] = df["prompt_tokens"].astype("Int64")
     df.loc[no_tokens, "prompt_tokens"] = pd.NA
-    out = build_routing_dataset(df, catalogue, table)
+    out = build_routing_dataset(df, table, catalogue).frame
     by_line = out.set_index(["source_file", "source_line"])
     key = list(zip(df["source_file"], df["source_line"]))
     src = by_line.loc[key, "cost_source"].to_numpy()
@@ -283,7 +283,7 @@ def test_missing_propensity_and_failure_count(trajectories, catalogue, table):
     df = trajectories.copy()
     df["propensity"] = np.nan
     df["failure_count"] = pd.array([None] * len(df), dtype="Int64")
-    out = build_routing_dataset(df, catalogue, table)
+    out = build_routing_dataset(df, table, catalogue).frame
     assert (out["propensity_source"] == "missing").all() and out["propensity"].isna().all()
     assert (out["failure_count"] == out["step"]).all()
     assert out["failure_count"].dtype == np.int64
@@ -317,7 +317,7 @@ def test_jsonl_writes_missing_values_as_null(trajectories, catalogue, table, tmp
     df = trajectories.iloc[:5].copy()
     df["propensity"] = np.nan
     df["prompt_tokens"] = pd.array([None] * 5, dtype="Int64")
-    out = build_routing_dataset(df.reset_index(drop=True), catalogue, table)
+    out = build_routing_dataset(df.reset_index(drop=True), table, catalogue).frame
     files = write_routing_dataset(out, tmp_path)
     rows = [json.loads(x) for x in files.jsonl.read_text().splitlines()]
     assert all(r["propensity"] is None and r["prompt_tokens"] is None for r in rows)
@@ -335,7 +335,7 @@ def test_read_missing_dataset(tmp_path):
 
 def test_empty_input_raises_a_clear_error(trajectories, catalogue, table):
     with pytest.raises(ValueError) as err:
-        build_routing_dataset(trajectories.iloc[:0], catalogue, table)
+        build_routing_dataset(trajectories.iloc[:0], table, catalogue).frame
     assert str(err.value) == (
         "no trajectory rows to build the routing dataset from: the trajectories asset "
         "accepted nothing (see its quarantine.jsonl and metadata)"
@@ -346,3 +346,157 @@ def test_empty_input_raises_a_clear_error(trajectories, catalogue, table):
 def test_dataset_config_validation(frac):
     with pytest.raises(ValueError, match=rf"^eval_fraction must be in \(0, 1\), got {frac}$"):
         DatasetConfig(eval_fraction=frac)
+
+
+# ------------------------------------------------------------------ SAGE's own shape: joins and derivations
+SAGE_TABLE = {"routing": {
+    "coder": {"primary": "qwen2.5-coder:1.5b", "fallback": "codestral:22b",
+              "fallback_triggers": ["task_complexity_score > 0.8", "primary_failure_count >= 2"]},
+    "shell_chat": {"primary": "qwen3:14b-q4_K_M", "fallback": "claude-sonnet-4-5"},
+}}
+
+
+def _sage_rows(rows: list[dict]) -> pd.DataFrame:
+    """Trajectory rows as the ingest writes them for SAGE journals (no step, no propensity)."""
+    base = {"session_id_source": "file_stem", "trace_id": None, "step": None, "propensity": None,
+            "prompt_strategy_key": "default", "primary_failure_count": None, "failure_count": None,
+            "prompt_tokens": None, "verification_passed": None, "failed_reason": None, "timed_out": None,
+            "reviewer_score": None, "latency_s": None, "cost_usd": None, "terminal": False,
+            "data_source": "real", "source_file": "/s/2026-11-20.log", "session_id": "2026-11-20"}
+    df = pd.DataFrame([base | r for r in rows])
+    df["timestamp_utc"] = pd.to_datetime(df["timestamp"], utc=True, format="ISO8601")
+    for c in ("step", "primary_failure_count", "failure_count", "prompt_tokens"):
+        df[c] = df[c].astype("Int64")
+    for c in ("propensity", "task_complexity_score", "reviewer_score", "latency_s", "cost_usd", "logged_reward"):
+        df[c] = df[c].astype("float64")
+    return df
+
+
+def _mrd(rows: list[dict]) -> pd.DataFrame:
+    base = {"source_file": "/s/2026-11-20.log", "session_id": "2026-11-20", "trace_id": None,
+            "matched_fallback_triggers": [], "policy_source": "yaml", "propensity": None,
+            "task_complexity_score": None, "primary_failure_count": None}
+    df = pd.DataFrame([base | r for r in rows])
+    df["propensity"] = df["propensity"].astype("float64")
+    return df
+
+
+def _tu(rows: list[dict]) -> pd.DataFrame:
+    base = {"source_file": "/s/2026-11-20.log", "session_id": "2026-11-20", "trace_id": None, "agent": None,
+            "cost_usd": None}
+    df = pd.DataFrame([base | r for r in rows])
+    df["cost_usd"] = df["cost_usd"].astype("float64")
+    return df
+
+
+@pytest.fixture()
+def sage_day():
+    from sage_pipeline.routing.table import RoutingTable
+
+    table = RoutingTable.from_dict(SAGE_TABLE, source="models.yaml")
+    traj = _sage_rows([
+        # task t1: primary fails twice (lines 3, 7), then the fallback passes (line 11); logged out of order
+        {"task_id": "t1", "role": "coder", "model": "codestral:22b", "timestamp": "2026-11-20T10:00:09+00:00",
+         "source_line": 11, "task_complexity_score": 0.5, "verification_passed": True, "logged_reward": 1.0,
+         "terminal": True},
+        {"task_id": "t1", "role": "coder", "model": "qwen2.5-coder:1.5b", "timestamp": "2026-11-20T10:00:01+00:00",
+         "source_line": 3, "task_complexity_score": 0.5, "verification_passed": False, "logged_reward": 0.1},
+        {"task_id": "t1", "role": "coder", "model": "qwen2.5-coder:1.5b", "timestamp": "2026-11-20T12:00:05+02:00",
+         "source_line": 7, "task_complexity_score": None, "verification_passed": False, "logged_reward": 0.0},
+        # task t2: a shell_chat decision whose complexity and tokens come only from the side events
+        {"task_id": "t2", "role": "shell_chat", "model": "claude-sonnet-4-5",
+         "timestamp": "2026-11-20T10:01:00+00:00", "source_line": 15, "task_complexity_score": None,
+         "verification_passed": True, "logged_reward": 0.9, "terminal": True},
+        # a role the table does not route: kept in trajectories, left out of the dataset
+        {"task_id": "t3", "role": "ghost", "model": "x:1b", "timestamp": "2026-11-20T10:02:00+00:00",
+         "source_line": 17, "task_complexity_score": 0.3, "logged_reward": 0.5, "terminal": True},
+    ])
+    mrd = _mrd([
+        {"source_line": 2, "agent_role": "coder", "selected_model": "qwen2.5-coder:1.5b",
+         "primary_model": "qwen2.5-coder:1.5b", "fallback_model": "codestral:22b"},
+        {"source_line": 6, "agent_role": "coder", "selected_model": "qwen2.5-coder:1.5b",
+         "primary_model": "qwen2.5-coder:1.5b", "fallback_model": "codestral:22b",
+         "task_complexity_score": 0.5, "primary_failure_count": 1},
+        {"source_line": 10, "agent_role": "coder", "selected_model": "codestral:22b",
+         "primary_model": "qwen2.5-coder:1.5b", "fallback_model": "codestral:22b",
+         "matched_fallback_triggers": ["primary_failure_count >= 2"]},
+        {"source_line": 13, "agent_role": "shell_chat", "selected_model": "claude-sonnet-4-5",
+         "primary_model": "qwen3:14b-q4_K_M", "fallback_model": "claude-sonnet-4-5", "policy_source": "learned",
+         "propensity": 0.7, "task_complexity_score": 0.42, "primary_failure_count": 0},
+    ])
+    tu = _tu([
+        {"source_line": 14, "model": "claude-sonnet-4-5", "prompt_tokens": 1200, "completion_tokens": 300},
+        {"source_line": 14, "model": "claude-sonnet-4-5", "prompt_tokens": 100, "completion_tokens": 20,
+         "cost_usd": 0.01},
+        {"source_line": 16, "model": "claude-sonnet-4-5", "prompt_tokens": 5, "completion_tokens": 5},  # no step after
+    ])
+    return table, traj, mrd, tu
+
+
+def test_sage_journal_rows_join_derive_and_keep_unknown_models(sage_day, catalogue):
+    table, traj, mrd, tu = sage_day
+    built = build_routing_dataset(traj, table, catalogue, DatasetConfig(), mrd, tu)
+    df, space, rep = built.frame, built.space, built.report
+    assert space.roles == ("coder", "shell_chat")
+    assert set(space.actions) == {"qwen2.5-coder:1.5b", "codestral:22b", "qwen3:14b-q4_K_M", "claude-sonnet-4-5"}
+    assert rep.excluded_roles == {"ghost": 1} and rep.dropped_no_complexity == 0
+    t1 = df[df["task_id"] == "t1"].set_index("step")
+    # steps derived by time (the +02:00 stamp is 10:00:05 UTC), not by file line
+    assert t1["source_line"].tolist() == [3, 7, 11] and (t1["step_source"] == "derived").all()
+    assert t1["task_complexity_score"].tolist() == [0.5, 0.5, 0.5]  # the second from its routing decision
+    assert t1["primary_failure_count"].tolist() == [0, 1, 2]  # derived, then the MRD's, then derived
+    assert t1["failure_count"].tolist() == [0, 1, 2]
+    assert t1["action_kind"].tolist() == ["primary", "primary", "fallback"]
+    assert t1["matched_fallback_triggers"].iat[2] == '["primary_failure_count >= 2"]'
+    assert t1["episode_complete"].all() and (t1["policy_source"] == "yaml").all()
+    t2 = df[df["task_id"] == "t2"].iloc[0]
+    assert t2["task_complexity_score"] == 0.42 and t2["policy_source"] == "learned"
+    assert t2["propensity"] == 0.7 and t2["propensity_source"] == "logged_routing_decision"
+    assert t2["prompt_tokens"] == 1300 and t2["completion_tokens"] == 320
+    assert t2["cost_usd"] == 0.01 and t2["cost_source"] == "logged"
+    assert rep.token_usage_unattributed == 1 and rep.routing_decisions_joined == 4
+    # Ollama models have no price in the catalogue: unknown, never a reason to drop a row
+    assert set(df.loc[df["cost_source"] == "unknown", "model"]) == {"qwen2.5-coder:1.5b", "codestral:22b"}
+    assert df["cost_usd"].isna().sum() == 3
+    assert (df.loc[df["propensity_source"] == "missing", "propensity"].isna()).all()
+
+
+def test_reward_v2_with_unknown_prices_names_the_models(sage_day, catalogue):
+    table, traj, mrd, tu = sage_day
+    cfg = DatasetConfig(reward=RewardSpec(version="reward_v2"))
+    with pytest.raises(ValueError) as err:
+        build_routing_dataset(traj, table, catalogue, cfg, mrd, tu, price_source="prices.yaml")
+    assert ("reward_v2 subtracts each call's cost, but models ['codestral:22b', 'qwen2.5-coder:1.5b'] have no "
+            "logged cost_usd and no price in prices.yaml") in str(err.value)
+
+
+def test_a_routing_decision_serves_one_step_only(sage_day, catalogue):
+    table, traj, mrd, tu = sage_day
+    traj = traj.copy()
+    traj.loc[traj["source_line"] == 7, "task_complexity_score"] = 0.5
+    built = build_routing_dataset(traj, table, catalogue, DatasetConfig(), mrd[mrd["source_line"] != 6], tu)
+    t1 = built.frame[built.frame["task_id"] == "t1"].set_index("step")
+    # without its own MRD the second attempt does not reuse the first's (line 2)
+    assert t1["policy_source"].isna().tolist() == [False, True, False]
+    assert t1["primary_failure_count"].tolist() == [0, 1, 2]  # derived from the earlier failed primaries
+
+
+def test_episode_without_complexity_is_left_out_and_counted(sage_day, catalogue):
+    table, traj, mrd, tu = sage_day
+    built = build_routing_dataset(traj, table, catalogue, DatasetConfig(), mrd[mrd["source_line"] != 6], tu)
+    # t1's second attempt has no complexity in its state nor a routing decision: t1 goes, t2 stays
+    assert built.report.dropped_no_complexity == 3
+    assert built.frame["task_id"].tolist() == ["t2"]
+    with pytest.raises(ValueError, match="no decision has a task_complexity_score"):
+        build_routing_dataset(traj, table, catalogue, DatasetConfig(), None, None)
+
+
+def test_no_routed_role_is_an_error_naming_the_table(catalogue):
+    from sage_pipeline.routing.table import RoutingTable
+
+    table = RoutingTable.from_dict(SAGE_TABLE, source="models.yaml")
+    traj = _sage_rows([{"task_id": "t", "role": "ghost", "model": "m", "timestamp": "2026-11-20T10:00:00+00:00",
+                        "source_line": 1, "task_complexity_score": 0.2, "logged_reward": 0.1, "terminal": True}])
+    with pytest.raises(ValueError, match=r"no decision of the logs is for a role the routing table models\.yaml "
+                                         r"routes \(logged roles: \['ghost'\]"):
+        build_routing_dataset(traj, table, catalogue)

@@ -377,3 +377,29 @@ def test_simulator_config_validation():
         RewardSpec(version="reward_v9")
     with pytest.raises(ValueError, match=r"^cost_weight must be >= 0, got -1"):
         RewardSpec(cost_weight=-1)
+
+
+def test_binary_oracle_is_the_best_primary_or_fallback_policy(sim, tasks, catalogue, table):
+    from sage_pipeline.routing.action_space import ActionSpace
+
+    space = ActionSpace.build(table, [(r, m) for r in ROLES for m in catalogue.candidates(r)], catalogue)
+    binary = space.binary().mask
+    full, best_binary = sim.optimal_value(tasks).per_task, sim.optimal_value(tasks, binary).per_task
+    static = sim.policy_value(StaticTablePolicy(table, catalogue), tasks).per_task
+    # restricted to primary/fallback the optimum can only be worse, and never below the table (one of them)
+    assert (best_binary <= full + 1e-12).all() and (best_binary >= static - 1e-12).all()
+    assert best_binary.mean() < full.mean()  # the catalogue has better third models for some tasks
+    oracle = sim.oracle_policy(binary)
+    ctx = sim.contexts(tasks, np.zeros(len(tasks), dtype=np.int64), np.zeros(len(tasks), dtype=np.int64))
+    probs = check_probs(oracle, ctx, oracle.action_probs(ctx))
+    assert (probs[~binary[ctx.role]] == 0).all()
+    assert sim.policy_value(oracle, tasks).per_task == pytest.approx(best_binary)
+
+
+def test_simulator_refuses_a_table_with_other_roles(catalogue):
+    from sage_pipeline.routing.table import RoutingTable
+
+    t = RoutingTable.from_dict({"routing": {"shell_chat": {"primary": "gpt-4.1", "fallback": "gpt-4.1"}}},
+                               source="sage.yaml")
+    with pytest.raises(ValueError, match="the table sage.yaml routes shell_chat"):
+        RoutingSimulator(catalogue, t)

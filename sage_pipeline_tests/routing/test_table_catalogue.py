@@ -112,7 +112,7 @@ def test_role_without_triggers_always_routes_to_primary(catalogue):
     doc = table_doc()
     doc["routing"]["coder"]["fallback_triggers"] = []
     del doc["routing"]["reviewer"]["fallback_triggers"]
-    t = RoutingTable.from_dict(doc, catalogue=catalogue)
+    t = RoutingTable.from_dict(doc)
     assert t.routes["coder"].triggers == () and t.routes["reviewer"].triggers == ()
     for c, pfc in ((1.0, 9), (0.0, 0)):
         assert choose_one(t, catalogue, "coder", c, pfc, pfc) == "gpt-4.1-mini"
@@ -166,7 +166,7 @@ def test_vectorised_choose_matches_scalar_reference(table, catalogue):
     ],
 )
 def test_every_trigger_operator(op, fires_at, catalogue):
-    t = RoutingTable.from_dict(one_trigger_table(f"task_complexity_score {op} 0.5"), catalogue=catalogue)
+    t = RoutingTable.from_dict(one_trigger_table(f"task_complexity_score {op} 0.5"))
     trig = t.routes["coder"].triggers[0]
     assert (trig.var, trig.op, trig.value) == ("task_complexity_score", op, 0.5)
     assert str(trig) == f"task_complexity_score {op} 0.5"
@@ -214,7 +214,7 @@ FIX = "write 'variable op number', e.g. 'task_complexity_score > 0.8'"
 )
 def test_unparseable_trigger_names_role_and_expression(expr, catalogue):
     with pytest.raises(ConfigError) as err:
-        RoutingTable.from_dict(one_trigger_table(expr), source="models.yaml", catalogue=catalogue)
+        RoutingTable.from_dict(one_trigger_table(expr), source="models.yaml")
     assert str(err.value) == (
         f"models.yaml: routing.coder.fallback_triggers[0]: cannot parse trigger "
         f"{expr!r} for role 'coder' ({FIX})"
@@ -228,7 +228,7 @@ def test_non_string_trigger_names_role_and_expression(expr, catalogue):
     doc = table_doc()
     doc["routing"]["planner"]["fallback_triggers"] = ["failure_count >= 1", expr]
     with pytest.raises(ConfigError) as err:
-        RoutingTable.from_dict(doc, source="models.yaml", catalogue=catalogue)
+        RoutingTable.from_dict(doc, source="models.yaml")
     assert str(err.value) == (
         "models.yaml: routing.planner.fallback_triggers[1]: expected a string like "
         f"'primary_failure_count >= 2', got {expr!r}"
@@ -238,7 +238,7 @@ def test_non_string_trigger_names_role_and_expression(expr, catalogue):
 def test_trigger_with_unknown_variable(catalogue):
     with pytest.raises(ConfigError) as err:
         RoutingTable.from_dict(
-            one_trigger_table("complexity > 0.8", role="debugger"), source="m.yaml", catalogue=catalogue
+            one_trigger_table("complexity > 0.8", role="debugger"), source="m.yaml"
         )
     assert str(err.value) == (
         "m.yaml: routing.debugger.fallback_triggers[0]: unknown variable 'complexity' in trigger "
@@ -255,23 +255,43 @@ def test_triggers_not_a_list(catalogue):
         match=r"^m\.yaml: routing\.coder\.fallback_triggers: expected a list of "
         r"expressions$",
     ):
-        RoutingTable.from_dict(doc, source="m.yaml", catalogue=catalogue)
+        RoutingTable.from_dict(doc, source="m.yaml")
 
 
-def test_unknown_role_in_table(catalogue):
+def test_extra_roles_are_routed_in_table_order_after_the_agent_roles():
+    """SAGE's own table routes shell_router and shell_chat beside the agent roles."""
     doc = table_doc()
-    doc["routing"]["wizard"] = {"primary": "gpt-4.1", "fallback": "gpt-4.1"}
-    with pytest.raises(ConfigError) as err:
-        RoutingTable.from_dict(doc, source="m.yaml", catalogue=catalogue)
-    assert str(err.value) == f"m.yaml: routing.wizard: unknown role (roles are {ROLE_LIST})"
+    doc["routing"] = {"shell_chat": {"primary": "qwen3:14b-q4_K_M", "fallback": "claude-sonnet-4-5"},
+                      **doc["routing"],
+                      "shell_router": {"primary": "llama3.2:3b", "fallback": "qwen3:14b-q4_K_M",
+                                       "fallback_triggers": ["task_complexity_score > 0.5"]}}
+    t = RoutingTable.from_dict(doc, source="m.yaml")
+    assert t.roles == (*ROLES, "shell_chat", "shell_router")
+    assert t.models[-3:] == ("qwen3:14b-q4_K_M", "claude-sonnet-4-5", "llama3.2:3b")
+    idx = {m: i for i, m in enumerate(t.models)}
+    role = np.array([t.roles.index("shell_router")] * 2)
+    got = t.choose(type("A", (), {"index": idx})(), role, np.array([0.4, 0.6]), np.zeros(2), np.zeros(2))
+    assert [t.models[i] for i in got] == ["llama3.2:3b", "qwen3:14b-q4_K_M"]
 
 
-def test_role_without_a_route(catalogue):
+def test_a_table_may_route_a_subset_of_the_agent_roles():
     doc = table_doc()
     del doc["routing"]["reviewer"], doc["routing"]["documentation"]
-    with pytest.raises(ConfigError) as err:
-        RoutingTable.from_dict(doc, source="m.yaml", catalogue=catalogue)
-    assert str(err.value) == "m.yaml: routing: no route for role(s) reviewer, documentation"
+    t = RoutingTable.from_dict(doc, source="m.yaml")
+    assert t.roles == tuple(r for r in ROLES if r not in ("reviewer", "documentation"))
+
+
+@pytest.mark.parametrize("role", ["", 3])
+def test_role_name_must_be_a_string(role):
+    doc = table_doc()
+    doc["routing"][role] = {"primary": "a", "fallback": "b"}
+    with pytest.raises(ConfigError, match=r"a role name must be a non-empty string"):
+        RoutingTable.from_dict(doc, source="m.yaml")
+
+
+def test_empty_routing_mapping():
+    with pytest.raises(ConfigError, match=r"^m\.yaml: routing: no roles: the table routes nothing$"):
+        RoutingTable.from_dict({"routing": {}}, source="m.yaml")
 
 
 @pytest.mark.parametrize("key", ["primary", "fallback"])
@@ -283,31 +303,17 @@ def test_missing_primary_or_fallback(key, value, catalogue):
     else:
         doc["routing"]["architect"][key] = value
     with pytest.raises(ConfigError) as err:
-        RoutingTable.from_dict(doc, source="m.yaml", catalogue=catalogue)
+        RoutingTable.from_dict(doc, source="m.yaml")
     assert str(err.value) == f"m.yaml: routing.architect.{key}: missing or not a model name"
 
 
-def test_primary_not_a_candidate_for_its_role(catalogue):
+def test_models_need_not_be_in_any_catalogue():
+    """Models come from the table (Ollama tags included); a catalogue only adds prices."""
     doc = table_doc()
-    doc["routing"]["planner"]["primary"] = "qwen2.5-coder-32b"  # no planner capability
-    with pytest.raises(ConfigError) as err:
-        RoutingTable.from_dict(doc, source="m.yaml", catalogue=catalogue)
-    assert str(err.value) == (
-        f"m.yaml: routing.planner.primary: model 'qwen2.5-coder-32b' is not a candidate for 'planner' in "
-        f"{DEFAULT_CATALOGUE} "
-        "(candidates: claude-opus-4, claude-sonnet-4, gpt-4.1, gpt-4.1-mini, llama-3.1-8b)"
-    )
-    # without a catalogue the table cannot know, and loads
-    assert RoutingTable.from_dict(doc).routes["planner"].primary == "qwen2.5-coder-32b"
-
-
-def test_fallback_unknown_model(catalogue):
-    doc = table_doc()
-    doc["routing"]["coder"]["fallback"] = "gpt-9"
-    with pytest.raises(
-        ConfigError, match=r"routing\.coder\.fallback: model 'gpt-9' is not a candidate for 'coder'"
-    ):
-        RoutingTable.from_dict(doc, catalogue=catalogue)
+    doc["routing"]["planner"]["primary"] = "qwen2.5-coder:1.5b"
+    doc["routing"]["coder"]["fallback"] = "codestral:22b"
+    t = RoutingTable.from_dict(doc)
+    assert t.routes["planner"].primary == "qwen2.5-coder:1.5b" and "codestral:22b" in t.models
 
 
 @pytest.mark.parametrize("doc", [None, [], {"routes": {}}, {"routing": ["coder"]}])
@@ -324,7 +330,7 @@ def test_route_not_a_mapping(catalogue):
         match=r"^m\.yaml: routing\.coder: expected a mapping with primary, "
         r"fallback, fallback_triggers$",
     ):
-        RoutingTable.from_dict(doc, source="m.yaml", catalogue=catalogue)
+        RoutingTable.from_dict(doc, source="m.yaml")
 
 
 def test_table_file_missing(tmp_path):
@@ -349,7 +355,7 @@ def test_table_load_from_file_reports_file_in_error(tmp_path, catalogue):
     path = tmp_path / "models.yaml"
     path.write_text(yaml.safe_dump(one_trigger_table("task_complexity_score > high", role="reviewer")))
     with pytest.raises(ConfigError) as err:
-        RoutingTable.load(path, catalogue=catalogue)
+        RoutingTable.load(path)
     assert str(err.value).startswith(
         f"{path}: routing.reviewer.fallback_triggers[0]: cannot parse trigger "
         "'task_complexity_score > high' for role 'reviewer'"
