@@ -177,7 +177,7 @@ def make_data(episodes: int, seed: int):
 
     res = collect(RoutingSimulator(cat, tab), work / "logs", CollectorConfig(episodes=episodes, seed=seed),
                   progress=quiet)
-    ing = ingest.ingest(ingest.IngestConfig((work / "logs",)), cat, work / "routing", progress=quiet)
+    ing = ingest.ingest(ingest.IngestConfig((work / "logs",)), work / "routing", progress=quiet)
     df = build_routing_dataset(pq.read_table(ing.trajectories).to_pandas(), tab, cat).frame
     data = from_dataset(df, cat)
     sim = simulator_from_manifest(res.manifest, cat, tab, RewardSpec())

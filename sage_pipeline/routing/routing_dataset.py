@@ -57,8 +57,10 @@ def session_split(session_ids: pd.Series, eval_fraction: float, salt: str) -> np
     return np.where(u[inverse] < eval_fraction, "eval", "train")
 
 
-def _episode_complete(df: pd.DataFrame) -> np.ndarray:
-    """Per row: its episode has steps 0..n-1 and exactly one terminal step, the last."""
+def _episode_complete(df: pd.DataFrame, logged_failures: pd.Series | None = None) -> np.ndarray:
+    """Per row: its episode has steps 0..n-1 and exactly one terminal step, the last, and,
+    where the log gave a failure count, it equals the step (derived steps are always 0..n-1:
+    a lost attempt shows only there)."""
     g = df.groupby("episode_id", sort=False)
     n = g["step"].transform("size")
     ok = (g["step"].transform("min") == 0) & (g["step"].transform("max") == n - 1) \
@@ -67,6 +69,9 @@ def _episode_complete(df: pd.DataFrame) -> np.ndarray:
     ok &= g["terminal"].transform("sum") == 1
     last = df["step"] == g["step"].transform("max")
     ok &= (term == last).groupby(df["episode_id"], sort=False).transform("all")
+    if logged_failures is not None:
+        gap = logged_failures.notna().to_numpy() & (logged_failures.to_numpy(dtype=float, na_value=-1) != df["step"])
+        ok &= ~pd.Series(gap, index=df.index).groupby(df["episode_id"], sort=False).transform("any")
     return ok.to_numpy()
 
 
@@ -267,7 +272,7 @@ def build_routing_dataset(trajectories: pd.DataFrame, table: RoutingTable, catal
     out["reward_version"] = config.reward.version
     out["schema_version"] = SCHEMA_VERSION
     out["terminal"] = df["terminal"].astype(bool)
-    out["episode_complete"] = _episode_complete(out)
+    out["episode_complete"] = _episode_complete(out, df["failure_count"].astype("Float64"))
     out["split"] = session_split(out["session_id"], config.eval_fraction, config.split_salt)
     out["data_source"] = df["data_source"]
     out["timestamp"] = df["timestamp"]

@@ -39,7 +39,7 @@ def logged(sim, catalogue, table, tmp_path_factory) -> rl_data.LoggedDecisions:
     root = tmp_path_factory.mktemp("bc")
     quiet = lambda m: None  # noqa: E731
     collect(sim, root / "logs", CollectorConfig(episodes=2000, seed=5, epsilon=EPSILON), progress=quiet)
-    ing = ingest.ingest(ingest.IngestConfig((root / "logs",)), catalogue, root / "routing", progress=quiet)
+    ing = ingest.ingest(ingest.IngestConfig((root / "logs",)), root / "routing", progress=quiet)
     df = build_routing_dataset(pq.read_table(ing.trajectories).to_pandas(), table, catalogue).frame
     return rl_data.from_dataset(df, catalogue)
 

@@ -44,7 +44,7 @@ def data(world, tmp_path_factory) -> LoggedDecisions:
     cat, tab, sim = world
     root = tmp_path_factory.mktemp("cql")
     collect(sim, root / "logs", CollectorConfig(episodes=5000, seed=11), progress=lambda m: None)
-    ing = ingest.ingest(ingest.IngestConfig((root / "logs",)), cat, root / "routing", progress=lambda m: None)
+    ing = ingest.ingest(ingest.IngestConfig((root / "logs",)), root / "routing", progress=lambda m: None)
     df = build_routing_dataset(pq.read_table(ing.trajectories).to_pandas(), tab, cat).frame
     return from_dataset(df, cat)
 

@@ -101,7 +101,7 @@ def logged_frame(tmp_path_factory):
     tab = RoutingTable.load()
     sim = RoutingSimulator(cat, tab)
     collect(sim, tmp / "sessions", CollectorConfig(episodes=4000, seed=5), progress=lambda s: None)
-    traj = ingest(IngestConfig((tmp / "sessions",)), cat, tmp / "routing")
+    traj = ingest(IngestConfig((tmp / "sessions",)), tmp / "routing")
     df = build_routing_dataset(pq.read_table(traj.trajectories).to_pandas(), tab, cat, DatasetConfig(eval_fraction=0.5)).frame
     return sim, df
 

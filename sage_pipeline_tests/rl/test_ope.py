@@ -440,7 +440,7 @@ def test_evaluate_policy_on_the_routing_dataset(tmp_path) -> None:
     tab = RoutingTable.load()
     sim = RoutingSimulator(cat, tab)
     res = collect(sim, tmp_path / "sessions", CollectorConfig(episodes=1500, seed=3), progress=lambda s: None)
-    traj = ingest(IngestConfig((tmp_path / "sessions",)), cat, tmp_path / "routing")
+    traj = ingest(IngestConfig((tmp_path / "sessions",)), tmp_path / "routing")
     df = build_routing_dataset(pq.read_table(traj.trajectories).to_pandas(), tab, cat).frame
     data = ope.LoggedData.from_frame(df, cat.actions)
     assert data.session_id is not None and len(data) == res.decisions

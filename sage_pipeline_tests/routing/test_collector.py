@@ -1,11 +1,12 @@
-"""The synthetic collector writes SAGE session logs whose propensities and episodes are
-exactly those of its behaviour policy in the simulator."""
+"""The synthetic collector writes journals in SAGE's own shape (date-named .log files,
+MODEL_ROUTING_DECISION and TOKEN_USAGE before each TRAJECTORY_STEP, no step) whose
+propensities and episodes are exactly those of its behaviour policy in the simulator."""
 
 from __future__ import annotations
 
-import itertools
 import json
 from collections import Counter
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +21,7 @@ from sage_pipeline.routing.reward import sage_step_reward
 from sage_pipeline.routing.schema import REWARD_MAX, REWARD_MIN, ROLE_INDEX, ROLES, TRAJECTORY_STEP
 from sage_pipeline.routing.table import DEFAULT_TABLE
 
-CONFIG = CollectorConfig(episodes=400, seed=3, epsilon=0.3, sessions_per_file=30)
+CONFIG = CollectorConfig(episodes=400, seed=3, epsilon=0.3, sessions_per_day=30)
 STATE_FIELDS = {
     "task_complexity_score",
     "primary_failure_count",
@@ -65,29 +66,35 @@ def steps(events) -> list[dict]:
     return [e for e in events if e["type"] == TRAJECTORY_STEP]
 
 
+def attempt(e: dict) -> int:
+    """The attempt index of a TRAJECTORY_STEP: SAGE logs no step; the state's failure count is it."""
+    return e["state"]["failure_count"]
+
+
 def test_result_and_files(collected, events, steps):
     out, res, messages = collected
     assert res.episodes == 400
-    assert [p.name for p in res.files] == [
-        f"synthetic_seed3_part{i:04d}.jsonl" for i in range(len(res.files))
-    ]
-    assert sorted(out.glob("*.jsonl")) == res.files
-    assert len(res.files) == -(-res.sessions // 30)
+    n_days = -(-res.sessions // 30)
+    days = [(datetime(2026, 11, 1) + timedelta(days=d)).date().isoformat() for d in range(n_days)]
+    assert [p.name for p in res.files] == [f"{d}.log" for d in days]  # SAGE's memory/sessions/YYYY-MM-DD.log
+    assert sorted(out.glob("*.log")) == res.files
     assert res.events == len(events)
     assert res.decisions == len(steps)
     counts = Counter(e["type"] for e in events)
-    assert counts == {
-        "SESSION_START": res.sessions,
-        "SESSION_END": res.sessions,
-        "AGENT_MESSAGE": res.decisions,
-        TRAJECTORY_STEP: res.decisions,
-    }
+    assert counts == {"SESSION_START": res.sessions, "SESSION_END": res.sessions,
+                      "MODEL_ROUTING_DECISION": res.decisions, "TOKEN_USAGE": res.decisions,
+                      TRAJECTORY_STEP: res.decisions}
     assert len({(e["session_id"], e["task_id"]) for e in steps}) == 400
-    assert messages[0] == f"simulated 400 episodes, {res.decisions} decisions, {res.sessions} sessions"
-    assert messages[1] == f"wrote {res.events} events to {len(res.files)} files in {out}"
+    assert messages[0] == (f"simulated 400 episodes, {res.decisions} decisions, {res.sessions} sessions "
+                           "(multi_model)")
+    assert messages[1] == f"wrote {res.events} events to {len(res.files)} journals in {out}"
+    # every event of a day's file is dated that day, as SAGE appends by date
+    for f in res.files:
+        for e in read_events([f]):
+            assert datetime.fromisoformat(e["timestamp"]).date().isoformat() == f.stem
 
 
-def test_sessions_are_framed_by_start_and_end(events):
+def test_sessions_are_framed_and_each_step_follows_its_routing_decision(events, table):
     by_session: dict[str, list[dict]] = {}
     for e in events:
         assert {"type", "timestamp", "session_id"} <= e.keys()
@@ -95,38 +102,39 @@ def test_sessions_are_framed_by_start_and_end(events):
     for evs in by_session.values():
         assert evs[0]["type"] == "SESSION_START" and evs[-1]["type"] == "SESSION_END"
         assert evs[0]["extra"]["synthetic"] is True
-        assert all(e["type"] not in ("SESSION_START", "SESSION_END") for e in evs[1:-1])
-        stamps = [e["timestamp"] for e in evs]
-        assert stamps == sorted(stamps) and all(s.endswith("Z") for s in stamps)
-        # each TRAJECTORY_STEP is preceded by the AGENT_MESSAGE of the same attempt
-        for prev, e in itertools.pairwise(evs):
-            if e["type"] == TRAJECTORY_STEP:
-                assert prev["type"] == "AGENT_MESSAGE" and prev["task_id"] == e["task_id"]
-                assert prev["content"] == (
-                    f"{e['agent']} attempt {e['step']} on {e['task_id']} via {e['action']['model_chosen']}"
-                )
+        stamps = [datetime.fromisoformat(e["timestamp"]) for e in evs]
+        assert stamps == sorted(stamps)
+        assert all(e["timestamp"].endswith("+00:00") and "." in e["timestamp"] for e in evs)
+        body = evs[1:-1]
+        assert len(body) % 3 == 0
+        for mrd, tu, e in zip(body[0::3], body[1::3], body[2::3]):
+            assert (mrd["type"], tu["type"], e["type"]) == ("MODEL_ROUTING_DECISION", "TOKEN_USAGE", TRAJECTORY_STEP)
+            model, role = e["action"]["model_chosen"], e["agent"]
+            assert mrd["agent_role"] == role and mrd["selected_model"] == model and tu["model"] == model
+            route = table.routes[role]
+            assert (mrd["primary_model"], mrd["fallback_model"]) == (route.primary, route.fallback)
+            assert mrd["task_complexity_score"] == e["state"]["task_complexity_score"]
+            assert mrd["primary_failure_count"] == e["state"]["primary_failure_count"]
+            assert mrd["propensity"] == e["propensity"]
+            assert tu["prompt_tokens"] == e["state"]["prompt_tokens"]
+            values = {"task_complexity_score": np.array([e["state"]["task_complexity_score"]]),
+                      "primary_failure_count": np.array([e["state"]["primary_failure_count"]]),
+                      "failure_count": np.array([e["state"]["failure_count"]])}
+            fired = [str(t) for t in route.triggers if t.fires(values)[0]]
+            assert mrd["matched_fallback_triggers"] == fired
+            table_model = route.fallback if fired else route.primary
+            assert mrd["policy_source"] == ("yaml" if model == table_model else "learned")
     assert min(by_session) == "syn-3-000000"
 
 
-def test_trajectory_steps_carry_the_documented_fields(steps, catalogue):
+def test_trajectory_steps_have_sages_shape(steps, catalogue):
     for e in steps:
-        assert e.keys() == {
-            "type",
-            "timestamp",
-            "session_id",
-            "task_id",
-            "agent",
-            "step",
-            "action",
-            "propensity",
-            "state",
-            "reward",
-            "terminal",
-            "extra",
-        }
+        # no step: SAGE writes none; propensity is the one extension key
+        assert e.keys() == {"type", "timestamp", "session_id", "task_id", "agent", "action", "propensity",
+                            "state", "reward", "terminal", "extra"}
         assert e["agent"] in ROLES
         assert e["action"]["model_chosen"] in catalogue.candidates(e["agent"])
-        assert isinstance(e["step"], int) and e["step"] >= 0
+        assert e["action"]["prompt_strategy_key"] == "default"
         assert isinstance(e["propensity"], float) and 0.0 < e["propensity"] <= 1.0
         assert isinstance(e["reward"], float) and REWARD_MIN <= e["reward"] <= REWARD_MAX
         assert isinstance(e["terminal"], bool)
@@ -149,7 +157,7 @@ def _contexts(steps: list[dict]) -> Contexts:
         role=np.array([ROLE_INDEX[e["agent"]] for e in steps], dtype=np.int64),
         task_complexity_score=np.array([e["state"]["task_complexity_score"] for e in steps]),
         prompt_tokens=np.array([e["state"]["prompt_tokens"] for e in steps], dtype=np.float64),
-        step=np.array([e["step"] for e in steps], dtype=np.int64),
+        step=np.array([attempt(e) for e in steps], dtype=np.int64),
         failure_count=np.array([e["state"]["failure_count"] for e in steps], dtype=np.int64),
         primary_failure_count=np.array([e["state"]["primary_failure_count"] for e in steps], dtype=np.int64),
     )
@@ -187,12 +195,12 @@ def test_episodes_are_multi_step_and_stop_at_success_or_max_attempts(steps, sim,
     assert len(episodes) == 400
     lengths = Counter(len(v) for v in episodes.values())
     assert lengths[1] < 400 and max(lengths) == T and min(lengths) == 1  # some are multi-step
-    assert any(e["step"] > 0 for e in steps)
+    assert any(attempt(e) > 0 for e in steps)
     for ep in episodes.values():
-        assert [e["step"] for e in ep] == list(range(len(ep)))
+        assert [attempt(e) for e in ep] == list(range(len(ep)))  # in file order, times increasing
         assert [e["terminal"] for e in ep] == [False] * (len(ep) - 1) + [True]
         last = ep[-1]
-        assert last["state"]["verification_passed"] or last["step"] == T - 1
+        assert last["state"]["verification_passed"] or attempt(last) == T - 1
         assert not any(e["state"]["verification_passed"] for e in ep[:-1])
         # the task is fixed; its state evolves as the simulator says
         assert len({(e["agent"], e["state"]["task_complexity_score"]) for e in ep}) == 1
@@ -200,9 +208,8 @@ def test_episodes_are_multi_step_and_stop_at_success_or_max_attempts(steps, sim,
         primary = table.routes[ep[0]["agent"]].primary
         for e in ep:
             s = e["state"]
-            assert s["failure_count"] == e["step"]
             assert s["primary_failure_count"] == pfc
-            assert s["prompt_tokens"] == ep[0]["state"]["prompt_tokens"] + 800 * e["step"]
+            assert s["prompt_tokens"] == ep[0]["state"]["prompt_tokens"] + 800 * attempt(e)
             pfc += (not s["verification_passed"]) and e["action"]["model_chosen"] == primary
 
 
@@ -210,7 +217,7 @@ def test_logged_reward_and_cost_follow_the_outcome(steps, catalogue):
     score = np.array([e["state"]["reviewer_score"] for e in steps])
     passed = np.array([e["state"]["verification_passed"] for e in steps])
     timed_out = np.array([e["state"]["timed_out"] for e in steps])
-    step = np.array([e["step"] for e in steps])
+    step = np.array([attempt(e) for e in steps])
     want = np.round(sage_step_reward(score, passed, timed_out, step), 6)
     np.testing.assert_allclose([e["reward"] for e in steps], want, atol=1e-12)
     action = np.array([catalogue.index[e["action"]["model_chosen"]] for e in steps])
@@ -226,7 +233,7 @@ def test_manifest_has_ground_truth(collected, sim, table, catalogue):
     assert res.manifest == out / "simulator.json"
     m = json.loads(res.manifest.read_text())
     assert m["episodes"] == 400 and m["sessions"] == res.sessions and m["decisions"] == res.decisions
-    assert m["files"] == [p.name for p in res.files]
+    assert m["files"] == [p.name for p in res.files] and m["layout"] == "sage_journal"
     assert m["collector"]["seed"] == 3 and m["collector"]["epsilon"] == 0.3
     assert m["simulator"]["max_attempts"] == sim.config.max_attempts
     assert m["model_catalogue"]["path"] == str(DEFAULT_CATALOGUE)
@@ -260,7 +267,7 @@ def test_manifest_has_ground_truth(collected, sim, table, catalogue):
 
 def test_logged_tasks_are_the_simulated_tasks(steps, sim):
     tasks = sim.sample_tasks(400, np.random.default_rng(3))
-    first = [e for e in steps if e["step"] == 0]
+    first = [e for e in steps if attempt(e) == 0]
     assert len(first) == 400
     first.sort(key=lambda e: (e["session_id"], e["task_id"]))
     assert [ROLE_INDEX[e["agent"]] for e in first] == tasks.role.tolist()
@@ -269,44 +276,45 @@ def test_logged_tasks_are_the_simulated_tasks(steps, sim):
 
 
 def test_same_seed_same_bytes_and_other_seed_differs(sim, tmp_path):
-    cfg = CollectorConfig(episodes=60, seed=5, sessions_per_file=4)
+    cfg = CollectorConfig(episodes=60, seed=5, sessions_per_day=4)
     a = collect(sim, tmp_path / "a", cfg, progress=lambda m: None)
     b = collect(sim, tmp_path / "b", cfg, progress=lambda m: None)
     assert [p.name for p in a.files] == [p.name for p in b.files]
     for pa_, pb in zip(a.files, b.files):
         assert pa_.read_bytes() == pb.read_bytes()
-    c = collect(
-        sim,
-        tmp_path / "c",
-        CollectorConfig(episodes=60, seed=6, sessions_per_file=4),
-        progress=lambda m: None,
-    )
-    assert c.files[0].name == "synthetic_seed6_part0000.jsonl"
+    c = collect(sim, tmp_path / "c", CollectorConfig(episodes=60, seed=6, sessions_per_day=4), progress=lambda m: None)
+    assert c.files[0].name == "2026-11-01.log"
     assert c.files[0].read_bytes() != a.files[0].read_bytes()
 
 
-def test_rerun_with_fewer_episodes_removes_stale_files(sim, tmp_path):
-    big = collect(
-        sim, tmp_path, CollectorConfig(episodes=200, seed=1, sessions_per_file=5), progress=lambda m: None
-    )
+def test_rerun_with_fewer_episodes_removes_stale_journals(sim, tmp_path):
+    big = collect(sim, tmp_path, CollectorConfig(episodes=200, seed=1, sessions_per_day=5), progress=lambda m: None)
     assert len(big.files) > 3
     (tmp_path / "notes.txt").write_text("keep me")
-    (tmp_path / "real_session.jsonl").write_text("{}\n")  # not the collector's: kept
-    small = collect(
-        sim, tmp_path, CollectorConfig(episodes=10, seed=1, sessions_per_file=5), progress=lambda m: None
-    )
+    (tmp_path / "synthetic_seed1_part0000.jsonl").write_text("{}\n")  # the layout before SAGE's: removed
+    small = collect(sim, tmp_path, CollectorConfig(episodes=10, seed=1, sessions_per_day=5), progress=lambda m: None)
     assert len(small.files) < len(big.files)
-    assert sorted(tmp_path.glob("synthetic_*.jsonl")) == small.files
-    assert (tmp_path / "notes.txt").exists() and (tmp_path / "real_session.jsonl").exists()
+    assert sorted(tmp_path.glob("*.log")) == small.files
+    assert (tmp_path / "notes.txt").exists() and not list(tmp_path.glob("*.jsonl"))
     assert json.loads((tmp_path / "simulator.json").read_text())["files"] == [p.name for p in small.files]
     assert sum(1 for e in read_events(small.files) if e["type"] == TRAJECTORY_STEP) == small.decisions
     # no temporary files are left behind by the atomic writes
     assert not list(tmp_path.glob(".*.tmp"))
-    # a different seed replaces the old seed's files as well
-    other = collect(
-        sim, tmp_path, CollectorConfig(episodes=10, seed=2, sessions_per_file=5), progress=lambda m: None
-    )
-    assert sorted(tmp_path.glob("synthetic_*.jsonl")) == other.files
+
+
+def test_sage_binary_explores_only_primary_and_fallback(sim, table, catalogue, tmp_path):
+    res = collect(sim, tmp_path, CollectorConfig(episodes=300, seed=4, action_space="sage_binary"),
+                  progress=lambda m: None)
+    steps = [e for e in read_events(res.files) if e["type"] == TRAJECTORY_STEP]
+    pairs = Counter((e["agent"], e["action"]["model_chosen"]) for e in steps)
+    for (role, model) in pairs:
+        assert model in (table.routes[role].primary, table.routes[role].fallback)
+    # both of a role's two models are logged (epsilon explores the one the table did not choose)
+    assert sum(1 for (r, _) in pairs if r == "coder") == 2
+    # propensities: 1 - eps/2 for the table's choice, eps/2 for the other (k = 2)
+    assert {round(e["propensity"], 9) for e in steps} == {0.85, 0.15}
+    gt = res.ground_truth
+    assert gt["static_table"] <= gt["binary_oracle"] <= gt["oracle"] + 1e-12
 
 
 def test_session_sizes_cover_every_task_once():
@@ -323,7 +331,8 @@ def test_session_sizes_cover_every_task_once():
         ({"episodes": 0}, r"^episodes must be >= 1, got 0$"),
         ({"epsilon": 0.0}, r"^epsilon must be in \(0, 1\] so every candidate has support, got 0\.0$"),
         ({"epsilon": 1.5}, r"^epsilon must be in \(0, 1\] so every candidate has support, got 1\.5$"),
-        ({"sessions_per_file": 0}, r"^sessions_per_file must be >= 1, got 0$"),
+        ({"sessions_per_day": 0}, r"^sessions_per_day must be >= 1, got 0$"),
+        ({"action_space": "any"}, r"^action_space must be one of multi_model, sage_binary, got 'any'$"),
     ],
 )
 def test_collector_config_validation(kwargs, msg):

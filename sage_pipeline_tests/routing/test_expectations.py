@@ -27,7 +27,7 @@ def dataset(tmp_path_factory: pytest.TempPathFactory, catalogue: ModelCatalogue)
     tmp: Path = tmp_path_factory.mktemp("expectations")
     table = RoutingTable.load()
     collect(RoutingSimulator(catalogue, table), tmp / "sessions", CollectorConfig(episodes=800, seed=1))
-    res = ingest(IngestConfig((tmp / "sessions",)), catalogue, tmp / "routing")
+    res = ingest(IngestConfig((tmp / "sessions",)), tmp / "routing")
     df = build_routing_dataset(pq.read_table(res.trajectories).to_pandas(), table, catalogue).frame
     assert len(df) > 1000 and set(df["role"]) == set(ROLES)
     return df

@@ -31,7 +31,7 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> pd.DataFrame:
     cat = ModelCatalogue.load()
     tab = RoutingTable.load()
     collect(RoutingSimulator(cat, tab), tmp / "sessions", CollectorConfig(episodes=800, seed=1))
-    res = ingest(IngestConfig((tmp / "sessions",)), cat, tmp / "routing")
+    res = ingest(IngestConfig((tmp / "sessions",)), tmp / "routing")
     return build_routing_dataset(pq.read_table(res.trajectories).to_pandas(), tab, cat).frame
 
 

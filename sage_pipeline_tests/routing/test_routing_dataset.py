@@ -35,11 +35,11 @@ def collected(catalogue, table, tmp_path_factory):
     res = collect(
         sim,
         root / "logs",
-        CollectorConfig(episodes=600, seed=8, sessions_per_file=40),
+        CollectorConfig(episodes=600, seed=8, sessions_per_day=40),
         progress=lambda m: None,
     )
     ing = ingest.ingest(
-        ingest.IngestConfig((root / "logs",)), catalogue, root / "routing", progress=lambda m: None
+        ingest.IngestConfig((root / "logs",)), root / "routing", progress=lambda m: None
     )
     assert ing.stats.quarantined == 0
     return res, pq.read_table(ing.trajectories).to_pandas()
@@ -88,10 +88,13 @@ def test_one_row_per_decision(ds, collected, trajectories):
     ).all()
     assert ds_index  # the catalogue's action order
     # the source of every row is traceable to its log line
-    merged = ds.merge(trajectories, on=["session_id", "task_id", "step"], suffixes=("", "_t"))
+    merged = ds.merge(trajectories, on=["source_file", "source_line"], suffixes=("", "_t"))
     assert len(merged) == len(ds)
-    assert (merged["source_line"] == merged["source_line_t"]).all()
+    assert (merged["session_id"] == merged["session_id_t"]).all() and (merged["task_id"] == merged["task_id_t"]).all()
     assert (merged["model"] == merged["model_t"]).all()
+    # SAGE logs no step: every step is derived from the timestamps, and equals the attempt index
+    assert merged["step_t"].isna().all() and (ds["step_source"] == "derived").all()
+    assert (merged["step"] == merged["failure_count_t"]).all()
 
 
 def test_build_is_pure_and_order_independent(ds, trajectories, catalogue, table):
@@ -221,9 +224,11 @@ def _multi_step_episode(trajectories: pd.DataFrame, n: int = 3) -> tuple[str, st
 
 
 def test_episode_with_a_missing_step_is_incomplete(trajectories, catalogue, table):
+    """SAGE logs no step; a lost attempt shows where the state's failure count says an earlier
+    attempt is missing (the collector logs failure_count = the attempt index)."""
     sid, tid = _multi_step_episode(trajectories)
     hole = (
-        (trajectories["session_id"] == sid) & (trajectories["task_id"] == tid) & (trajectories["step"] == 1)
+        (trajectories["session_id"] == sid) & (trajectories["task_id"] == tid) & (trajectories["failure_count"] == 1)
     )
     out = build_routing_dataset(trajectories[~hole].reset_index(drop=True), table, catalogue).frame
     mine = out["episode_id"] == f"{sid}/{tid}"
@@ -237,15 +242,16 @@ def test_other_broken_episodes_are_incomplete(damage, trajectories, catalogue, t
     sid, tid = _multi_step_episode(trajectories)
     df = trajectories.copy()
     ep = (df["session_id"] == sid) & (df["task_id"] == tid)
-    last = int(df.loc[ep, "step"].max())
+    attempt = df["failure_count"]  # the attempt index, as the collector logs it
+    last = int(attempt[ep].max())
     if damage == "no_terminal":
         df.loc[ep, "terminal"] = False
     elif damage == "two_terminals":
-        df.loc[ep & (df["step"] == 0), "terminal"] = True
+        df.loc[ep & (attempt == 0), "terminal"] = True
     elif damage == "missing_first":
-        df = df[~(ep & (df["step"] == 0))]
+        df = df[~(ep & (attempt == 0))]
     else:  # the terminal step is lost: what is left has no terminal
-        df = df[~(ep & (df["step"] == last))]
+        df = df[~(ep & (attempt == last))]
     out = build_routing_dataset(df.reset_index(drop=True), table, catalogue).frame
     mine = out["episode_id"] == f"{sid}/{tid}"
     assert not out.loc[mine, "episode_complete"].any()
