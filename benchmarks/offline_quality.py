@@ -84,20 +84,21 @@ def run_seed(seed: int, episodes: int, criterion: str = "fqe", eval_fraction: fl
     sel = oe.train_select_cql(df, space, cql.CQLConfig(seed=seed), oe.DEFAULT_ALPHAS,
                               ope.OPEConfig(n_boot=300, seed=seed), criterion=criterion, progress=quiet,
                               behaviour=behaviour)
-    policies = {"static_table": StaticTablePolicy(tab, space), "bc": bc_policy, "cql": sel.result.policy(),
-                "uniform": UniformPolicy(space.actions, space.role_mask())}
-    extra, candidates, oracle, subject = {}, None, None, "cql"
+    report_cfg = ope.OPEConfig(n_boot=1000, seed=seed)
     if action_space == "sage_binary":
-        served = {f"{k}_served": oe.distill_select_served(df, space, tab, policies[k], k,
-                                                          ope_config=ope.OPEConfig(n_boot=300, seed=seed),
-                                                          criterion=criterion, progress=quiet, behaviour=behaviour)
-                  for k in ("bc", "cql")}
-        policies |= {n: s.policy for n, s in served.items()}
-        candidates, oracle, subject = tuple(served), sim.oracle_policy(space.mask), "cql_served"
+        # exactly the offline_eval asset's path: served composites judged, networks beside them
+        report, served = oe.run_sage_binary_eval(df, oe.eval_part(df, "report"), space, tab,
+                                                 {"bc": bc_policy, "cql": sel.result.policy()}, report_cfg, sim,
+                                                 quiet, behaviour)
+        policies, subject = report.evaluations, "cql_served"
         extra = {"min_confidence": {n: s.policy.min_confidence for n, s in served.items()},
                  "agreement_eval": {n: s.agreement_eval for n, s in served.items()}}
-    report = oe.run_offline_eval(oe.eval_part(df, "report"), policies, space, ope.OPEConfig(n_boot=1000, seed=seed),
-                                 sim=sim, progress=quiet, behaviour=behaviour, oracle=oracle, candidates=candidates)
+    else:
+        policies = {"static_table": StaticTablePolicy(tab, space), "bc": bc_policy, "cql": sel.result.policy(),
+                    "uniform": UniformPolicy(space.actions, space.role_mask())}
+        report = oe.run_offline_eval(oe.eval_part(df, "report"), policies, space, report_cfg, sim=sim,
+                                     progress=quiet, behaviour=behaviour)
+        subject, extra = "cql", {}
     gt = report.truth.episode_value
     return {
         "seed": seed, "seconds": time.perf_counter() - t0, "alpha": sel.label, "selected_by": sel.how,

@@ -178,16 +178,11 @@ def offline_eval(context: dg.AssetExecutionContext, config: OfflineEvalConfig, s
     binary = multi.binary()
     trained = {k: _checkpoint_dir(sage, k, "sage_binary") for k in ("bc", "cql")}
     if all(p.is_dir() for p in trained.values()):
-        df_filled, _ = oe.fill_missing_propensities(df, bc_model)
-        served = {f"{k}_served": oe.distill_select_served(
-            df_filled, binary, table, load_policy(p, spec, binary.actions), k, ope_config=ope_cfg,
-            progress=context.log.info, behaviour=behaviour) for k, p in trained.items()}
-        policies = {"static_table": StaticTablePolicy(table, binary)} | {
-            f"{k}_trained": load_policy(p, spec, binary.actions) for k, p in trained.items()} | {
-            n: s.policy for n, s in served.items()}
-        rep = reports["sage_binary"] = oe.run_offline_eval(
-            df_eval, policies, binary, ope_cfg, sim=sim, progress=context.log.info, behaviour=behaviour,
-            oracle=sim.oracle_policy(binary.mask) if sim is not None else None, candidates=tuple(served))
+        rep, served = oe.run_sage_binary_eval(
+            oe.fill_missing_propensities(df, bc_model)[0], df_eval, binary, table,
+            {k: load_policy(p, spec, binary.actions) for k, p in trained.items()}, ope_cfg, sim,
+            context.log.info, behaviour)
+        reports["sage_binary"] = rep
         promoted_sage = oe.promote_served(rep.gate, served, sage.path("checkpoints", "promoted_sage"),
                                           evidence | {"summary": rep.summary()})
         meta |= {"promoted_sage": rep.gate.promoted or "none", "promotion_sage": rep.gate.reason,

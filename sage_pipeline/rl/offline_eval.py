@@ -25,7 +25,8 @@ import numpy as np
 import pandas as pd
 
 from sage_pipeline import artifacts
-from sage_pipeline.rl import ope
+from sage_pipeline.rl import ope, sage_router
+from sage_pipeline.rl.policy import StaticTablePolicy
 from sage_pipeline.routing.action_space import ActionSpace
 from sage_pipeline.routing.catalogue import ModelCatalogue
 from sage_pipeline.routing.features import Contexts
@@ -154,8 +155,6 @@ def promote_served(decision: GateDecision, served: dict[str, "ServedSelection"],
     when nothing is promoted, ``dest`` is left as it is."""
     if decision.promoted is None:
         return None
-    from sage_pipeline.rl import sage_router
-
     sel = served[decision.promoted]
     sage_router.write_sage_checkpoint(dest, sel.policy, {
         "policy": decision.promoted, "source": sel.source, "reason": decision.reason,
@@ -318,18 +317,11 @@ class ServedSelection:
     agreement_eval: dict[str, float]  # the same on the eval split's states
 
 
-def _binary_choice(policy, ctx: Contexts, space: ActionSpace) -> np.ndarray:
-    """1 where ``policy`` puts more mass on the row's fallback than on its primary."""
-    p = policy.action_probs(ctx)
-    rows = np.arange(len(ctx))
-    return (p[rows, space.fallback[ctx.role]] > p[rows, space.primary[ctx.role]]).astype(np.int64)
-
-
 def agreement_by_role(served, trained, ctx: Contexts, space: ActionSpace) -> dict[str, float]:
     """Per role: the share of ``ctx`` rows where the distilled classifier (no floor) decides
     as the trained policy does."""
-    a = _binary_choice(served.with_min_confidence(0.0), ctx, space)
-    b = _binary_choice(trained, ctx, space)
+    a = sage_router.fallback_labels(served.with_min_confidence(0.0), ctx, space)
+    b = sage_router.fallback_labels(trained, ctx, space)
     return {r: float((a[ctx.role == i] == b[ctx.role == i]).mean()) for i, r in enumerate(space.roles)
             if (ctx.role == i).any()}
 
@@ -342,8 +334,6 @@ def distill_select_served(df: pd.DataFrame, space: ActionSpace, table: RoutingTa
     role on the train split's states, served behind SAGE's confidence floor with the YAML
     table as fallback; the floor is chosen by OPE on the eval split's select half (as CQL's
     alpha, :func:`select_by_ope`), never by ground truth."""
-    from sage_pipeline.rl import sage_router
-
     config = config or sage_router.SageRouterConfig()
     ctx_train = Contexts.from_frame(df[df["split"] == "train"], space.roles)
     distilled = sage_router.distill(trained, ctx_train, space, config)
@@ -436,6 +426,25 @@ def run_offline_eval(df_eval: pd.DataFrame, policies: dict[str, object], catalog
     if warning:
         progress(f"WARNING: {warning}")
     return OfflineEvalReport(evals, truth, promotion_gate(evals, candidates=candidates), warning)
+
+
+def run_sage_binary_eval(df: pd.DataFrame, df_eval: pd.DataFrame, space: ActionSpace, table: RoutingTable,
+                         trained: dict[str, object], config: ope.OPEConfig = ope.OPEConfig(),
+                         sim: RoutingSimulator | None = None, progress: Callable[[str], None] = log.info,
+                         behaviour=None) -> tuple[OfflineEvalReport, dict[str, ServedSelection]]:
+    """SAGE's binary space, judged as SAGE would run it: each ``trained`` sage_binary policy is
+    served (:func:`distill_select_served` on ``df``, propensities filled), the networks are
+    reported beside as ``<name>_trained``, only the ``<name>_served`` composites may be
+    promoted, and ground truth takes the best binary policy as the oracle."""
+    served = {f"{k}_served": distill_select_served(df, space, table, pol, k, ope_config=config,
+                                                   progress=progress, behaviour=behaviour)
+              for k, pol in trained.items()}
+    policies = {STATIC: StaticTablePolicy(table, space)} | {f"{k}_trained": p for k, p in trained.items()} | {
+        n: s.policy for n, s in served.items()}
+    report = run_offline_eval(df_eval, policies, space, config, sim=sim, progress=progress, behaviour=behaviour,
+                              oracle=sim.oracle_policy(space.mask) if sim is not None else None,
+                              candidates=tuple(served))
+    return report, served
 
 
 def plot_offline_eval(report: OfflineEvalReport) -> bytes:

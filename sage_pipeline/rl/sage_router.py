@@ -104,7 +104,7 @@ def distill(policy, ctx, space, config: SageRouterConfig = SageRouterConfig()) -
             continue
         clf = fit_classifier(x[sel], y[sel], config)
         models[role] = clf
-        agreement[role] = float((_p_fallback(clf, x[sel]) >= 0.5).astype(np.int64).__eq__(y[sel]).mean())
+        agreement[role] = float(((_p_fallback(clf, x[sel]) >= 0.5) == y[sel]).mean())
         rows[role] = int(sel.sum())
     return Distilled(models, agreement, rows)
 
