@@ -10,7 +10,9 @@ log() { echo "setup_docker: $*"; }
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 
 missing=()
-command -v docker >/dev/null 2>&1 || missing+=(docker.io)
+# the daemon binary, not the client: an image may ship a docker client without dockerd
+{ command -v docker >/dev/null 2>&1 && command -v dockerd >/dev/null 2>&1; } || [ -n "${DOCKER_HOST:-}" ] \
+  || missing+=(docker.io)
 command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
