@@ -9,7 +9,7 @@ from sage_pipeline import artifacts, markdown
 from sage_pipeline.defs.resources import SageResource
 from sage_pipeline.defs.routing_assets import GROUP, reward_report, routing_dataset
 from sage_pipeline.rl import bc, cql, offline_eval as oe, ope, sage_router
-from sage_pipeline.rl.checkpoint import load_policy
+from sage_pipeline.rl.checkpoint import load_policy, read_meta
 from sage_pipeline.rl.data import from_dataset
 from sage_pipeline.rl.policy import StaticTablePolicy
 from sage_pipeline.routing import routing_dataset as rd
@@ -174,10 +174,15 @@ def offline_eval(context: dg.AssetExecutionContext, config: OfflineEvalConfig, s
                           evidence | {"summary": rep.summary()})
     meta |= {"promoted": rep.gate.promoted or "none", "promotion": rep.gate.reason,
              "promoted_path": dg.MetadataValue.path(str(promoted)) if promoted else "none"}
-    # SAGE's binary space, when trained: judge what SAGE's router would run
+    # SAGE's binary space, when trained on this dataset: judge what SAGE's router would run
     binary = multi.binary()
     trained = {k: _checkpoint_dir(sage, k, "sage_binary") for k in ("bc", "cql")}
-    if all(p.is_dir() for p in trained.values()):
+    fresh = all((p / "policy.json").is_file() and read_meta(p).training_data_sha256 == evidence["dataset_sha256"]
+                for p in trained.values())
+    if not fresh:
+        context.log.info("sage_binary: no BC and CQL checkpoints trained on this dataset (add 'sage_binary' to "
+                         "bc_policy's and cql_policy's action_spaces); only the multi-model space is evaluated")
+    else:
         rep, served = oe.run_sage_binary_eval(
             oe.fill_missing_propensities(df, bc_model)[0], df_eval, binary, table,
             {k: load_policy(p, spec, binary.actions) for k, p in trained.items()}, ope_cfg, sim,
@@ -233,7 +238,8 @@ def sage_router_checkpoint(context: dg.AssetExecutionContext, sage: SageResource
         "manifest": dg.MetadataValue.path(str(paths[1])), "sha256": artifacts.file_sha256(paths[0]),
         "min_confidence": served.min_confidence, "roles": sorted(served.models),
         "source": manifest.get("source", "unknown"),
-        "agreement_by_role": dg.MetadataValue.json(manifest.get("agreement", {})),
+        "agreement_on_eval_states": dg.MetadataValue.json(manifest.get("agreement_eval", {})),
+        "agreement_on_train_states": dg.MetadataValue.json(manifest.get("agreement", {})),
         "sage_env": dg.MetadataValue.md("Set in SAGE's environment:\n\n```bash\n" + "\n".join(
             f"export {k}={v}" for k, v in env.items()) + "\n```"),
         "decisions_checked_as_sage": checked,

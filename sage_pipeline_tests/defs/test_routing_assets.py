@@ -237,3 +237,17 @@ def test_support_rule_is_a_config_choice(tmp_path):
     assert not failed.success
     err = str(failed.get_step_failure_events()[0].event_specific_data.error)
     assert "support 'sample'" in err and "logged_pairs" in err
+
+
+def test_multi_model_only_skips_sages_space_and_writes_no_sage_checkpoint(tmp_path):
+    ops = {**SMALL["ops"],
+           "bc_policy": {"config": {**SMALL["ops"]["bc_policy"]["config"], "action_spaces": ["multi_model"]}},
+           "cql_policy": {"config": {**SMALL["ops"]["cql_policy"]["config"], "action_spaces": ["multi_model"]}}}
+    result = _run(tmp_path, {"ops": ops})
+    assert _metadata(result, "offline_eval")["action_spaces"] == ["multi_model"]
+    sage = _metadata(result, "sage_router_checkpoint")
+    assert sage["written"] is False and not (tmp_path / "checkpoints" / "sage").exists()
+    bad = {"ops": {**ops, "bc_policy": {"config": {"action_spaces": ["sage_binary"]}}}}
+    failed = _run(tmp_path, bad, raise_on_error=False)
+    err = str(failed.get_step_failure_events()[0].event_specific_data.error)
+    assert "list 'multi_model'" in err
