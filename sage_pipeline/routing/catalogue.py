@@ -1,7 +1,12 @@
-"""The model catalogue: per model, a capability per role, a cost per call and a latency.
+"""The model catalogue: optional information about models, keyed by model id.
 
-A model is a candidate for a role exactly when the catalogue gives it a capability for
-that role; that is the per-role action mask every policy shares.
+For the offline chain it only adds prices: a decision whose log has no cost is priced
+from here (``cost_per_call`` + ``cost_per_1k_prompt_tokens``); a model it does not list
+has an unknown cost. Roles and models come from the routing table and the logs, never
+from here. For the routing simulator it also describes each model: a capability per role
+(a model is a simulated candidate for a role exactly when it has one), a latency, a
+timeout rate and a comfortable context size. So a prices-only catalogue (``cost_per_call``
+and nothing else per model) is valid; the simulator refuses it, naming what is missing.
 """
 
 from __future__ import annotations
@@ -31,10 +36,10 @@ class ModelSpec:
     name: str
     cost_per_call: float  # USD per call
     cost_per_1k_prompt_tokens: float  # USD per 1,000 prompt tokens
-    latency_s: float  # seconds per call at 4k prompt tokens
-    timeout_rate: float  # probability of a timeout per call at 4k prompt tokens
-    context_tokens: int  # prompts longer than this degrade the model
-    capability: dict[str, float]  # role -> capability in [0, 1]
+    latency_s: float  # seconds per call at 4k prompt tokens (simulator)
+    timeout_rate: float  # probability of a timeout per call at 4k prompt tokens (simulator)
+    context_tokens: int  # prompts longer than this degrade the model (simulator)
+    capability: dict[str, float]  # role -> capability in [0, 1] (simulator; may be empty)
 
 
 @dataclass(frozen=True)
@@ -113,13 +118,10 @@ class ModelCatalogue:
                     raise ConfigError(source, f"{where}.{key}", f"{val} outside [{lo}, {hi}]")
                 return float(val)
 
-            cap = spec.get("capability")
-            if not isinstance(cap, dict) or not cap:
+            cap = spec.get("capability", {})
+            if not isinstance(cap, dict):
                 raise ConfigError(source, f"{where}.capability", "expected a mapping role -> capability")
             for role, val in cap.items():
-                if role not in ROLES:
-                    raise ConfigError(source, f"{where}.capability.{role}",
-                                      f"unknown role (roles are {', '.join(ROLES)})")
                 if isinstance(val, bool) or not isinstance(val, (int, float)) or not 0.0 <= val <= 1.0:
                     raise ConfigError(source, f"{where}.capability.{role}",
                                       f"expected a number in [0, 1], got {val!r}")
@@ -127,13 +129,17 @@ class ModelCatalogue:
                 name=str(name),
                 cost_per_call=num("cost_per_call"),
                 cost_per_1k_prompt_tokens=num("cost_per_1k_prompt_tokens", 0.0),
-                latency_s=num("latency_s", lo=0.0),
+                latency_s=num("latency_s", 0.0, lo=0.0),
                 timeout_rate=num("timeout_rate", 0.0, hi=0.5),
                 context_tokens=int(num("context_tokens", 128000, lo=1)),
                 capability={r: float(v) for r, v in cap.items()},
             ))
-        cat = cls(tuple(models), source=source)
+        return cls(tuple(models), source=source)
+
+    def check_simulates(self) -> None:
+        """Raise unless every simulated role (ROLES) has a candidate: what the simulator needs."""
         for role in ROLES:
-            if len(cat.candidates(role)) < 1:
-                raise ConfigError(source, "models.*.capability", f"no model is a candidate for role {role!r}")
-        return cat
+            if len(self.candidates(role)) < 1:
+                raise ConfigError(self.source, "models.*.capability",
+                                  f"no model is a candidate for role {role!r}: the routing simulator needs a "
+                                  "capability per role (a prices-only catalogue serves real logs only)")

@@ -92,6 +92,7 @@ class RoutingSimulator:
     def __init__(self, catalogue: ModelCatalogue, table: RoutingTable,
                  config: SimulatorConfig = SimulatorConfig()) -> None:
         self.catalogue, self.table, self.config = catalogue, table, config
+        catalogue.check_simulates()
         if table.roles != catalogue.roles:
             raise ValueError(f"the routing simulator models the roles {', '.join(catalogue.roles)} (its catalogue "
                              f"{catalogue.source}); the table {table.source} routes {', '.join(table.roles)}: "

@@ -4,8 +4,6 @@ models.yaml (Ollama tags, shell_router and shell_chat), and the checkpoint hande
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import dagster as dg
