@@ -147,7 +147,7 @@ def _join_token_usage(df: pd.DataFrame, tu: pd.DataFrame | None) -> tuple[pd.Dat
     sums = pd.DataFrame({"tu_prompt_tokens": g["p"].sum(min_count=1), "tu_completion_tokens": g["c"].sum(min_count=1),
                          "tu_cost_usd": g["usd"].sum(min_count=1)})
     sums.index = sums.index.astype(df.index.dtype)
-    return df.join(sums).fillna({}), unattributed
+    return df.join(sums), unattributed
 
 
 def _derive_steps(df: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
