@@ -47,7 +47,7 @@ SCRATCH = ROOT / "benchmarks" / ".scratch"
 
 
 def run_seed(seed: int, episodes: int, criterion: str = "fqe", eval_fraction: float | None = None,
-             support: str = "logged_pairs", action_space: str = "multi_model") -> dict:
+             support: str = "logged_pairs", action_space: str = "multi_model", floor_criterion: str = "fqe") -> dict:
     import pyarrow.parquet as pq
 
     from sage_pipeline.rl import bc, cql, offline_eval as oe, ope
@@ -89,7 +89,7 @@ def run_seed(seed: int, episodes: int, criterion: str = "fqe", eval_fraction: fl
         # exactly the offline_eval asset's path: served composites judged, networks beside them
         report, served = oe.run_sage_binary_eval(df, oe.eval_part(df, "report"), space, tab,
                                                  {"bc": bc_policy, "cql": sel.result.policy()}, report_cfg, sim,
-                                                 quiet, behaviour)
+                                                 quiet, behaviour, floor_criterion)
         policies, subject = report.evaluations, "cql_served"
         extra = {"min_confidence": {n: s.policy.min_confidence for n, s in served.items()},
                  "agreement_eval": {n: s.agreement_eval for n, s in served.items()}}
@@ -154,6 +154,8 @@ def main() -> None:
     ap.add_argument("--action-space", default="multi_model", choices=("multi_model", "sage_binary"),
                     help="sage_binary: SAGE's primary/fallback space, judged as served (distilled classifiers, "
                          "confidence floor, YAML fallback) against the best binary policy")
+    ap.add_argument("--floor-criterion", default="fqe", choices=("fqe", "estimate", "lower_bound"),
+                    help="sage_binary: how OPE on the select half picks the served composite's confidence floor")
     ap.add_argument("--out", default=None, help="file name under benchmarks/.scratch/ "
                     "(default offline_quality[_sage_binary].json)")
     args = ap.parse_args()
@@ -169,7 +171,7 @@ def main() -> None:
     with ProcessPoolExecutor(args.workers) as pool:
         n = len(seeds)
         for r in pool.map(run_seed, seeds, [args.episodes] * n, [args.criterion] * n, [args.eval_fraction] * n,
-                          [args.support] * n, [args.action_space] * n):
+                          [args.support] * n, [args.action_space] * n, [args.floor_criterion] * n):
             runs.append(r)
             subj = r["subject"]
             print(f"seed {r['seed']:3d}: cql {r['alpha']:<10} {subj} regret closure {r['regret_closure'][subj]:.3f}  "

@@ -140,6 +140,9 @@ class OfflineEvalConfig(dg.Config):
     n_boot: int = Field(1000, description="bootstrap resamples per estimator")
     seed: int = 0
     support: str = Field("logged_pairs", description="support rule: 'logged_pairs' or 'behaviour' (as cql_policy)")
+    floor_selection: str = Field("fqe", description="how OPE on the eval split's select half picks SAGE's confidence "
+                                 "floor for each served sage_binary policy: 'fqe', 'estimate' or 'lower_bound' (as "
+                                 "cql_policy's selection; see docs/benchmarks.md)")
 
 
 @dg.asset(group_name=GROUP, deps=[bc_policy, cql_policy], kinds={"python", "json"},
@@ -186,7 +189,7 @@ def offline_eval(context: dg.AssetExecutionContext, config: OfflineEvalConfig, s
         rep, served = oe.run_sage_binary_eval(
             oe.fill_missing_propensities(df, bc_model)[0], df_eval, binary, table,
             {k: load_policy(p, spec, binary.actions) for k, p in trained.items()}, ope_cfg, sim,
-            context.log.info, behaviour)
+            context.log.info, behaviour, config.floor_selection)
         reports["sage_binary"] = rep
         promoted_sage = oe.promote_served(rep.gate, served, sage.path("checkpoints", "promoted_sage"),
                                           evidence | {"summary": rep.summary()})

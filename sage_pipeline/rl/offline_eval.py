@@ -196,6 +196,8 @@ def _evaluate_all(policies: dict[str, object], data: ope.LoggedData, config: ope
 
 SELECTION_CRITERIA = ("fqe", "estimate", "lower_bound")
 SELECTION_ESTIMATOR = {"fqe": "fqe", "estimate": GATE_ESTIMATOR, "lower_bound": GATE_ESTIMATOR}
+SELECTION_LABEL = {"fqe": "fqe estimate", "estimate": f"{GATE_ESTIMATOR} estimate",
+                   "lower_bound": f"{GATE_ESTIMATOR} lower bound"}
 
 
 def select_by_ope(candidates: dict[str, object], df_eval: pd.DataFrame, catalogue: ActionSpace | ModelCatalogue,
@@ -290,8 +292,7 @@ def train_select_cql(df: pd.DataFrame, catalogue: ActionSpace | ModelCatalogue, 
     cands = {f"alpha={a:g}": r.policy() for a, r in zip(alphas, results)}
     best, evals = select_by_ope(cands, eval_part(df, "select"), catalogue, ope_config, criterion, progress,
                                 behaviour)
-    how = {"fqe": "fqe estimate", "estimate": f"{GATE_ESTIMATOR} estimate",
-           "lower_bound": f"{GATE_ESTIMATOR} lower bound"}[criterion] + " on the eval split's select part"
+    how = f"{SELECTION_LABEL[criterion]} on the eval split's select part"
     if best is None:
         best, how = list(cands)[int(np.argmax(alphas))], "largest alpha: no candidate has support in the eval split"
     table = [{"alpha": n, "fqe": e.estimates["fqe"].value, GATE_ESTIMATOR: e.estimates[GATE_ESTIMATOR].value,
@@ -341,7 +342,7 @@ def distill_select_served(df: pd.DataFrame, space: ActionSpace, table: RoutingTa
                                                        name=f"{source}_served")
     cands = {f"min_confidence={c:g}": base.with_min_confidence(c) for c in config.min_confidence_grid}
     best, evals = select_by_ope(cands, eval_part(df, "select"), space, ope_config, criterion, progress, behaviour)
-    how = f"{SELECTION_ESTIMATOR[criterion]} on the eval split's select part"
+    how = f"{SELECTION_LABEL[criterion]} on the eval split's select part"
     if best is None:
         best, how = f"min_confidence={config.default_min_confidence:g}", "SAGE's default: no floor has support"
         cands.setdefault(best, base)
@@ -431,13 +432,14 @@ def run_offline_eval(df_eval: pd.DataFrame, policies: dict[str, object], catalog
 def run_sage_binary_eval(df: pd.DataFrame, df_eval: pd.DataFrame, space: ActionSpace, table: RoutingTable,
                          trained: dict[str, object], config: ope.OPEConfig = ope.OPEConfig(),
                          sim: RoutingSimulator | None = None, progress: Callable[[str], None] = log.info,
-                         behaviour=None) -> tuple[OfflineEvalReport, dict[str, ServedSelection]]:
+                         behaviour=None, criterion: str = "fqe") -> tuple[OfflineEvalReport, dict[str, ServedSelection]]:
     """SAGE's binary space, judged as SAGE would run it: each ``trained`` sage_binary policy is
     served (:func:`distill_select_served` on ``df``, propensities filled), the networks are
     reported beside as ``<name>_trained``, only the ``<name>_served`` composites may be
-    promoted, and ground truth takes the best binary policy as the oracle."""
+    promoted, and ground truth takes the best binary policy as the oracle. ``criterion``: how
+    OPE on the select half picks the floor (:func:`select_by_ope`)."""
     served = {f"{k}_served": distill_select_served(df, space, table, pol, k, ope_config=config,
-                                                   progress=progress, behaviour=behaviour)
+                                                   criterion=criterion, progress=progress, behaviour=behaviour)
               for k, pol in trained.items()}
     policies = {STATIC: StaticTablePolicy(table, space)} | {f"{k}_trained": p for k, p in trained.items()} | {
         n: s.policy for n, s in served.items()}
