@@ -127,14 +127,19 @@ class Extra(msgspec.Struct, gc=False, frozen=True):
     synthetic: Union[bool, None] = None
 
 
-class Event(msgspec.Struct, gc=False):
-    """The fields of a SAGE event that the ingest reads, for the three event types it keeps;
-    other keys (and every field of other types) are ignored."""
+class _Envelope(msgspec.Struct, gc=False):
+    """What every SAGE event carries (session_id and trace_id only when SAGE's env sets them)."""
 
     type: str
     timestamp: Union[str, None] = None
     session_id: Union[str, None] = None
     trace_id: Union[str, None] = None
+
+
+class Event(_Envelope, gc=False):
+    """The fields of a SAGE event that the ingest reads, for the three event types it keeps;
+    other keys (and every field of other types) are ignored."""
+
     # TRAJECTORY_STEP
     task_id: Union[str, None] = None
     agent: Union[str, None] = None  # also TOKEN_USAGE's (optional) agent
@@ -163,11 +168,7 @@ class Event(msgspec.Struct, gc=False):
 
 # The slow path checks a line the union decoder refused against its own type's fields only,
 # so a stray key of another type's name (a step's extra "model": 3) is no reason to refuse it.
-class StepEvent(msgspec.Struct, gc=False):
-    type: str
-    timestamp: Union[str, None] = None
-    session_id: Union[str, None] = None
-    trace_id: Union[str, None] = None
+class StepEvent(_Envelope, gc=False):
     task_id: Union[str, None] = None
     agent: Union[str, None] = None
     step: Union[int, None] = None
@@ -179,11 +180,7 @@ class StepEvent(msgspec.Struct, gc=False):
     extra: Extra = Extra()
 
 
-class RoutingDecisionEvent(msgspec.Struct, gc=False):
-    type: str
-    timestamp: Union[str, None] = None
-    session_id: Union[str, None] = None
-    trace_id: Union[str, None] = None
+class RoutingDecisionEvent(_Envelope, gc=False):
     agent_role: Union[str, None] = None
     task_complexity_score: Union[float, None] = None
     primary_failure_count: Union[int, None] = None
@@ -195,11 +192,7 @@ class RoutingDecisionEvent(msgspec.Struct, gc=False):
     propensity: Union[float, None] = None
 
 
-class TokenUsageEvent(msgspec.Struct, gc=False):
-    type: str
-    timestamp: Union[str, None] = None
-    session_id: Union[str, None] = None
-    trace_id: Union[str, None] = None
+class TokenUsageEvent(_Envelope, gc=False):
     agent: Union[str, None] = None
     model: Union[str, None] = None
     prompt_tokens: Union[int, None] = None
