@@ -17,9 +17,8 @@ a JSON manifest with everything else. numpy, scikit-learn and joblib only.
 from __future__ import annotations
 
 import json
-import os
+import math
 import platform
-import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -65,8 +64,16 @@ def sage_inputs(ctx) -> np.ndarray:
 
 
 def fallback_labels(policy, ctx, space) -> np.ndarray:
-    """1 where ``policy`` puts more mass on the row's fallback than on its primary."""
-    p = policy.action_probs(ctx)
+    """1 where ``policy`` puts more mass on the row's fallback than on its primary (a tie
+    counts as the primary)."""
+    if tuple(policy.actions) != tuple(space.actions):
+        raise ValueError(f"policy {getattr(policy, 'name', policy)!r} has actions {tuple(policy.actions)}, the "
+                         f"action space {space.source} has {tuple(space.actions)}: distill a policy trained on "
+                         "this routing dataset's action space")
+    p = np.asarray(policy.action_probs(ctx))
+    if p.shape != (len(ctx), len(space.actions)):
+        raise ValueError(f"policy {getattr(policy, 'name', policy)!r} returned shape {p.shape}, expected "
+                         f"{(len(ctx), len(space.actions))}")
     rows = np.arange(len(ctx))
     return (p[rows, space.fallback[ctx.role]] > p[rows, space.primary[ctx.role]]).astype(np.int64)
 
@@ -89,13 +96,18 @@ def fit_classifier(x: np.ndarray, y: np.ndarray, config: SageRouterConfig) -> De
 @dataclass(frozen=True)
 class Distilled:
     models: dict[str, DecisionTreeClassifier]
-    agreement: dict[str, float]  # role -> share of the fitted rows where the tree decides as the policy
-    rows: dict[str, int]
+    agreement: dict[str, float]  # role -> share of its ctx rows where the tree (no floor) decides as the policy
+    rows: dict[str, int]  # role -> ctx rows it was fitted on
 
 
 def distill(policy, ctx, space, config: SageRouterConfig = SageRouterConfig()) -> Distilled:
     """One classifier per role present in ``ctx`` (roles whose primary is their fallback have
-    nothing to decide and get none), fitted to ``policy``'s primary-or-fallback decisions."""
+    nothing to decide and get none), fitted on :func:`sage_inputs` to ``policy``'s
+    primary-or-fallback decisions (``policy``: a sage_binary policy of ``space``'s actions)."""
+    bad = np.setdiff1d(np.unique(ctx.role), np.arange(len(space.roles)))
+    if len(bad):
+        raise ValueError(f"role indices {bad.tolist()} are not roles of the action space {space.source} "
+                         f"({len(space.roles)} roles): build the contexts with this space's roles")
     y, x = fallback_labels(policy, ctx, space), sage_inputs(ctx)
     models, agreement, rows = {}, {}, {}
     for i, role in enumerate(space.roles):
@@ -123,12 +135,28 @@ class ServedSagePolicy:
     models: dict[str, DecisionTreeClassifier]
     min_confidence: float = SAGE_DEFAULT_MIN_CONFIDENCE
     name: str = "sage_served"
-    agreement: dict[str, float] = field(default_factory=dict)
+    agreement: dict[str, float] = field(default_factory=dict)  # from distill (manifest facts)
+    rows: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.min_confidence, (int, float)) and math.isfinite(self.min_confidence)
+                and self.min_confidence >= 0.0):
+            raise ValueError(f"min_confidence must be a finite number >= 0 (SAGE compares abs(p - 0.5) * 2 "
+                             f"with it), got {self.min_confidence!r}")
+        unknown = sorted(set(self.models) - set(self.space.roles))
+        if unknown:
+            raise ValueError(f"classifiers for roles {unknown} that the action space {self.space.source} does "
+                             f"not route (roles: {', '.join(self.space.roles)})")
+        for role, clf in self.models.items():
+            classes = np.asarray(getattr(clf, "classes_", [])).tolist()
+            if classes != [0, 1] or not hasattr(clf, "predict_proba"):
+                raise ValueError(f"the classifier of role {role!r} has classes_ {classes}: SAGE's hook needs a "
+                                 "fitted classifier with predict_proba and classes_ [0, 1] (1 = fallback)")
 
     @classmethod
     def from_distilled(cls, d: Distilled, table, space, min_confidence: float = SAGE_DEFAULT_MIN_CONFIDENCE,
                        name: str = "sage_served") -> "ServedSagePolicy":
-        return cls(table, space, dict(d.models), min_confidence, name, dict(d.agreement))
+        return cls(table, space, dict(d.models), min_confidence, name, dict(d.agreement), dict(d.rows))
 
     def with_min_confidence(self, c: float) -> "ServedSagePolicy":
         return replace(self, min_confidence=float(c))
@@ -182,50 +210,59 @@ def to_sage_dict(served: ServedSagePolicy) -> dict:
 
 
 def write_sage_checkpoint(directory: str | Path, served: ServedSagePolicy, manifest: dict) -> tuple[Path, Path]:
-    """``policy.joblib`` (atomic: temp file in the folder, fsync, rename) and ``manifest.json``."""
+    """``policy.joblib`` (:func:`to_sage_dict`, atomic: temp file in the folder, fsync,
+    ``os.replace``) and ``manifest.json`` (every other fact, ``manifest``'s keys included;
+    the computed keys win over a caller's key of the same name)."""
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
     path = directory / JOBLIB_NAME
-    fd, tmp = tempfile.mkstemp(prefix=f".{JOBLIB_NAME}.", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            joblib.dump(to_sage_dict(served), fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with artifacts.atomic_open(path, "wb") as fh:
+        joblib.dump(to_sage_dict(served), fh)
     routes = {r: [served.table.routes[r].primary, served.table.routes[r].fallback] for r in served.models}
     full = {**manifest, "format": FORMAT, "feature_keys": list(FEATURE_KEYS), "inputs_from": list(CONTEXT_FIELDS),
             "min_confidence": served.min_confidence, "roles": sorted(served.models), "routes": routes,
-            "agreement": served.agreement, "table": str(getattr(served.table, "source", "")),
+            "agreement": served.agreement, "rows": served.rows, "table": str(getattr(served.table, "source", "")),
             "versions": {"python": platform.python_version(), "numpy": np.__version__,
                          "scikit-learn": sklearn.__version__, "joblib": joblib.__version__},
             "sha256": artifacts.file_sha256(path),
             "sage_env": {"SAGE_RL_POLICY": "1", "SAGE_RL_CHECKPOINT": str(path.resolve()),
-                         "SAGE_RL_MIN_CONFIDENCE": f"{served.min_confidence:g}"}}
+                         "SAGE_RL_MIN_CONFIDENCE": str(float(served.min_confidence))}}
     return path, artifacts.write_json(directory / MANIFEST_NAME, full)
 
 
+def _folder(path: str | Path) -> Path:
+    """The checkpoint folder, given it or its ``policy.joblib`` (what SAGE_RL_CHECKPOINT names)."""
+    path = Path(path)
+    return path.parent if path.name == JOBLIB_NAME and not path.is_dir() else path
+
+
 def read_manifest(directory: str | Path) -> dict:
-    p = Path(directory) / MANIFEST_NAME
+    p = _folder(directory) / MANIFEST_NAME
     if not p.is_file():
-        raise FileNotFoundError(f"{p} not found: the folder holds no SAGE router checkpoint")
-    return json.loads(p.read_text(encoding="utf-8"))
+        raise FileNotFoundError(f"{p} not found: the folder holds no SAGE router checkpoint "
+                                "(write one with write_sage_checkpoint / materialize sage_router_checkpoint)")
+    manifest = json.loads(p.read_text(encoding="utf-8"))
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise ValueError(f"{p}: format {manifest.get('format') if isinstance(manifest, dict) else None!r}, "
+                         f"expected {FORMAT!r}: not a SAGE router checkpoint manifest")
+    return manifest
 
 
-def load_sage_checkpoint(directory: str | Path, table, space) -> ServedSagePolicy:
-    """The checkpoint as the composite it serves with ``table``; refused, naming the difference,
-    when its roles or their primary/fallback are not the table's."""
-    directory = Path(directory)
+def load_sage_checkpoint(path: str | Path, table, space) -> ServedSagePolicy:
+    """The checkpoint (its folder or its ``policy.joblib``) as the composite it serves with
+    ``table``; refused, naming the difference, when its roles or their primary/fallback are
+    not the table's, or the file is not the one the manifest describes."""
+    directory = _folder(path)
     manifest = read_manifest(directory)
     path = directory / JOBLIB_NAME
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found beside {MANIFEST_NAME}: rewrite the checkpoint")
     if manifest.get("sha256") != artifacts.file_sha256(path):
         raise ValueError(f"{path}: sha256 differs from {MANIFEST_NAME}: the file changed after it was written")
     obj = joblib.load(path)
     if not isinstance(obj, dict) or set(obj) != {"models", "feature_keys"}:
         raise ValueError(f"{path}: not SAGE's router checkpoint (expected a dict with models and feature_keys)")
+    if list(obj["feature_keys"]) != list(FEATURE_KEYS):
+        raise ValueError(f"{path}: feature_keys {obj['feature_keys']} differ from SAGE's {list(FEATURE_KEYS)}")
     problems = []
     for role, (primary, fallback) in manifest.get("routes", {}).items():
         if role not in table.routes:
@@ -240,7 +277,8 @@ def load_sage_checkpoint(directory: str | Path, table, space) -> ServedSagePolic
         raise ValueError(f"SAGE router checkpoint {path} does not fit the routing table: " + "; ".join(problems)
                          + ". Retrain on logs made with this table, or point SAGE_ROUTING_TABLE at the right one.")
     return ServedSagePolicy(table, space, dict(obj["models"]), float(manifest["min_confidence"]),
-                            manifest.get("policy", "sage_served"), dict(manifest.get("agreement", {})))
+                            manifest.get("policy", "sage_served"), dict(manifest.get("agreement", {})),
+                            dict(manifest.get("rows", {})))
 
 
 def check_loads_as_sage(path: str | Path, served: ServedSagePolicy, space, n: int = 21) -> int:
