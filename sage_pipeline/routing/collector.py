@@ -132,7 +132,7 @@ def binary_mask(sim: RoutingSimulator) -> np.ndarray:
     """(n_roles, K): each role's primary and fallback, what SAGE's router can execute."""
     m = np.zeros_like(sim.role_mask)
     r = np.arange(len(m))
-    m[r, sim.primary] = m[r, sim.table.fallback_index(sim.catalogue)] = True
+    m[r, sim.table.primary_index(sim.catalogue)] = m[r, sim.table.fallback_index(sim.catalogue)] = True
     return m
 
 
@@ -233,8 +233,9 @@ def collect(sim: RoutingSimulator, out_dir: str | Path, config: CollectorConfig 
                         },
                         "reward": round(float(rows["reward_v1"][r]), 6),
                         "terminal": bool(rows["terminal"][r]),
-                        "extra": {"synthetic": True, "reward_version": "reward_v1"},
+                        "extra": {"synthetic": True},
                     }))
+            clock += timedelta(milliseconds=1)
             lines.append(enc.encode({"type": "SESSION_END", "timestamp": _stamp(clock), "session_id": sid}))
         path = out_dir / f"{(t0 + timedelta(days=day)).date().isoformat()}.log"
         artifacts.write_bytes(path, b"\n".join(lines) + b"\n")

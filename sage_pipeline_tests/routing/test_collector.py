@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from datetime import datetime, timedelta
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,7 @@ from sage_pipeline.routing import collector
 from sage_pipeline.routing.catalogue import DEFAULT_CATALOGUE
 from sage_pipeline.routing.collector import CollectorConfig, collect
 from sage_pipeline.routing.features import Contexts
+from sage_pipeline.routing.ingest import IngestConfig, ingest
 from sage_pipeline.routing.reward import sage_step_reward
 from sage_pipeline.routing.schema import REWARD_MAX, REWARD_MIN, ROLE_INDEX, ROLES, TRAJECTORY_STEP
 from sage_pipeline.routing.table import DEFAULT_TABLE
@@ -103,7 +105,8 @@ def test_sessions_are_framed_and_each_step_follows_its_routing_decision(events, 
         assert evs[0]["type"] == "SESSION_START" and evs[-1]["type"] == "SESSION_END"
         assert evs[0]["extra"]["synthetic"] is True
         stamps = [datetime.fromisoformat(e["timestamp"]) for e in evs]
-        assert stamps == sorted(stamps)
+        assert all(a < b for a, b in pairwise(stamps))  # strictly increasing within a session
+        assert all(t.utcoffset() == timedelta(0) for t in stamps)
         assert all(e["timestamp"].endswith("+00:00") and "." in e["timestamp"] for e in evs)
         body = evs[1:-1]
         assert len(body) % 3 == 0
@@ -148,7 +151,7 @@ def test_trajectory_steps_have_sages_shape(steps, catalogue):
             "timeout" if s["timed_out"] else None if s["verification_passed"] else "verification_failed"
         )
         assert not (s["timed_out"] and s["verification_passed"])
-        assert e["extra"] == {"synthetic": True, "reward_version": "reward_v1"}
+        assert e["extra"] == {"synthetic": True}
         assert e["task_id"].startswith(e["session_id"] + "-t")
 
 
@@ -305,16 +308,63 @@ def test_rerun_with_fewer_episodes_removes_stale_journals(sim, tmp_path):
 def test_sage_binary_explores_only_primary_and_fallback(sim, table, catalogue, tmp_path):
     res = collect(sim, tmp_path, CollectorConfig(episodes=300, seed=4, action_space="sage_binary"),
                   progress=lambda m: None)
-    steps = [e for e in read_events(res.files) if e["type"] == TRAJECTORY_STEP]
+    events = read_events(res.files)
+    steps = [e for e in events if e["type"] == TRAJECTORY_STEP]
     pairs = Counter((e["agent"], e["action"]["model_chosen"]) for e in steps)
     for (role, model) in pairs:
         assert model in (table.routes[role].primary, table.routes[role].fallback)
+    for e in events:
+        if e["type"] == "MODEL_ROUTING_DECISION":
+            assert e["selected_model"] in (e["primary_model"], e["fallback_model"])
     # both of a role's two models are logged (epsilon explores the one the table did not choose)
     assert sum(1 for (r, _) in pairs if r == "coder") == 2
     # propensities: 1 - eps/2 for the table's choice, eps/2 for the other (k = 2)
     assert {round(e["propensity"], 9) for e in steps} == {0.85, 0.15}
-    gt = res.ground_truth
+    mask = collector.binary_mask(sim)
+    assert (mask.sum(axis=1) == 2).all() and not (mask & ~catalogue.role_mask()).any()
+    behaviour = EpsilonGreedyPolicy(collector._Restricted(StaticTablePolicy(table, catalogue), mask), 0.3)
+    ctx = _contexts(steps)
+    action = np.array([catalogue.index[e["action"]["model_chosen"]] for e in steps])
+    np.testing.assert_allclose([e["propensity"] for e in steps],
+                               behaviour.action_probs(ctx)[np.arange(len(steps)), action], atol=1e-9)
+    # the manifest's truth: the binary space's uniform, behaviour and exact optimum
+    m = json.loads(res.manifest.read_text())
+    assert m["collector"]["action_space"] == "sage_binary" and m["layout"] == "sage_journal"
+    gt = m["ground_truth_value"]
+    assert gt == res.ground_truth
+    assert set(gt) == {"static_table", "behaviour", "uniform", "oracle", "binary_oracle"}
+    tasks = sim.sample_tasks(300, np.random.default_rng(4))
+    assert gt["binary_oracle"] == pytest.approx(sim.optimal_value(tasks, mask).mean, abs=1e-12)
+    assert gt["uniform"] == pytest.approx(sim.policy_value(UniformPolicy(catalogue.actions, mask), tasks).mean,
+                                          abs=1e-12)
+    assert gt["behaviour"] == pytest.approx(sim.policy_value(behaviour, tasks).mean, abs=1e-12)
     assert gt["static_table"] <= gt["binary_oracle"] <= gt["oracle"] + 1e-12
+    for role, v in m["ground_truth_value_by_role"]["binary_oracle"].items():
+        assert m["ground_truth_value_by_role"]["static_table"][role] <= v + 1e-9
+
+
+def test_journals_ingest_with_every_step_derived_and_the_propensity_kept(collected, steps, tmp_path):
+    """Through the project's own ingest (``ingest(config, out_dir)``), as SAGE's journals go."""
+    import pyarrow.parquet as pq
+
+    out, res, _ = collected
+    r = ingest(IngestConfig(log_dirs=(out,)), tmp_path, progress=lambda m: None)
+    assert r.stats.files == [str(p) for p in res.files]  # simulator.json is not a journal
+    assert r.stats.lines_read == res.events and r.stats.quarantined == 0
+    assert r.stats.steps_accepted == res.decisions == r.stats.steps_without_step  # no step logged
+    assert r.stats.routing_decisions == r.stats.token_usage == res.decisions
+    assert r.stats.sessions_from_file_stem == 0  # session_id is logged, as with SAGE_SESSION_ID set
+    assert dict(r.stats.other_events) == {"SESSION_START": res.sessions, "SESSION_END": res.sessions,
+                                          "MODEL_ROUTING_DECISION": res.decisions, "TOKEN_USAGE": res.decisions}
+    traj = pq.read_table(r.trajectories).to_pandas()
+    assert traj["step"].isna().all() and (traj["session_id_source"] == "logged").all()
+    assert (traj["data_source"] == "synthetic").all()
+    logged = {(e["session_id"], e["task_id"], e["timestamp"]): e["propensity"] for e in steps}
+    got = {(s, t, ts): p for s, t, ts, p in traj[["session_id", "task_id", "timestamp", "propensity"]].itertuples(
+        index=False)}
+    assert got == logged
+    mrd = pq.read_table(r.routing_decisions).to_pandas()
+    assert set(mrd["policy_source"]) == {"yaml", "learned"}
 
 
 def test_session_sizes_cover_every_task_once():
