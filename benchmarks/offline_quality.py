@@ -100,11 +100,16 @@ def run_seed(seed: int, episodes: int, criterion: str = "fqe", eval_fraction: fl
                                      progress=quiet, behaviour=behaviour)
         subject, extra = "cql", {}
     gt = report.truth.episode_value
+    # the gate as it would decide with each episode estimator (the asset's is oe.GATE_ESTIMATOR)
+    cands = tuple(n for n in policies if n.endswith("_served")) if action_space == "sage_binary" else None
+    gates = {est: oe.promotion_gate(report.evaluations, estimator=est, candidates=cands).promoted
+             for est in ("step_dr", "step_wdr")}
     return {
         "seed": seed, "seconds": time.perf_counter() - t0, "alpha": sel.label, "selected_by": sel.how,
         "action_space": action_space, "subject": subject, "ground_truth": gt,
         "regret_closure": {p: oe.regret_closure(gt[p], gt["static_table"], gt["oracle"]) for p in policies},
-        "estimates": report.rows(), "promoted": report.gate.promoted, "gate": report.gate.reason, **extra,
+        "estimates": report.rows(), "promoted": report.gate.promoted, "gate": report.gate.reason,
+        "promoted_by": gates, **extra,
     }
 
 
@@ -120,7 +125,12 @@ def summarise(runs: list[dict]) -> dict:
            "alphas": {a: sum(r["alpha"] == a for r in runs) for a in sorted({r["alpha"] for r in runs})},
            "wrong_promotions": sum(r["promoted"] is not None
                                    and r["ground_truth"][r["promoted"]] <= r["ground_truth"]["static_table"]
-                                   for r in runs)}
+                                   for r in runs),
+           "wrong_promotions_by": {est: sum(p is not None and r["ground_truth"][p] <= r["ground_truth"]["static_table"]
+                                            for r in runs for e, p in r["promoted_by"].items() if e == est)
+                                   for est in runs[0]["promoted_by"]},
+           "promotions_by": {est: sum(r["promoted_by"][est] is not None for r in runs)
+                             for est in runs[0]["promoted_by"]}}
     cells: dict[tuple[str, str], list[dict]] = {}
     for r in runs:
         for e in r["estimates"]:
@@ -185,6 +195,8 @@ def main() -> None:
           f">= 0.7 in {rc['share_ge_0.7']:.0%}, >= 0.6 in {rc['share_ge_0.6']:.0%} of seeds")
     print(f"alphas chosen: {s['alphas']}")
     print(f"promoted: {s['promoted_share']}; promoted but not truly better than the table: {s['wrong_promotions']}")
+    for est, k in s["promotions_by"].items():
+        print(f"gate on {est}: {k} promotions, {s['wrong_promotions_by'][est]} not truly better than the table")
     print(f"\n{'policy/estimator':<30}{'scope':<10}{'coverage':>10}{'mean rel err':>14}{'max rel err':>13}"
           f"{'<=5%':>7}")
     for k, v in s["estimators"].items():

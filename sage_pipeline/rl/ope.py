@@ -14,7 +14,8 @@ model ``q_hat``:
 
 where ``q_hat(x, pi_e) = sum_a pi_e(a|x) q_hat(x, a)``. Multi-step episodes (a task's
 attempts) have per-decision importance sampling (PDIS, Precup et al. 2000), step-wise
-doubly robust (Jiang & Li 2016; Thomas & Brunskill 2016) and fitted-Q evaluation (FQE, Le
+doubly robust (Jiang & Li 2016; Thomas & Brunskill 2016), its weighted (self-normalised)
+form WDR (Thomas & Brunskill 2016) and fitted-Q evaluation (FQE, Le
 et al. 2019: the direct method of episodes, no importance weights), whose target is the
 expected episode return: the quantity the routing simulator's ``policy_value(...).mean``
 gives. FQE has far less variance than the weighted estimators and a bias from its model:
@@ -50,7 +51,7 @@ from sage_pipeline.routing.schema import ROLES
 log = logging.getLogger(__name__)
 
 BANDIT_ESTIMATORS = ("ips", "snips", "dm", "dr", "sndr", "switch_dr")
-EPISODE_ESTIMATORS = ("pdis", "step_dr", "fqe")
+EPISODE_ESTIMATORS = ("pdis", "step_dr", "step_wdr", "fqe")
 BANDIT_SCOPES = ("first_step", "all_decisions")
 DETERMINISTIC_PSCORE = 1.0 - 1e-9  # a logged propensity this close to 1: the behaviour had no other choice
 
@@ -101,11 +102,22 @@ class NoSupportError(ValueError):
 # ---------------------------------------------------------------------------- results
 @dataclass(frozen=True)
 class RatioTerms:
-    """How a self-normalised estimator is resampled: value = mean(direct) + sum(weighted) / sum(weights)."""
+    """How a self-normalised estimator is resampled: value = sum_j sum(num[:, j]) / sum(den[:, j]).
 
-    direct: np.ndarray
-    weighted: np.ndarray
-    weights: np.ndarray
+    SNIPS has one ratio, SNDR two (the direct term over a count of ones), weighted step-wise
+    DR two per step. ``empty_is_zero``: a ratio whose denominator sums to 0 (its numerator
+    is then 0 too) counts 0, as in weighted DR, where no episode's weight reaching a step
+    means that step adds nothing; otherwise such a bootstrap replicate is dropped.
+    """
+
+    num: np.ndarray  # (m, J)
+    den: np.ndarray  # (m, J)
+    empty_is_zero: bool = False
+
+    def __post_init__(self) -> None:
+        if np.ndim(self.num) != 2 or np.shape(self.num) != np.shape(self.den):
+            raise ValueError(f"RatioTerms needs num and den of one (m, J) shape, got {np.shape(self.num)} "
+                             f"and {np.shape(self.den)}")
 
 
 @dataclass(frozen=True)
@@ -244,7 +256,7 @@ def snips(reward, action, pscore, action_dist) -> Estimate:
     if w.sum() <= 0:
         raise NoSupportError("SNIPS is undefined: the evaluation policy puts no mass on any logged action")
     rr = reward * w / w.mean()
-    return Estimate("snips", float(rr.mean()), rr, RatioTerms(np.zeros_like(rr), reward * w, w))
+    return Estimate("snips", float(rr.mean()), rr, RatioTerms((reward * w)[:, None], w[:, None]))
 
 
 def dm(action_dist, q_hat) -> Estimate:
@@ -276,7 +288,8 @@ def sndr(reward, action, pscore, action_dist, q_hat) -> Estimate:
     direct = _policy_q(action_dist, q_hat)
     correction = w * (reward - q_hat[np.arange(n), action])
     rr = direct + correction / w.mean()
-    return Estimate("sndr", float(rr.mean()), rr, RatioTerms(direct, correction, w))
+    return Estimate("sndr", float(rr.mean()), rr,
+                    RatioTerms(np.column_stack([direct, correction]), np.column_stack([np.ones(n), w])))
 
 
 def switch_dr(reward, action, pscore, action_dist, q_hat, *, lambda_: float = np.inf) -> Estimate:
@@ -310,9 +323,9 @@ def bootstrap_ci(samples: Estimate | np.ndarray, n_boot: int = 1000, alpha: floa
         raise ValueError(f"alpha must be in (0, 1), got {alpha}")
     if n_boot < 1:
         raise ValueError(f"n_boot must be >= 1, got {n_boot}")
-    if isinstance(samples, Estimate) and samples.ratio is not None:
-        r = samples.ratio
-        cols = np.column_stack([r.direct, r.weighted, r.weights])
+    ratio = samples.ratio if isinstance(samples, Estimate) else None
+    if ratio is not None:
+        cols = np.column_stack([ratio.num, ratio.den]).astype(np.float64)
     else:
         rr = samples.round_rewards if isinstance(samples, Estimate) else np.asarray(samples, dtype=np.float64)
         cols = _vector("samples", rr).astype(np.float64)[:, None]
@@ -326,11 +339,16 @@ def bootstrap_ci(samples: Estimate | np.ndarray, n_boot: int = 1000, alpha: floa
         np.add.at(sums, g, cols)
         cols = sums
 
-    def statistic(s: np.ndarray) -> np.ndarray:  # s: (b, m) column sums of a resample
-        if s.shape[1] == 2:
+    def statistic(s: np.ndarray) -> np.ndarray:  # s: (b, columns) column sums of a resample
+        if ratio is None:
             return s[:, 0] / s[:, 1]
+        j = ratio.num.shape[1]
+        num, den = s[:, :j], s[:, j:2 * j]
         with np.errstate(divide="ignore", invalid="ignore"):
-            return s[:, 0] / s[:, 3] + s[:, 1] / s[:, 2]
+            terms = num / den
+        if ratio.empty_is_zero:
+            terms = np.where(den == 0, 0.0, terms)
+        return terms.sum(axis=1)
 
     rng = np.random.default_rng(seed)
     n_units = len(cols)
@@ -534,6 +552,32 @@ def step_dr(reward, pscore, pi_logged, q_logged, v_hat, episode_id, step, *, gam
     terms = W * (lay.grid(x["reward"]) - lay.grid(x["q_logged"])) + W_prev * lay.grid(x["v_hat"])
     G = (gamma ** np.arange(lay.horizon) * terms).sum(axis=1)
     return Estimate("step_dr", float(G.mean()), G)
+
+
+def step_wdr(reward, pscore, pi_logged, q_logged, v_hat, episode_id, step, *, gamma: float = 1.0) -> Estimate:
+    """Weighted (self-normalised) step-wise doubly robust, WDR (Thomas & Brunskill 2016, eq. 9).
+
+    Step-wise DR with each step's trajectory weights divided by their sum over episodes:
+    sum_t gamma^t [sum_i W_t^i (r_t^i - q_hat_t^i) / sum_i W_t^i + sum_i W_{t-1}^i v_hat_t^i /
+    sum_i W_{t-1}^i], W_{-1} = 1. Past an episode's end its weight stays and its terms are 0
+    (an absorbing state). Biased in small samples, consistent, and bounded: no single
+    episode can move the estimate by more than its own (normalised) share, where step-wise
+    DR lets one episode of trajectory weight ``w`` move it by ``w / n`` times its residual.
+    The round rewards are per-episode terms whose mean is the estimate (full-sample
+    normalisers); the bootstrap recomputes every step's ratio on each resample.
+    """
+    lay = episode_layout(episode_id, step)
+    x = _check_episode_inputs(len(lay.step), reward=reward, q_logged=q_logged, v_hat=v_hat)
+    W = np.cumprod(lay.grid(_step_ratios(pscore, pi_logged, len(lay.step)), fill=1.0), axis=1)
+    W_prev = np.concatenate([np.ones((lay.n_episodes, 1)), W[:, :-1]], axis=1)
+    disc = gamma ** np.arange(lay.horizon)
+    num = np.concatenate([disc * W * (lay.grid(x["reward"]) - lay.grid(x["q_logged"])),
+                          disc * W_prev * lay.grid(x["v_hat"])], axis=1)
+    den = np.concatenate([W, W_prev], axis=1)
+    total = den.sum(axis=0)
+    scale = np.divide(len(den), total, out=np.zeros_like(total), where=total > 0)
+    G = (num * scale).sum(axis=1)
+    return Estimate("step_wdr", float(G.mean()), G, RatioTerms(num, den, empty_is_zero=True))
 
 
 def fqe(v_hat, episode_id, step) -> Estimate:
@@ -850,6 +894,7 @@ def evaluate_policy(data: LoggedData, policy: ActionProbs, config: OPEConfig = O
         ep, st, g = lay.episode, lay.step, config.gamma
         episode = [pdis(reward, pscore, pi_logged, ep, st, gamma=g),
                    step_dr(reward, pscore, pi_logged, q_logged, v_hat, ep, st, gamma=g),
+                   step_wdr(reward, pscore, pi_logged, q_logged, v_hat, ep, st, gamma=g),
                    fqe(v_hat, ep, st)]
         estimates = {e.name: result("decision", e, boot_groups) for e in bandit}
         estimates |= {e.name: result("episode", e, episode_groups) for e in episode}

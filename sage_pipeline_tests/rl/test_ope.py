@@ -51,7 +51,7 @@ def test_round_rewards_average_to_the_estimate() -> None:
         assert est.round_rewards.mean() == pytest.approx(est.value), est.name
         if est.ratio is not None:
             r = est.ratio
-            assert r.direct.mean() + r.weighted.sum() / r.weights.sum() == pytest.approx(est.value), est.name
+            assert (r.num.sum(axis=0) / r.den.sum(axis=0)).sum() == pytest.approx(est.value), est.name
 
 
 def test_ips_equals_dr_when_q_hat_is_zero() -> None:
@@ -101,6 +101,67 @@ def test_step_dr_matches_hand_computation() -> None:
     zero = np.zeros(3)
     np.testing.assert_allclose(ope.step_dr(R_EP, P_EP, PI_EP, zero, zero, EP, STEP).round_rewards,
                                ope.pdis(R_EP, P_EP, PI_EP, EP, STEP).round_rewards)
+
+
+def test_step_wdr_matches_hand_computation() -> None:
+    q = np.array([0.8, 0.9, 0.5])  # as in the step-wise DR example
+    v = np.array([0.4, 0.7, 0.6])
+    est = ope.step_wdr(R_EP, P_EP, PI_EP, q, v, EP, STEP)
+    # W: A [2, 1], B [0.5, 0.5 (its weight stays past its end)]; W_prev: A [1, 2], B [1, 0.5]
+    # t0: (2 (1 - 0.5) + 0.5 (1 - 0.9)) / 2.5 + (0.6 + 0.7) / 2 = 0.42 + 0.65
+    # t1: (1 (1 - 0.8) + 0) / 1.5 + (2 * 0.4 + 0) / 2.5 = 0.1333 + 0.32
+    assert est.value == pytest.approx(0.42 + 0.65 + 0.2 / 1.5 + 0.32)
+    # per-episode terms use the full sample's normalisers: A 0.8 + 0.6 + 0.2 * 4/3 + 0.8 * 0.8, B 0.04 + 0.7
+    np.testing.assert_allclose(est.round_rewards, [0.8 + 0.6 + 0.8 / 3 + 0.64, 0.74])
+    r = est.ratio
+    assert r.empty_is_zero and (r.num.sum(axis=0) / r.den.sum(axis=0)).sum() == pytest.approx(est.value)
+
+
+def test_step_wdr_on_policy_is_step_dr_and_one_step_without_a_model_is_snips() -> None:
+    rng = np.random.default_rng(5)
+    n = 400
+    ep = np.repeat(np.arange(n // 2), 2).astype(str)
+    st = np.tile([0, 1], n // 2)
+    r, q, v, p = rng.normal(size=n), rng.normal(size=n), rng.normal(size=n), rng.uniform(0.1, 1.0, n)
+    # every ratio 1: every step's weights sum to the number of episodes, so WDR is step-wise DR
+    assert ope.step_wdr(r, p, p, q, v, ep, st).value == pytest.approx(ope.step_dr(r, p, p, q, v, ep, st).value)
+    # one-step episodes, no model: sum(w r) / sum(w), i.e. SNIPS
+    a = rng.integers(0, 2, n)
+    pi = np.column_stack([np.full(n, 0.3), np.full(n, 0.7)])
+    pi_logged = pi[np.arange(n), a]
+    zero = np.zeros(n)
+    wdr = ope.step_wdr(r, p, pi_logged, zero, zero, np.arange(n).astype(str), np.zeros(n, dtype=np.int64))
+    assert wdr.value == pytest.approx(ope.snips(r, a, p, pi).value)
+
+
+def test_one_huge_weight_moves_wdr_by_its_share_not_by_its_weight() -> None:
+    # 1,000 one-step episodes with rewards in [0, 1] and no model; one has weight 10,000
+    rng = np.random.default_rng(2)
+    n = 1000
+    r = rng.uniform(0.0, 1.0, n)
+    r[0] = 0.9
+    p, pi_logged = np.full(n, 0.5), np.full(n, 0.5)
+    p[0] = 1e-4
+    ep, st, zero = np.arange(n).astype(str), np.zeros(n, dtype=np.int64), np.zeros(n)
+    dr_, wdr = (f(r, p, pi_logged, zero, zero, ep, st).value for f in (ope.step_dr, ope.step_wdr))
+    assert dr_ == pytest.approx((5000 * 0.9 + r[1:].sum()) / n) and dr_ > 4.0  # weight / n times its reward
+    assert 0.0 <= wdr <= 1.0 and wdr == pytest.approx((5000 * r[0] + r[1:].sum()) / (5000 + n - 1))
+
+
+def test_step_wdr_bootstrap_recomputes_every_steps_ratio() -> None:
+    # constant rewards and no model: every resample's WDR is exactly 2 * 0.7 (two steps)
+    rng = np.random.default_rng(1)
+    m = 200
+    ep, st = np.repeat(np.arange(m), 2).astype(str), np.tile([0, 1], m)
+    p, pi_logged, zero = rng.uniform(0.2, 1.0, 2 * m), rng.uniform(0.0, 1.0, 2 * m), np.zeros(2 * m)
+    est = ope.step_wdr(np.full(2 * m, 0.7), p, pi_logged, zero, zero, ep, st)
+    ci = ope.bootstrap_ci(est, n_boot=200)
+    assert est.value == pytest.approx(1.4) and ci.low == pytest.approx(1.4) and ci.high == pytest.approx(1.4)
+    # a policy that never takes a logged action after step 0: step 1 has no weight and adds 0
+    pi_logged[st == 1] = 0.0
+    est = ope.step_wdr(np.full(2 * m, 0.7), p, pi_logged, zero, zero, ep, st)
+    ci = ope.bootstrap_ci(est, n_boot=200)
+    assert est.value == pytest.approx(0.7) and ci.low == pytest.approx(0.7) and ci.high == pytest.approx(0.7)
 
 
 def test_incomplete_episode_is_an_error_naming_it() -> None:
@@ -293,13 +354,15 @@ def test_episode_estimators_recover_the_exact_policy_value(sim: RoutingSimulator
     truth = sim.policy_value(policies(sim)[name], tasks).mean
     ev = evals[name]
     assert not ev.no_support and ev.support_share > 0
-    for est in ("pdis", "step_dr"):
+    for est in ("pdis", "step_dr", "step_wdr"):
         e = ev.estimates[est]
         assert e.scope == "episode"
         assert abs(e.value - truth) < 4 * e.se, (est, e.value, truth, e.se)
         assert e.ci_low < e.value < e.ci_high
     # the fitted-Q baseline buys variance: step-wise DR is tighter than PDIS
     assert ev.estimates["step_dr"].se < ev.estimates["pdis"].se
+    # self-normalising the weights buys more (bounded by each episode's share)
+    assert ev.estimates["step_wdr"].se <= ev.estimates["step_dr"].se * 1.05
     assert ev.value == ev.estimates["step_dr"].value
     # FQE (no weights) is tighter still, and near the truth: its model is close on these policies
     f = ev.estimates["fqe"]
