@@ -74,8 +74,10 @@ class TrajectoriesConfig(dg.Config):
                       "for the dataset's joins. Bad lines go to routing/quarantine.jsonl with the "
                       "reason; other SAGE event types are counted and skipped.",
           check_specs=[dg.AssetCheckSpec("quarantine_below_threshold", asset="trajectories", blocking=True,
-                                         description="Fails when the quarantined share of log lines "
-                                                     "exceeds max_quarantined_fraction (default 1%).")])
+                                         description="Fails when the quarantined share of log lines, or the "
+                                                     "share of journal files and folders that could not be "
+                                                     "read (or only in part), exceeds "
+                                                     "max_quarantined_fraction (default 1%).")])
 def trajectories(context: dg.AssetExecutionContext, config: TrajectoriesConfig,
                  sage: SageResource) -> dg.MaterializeResult:
     dirs = tuple(sage.root() / d for d in config.log_dirs)  # absolute entries stay absolute
@@ -87,8 +89,10 @@ def trajectories(context: dg.AssetExecutionContext, config: TrajectoriesConfig,
         raise ingest.NoTrajectorySteps(
             f"no valid TRAJECTORY_STEP events in {', '.join(map(str, dirs))} ({s.lines_read} lines read, "
             f"{s.quarantined} quarantined: see {res.quarantine}). Point log_dirs at SAGE session logs.")
-    frac = s.quarantined_fraction
+    frac, skipped = s.quarantined_fraction, s.skipped_fraction
     reasons = [{"reason": k, "lines": v} for k, v in s.quarantine_reasons.most_common()]
+    unread = [{"path": d["file"], "from line": d["line"], "reason": d["reason"]} for d in s.damaged_files] + [
+        {"path": d["path"], "from line": "-", "reason": d["reason"]} for d in s.skipped_paths]
     return dg.MaterializeResult(
         metadata={
             "dagster/row_count": s.steps_accepted, "lines_read": s.lines_read,
@@ -100,15 +104,21 @@ def trajectories(context: dg.AssetExecutionContext, config: TrajectoriesConfig,
             "rows_by_source": dg.MetadataValue.json(dict(s.rows_by_source)),
             "quarantine_reasons": dg.MetadataValue.md(markdown.table(reasons)),
             "empty_files": dg.MetadataValue.json(s.empty_files), "files": len(s.files),
+            "unreadable_paths": dg.MetadataValue.md(markdown.table(unread) if unread else "none"),
+            "skipped_fraction": skipped,
             "lines_per_s": s.lines_read / max(s.seconds, 1e-9), "MB_per_s": s.bytes_read / 1e6 / max(s.seconds, 1e-9),
             "path": dg.MetadataValue.path(str(res.trajectories)),
             "quarantine": dg.MetadataValue.path(str(res.quarantine)),
         },
         check_results=[dg.AssetCheckResult(
-            check_name="quarantine_below_threshold", passed=frac <= config.max_quarantined_fraction,
-            metadata={"quarantined_fraction": frac, "threshold": config.max_quarantined_fraction,
+            check_name="quarantine_below_threshold",
+            passed=frac <= config.max_quarantined_fraction and skipped <= config.max_quarantined_fraction,
+            metadata={"quarantined_fraction": frac, "skipped_fraction": skipped,
+                      "threshold": config.max_quarantined_fraction,
                       "quarantine": dg.MetadataValue.path(str(res.quarantine))},
-            description=f"{s.quarantined} of {s.lines_read} lines quarantined; see {res.quarantine}")],
+            description=f"{s.quarantined} of {s.lines_read} lines quarantined; {len(unread)} of "
+                        f"{len(s.files) + len(s.skipped_paths)} journal files and folders unreadable or read in "
+                        f"part; see {res.quarantine} and the unreadable_paths metadata")],
     )
 
 

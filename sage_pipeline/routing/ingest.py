@@ -58,7 +58,8 @@ that works out a precise reason. Parquet row groups are written on a second thre
 from __future__ import annotations
 
 import contextlib
-import gzip
+import fnmatch
+import zlib
 import json
 import logging
 import os
@@ -296,6 +297,10 @@ class IngestConfig:
 class IngestStats:
     files: list[str] = field(default_factory=list)
     empty_files: list[str] = field(default_factory=list)
+    # files read only up to a point, or not at all ({"file", "line", "reason"}; the unread rest
+    # is one quarantined line), and paths that could not be listed ({"path", "reason"})
+    damaged_files: list[dict] = field(default_factory=list)
+    skipped_paths: list[dict] = field(default_factory=list)
     bytes_read: int = 0
     lines_read: int = 0
     steps_accepted: int = 0
@@ -322,6 +327,12 @@ class IngestStats:
         return self.quarantined / self.lines_read if self.lines_read else 0.0
 
     @property
+    def skipped_fraction(self) -> float:
+        """Files and folders that could not be read, or only in part, over every one found."""
+        bad = len(self.damaged_files) + len(self.skipped_paths)
+        return bad / (len(self.files) + len(self.skipped_paths)) if bad else 0.0
+
+    @property
     def sessions_from_file_stem(self) -> int:
         return len(self.file_stem_sessions)
 
@@ -340,6 +351,8 @@ class IngestStats:
     def to_dict(self) -> dict:
         return {
             "files": len(self.files), "empty_files": self.empty_files,
+            "damaged_files": list(self.damaged_files), "skipped_paths": list(self.skipped_paths),
+            "skipped_fraction": self.skipped_fraction,
             "bytes_read": self.bytes_read, "lines_read": self.lines_read,
             "accepted_lines": self.accepted_lines, "trajectory_steps": self.steps_accepted,
             "other_events": dict(self.other_events), "blank_lines": self.blank_lines,
@@ -376,7 +389,16 @@ class NoTrajectorySteps(ValueError):
 # ---------------------------------------------------------------- reading
 def find_logs(config: IngestConfig) -> list[Path]:
     """Every journal file under the configured folders, sorted; a missing folder is an error."""
+    return discover_logs(config)[0]
+
+
+def discover_logs(config: IngestConfig) -> tuple[list[Path], list[dict]]:
+    """Every journal file under the configured folders (sorted), following symlinked folders
+    (each real folder once, so a link loop ends), and every path that could not be listed
+    (``{"path", "reason"}``): never a silent skip. A missing top folder is an error."""
     files: set[Path] = set()
+    skipped: list[dict] = []
+    seen: set[tuple[int, int]] = set()
     for d in config.log_dirs:
         d = Path(d)
         if not d.is_dir():
@@ -385,9 +407,24 @@ def find_logs(config: IngestConfig) -> list[Path]:
                 f"Create it, point '{config.setting}' at the folder that holds SAGE's session journals "
                 f"(SAGE writes them to memory/sessions/<YYYY-MM-DD>.log), "
                 f"or materialize synthetic_sessions first.")
-        for pattern in LOG_PATTERNS:
-            files.update(p for p in d.rglob(pattern) if p.is_file())
-    return sorted(files)
+
+        def unreadable(exc: OSError) -> None:
+            skipped.append({"path": str(exc.filename or d), "reason": f"cannot list the folder: {exc.strerror or exc}"})
+
+        for root, dirs, names in os.walk(d, onerror=unreadable, followlinks=True):
+            st = os.stat(root)
+            if (st.st_dev, st.st_ino) in seen:  # reached again through a link: already listed
+                dirs[:] = []
+                continue
+            seen.add((st.st_dev, st.st_ino))
+            for name in names:
+                if any(fnmatch.fnmatchcase(name, pattern) for pattern in LOG_PATTERNS):
+                    path = Path(root) / name
+                    if path.is_file():
+                        files.add(path)
+                    elif not path.exists():
+                        skipped.append({"path": str(path), "reason": "a broken link or a file removed while listing"})
+    return sorted(files), sorted(skipped, key=lambda sk: sk["path"])
 
 
 def file_stem(path: str | Path) -> str:
@@ -425,7 +462,7 @@ def _decode_batch(decode: Callable[[bytes], Event], lines: list[bytes]) -> tuple
         try:
             out.extend(map(decode, it))
             return out, slow
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):  # RecursionError: nested deeper than msgspec's limit
             slow.append(len(out) + len(slow))  # ``it`` has moved past the refused line
 
 
@@ -448,6 +485,10 @@ def _slow_path(line: bytes) -> tuple[str, object, str | None]:
         obj = json.loads(text)
     except json.JSONDecodeError as exc:
         return "bad", f"invalid JSON (truncated or malformed): {exc.msg} (column {exc.colno})", None
+    except RecursionError:
+        return "bad", "JSON nested too deeply to decode (thousands of levels): not a SAGE event", None
+    except ValueError as exc:  # e.g. an integer literal past Python's digit limit
+        return "bad", f"invalid JSON number: {exc}", None
     if not isinstance(obj, dict):
         return "bad", f"not a JSON object (got {type(obj).__name__})", None
     typ = obj.get("type")
@@ -460,6 +501,8 @@ def _slow_path(line: bytes) -> tuple[str, object, str | None]:
         return "event", msgspec.convert(obj, struct), typ
     except msgspec.ValidationError as exc:
         return ("bad" if typ == TRAJECTORY_STEP else "unusable"), f"wrong type: {exc}", typ
+    except RecursionError:
+        return ("bad" if typ == TRAJECTORY_STEP else "unusable"), "a field is nested too deeply to decode", typ
 
 
 # ---------------------------------------------------------------- validation
@@ -587,6 +630,38 @@ def _columns(events: list, fields: _Fields, synthetic: bool = False) -> dict[str
     return cols
 
 
+# What Arrow raises for a value it cannot store: a lone UTF-16 surrogate ("\ud800" decodes to
+# a str that is not valid Unicode), an integer outside 64 bits, ...
+_UNSTORABLE = (UnicodeEncodeError, OverflowError, ValueError, TypeError, pa.ArrowException)
+
+
+def _unstorable_reason(exc: Exception) -> str:
+    if isinstance(exc, UnicodeEncodeError):
+        return (f"a string is not valid Unicode (a lone UTF-16 surrogate such as \\u{ord(exc.object[exc.start]):04x}"
+                "): it cannot be stored as UTF-8")
+    if isinstance(exc, OverflowError):
+        return f"an integer does not fit in 64 bits ({exc})"
+    return f"a value cannot be stored: {type(exc).__name__}: {exc}"
+
+
+def _columns_or_refuse(events: list, fields: _Fields, synthetic: bool) -> tuple[dict[str, pa.Array], dict[int, str]]:
+    """:func:`_columns`, and where a value cannot be stored, the events that hold one
+    (index -> reason), found one by one and left out of the columns (rare: only then is
+    there a per-event loop)."""
+    try:
+        return _columns(events, fields, synthetic), {}
+    except _UNSTORABLE:
+        pass
+    refused: dict[int, str] = {}
+    for i, event in enumerate(events):
+        try:
+            _columns([event], fields, synthetic)
+        except _UNSTORABLE as exc:
+            refused[i] = _unstorable_reason(exc)
+    keep = [e for i, e in enumerate(events) if i not in refused]
+    return (_columns(keep, fields, synthetic) if keep else {}), refused
+
+
 _LOGGED, _FILE_STEM = pa.scalar("logged", pa.string()), pa.scalar("file_stem", pa.string())
 
 
@@ -608,6 +683,7 @@ class _Block:
     data: bytes
     too_long: list[tuple[int, int]]
     lines: list[bytes] | None = None  # ``data`` split at newlines, without the last (empty) part
+    damaged: str | None = None  # the file cannot be read from this line on (data is then one empty line)
 
     def split(self) -> list[bytes]:
         if self.lines is None:
@@ -628,21 +704,107 @@ class _BlockResult:
     routing_decisions: pa.Table | None = None  # usable MODEL_ROUTING_DECISION rows
     token_usage: pa.Table | None = None  # usable TOKEN_USAGE rows
     unusable: list[tuple[int, str, str]] = field(default_factory=list)  # (line, type, reason)
+    damaged: tuple[int, str] | None = None  # (line, reason): the file is unreadable from there on
+
+
+class _Damaged(Exception):
+    """The rest of a file cannot be read; the message says why."""
+
+
+_GZIP_MAGIC = b"\x1f\x8b"
+_SALVAGE_BYTES = 1024  # compressed bytes per step when salvaging what precedes corrupt data
+
+
+def _plain_chunks(fh, chunk_bytes: int) -> Iterator[bytes]:
+    while chunk := fh.read(chunk_bytes):
+        yield chunk
+
+
+def _at_least(fh, raw: bytes, chunk_bytes: int, n: int = len(_GZIP_MAGIC)) -> bytes:
+    """``raw`` extended by further reads until it holds ``n`` bytes or the file ends."""
+    while raw and len(raw) < n and (more := fh.read(chunk_bytes)):
+        raw += more
+    return raw
+
+
+def _gzip_chunks(fh, chunk_bytes: int) -> Iterator[bytes]:
+    """The decompressed data of a gzip file, every member, in pieces of at most
+    ``chunk_bytes``; everything readable is yielded before :class:`_Damaged` says why the
+    rest is not (truncated, corrupt, not gzip, trailing garbage). ``gzip.open`` raises
+    instead, dropping what it had decompressed in the same read."""
+    raw = _at_least(fh, fh.read(chunk_bytes), chunk_bytes)
+    if raw[:2] != _GZIP_MAGIC:
+        raise _Damaged(f"not a gzip file (it starts with {raw[:8]!r}): rename it without .gz if it is plain text")
+    d = zlib.decompressobj(wbits=31)  # gzip framing; checks each member's CRC and length
+    while True:
+        if not raw:
+            raw = fh.read(chunk_bytes)
+            if not raw:
+                if d.eof:
+                    return
+                raise _Damaged("truncated: the compressed data ends before the end of the gzip stream")
+        before = d.copy()
+        try:
+            out = d.decompress(raw, chunk_bytes)
+        except zlib.error as exc:
+            # what decodes before the damage: the same input again, 1 KiB at a time
+            d = before
+            for i in range(0, len(raw), _SALVAGE_BYTES):
+                try:
+                    out = d.decompress(raw[i:i + _SALVAGE_BYTES])
+                except zlib.error:
+                    break
+                if out:
+                    yield out
+            raise _Damaged(f"corrupt compressed data ({exc})") from None
+        raw = d.unconsumed_tail
+        if out:
+            yield out
+        if d.eof:  # a member ended: another member, zero padding, end of file, or garbage
+            # the leftover input is unused_data alone (zlib leaves a stale unconsumed_tail here)
+            raw = d.unused_data or fh.read(chunk_bytes)
+            while raw and not raw.lstrip(b"\x00"):  # zero padding after the last member
+                raw = fh.read(chunk_bytes)
+            raw = _at_least(fh, raw.lstrip(b"\x00"), chunk_bytes)
+            if not raw:
+                return
+            if raw[:2] != _GZIP_MAGIC:
+                raise _Damaged(f"trailing data after the gzip stream is not gzip (starts with {raw[:8]!r})")
+            d = zlib.decompressobj(wbits=31)
 
 
 def iter_blocks(path: Path, max_line_bytes: int, chunk_bytes: int) -> Iterator[_Block]:
     """Read ``path`` in chunks of complete lines, in bounded memory.
 
     A line longer than ``max_line_bytes`` that spans chunks is never held whole: it is
-    counted while skipped and handed on as an empty line plus a ``too_long`` record.
+    counted while skipped and handed on as an empty line plus a ``too_long`` record. A file
+    that cannot be opened, or whose data cannot be read past some point (a truncated or
+    corrupt ``.gz``), ends with a ``damaged`` block at the first line it could not read:
+    every complete line before it is kept.
     """
-    opener = gzip.open if path.suffix == ".gz" else open
     fname = str(path)
     line_no = 1
-    with opener(path, "rb") as fh:
+    try:
+        fh = open(path, "rb")
+    except OSError as exc:
+        yield _Block(fname, line_no, b"\n", [], damaged=f"the file cannot be opened: {type(exc).__name__}: {exc}")
+        return
+    with fh:
+        chunks = (_gzip_chunks if path.suffix == ".gz" else _plain_chunks)(fh, chunk_bytes)
         buf = b""
         skipping = 0  # bytes of an over-long line skipped so far
-        while chunk := fh.read(chunk_bytes):
+        while True:
+            try:
+                chunk = next(chunks, b"")
+            except (_Damaged, OSError) as exc:
+                why = str(exc) if isinstance(exc, _Damaged) else f"{type(exc).__name__}: {exc}"
+                partial = f", and {len(buf) or skipping} bytes of an incomplete line" if buf or skipping else ""
+                yield _Block(fname, line_no, b"\n", [], damaged=(
+                    f"the file is unreadable from this line on ({line_no - 1} lines before it were read"
+                    f"{partial}): {why}"))
+                return
+            if not chunk:
+                break
             if skipping:
                 nl = chunk.find(b"\n")
                 if nl < 0:
@@ -708,10 +870,15 @@ def _rows(typ: str, events: list, pos: list[int], stem: str, fname: str,
     kind = _KINDS[typ]
     events, pos_arr = _in_line_order(events, pos)
     is_step = typ == TRAJECTORY_STEP
-    cols = _columns(events, kind.fields, synthetic=is_step)
+    cols, unstorable = _columns_or_refuse(events, kind.fields, is_step)
+    refused = [(int(pos_arr[i]), first + int(pos_arr[i]), why) for i, why in unstorable.items()]
+    if unstorable:
+        pos_arr = np.delete(pos_arr, list(unstorable))
+        if not len(pos_arr):
+            return None, refused
     flags, cols["timestamp_utc"] = _check(cols, kind.fields, kind.nonempty, kind.ranges)
-    refused = [(int(pos_arr[i]), first + int(pos_arr[i]), flags.reasons[i])
-               for i in np.flatnonzero(flags.bad)]
+    refused += [(int(pos_arr[i]), first + int(pos_arr[i]), flags.reasons[i])
+                for i in np.flatnonzero(flags.bad)]
     keep = ~flags.bad
     n = int(keep.sum())
     if not n:
@@ -736,6 +903,8 @@ def process_block(block: _Block, max_line_bytes: int) -> _BlockResult:
     for ln, nbytes in block.too_long:
         special[ln - first] = (f"line is {nbytes} bytes, over max_line_bytes={max_line_bytes} "
                                "(raise the max_line_bytes setting if it is real)")
+    if block.damaged:
+        special[0] = block.damaged
     if max(map(len, lines), default=0) > max_line_bytes:
         for i, line in enumerate(lines):
             if len(line) > max_line_bytes:
@@ -781,7 +950,8 @@ def process_block(block: _Block, max_line_bytes: int) -> _BlockResult:
         side[typ], refused = _rows(typ, *kept[typ], stem, fname, first)
         unusable += [(line_no, typ, reason) for _, line_no, reason in refused]
     return _BlockResult(fname, len(lines), table, keys, quarantined, other, blank,
-                        side[MODEL_ROUTING_DECISION], side[TOKEN_USAGE], sorted(unusable))
+                        side[MODEL_ROUTING_DECISION], side[TOKEN_USAGE], sorted(unusable),
+                        (first, block.damaged) if block.damaged else None)
 
 
 # Parquet encoding: dictionaries only where values repeat (ids, roles, models, flags; on
@@ -849,8 +1019,10 @@ def ingest(config: IngestConfig, out_dir: str | Path, progress: Callable[[str], 
     """Ingest every journal under ``config.log_dirs`` into ``out_dir``: ``trajectories.parquet``,
     ``routing_decisions.parquet``, ``token_usage.parquet`` and ``quarantine.jsonl``."""
     out_dir = Path(out_dir)
-    files = find_logs(config)
-    stats = IngestStats(files=[str(f) for f in files])
+    files, skipped = discover_logs(config)
+    stats = IngestStats(files=[str(f) for f in files], skipped_paths=skipped)
+    for sk in skipped:
+        progress(f"WARNING: skipped {sk['path']}: {sk['reason']}")
     seen = _SeenKeys()
     t_start = last_report = time.perf_counter()
     traj_path, quar_path = out_dir / "trajectories.parquet", out_dir / "quarantine.jsonl"
@@ -859,8 +1031,11 @@ def ingest(config: IngestConfig, out_dir: str | Path, progress: Callable[[str], 
 
     def blocks() -> Iterator[_Block]:
         for path in files:
-            size = os.path.getsize(path)
-            stats.bytes_read += size
+            try:
+                size = os.path.getsize(path)
+            except OSError:  # removed since it was listed: iter_blocks records it as unreadable
+                size = -1
+            stats.bytes_read += max(size, 0)
             if size == 0:
                 stats.empty_files.append(str(path))
                 continue
@@ -878,6 +1053,9 @@ def ingest(config: IngestConfig, out_dir: str | Path, progress: Callable[[str], 
             stats.lines_read += res.lines
             stats.blank_lines += res.blank_lines
             stats.other_events.update(res.other_events)
+            if res.damaged:
+                stats.damaged_files.append({"file": res.fname, "line": res.damaged[0], "reason": res.damaged[1]})
+                progress(f"WARNING: {res.fname}, line {res.damaged[0]}: {res.damaged[1]}")
             quarantined = res.quarantined
             if res.table is not None:
                 table = _drop_duplicates(res.table, res.keys, seen, quarantined)
@@ -1000,7 +1178,11 @@ def _reason_class(reason: str) -> str:
                         ("missing or non-string field 'type'", "no_type"),
                         ("wrong type", "wrong_type"), ("missing field", "missing_field"),
                         ("empty field", "missing_field"), ("field timestamp", "bad_timestamp"),
-                        ("duplicate", "duplicate"), ("line is", "line_too_long")):
+                        ("duplicate", "duplicate"), ("line is", "line_too_long"),
+                        ("JSON nested too deeply", "too_deep"), ("a field is nested too deeply", "too_deep"),
+                        ("a string is not valid Unicode", "lone_surrogate"),
+                        ("an integer does not fit", "integer_overflow"), ("a value cannot be stored", "unstorable"),
+                        ("the file", "unreadable_file")):
         if reason.startswith(prefix):
             return cls
     if "not finite" in reason:

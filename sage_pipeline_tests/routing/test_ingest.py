@@ -1621,3 +1621,167 @@ def test_row_groups_split_large_outputs(tmp_path, monkeypatch):
     for p in (r.res.trajectories, r.res.routing_decisions, r.res.token_usage):
         assert pq.ParquetFile(p).num_row_groups > 1
     assert r.mrd["timestamp_utc"].type == pa.timestamp("us", tz="UTC")
+
+
+# ------------------------------------------------------------------ poisoned lines and damaged files
+DEEP = b"[" * 10_000 + b"]" * 10_000
+
+
+@pytest.mark.parametrize(
+    ("bad", "reason", "cls"),
+    [
+        # an integer past 64 bits in an integer field: Arrow cannot store it
+        (line(event(task="x")).replace(b'"primary_failure_count": 0', b'"primary_failure_count": ' + b"9" * 30),
+         "an integer does not fit in 64 bits (Python int too large to convert to C long)", "integer_overflow"),
+        (line(event(task="x")).replace(b'"step": 0', b'"step": -' + b"9" * 25),
+         "an integer does not fit in 64 bits (Python int too large to convert to C long)", "integer_overflow"),
+        # an escaped lone surrogate decodes to a str that is not Unicode
+        (line(event(task="x")).replace(b'"coder"', b'"cod\\ud800er"'),
+         "a string is not valid Unicode (a lone UTF-16 surrogate such as \\ud800): it cannot be stored as UTF-8",
+         "lone_surrogate"),
+        (line(event(task="x", model="m\\udfffx")).replace(b"m\\\\udfffx", b"m\\udfffx"),
+         "a string is not valid Unicode (a lone UTF-16 surrogate such as \\udfff): it cannot be stored as UTF-8",
+         "lone_surrogate"),
+        # 10,000 levels of nesting: past the decoders' recursion limits
+        (line(event(task="x"))[:-1] + b', "deep": ' + DEEP + b"}",
+         "JSON nested too deeply to decode (thousands of levels): not a SAGE event", "too_deep"),
+        (line(event(task="x")).replace(b'"state": {', b'"state": {"junk": ' + DEEP + b", "),
+         "JSON nested too deeply to decode (thousands of levels): not a SAGE event", "too_deep"),
+        (DEEP, "JSON nested too deeply to decode (thousands of levels): not a SAGE event", "too_deep"),
+        # an integer literal past Python's digit limit
+        (line(event(task="x")).replace(b'"reward": 1.05', b'"reward": ' + b"1" * 5000),
+         "invalid JSON number: ", "invalid_json"),
+    ],
+    ids=["int_over_64_bits", "negative_step_over_64_bits", "lone_high_surrogate", "lone_low_surrogate_in_model",
+         "nested_extra_key", "nested_state_key", "nested_array", "int_past_digit_limit"],
+)
+def test_one_poisoned_line_is_quarantined_not_fatal(tmp_path, bad, reason, cls):
+    r, _ = one_bad(tmp_path, bad)
+    q = r.quarantine[0]
+    assert q["reason"].startswith(reason) and dict(r.stats.quarantine_reasons) == {cls: 1}
+
+
+def test_a_valid_surrogate_pair_is_kept(tmp_path):
+    # json.dumps writes characters outside the BMP as a surrogate pair: valid Unicode
+    r = one_good(tmp_path, event(task="emoji \U0001F600"))
+    assert line(event(task="emoji \U0001F600")).count(b"\\ud83d\\ude00") == 1
+    assert r.rows["task_id"].tolist() == ["emoji \U0001F600"]
+
+
+def test_poisoned_side_events_are_unusable_not_fatal(tmp_path):
+    good_mrd = {"type": "MODEL_ROUTING_DECISION", "timestamp": "2026-11-01T00:00:00Z", "agent_role": "coder",
+                "primary_model": "a", "fallback_model": "b", "selected_model": "a", "policy_source": "yaml",
+                "task_complexity_score": 0.5, "primary_failure_count": 0}
+    bad_mrd = line(good_mrd).replace(b'"primary_failure_count": 0', b'"primary_failure_count": ' + b"9" * 30)
+    bad_tu = line({"type": "TOKEN_USAGE", "timestamp": "2026-11-01T00:00:00Z", "model": "x\\ud800",
+                   "prompt_tokens": 1, "completion_tokens": 2}).replace(b"x\\\\ud800", b"x\\ud800")
+    write(tmp_path / "logs" / "a.log", [GOOD_BEFORE, bad_mrd, line(good_mrd), bad_tu, GOOD_AFTER])
+    r = run(tmp_path / "logs")
+    assert r.stats.steps_accepted == 2 and r.stats.quarantined == 0 and r.mrd.num_rows == 1
+    assert dict(r.stats.unusable_side_events) == {"MODEL_ROUTING_DECISION": 1, "TOKEN_USAGE": 1}
+    reasons = sorted(x["reason"] for x in r.stats.unusable_side_examples)
+    assert reasons[0].startswith("a string is not valid Unicode") and reasons[1].startswith("an integer does not")
+
+
+def _steps(n: int, start: int = 0) -> list[bytes]:
+    return [line(event(task=f"t{i}")) for i in range(start, start + n)]
+
+
+def _gz_run(tmp_path, data: bytes, **cfg) -> tuple[Run, Path]:
+    path = tmp_path / "logs" / "2026-11-20.log.gz"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    write(tmp_path / "logs" / "2026-11-21.log", [line(event(task="other-file"))])
+    return run(tmp_path / "logs", **cfg), path
+
+
+def test_truncated_gzip_keeps_its_readable_prefix_and_names_the_file(tmp_path):
+    raw = b"\n".join(_steps(3000)) + b"\n"
+    gz = gzip.compress(raw)
+    r, path = _gz_run(tmp_path, gz[: len(gz) * 2 // 3], read_chunk_bytes=4096)
+    (damaged,) = r.stats.damaged_files
+    kept = r.stats.steps_accepted - 1  # the other file's step
+    assert 1000 < kept < 3000 and damaged["file"] == str(path) and damaged["line"] == kept + 1
+    assert r.rows[r.rows["source_file"] == str(path)]["task_id"].tolist() == [f"t{i}" for i in range(kept)]
+    (q,) = r.quarantine
+    assert q["file"] == str(path) and q["line"] == kept + 1 and "truncated" in q["reason"]
+    assert q["reason"].startswith(f"the file is unreadable from this line on ({kept} lines before it were read")
+    assert dict(r.stats.quarantine_reasons) == {"unreadable_file": 1}
+    assert r.stats.to_dict()["damaged_files"] == [damaged] and r.stats.skipped_fraction == 0.5
+
+
+def test_gzip_with_trailing_garbage_keeps_every_member_before_it(tmp_path):
+    gz = gzip.compress(b"\n".join(_steps(50)) + b"\n") + gzip.compress(b"\n".join(_steps(50, 50)) + b"\n")
+    r, path = _gz_run(tmp_path, gz + b"\x00" * 8 + b"garbage")
+    assert r.stats.steps_accepted == 101
+    assert r.stats.damaged_files[0]["line"] == 101 and "trailing data" in r.stats.damaged_files[0]["reason"]
+    r, _ = _gz_run(tmp_path / "padded", gz + b"\x00" * 100)  # zero padding is not damage
+    assert r.stats.steps_accepted == 101 and r.stats.damaged_files == [] and r.stats.quarantined == 0
+
+
+def test_corrupt_gzip_keeps_what_precedes_the_damage(tmp_path):
+    raw = b"\n".join(_steps(4000)) + b"\n"
+    gz = bytearray(gzip.compress(raw))
+    mid = len(gz) // 2
+    gz[mid:mid + 32] = bytes(b ^ 0xFF for b in gz[mid:mid + 32])
+    r, path = _gz_run(tmp_path, bytes(gz))
+    (damaged,) = r.stats.damaged_files
+    good = r.rows[r.rows["source_file"] == str(path)]["task_id"].tolist()
+    assert len(good) > 1500 and good == [f"t{i}" for i in range(len(good))]  # the prefix, in order
+    assert damaged["file"] == str(path) and ("corrupt compressed data" in damaged["reason"]
+                                            or "truncated" in damaged["reason"])
+
+
+def test_a_file_named_gz_that_is_not_gzip_is_one_quarantined_record(tmp_path):
+    r, path = _gz_run(tmp_path, b"\n".join(_steps(3)) + b"\n")
+    assert r.stats.steps_accepted == 1
+    (q,) = r.quarantine
+    assert q["file"] == str(path) and q["line"] == 1
+    assert "not a gzip file (it starts with b'{\"type\":')" in q["reason"] and "rename it without .gz" in q["reason"]
+
+
+def test_symlinked_folders_are_followed_once_and_loops_end(tmp_path):
+    logs, elsewhere = tmp_path / "logs", tmp_path / "elsewhere"
+    write(logs / "2026-11-20.log", [line(event(task="a"))])
+    write(elsewhere / "deep" / "2026-11-21.log", [line(event(task="b"))])
+    (logs / "linked").symlink_to(elsewhere, target_is_directory=True)
+    (logs / "loop").symlink_to(logs, target_is_directory=True)  # a cycle
+    (elsewhere / "back").symlink_to(logs, target_is_directory=True)  # and another
+    r = run(logs)
+    assert sorted(r.rows["task_id"]) == ["a", "b"] and r.stats.quarantined == 0
+    assert len(r.stats.files) == 2 and r.stats.skipped_paths == []
+
+
+def test_unlistable_folders_and_broken_links_are_reported(tmp_path, monkeypatch):
+    logs = tmp_path / "logs"
+    write(logs / "2026-11-20.log", [GOOD_BEFORE])
+    write(logs / "locked" / "2026-11-21.log", [GOOD_AFTER])
+    (logs / "2026-11-22.log").symlink_to(tmp_path / "gone.log")  # a broken link named like a journal
+    real_scandir = ingest.os.scandir
+
+    def scandir(path):  # root reads every folder, so the refusal is simulated
+        if Path(path).name == "locked":
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(ingest.os, "scandir", scandir)
+    r = run(logs)
+    assert r.stats.steps_accepted == 1
+    assert r.stats.skipped_paths == [  # sorted by path
+        {"path": str(logs / "2026-11-22.log"), "reason": "a broken link or a file removed while listing"},
+        {"path": str(logs / "locked"), "reason": "cannot list the folder: Permission denied"},
+    ]
+    assert r.stats.skipped_fraction == pytest.approx(2 / 3)
+
+
+def test_a_file_removed_after_listing_is_recorded_and_the_rest_read(tmp_path, monkeypatch):
+    logs = tmp_path / "logs"
+    write(logs / "2026-11-20.log", [GOOD_BEFORE])
+    gone = write(logs / "2026-11-21.log", [GOOD_AFTER])
+    listed = ingest.discover_logs(IngestConfig((logs,)))
+    gone.unlink()
+    monkeypatch.setattr(ingest, "discover_logs", lambda config: listed)
+    r = run(logs)
+    assert r.stats.steps_accepted == 1
+    (damaged,) = r.stats.damaged_files
+    assert damaged["file"] == str(gone) and damaged["reason"].startswith("the file cannot be opened: FileNotFoundError")
