@@ -20,6 +20,9 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
+import zipfile
+import zlib
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -33,9 +36,16 @@ CHECKPOINT_VERSION = 1
 POLICY_FILE = "policy.json"
 WEIGHTS_FILE = "weights.npz"
 HEADS = ("softmax", "greedy")
+_WEIGHT_KEY = re.compile(r"n(\d+)_([wb])(\d+)")  # n<net>_<w|b><layer>, as save_checkpoint names them
+# what np.load and reading a member of a damaged .npz raise (TypeError: a bare .npy array, not an archive)
+_NPZ_ERRORS = (OSError, ValueError, EOFError, KeyError, TypeError, AttributeError, zipfile.BadZipFile,
+               zlib.error)
 # spec_kind -> "module:class" of the observation spec (imported only when used)
 SPEC_KINDS = {"routing": "sage_pipeline.routing.features:FeatureSpec",
               "code_task": "sage_pipeline.sim.obs:ObsSpec"}
+
+
+_RETRAIN = "retrain the policy (re-materialize the policy asset that wrote this checkpoint)"
 
 
 class CheckpointError(ValueError):
@@ -165,7 +175,10 @@ def read_meta(path: str | Path) -> CheckpointMeta:
     try:
         raw = json.loads(pj.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{pj}: not valid JSON ({exc})") from exc
+        raise CheckpointError(f"{pj}: not valid JSON ({exc}); the checkpoint is damaged: {_RETRAIN}") from exc
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{pj}: holds a JSON {type(raw).__name__}, not an object; the checkpoint is "
+                              f"damaged: {_RETRAIN}")
     if raw.get("version") != CHECKPOINT_VERSION:
         raise CheckpointError(f"{pj}: checkpoint version {raw.get('version')!r}, this code reads "
                               f"version {CHECKPOINT_VERSION}; retrain the policy")
@@ -206,9 +219,38 @@ def load_policy(path: str | Path, spec=None,
     check_compatible(meta, str(path), spec, actions)
     wf = path / WEIGHTS_FILE
     if not wf.is_file():
-        raise CheckpointError(f"{path}: {WEIGHTS_FILE} not found")
-    with np.load(wf) as z:
-        n_nets = 1 + max(int(k[1:].split("_")[0]) for k in z.files)
-        nets = [[(z[f"n{j}_w{i}"], z[f"n{j}_b{i}"])
-                 for i in range(sum(1 for k in z.files if k.startswith(f"n{j}_w")))] for j in range(n_nets)]
-    return MLPPolicy(meta, nets, name=meta.kind)
+        raise CheckpointError(f"{path}: {WEIGHTS_FILE} not found; {_RETRAIN}")
+    return MLPPolicy(meta, read_weights(wf), name=meta.kind)
+
+
+def _layer_counts(wf: Path, keys: list[str]) -> list[int]:
+    """Layers per net from the array names; raise unless they are n0..nN, each with w0/b0..wL/bL."""
+    found: dict[int, set[tuple[str, int]]] = {}
+    for k in keys:
+        m = _WEIGHT_KEY.fullmatch(k)
+        if m is None:
+            raise CheckpointError(f"{wf}: array {k!r} is not a layer of a policy network (n<net>_w<layer> / "
+                                  f"n<net>_b<layer>); {_RETRAIN}")
+        found.setdefault(int(m[1]), set()).add((m[2], int(m[3])))
+    if not found:
+        raise CheckpointError(f"{wf}: holds no network; {_RETRAIN}")
+    counts = [len(found.get(j, ())) // 2 for j in range(max(found) + 1)]
+    for j, n in enumerate(counts):
+        if not n or found[j] != {(kind, i) for i in range(n) for kind in "wb"}:
+            raise CheckpointError(f"{wf}: network n{j} has an incomplete set of layers "
+                                  f"({sorted(found.get(j, ()))}); {_RETRAIN}")
+    return counts
+
+
+def read_weights(wf: str | Path) -> list[Layers]:
+    """The networks of a ``weights.npz``; a damaged or foreign file is an error naming it."""
+    wf = Path(wf)
+    try:
+        with np.load(wf) as z:
+            counts = _layer_counts(wf, list(z.files))
+            return [[(z[f"n{j}_w{i}"], z[f"n{j}_b{i}"]) for i in range(n)] for j, n in enumerate(counts)]
+    except CheckpointError:
+        raise
+    except _NPZ_ERRORS as exc:
+        raise CheckpointError(f"{wf}: not a readable weights archive, it is damaged or truncated "
+                              f"({type(exc).__name__}: {exc}); {_RETRAIN}") from exc

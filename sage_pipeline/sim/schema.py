@@ -9,7 +9,9 @@ the sandbox compares ``json.loads(json.dumps(result))`` with ``expected`` (float
 
 ``datasets/sim/tasks.jsonl`` holds one :class:`TaskRecord` per line; its first line is a
 header ``{"tasks_version": ..., "seed": ..., "n_tasks": ...}`` so a file from another
-version is recognised and refused with a clear error.
+version is recognised and refused with a clear error. Reading checks every line (UTF-8
+JSON object, each field of its type, unique task ids): a bad line is an error naming the
+file, the line and the field.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
 from sage_pipeline import artifacts
@@ -110,28 +112,93 @@ def write_tasks(path: str | Path, tasks: Iterable[TaskRecord], seed: int) -> Pat
     return Path(path)
 
 
+_REGENERATE = "re-materialize sim_tasks to regenerate the file"
+_NUMBER = (int, float)
+_TYPE_NAMES = {str: "a string", list: "a list", bool: "true or false", _NUMBER: "a number"}
+# the JSON type of each field of a task record and of a candidate, checked on reading
+_TASK_TYPES = {"task_id": str, "family": str, "difficulty": _NUMBER, "difficulty_level": str, "prompt": str,
+               "signature": str, "entry_point": str, "reference": str, "tests": list, "timeout_s": _NUMBER,
+               "candidates": list, "split": str}
+_CANDIDATE_TYPES = {"candidate_id": str, "kind": str, "code": str, "equivalent": bool}
+
+
+def _check_type(where: str, name: str, value, kind) -> None:
+    """Raise unless ``value`` is of ``kind`` (bool is not a number here, though Python says so)."""
+    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+        raise TasksFileError(f"{where}: field {name!r} is {json.dumps(value)[:60]}, expected "
+                             f"{_TYPE_NAMES[kind]} ({_REGENERATE})")
+
+
+def _check_fields(where: str, d: dict, cls, types: dict, prefix: str = "") -> None:
+    """Every required field of dataclass ``cls`` present, no unknown field, each of its JSON type."""
+    for f in fields(cls):
+        if f.name not in d and f.default is MISSING and f.default_factory is MISSING:
+            raise TasksFileError(f"{where}: field {prefix + f.name!r} is missing ({_REGENERATE})")
+    for name, value in d.items():
+        if name not in types:
+            raise TasksFileError(f"{where}: field {prefix + name!r} is unknown to a {cls.__name__} "
+                                 f"({_REGENERATE})")
+        _check_type(where, prefix + name, value, types[name])
+
+
+def _check_record(where: str, d) -> None:
+    """Raise a TasksFileError naming the field unless ``d`` is a well-typed task record."""
+    if not isinstance(d, dict):
+        raise TasksFileError(f"{where}: a task record must be a JSON object, got {json.dumps(d)[:60]} "
+                             f"({_REGENERATE})")
+    _check_fields(where, d, TaskRecord, _TASK_TYPES)
+    for i, t in enumerate(d["tests"]):
+        if not isinstance(t, dict) or not isinstance(t.get("args"), list) or "expected" not in t:
+            raise TasksFileError(f"{where}: field 'tests[{i}]' is {json.dumps(t)[:60]}, expected an object "
+                                 f"{{\"args\": [...], \"expected\": ...}} ({_REGENERATE})")
+    for i, c in enumerate(d.get("candidates", [])):
+        if not isinstance(c, dict):
+            raise TasksFileError(f"{where}: field 'candidates[{i}]' is {json.dumps(c)[:60]}, "
+                                 f"expected an object ({_REGENERATE})")
+        _check_fields(where, c, Candidate, _CANDIDATE_TYPES, prefix=f"candidates[{i}].")
+
+
+def _json_line(where: str, raw: bytes, what: str):
+    """One line of the file decoded as UTF-8 JSON, or a TasksFileError naming the line."""
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise TasksFileError(f"{where}: {what} is not UTF-8 (byte {raw[e.start:e.start + 1]!r} at column "
+                             f"{e.start + 1}); the file is damaged, {_REGENERATE}") from e
+    except json.JSONDecodeError as e:
+        raise TasksFileError(f"{where}: {what} is not JSON ({e}); the file is damaged, {_REGENERATE}") from e
+
+
+def _parse_task(where: str, raw: bytes, seen: dict[str, int]) -> TaskRecord:
+    d = _json_line(where, raw, "task record")
+    _check_record(where, d)
+    if d["task_id"] in seen:
+        raise TasksFileError(f"{where}: field 'task_id' {d['task_id']!r} repeats the task of line "
+                             f"{seen[d['task_id']]}; task ids must be unique ({_REGENERATE})")
+    try:
+        return TaskRecord.from_dict(d)
+    except (TypeError, KeyError, ValueError) as e:
+        raise TasksFileError(f"{where}: malformed task record ({e}); {_REGENERATE}") from e
+
+
 def iter_tasks(path: str | Path) -> Iterator[TaskRecord]:
     path = Path(path)
     if not path.is_file():
         raise TasksFileError(f"{path}: no tasks file (materialize the sim_tasks asset first)")
-    with open(path, encoding="utf-8") as fh:
-        first = fh.readline()
-        try:
-            header = json.loads(first)
-        except json.JSONDecodeError as e:
-            raise TasksFileError(f"{path}:1: header is not JSON ({e})") from e
+    with open(path, "rb") as fh:
+        header = _json_line(f"{path}:1", fh.readline(), "header")
         version = header.get("tasks_version") if isinstance(header, dict) else None
         if version != TASKS_VERSION:
             raise TasksFileError(
                 f"{path}:1: tasks_version {version!r}, this code reads version {TASKS_VERSION} "
                 "(re-materialize sim_tasks to regenerate the file)")
-        for lineno, line in enumerate(fh, start=2):
-            if not line.strip():
+        seen: dict[str, int] = {}
+        for lineno, raw in enumerate(fh, start=2):
+            if not raw.strip():
                 continue
-            try:
-                yield TaskRecord.from_dict(json.loads(line))
-            except (json.JSONDecodeError, TypeError, KeyError) as e:
-                raise TasksFileError(f"{path}:{lineno}: malformed task record ({e})") from e
+            task = _parse_task(f"{path}:{lineno}", raw, seen)
+            seen[task.task_id] = lineno
+            yield task
 
 
 def read_tasks(path: str | Path) -> list[TaskRecord]:

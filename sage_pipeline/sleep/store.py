@@ -11,7 +11,10 @@ Per skill, under ``<artifact root>/sleep/<skill>/``::
 A version's id is the first 12 hex digits of the SHA-256 of its two documents, so the
 same content is the same version. The live files are replaced atomically (temporary
 file, fsync, rename), under a lock, and only if they still hold what the night started
-from: a live file edited meanwhile is left alone (:class:`LiveChanged`).
+from: a live file edited meanwhile is left alone (:class:`LiveChanged`). The whole index
+is checked (every line a UTF-8 JSON object with the fields and types of a :class:`Version`)
+before anything is written, so a damaged index stops a commit or a rollback with an error
+naming the line and the field, and the live files stay as they were.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass, fields
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -82,6 +85,46 @@ class Version:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+_VERSION_TYPES = {"seq": int, "version": str, "action": str, "created_at": str, "night": str, "parent": str,
+                  "note": str}  # the JSON type of each field of an index entry
+
+
+def _entry_problem(d) -> str:
+    """What is wrong with one decoded index line (which field, and how), or "" if it is a valid Version."""
+    if not isinstance(d, dict):
+        return f"an entry must be a JSON object, got {json.dumps(d)[:60]}"
+    missing = [f.name for f in fields(Version) if f.name not in d and f.default is MISSING]
+    unknown = [k for k in d if k not in _VERSION_TYPES]
+    if missing or unknown:
+        what = "missing" if missing else "unknown to a version entry"
+        return f"field {(missing or unknown)[0]!r} is {what}"
+    for name, value in d.items():
+        if not isinstance(value, _VERSION_TYPES[name]) or isinstance(value, bool):
+            want = "an integer" if _VERSION_TYPES[name] is int else "a string"
+            return f"field {name!r} is {json.dumps(value)[:60]}, expected {want}"
+    if d["seq"] < 1:
+        return f"field 'seq' is {d['seq']}, expected 1 or more"
+    if d["action"] not in ACTIONS:
+        return f"field 'action' is {d['action']!r}, expected one of {', '.join(ACTIONS)}"
+    if len(d["version"]) != 12 or any(c not in "0123456789abcdef" for c in d["version"]):
+        return f"field 'version' is {d['version']!r}, expected a version id (12 hex digits)"
+    return ""
+
+
+def _index_entry(raw: bytes) -> Version:
+    """One line of ``index.jsonl`` as a Version; ValueError saying what is wrong (the caller adds where)."""
+    try:
+        d = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"not UTF-8 (byte {raw[e.start:e.start + 1]!r} at column {e.start + 1})") from e
+    except json.JSONDecodeError as e:
+        raise ValueError(f"not JSON ({e})") from e
+    problem = _entry_problem(d)
+    if problem:
+        raise ValueError(problem)
+    return Version(**d)
 
 
 def _now() -> str:
@@ -194,17 +237,20 @@ class SkillStore:
 
     # versions -------------------------------------------------------------------------------
     def versions(self) -> list[Version]:
+        """The whole index, every line checked (UTF-8 JSON object, the fields of a Version and their
+        types) before anyone acts on it: a bad line is a StoreError naming the file, line and field."""
         if not self.index.is_file():
             return []
         out = []
-        for lineno, line in enumerate(self.index.read_text(encoding="utf-8").splitlines(), start=1):
-            if not line.strip():
+        for lineno, raw in enumerate(self.index.read_bytes().splitlines(), start=1):
+            if not raw.strip():
                 continue
             try:
-                out.append(Version(**json.loads(line)))
-            except (json.JSONDecodeError, TypeError) as e:
-                raise StoreError(f"{self.index}:{lineno}: malformed version entry ({e}); the version folders "
-                                 f"under {self.versions_dir} are intact, fix or remove the line") from e
+                out.append(_index_entry(raw))
+            except ValueError as e:
+                raise StoreError(f"{self.index}:{lineno}: malformed version entry: {e}. Nothing was changed: "
+                                 f"the live documents and the version folders under {self.versions_dir} are "
+                                 "intact; fix or remove the line, then run the command again") from e
         return out
 
     def find(self, ref: str) -> str:
@@ -282,6 +328,7 @@ class SkillStore:
             raise ValueError(f"action {action!r} is not one of {ACTIONS}")
         new = Snapshot(skill.encode("utf-8"), memory.encode("utf-8"))
         with self.lock():
+            self.versions()  # a damaged index is refused before the live files are touched
             now = self.read()
             changed = [w for w, (a, b) in {"skill": (expected.skill, now.skill),
                                           "memory": (expected.memory, now.memory)}.items() if a != b]

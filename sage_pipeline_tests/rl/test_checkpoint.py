@@ -90,6 +90,49 @@ def test_missing_or_malformed_checkpoints(tmp_path, catalogue):
         save_checkpoint(tmp_path / "bad", _meta(catalogue, spec, head="argmax"), [_net(np.random.default_rng(3), spec, 6)])
 
 
+def _saved(tmp_path, catalogue):
+    spec = FeatureSpec()
+    return save_checkpoint(tmp_path / "ck", _meta(catalogue, spec),
+                           [_net(np.random.default_rng(6), spec, len(catalogue.actions))])
+
+
+def _npy_bytes(tmp_path) -> bytes:
+    np.save(tmp_path / "one.npy", np.zeros(3))
+    return (tmp_path / "one.npy").read_bytes()
+
+
+def _npz_bytes(tmp_path, **arrays) -> bytes:
+    np.savez(tmp_path / "other.npz", **arrays)
+    return (tmp_path / "other.npz").read_bytes()
+
+
+@pytest.mark.parametrize("damage", [
+    pytest.param(lambda b, tmp: b[: len(b) // 2], id="truncated"),
+    pytest.param(lambda b, tmp: b"", id="empty"),
+    pytest.param(lambda b, tmp: b"\x00garbage\xff" * 50, id="garbage"),
+    pytest.param(lambda b, tmp: b[:40] + bytes(64) + b[104:], id="zeroed-member"),
+    pytest.param(lambda b, tmp: _npy_bytes(tmp), id="bare-npy"),
+    pytest.param(lambda b, tmp: _npz_bytes(tmp, x=np.zeros(2)), id="foreign-arrays"),
+    pytest.param(lambda b, tmp: _npz_bytes(tmp, n0_w0=np.zeros((2, 2))), id="missing-bias"),
+])
+def test_a_damaged_weights_file_is_an_error_naming_it_and_saying_to_retrain(tmp_path, catalogue, damage):
+    wf = _saved(tmp_path, catalogue) / "weights.npz"
+    wf.write_bytes(damage(wf.read_bytes(), tmp_path))
+    with pytest.raises(CheckpointError) as err:
+        load_policy(wf.parent)
+    assert str(wf) in str(err.value) and "re-materialize the policy asset" in str(err.value)
+
+
+@pytest.mark.parametrize("content", [b'{"kind": "bc", "version": 1\xff}', b"\xff\xfe{}", b"[1, 2]", b'"bc"'],
+                         ids=["bad-utf8", "bom-utf16", "json-list", "json-string"])
+def test_a_damaged_policy_json_is_an_error_naming_it_and_saying_to_retrain(tmp_path, catalogue, content):
+    pj = _saved(tmp_path, catalogue) / "policy.json"
+    pj.write_bytes(content)
+    with pytest.raises(CheckpointError) as err:
+        load_policy(pj.parent)
+    assert str(pj) in str(err.value) and "re-materialize the policy asset" in str(err.value)
+
+
 def test_save_replaces_atomically_and_leaves_no_temporaries(tmp_path, catalogue):
     rng, spec = np.random.default_rng(4), FeatureSpec()
     for _ in range(2):

@@ -4,6 +4,7 @@ rollout cache (or the executor), and clear errors on bad input."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import gymnasium as gym
 import numpy as np
@@ -226,6 +227,44 @@ def test_a_tasks_file_from_another_version_is_refused(tmp_path, suite):
     path.write_text("\n".join(['{"tasks_version": 99, "seed": 0, "n_tasks": 3}', *lines[1:]]) + "\n")
     with pytest.raises(TasksFileError, match=r"tasks.jsonl:1: tasks_version 99.*re-materialize sim_tasks"):
         read_tasks(path)
+
+
+def _edit(d: dict, **kw) -> bytes:
+    return json.dumps({**d, **kw}).encode()
+
+
+def _set_candidate(d: dict, **kw) -> dict:
+    return [{**d["candidates"][0], **kw}, *d["candidates"][1:]]
+
+
+@pytest.mark.parametrize("line, bad, match", [
+    (3, lambda d, raw: b'"just a string"',
+     r"tasks.jsonl:3: a task record must be a JSON object, got \"just a"),
+    (3, lambda d, raw: raw.replace(b'"prompt":"', b'"prompt":"\xff'),
+     r"tasks.jsonl:3: task record is not UTF-8"),
+    (1, lambda d, raw: b'{"tasks_version": 1\xe9}', r"tasks.jsonl:1: header is not UTF-8"),
+    (3, lambda d, raw: raw[:-5], r"tasks.jsonl:3: task record is not JSON"),
+    (3, lambda d, raw: _edit(d, tests=5), r"tasks.jsonl:3: field 'tests' is 5, expected a list"),
+    (3, lambda d, raw: _edit(d, tests=[5]), r"tasks.jsonl:3: field 'tests\[0\]' is 5, expected an object"),
+    (3, lambda d, raw: _edit(d, difficulty=True),
+     r"tasks.jsonl:3: field 'difficulty' is true, expected a number"),
+    (3, lambda d, raw: _edit({k: v for k, v in d.items() if k != "prompt"}),
+     r"tasks.jsonl:3: field 'prompt' is missing"),
+    (3, lambda d, raw: _edit(d, promt="typo"), r"tasks.jsonl:3: field 'promt' is unknown to a TaskRecord"),
+    (3, lambda d, raw: _edit(d, candidates=_set_candidate(d, equivalent="no")),
+     r"tasks.jsonl:3: field 'candidates\[0\].equivalent' is \"no\", expected true or false"),
+    (4, lambda d, raw: raw + b"\n" + raw,  # the last task twice: line 5 repeats line 4
+     r"tasks.jsonl:5: field 'task_id' '.+' repeats the task of line 4"),
+], ids=["bare-string", "non-utf8", "header-non-utf8", "truncated", "tests-not-a-list", "test-not-an-object",
+        "bool-difficulty", "missing-field", "unknown-field", "candidate-field", "duplicate-id"])
+def test_a_bad_line_in_the_tasks_file_names_the_file_line_and_field(tmp_path, suite, line, bad, match):
+    path = write_tasks(tmp_path / "tasks.jsonl", suite[0][:3], seed=0)
+    lines = path.read_bytes().splitlines()
+    lines[line - 1] = bad(json.loads(lines[line - 1]), lines[line - 1])
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    with pytest.raises(TasksFileError, match=match) as err:
+        read_tasks(path)
+    assert "re-materialize sim_tasks" in str(err.value)
 
 
 def test_bad_config_and_difficulty(suite, sim, catalogue, table):

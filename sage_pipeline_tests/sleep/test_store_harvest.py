@@ -81,6 +81,81 @@ def test_tampered_version_folder_is_refused(tmp_path):
         s.restore(v.version)
 
 
+def _two_versions(tmp_path) -> tuple[SkillStore, str]:
+    """A store whose index has v1 (initial) and v2 (accepted, live); returns it and v1's id."""
+    s = SkillStore(tmp_path / "sleep", "coder")
+    s.ensure_live()
+    v1 = s.register(s.read())
+    s.commit("skill v2\n", "memory v2\n", s.read(), "accepted", "2026-11-01")
+    return s, v1.version
+
+
+def _set_line(s: SkillStore, lineno: int, raw: bytes) -> None:
+    lines = s.index.read_bytes().splitlines()
+    lines[lineno - 1] = raw
+    s.index.write_bytes(b"\n".join(lines) + b"\n")
+
+
+def _edit_entry(s: SkillStore, lineno: int, **kw) -> None:
+    d = json.loads(s.index.read_bytes().splitlines()[lineno - 1])
+    _set_line(s, lineno, json.dumps({k: v for k, v in {**d, **kw}.items() if v is not None}).encode())
+
+
+def _disk(s: SkillStore) -> dict[str, bytes]:
+    """Every file of the store and the live documents, byte for byte (the lock files aside)."""
+    files = {str(p): p.read_bytes() for p in s.root.rglob("*")
+             if p.is_file() and not p.name.endswith(".lock")}
+    return files | {str(p): p.read_bytes() for p in s.paths().values()}
+
+
+@pytest.mark.parametrize("damage, match", [
+    (lambda s: _edit_entry(s, 2, seq="x"), r"index.jsonl:2: malformed version entry: field 'seq' is \"x\", "
+                                          r"expected an integer"),
+    (lambda s: _edit_entry(s, 2, seq=True), r"index.jsonl:2: .*field 'seq' is true, expected an integer"),
+    (lambda s: _edit_entry(s, 1, seq=0), r"index.jsonl:1: .*field 'seq' is 0, expected 1 or more"),
+    (lambda s: _edit_entry(s, 2, note=5), r"index.jsonl:2: .*field 'note' is 5, expected a string"),
+    (lambda s: _edit_entry(s, 1, action="undo"),
+     r"index.jsonl:1: .*field 'action' is 'undo', expected one of"),
+    (lambda s: _edit_entry(s, 2, version="../../x"), r"index.jsonl:2: .*field 'version' is '../../x'"),
+    (lambda s: _edit_entry(s, 2, version=None), r"index.jsonl:2: .*field 'version' is missing"),
+    (lambda s: _edit_entry(s, 2, sequence=3), r"index.jsonl:2: .*field 'sequence' is unknown"),
+    (lambda s: _set_line(s, 2, b'"a string"'), r"index.jsonl:2: .*must be a JSON object"),
+    (lambda s: _set_line(s, 2, b'{"seq": 2, "note": "caf\xe9"}'),
+     r"index.jsonl:2: .*not UTF-8 \(byte b'\\xe9'"),
+    (lambda s: _set_line(s, 1, b'{"seq": 1,'), r"index.jsonl:1: .*not JSON"),
+], ids=["seq-string", "seq-bool", "seq-zero", "note-int", "unknown-action", "version-path", "missing-field",
+        "unknown-field", "bare-string", "non-utf8", "truncated"])
+def test_a_bad_index_line_is_an_error_naming_the_file_line_and_field(tmp_path, damage, match):
+    s, _ = _two_versions(tmp_path)
+    damage(s)
+    with pytest.raises(StoreError, match=match) as err:
+        s.versions()
+    assert "fix or remove the line" in str(err.value)
+
+
+@pytest.mark.parametrize("bad_line", [
+    lambda s: _edit_entry(s, 2, seq="x"),
+    lambda s: _set_line(s, 1, s.index.read_bytes().splitlines()[0].replace(b'"note": "', b'"note": "\xff')),
+], ids=["seq-string", "non-utf8"])
+def test_a_rollback_on_a_bad_index_leaves_the_live_documents_byte_for_byte_unchanged(tmp_path, bad_line):
+    s, v1 = _two_versions(tmp_path)
+    bad_line(s)
+    before = _disk(s)
+    with pytest.raises(StoreError, match=r"index.jsonl:\d+: malformed version entry.*Nothing was changed"):
+        s.restore(v1)
+    assert _disk(s) == before
+    assert s.read().skill == b"skill v2\n" and s.read().memory == b"memory v2\n"
+
+
+def test_a_commit_on_a_bad_index_leaves_the_live_documents_unchanged(tmp_path):
+    s, _ = _two_versions(tmp_path)
+    _edit_entry(s, 2, seq="x")
+    before = _disk(s)
+    with pytest.raises(StoreError, match=r"index.jsonl:2: .*field 'seq'"):
+        s.commit("skill v3\n", "memory v3\n", s.read(), "accepted")
+    assert _disk(s) == before
+
+
 def test_configured_live_paths_are_remembered_and_must_exist(tmp_path):
     live = tmp_path / "agent" / "SKILL.md"
     with pytest.raises(StoreError, match="configured skill document does not exist"):
