@@ -103,7 +103,7 @@ def run_seed(seed: int, episodes: int, criterion: str = "fqe", eval_fraction: fl
     # the gate as it would decide with each episode estimator (the asset's is oe.GATE_ESTIMATOR)
     cands = tuple(n for n in policies if n.endswith("_served")) if action_space == "sage_binary" else None
     gates = {est: oe.promotion_gate(report.evaluations, estimator=est, candidates=cands).promoted
-             for est in ("step_dr", "step_wdr")}
+             for est in ("step_dr", "step_wdr", "step_dr_clip")}
     return {
         "seed": seed, "seconds": time.perf_counter() - t0, "alpha": sel.label, "selected_by": sel.how,
         "action_space": action_space, "subject": subject, "ground_truth": gt,

@@ -140,6 +140,11 @@ class OfflineEvalConfig(dg.Config):
     n_boot: int = Field(1000, description="bootstrap resamples per estimator")
     seed: int = 0
     support: str = Field("logged_pairs", description="support rule: 'logged_pairs' or 'behaviour' (as cql_policy)")
+    clip_factor: float = Field(ope.OPEConfig.clip_factor,
+                               description="step-wise DR's trajectory weights are clipped on the residual terms at "
+                                           "this many times the largest single-decision weight of the logs, 1 / "
+                                           "the smallest propensity (step_dr_clip, the estimate the gate reads); "
+                                           ".inf gives plain step-wise DR (docs/benchmarks.md says what each does)")
     floor_selection: str = Field("fqe", description="how OPE on the eval split's select half picks SAGE's confidence "
                                  "floor for each served sage_binary policy: 'fqe', 'estimate' or 'lower_bound' (as "
                                  "cql_policy's selection; see docs/benchmarks.md)")
@@ -147,14 +152,15 @@ class OfflineEvalConfig(dg.Config):
 
 @dg.asset(group_name=GROUP, deps=[bc_policy, cql_policy], kinds={"python", "json"},
           description="Off-policy evaluation on the eval split's report half (the half no choice was made on): "
-                      "IPS, SNIPS, DM, DR, SNDR, Switch-DR, PDIS, step-wise DR and FQE with 95% bootstrap "
+                      "IPS, SNIPS, DM, DR, SNDR, Switch-DR, PDIS, step-wise DR (plain, weighted, and with "
+                      "clipped trajectory weights) and FQE with 95% bootstrap "
                       "intervals, ESS and support; ground truth and regret closure when the data is simulated. "
                       "Per action space: multi_model judges the static table, BC and CQL; sage_binary judges "
                       "what SAGE's router would run (each policy distilled into per-role classifiers behind "
                       "SAGE's confidence floor, chosen by OPE, with the YAML fallback), the networks shown "
                       "beside. Promotion gate: a policy is promoted (checkpoints/promoted/, and "
-                      "checkpoints/promoted_sage/ for the served composite) only if its DR lower bound beats "
-                      "the table's DR.")
+                      "checkpoints/promoted_sage/ for the served composite) only if the lower bound of its "
+                      "clipped step-wise DR beats the table's estimate.")
 def offline_eval(context: dg.AssetExecutionContext, config: OfflineEvalConfig, sage: SageResource) -> dg.MaterializeResult:
     path, df = _dataset(sage)
     multi, table = _space(sage), sage.table
@@ -164,7 +170,8 @@ def offline_eval(context: dg.AssetExecutionContext, config: OfflineEvalConfig, s
     manifest = sage.path("sessions", "synthetic", "simulator.json")
     sim = (oe.simulator_from_manifest(manifest, sage.catalogue, table, rd.read_reward_spec(path) or RewardSpec())
            if manifest.is_file() and (df_eval["data_source"] == "synthetic").all() else None)
-    ope_cfg, behaviour = ope.OPEConfig(n_boot=config.n_boot, seed=config.seed), _behaviour(config.support, bc_model)
+    ope_cfg = ope.OPEConfig(n_boot=config.n_boot, seed=config.seed, clip_factor=config.clip_factor)
+    behaviour = _behaviour(config.support, bc_model)
     evidence = {"dataset_sha256": artifacts.file_sha256(path)}
     reports, meta = {}, {}
     # the multi-model space: the static table, BC and CQL as trained

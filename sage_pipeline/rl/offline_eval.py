@@ -8,8 +8,8 @@ ground truth, the estimator's relative error and the regret closure
 ``(V_policy - V_static) / (V_oracle - V_static)``.
 
 The promotion gate reads OPE only, never ground truth: a policy is promoted when the
-lower bound of its step-wise DR interval (the estimator of the episode value) beats the
-static table's step-wise DR estimate.
+lower bound of its ``ope.HEADLINE_ESTIMATOR`` interval (step-wise DR with clipped
+trajectory weights, the estimator of the episode value) beats the static table's estimate.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from sage_pipeline.routing.table import RoutingTable
 log = logging.getLogger(__name__)
 
 STATIC = "static_table"
-GATE_ESTIMATOR = "step_dr"
+GATE_ESTIMATOR = ope.HEADLINE_ESTIMATOR
 
 
 # ------------------------------------------------------------------ ground truth
@@ -207,14 +207,15 @@ def select_by_ope(candidates: dict[str, object], df_eval: pd.DataFrame, catalogu
     """Pick the candidate OPE values most on the eval rows; never reads ground truth.
 
     ``criterion``: ``fqe`` (default), the highest fitted-Q evaluation estimate; ``estimate``,
-    the highest step-wise DR estimate; ``lower_bound``, the highest lower bound of step-wise
-    DR's interval (favours policies close to the logs). FQE is the default because it ranks
+    the highest estimate of the gate's estimator (:data:`GATE_ESTIMATOR`, clipped step-wise
+    DR); ``lower_bound``, the highest lower bound of its interval (favours policies close to
+    the logs). FQE is the default because it ranks
     far better: candidates that differ in a few decisions get nearly the same DR estimate up
     to importance-weight noise several times their true difference, while FQE, with no
     weights, keeps their difference (measured in docs/benchmarks.md; Paine et al. 2020 also
     rank offline-RL hyperparameters by fitted-Q evaluation). Its model's bias hurts a ranking only
-    where it differs between candidates; the estimates that are reported and gated stay
-    step-wise DR's, which is unbiased whatever the model.
+    where it differs between candidates; the estimates that are reported and gated stay the
+    importance-weighted ones (:data:`GATE_ESTIMATOR`), unbiased where the model is right.
     ``None`` when no candidate has support in the eval rows (each evaluation says why).
     """
     if criterion not in SELECTION_CRITERIA:
@@ -389,7 +390,7 @@ class OfflineEvalReport:
             e = ev.estimates[GATE_ESTIMATOR]
             row = {"policy": name, GATE_ESTIMATOR: e.value, "ci_low": e.ci_low, "ci_high": e.ci_high,
                    "ess_episodes": ev.ess_episode, "support_share": ev.support_share,
-                   "no_support": ev.no_support_reason}
+                   "clipped_at_weight": ev.clip_weight, "no_support": ev.no_support_reason}
             if self.truth is not None:
                 gt = self.truth.episode_value
                 row |= {"ground_truth": gt[name],

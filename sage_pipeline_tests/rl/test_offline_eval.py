@@ -11,7 +11,7 @@ from sage_pipeline.rl import offline_eval as oe, ope
 
 
 def _eval(name: str, value: float | None, lo: float | None, hi: float | None, reason: str | None = None):
-    est = {k: ope.EstimatorResult(k, "episode", value, lo, hi, None) for k in ("pdis", "step_dr")}
+    est = {k: ope.EstimatorResult(k, "episode", value, lo, hi, None) for k in ("pdis", "step_dr", "step_dr_clip")}
     return ope.PolicyEvaluation(policy=name, estimates=est, n_decisions=10, n_episodes=5, n_bandit_rounds=5,
                                 ess=5.0, ess_episode=5.0, max_weight=1.0, support_share=1.0, unsupported_mass=0.0,
                                 no_support_reason=reason, config=ope.OPEConfig())
@@ -29,6 +29,17 @@ def test_gate_promotes_only_when_the_lower_bound_beats_the_static_estimate():
     assert gate.promoted is None and gate.reason.startswith("no policy promoted")
 
 
+def test_gate_reads_the_clipped_step_wise_dr_not_plain_step_wise_dr():
+    assert oe.GATE_ESTIMATOR == ope.HEADLINE_ESTIMATOR == "step_dr_clip"
+    evals = {"static_table": _eval("static_table", 0.80, 0.75, 0.85), "cql": _eval("cql", 0.90, 0.83, 0.97)}
+    # plain step-wise DR far above the table (one heavy episode), the clipped estimate not above it
+    evals["cql"].estimates["step_dr"] = ope.EstimatorResult("step_dr", "episode", 1.5, 0.95, 2.7, None)
+    evals["cql"].estimates["step_dr_clip"] = ope.EstimatorResult("step_dr_clip", "episode", 0.82, 0.78, 0.86, None)
+    gate = oe.promotion_gate(evals)
+    assert gate.promoted is None and gate.estimator == "step_dr_clip" and "0.7800 <= static" in gate.reason
+    assert oe.promotion_gate(evals, estimator="step_dr").promoted == "cql"
+
+
 def test_gate_picks_the_best_lower_bound_and_reports_no_support():
     evals = {"static_table": _eval("static_table", 0.80, 0.75, 0.85),
              "a": _eval("a", 0.95, 0.81, 1.0), "b": _eval("b", 0.90, 0.86, 0.93),
@@ -37,7 +48,7 @@ def test_gate_picks_the_best_lower_bound_and_reports_no_support():
     assert gate.promoted == "b"
     assert gate.candidates["c"]["why"].startswith("no support")
     no_static = oe.promotion_gate({"static_table": _eval("static_table", None, None, None, reason="no support: x")})
-    assert no_static.promoted is None and "static table has no step_dr estimate" in no_static.reason
+    assert no_static.promoted is None and "static table has no step_dr_clip estimate" in no_static.reason
 
 
 def test_promote_copies_atomically_and_keeps_the_last_promotion_when_none(tmp_path):

@@ -148,6 +148,50 @@ def test_one_huge_weight_moves_wdr_by_its_share_not_by_its_weight() -> None:
     assert 0.0 <= wdr <= 1.0 and wdr == pytest.approx((5000 * r[0] + r[1:].sum()) / (5000 + n - 1))
 
 
+def test_step_dr_clip_matches_hand_computation_and_is_step_dr_unclipped() -> None:
+    q = np.array([0.8, 0.9, 0.5])  # as in the step-wise DR example: W = A [2, 1], B [0.5]
+    v = np.array([0.4, 0.7, 0.6])
+    # telescoped: A: v0 + W_0 (r_0 + v_1 - q_0) + W_1 (r_1 - q_1) = 0.6 + 2 (1 + 0.4 - 0.5) + 1 (1 - 0.8) = 2.6
+    # B: 0.7 + 0.5 (1 - 0.9) = 0.75 (step-wise DR's terms); clip 1.5: A's W_0 becomes 1.5 -> 2.15
+    np.testing.assert_allclose(ope.step_dr_clip(R_EP, P_EP, PI_EP, q, v, EP, STEP, clip=np.inf).round_rewards,
+                               ope.step_dr(R_EP, P_EP, PI_EP, q, v, EP, STEP).round_rewards)
+    est = ope.step_dr_clip(R_EP, P_EP, PI_EP, q, v, EP, STEP, clip=1.5)
+    np.testing.assert_allclose(est.round_rewards, [0.6 + 1.5 * 0.9 + 0.2, 0.75])
+    # gamma = 0.5: A: 0.6 + 2 (1 + 0.5 * 0.4 - 0.5) + 0.5 * 1 (1 - 0.8) = 2.1, as step-wise DR
+    np.testing.assert_allclose(ope.step_dr_clip(R_EP, P_EP, PI_EP, q, v, EP, STEP, gamma=0.5, clip=np.inf)
+                               .round_rewards, [2.1, 0.75])
+    with pytest.raises(ValueError, match="clip must be >= 1"):
+        ope.step_dr_clip(R_EP, P_EP, PI_EP, q, v, EP, STEP, clip=0.5)
+    with pytest.raises(ValueError, match="clip_factor must be >= 1"):
+        ope.OPEConfig(clip_factor=0.0)
+    # the level: clip_factor times the largest single-decision weight the logs allow
+    assert ope.clip_level(np.array([0.85, 0.15, 0.5]), 1.0) == pytest.approx(1 / 0.15)
+    assert ope.clip_level(np.array([0.85, 0.15])) == pytest.approx(ope.OPEConfig().clip_factor / 0.15)
+    assert ope.OPEConfig().clip_factor == 1.5  # binary logs (p = 0.15): one off-table decision whole, two capped
+    assert ope.clip_level(np.array([0.85, 0.15]), 3.0) == pytest.approx(20.0)
+
+
+def test_clipping_bounds_one_episode_and_keeps_the_truth_when_the_model_is_exact() -> None:
+    # 2,000 two-step episodes; the behaviour takes the evaluated action with p = 0.15 at each
+    # step, the evaluated policy always takes it; rewards r_t ~ Bernoulli(0.6) whatever the
+    # action, so the exact Q is 0.6 + 0.6 at step 0 and 0.6 at step 1, and the truth is 1.2
+    rng = np.random.default_rng(11)
+    m = 2000
+    ep, st = np.repeat(np.arange(m), 2).astype(str), np.tile([0, 1], m)
+    took = rng.uniform(size=2 * m) < 0.15
+    p = np.where(took, 0.15, 0.85)
+    pi_logged = took.astype(float)
+    r = (rng.uniform(size=2 * m) < 0.6).astype(float)
+    q = np.where(st == 0, 1.2, 0.6)
+    v = q
+    clipped = ope.step_dr_clip(r, p, pi_logged, q, v, ep, st, clip=10.0)
+    plain = ope.step_dr(r, p, pi_logged, q, v, ep, st)
+    assert abs(clipped.value - 1.2) < 4 * clipped.round_rewards.std() / np.sqrt(m)
+    assert clipped.round_rewards.std() < plain.round_rewards.std()
+    # one episode's residuals count at most 10 times, whatever its weight: (44.4 here)
+    assert np.abs(clipped.round_rewards - 1.2).max() <= 10 * (1.0 + 0.6) + 1e-9
+
+
 def test_step_wdr_bootstrap_recomputes_every_steps_ratio() -> None:
     # constant rewards and no model: every resample's WDR is exactly 2 * 0.7 (two steps)
     rng = np.random.default_rng(1)
@@ -354,7 +398,7 @@ def test_episode_estimators_recover_the_exact_policy_value(sim: RoutingSimulator
     truth = sim.policy_value(policies(sim)[name], tasks).mean
     ev = evals[name]
     assert not ev.no_support and ev.support_share > 0
-    for est in ("pdis", "step_dr", "step_wdr"):
+    for est in ("pdis", "step_dr", "step_wdr", "step_dr_clip"):
         e = ev.estimates[est]
         assert e.scope == "episode"
         assert abs(e.value - truth) < 4 * e.se, (est, e.value, truth, e.se)
@@ -363,11 +407,16 @@ def test_episode_estimators_recover_the_exact_policy_value(sim: RoutingSimulator
     assert ev.estimates["step_dr"].se < ev.estimates["pdis"].se
     # self-normalising the weights buys more (bounded by each episode's share)
     assert ev.estimates["step_wdr"].se <= ev.estimates["step_dr"].se * 1.05
-    assert ev.value == ev.estimates["step_dr"].value
+    assert ev.value == ev.estimates["step_dr_clip"].value
+    assert ev.clip_weight == pytest.approx(ope.OPEConfig().clip_factor / data_pscore_min(multistep))
     # FQE (no weights) is tighter still, and near the truth: its model is close on these policies
     f = ev.estimates["fqe"]
     assert f.scope == "episode" and f.se < ev.estimates["step_dr"].se
     assert abs(f.value - truth) < 0.02, (f.value, truth)
+
+
+def data_pscore_min(multistep) -> float:
+    return float(np.min(multistep[1].pscore))
 
 
 def test_fqe_is_the_mean_of_the_first_steps_fitted_value() -> None:
