@@ -3,17 +3,25 @@
 Every artifact the pipeline writes lives under one root (``SAGE_DATA_DIR``, default
 ``./datasets``). Every write goes to a temporary file in the destination folder, is
 fsynced and then ``os.replace``d, so a killed run never leaves a half-written artifact.
+Whole folders (checkpoints) go through :func:`atomic_dir`, which also stays correct when
+saves are killed or run concurrently and while readers load the folder.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
+import functools
 import hashlib
 import io
 import json
 import os
+import re
+import secrets
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -80,29 +88,232 @@ def atomic_open(dest: str | os.PathLike[str], mode: str = "w") -> Iterator[IO[An
             yield fh
 
 
+# ---------------------------------------------------------------------------------------------
+# atomic_dir: whole folders, safe against kills and concurrent writers and readers
+#
+# Names beside ``dest`` (all hidden, all in dest's parent):
+#   .<name>.tmp-XXXXXXXX  a save in progress (locked by its writer) or, after a kill, a leftover
+#   .<name>.old-XXXXXXXX  the previous folder during a two-rename swap (fallback only)
+#   .<name>.XXXXXXXX, .<name>.old   what earlier versions of atomic_dir left behind
+# Writers of one parent take an exclusive ``flock`` on the parent folder itself for two short
+# phases: sweep + create their temporary folder, and swap + delete the replaced contents. A
+# writer keeps an exclusive ``flock`` on its own temporary folder until it is done, so a sweep
+# (which runs under the parent's lock) can tell a live save from a killed one exactly.
+# ---------------------------------------------------------------------------------------------
+
+_RENAME_EXCHANGE = 2  # linux/fs.h
+_AT_FDCWD = -100
+# a folder whose lock cannot be tested (flock unsupported there) counts as in use until this old
+_UNLOCKABLE_STALE_S = 3600.0
+_held: set[tuple[int, int]] = set()  # (st_dev, st_ino) of the temporary folders this process holds
+
+
+@functools.cache
+def _renameat2() -> Any:
+    """libc's ``renameat2`` (Linux, glibc >= 2.28), or None."""
+    import ctypes
+
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap ``a`` and ``b`` in one atomic step (``renameat2(RENAME_EXCHANGE)``).
+
+    False when this OS, libc or filesystem cannot (then nothing was changed)."""
+    import ctypes
+
+    fn = _renameat2()
+    if fn is None:
+        return False
+    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(a), None, str(b))
+
+
+def _key(fd: int) -> tuple[int, int]:
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino
+
+
+@contextlib.contextmanager
+def _folder_lock(folder: Path) -> Iterator[None]:
+    """Exclusive ``flock`` on ``folder`` itself (no lock file is left beside the artifacts).
+
+    Where a folder cannot be locked (a filesystem without ``flock``), writers go on unlocked,
+    as before. A folder this process holds as an atomic_dir temporary (atomic_dir nested in
+    another's body) is private to it and is not locked again."""
+    fd = None
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+        if _key(fd) not in _held:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # waits; an OSError here means flock is unsupported
+    try:
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)  # releases the lock
+
+
+def _hold(folder: Path) -> int | None:
+    """Mark a fresh temporary folder as in use: an exclusive ``flock`` held until closed."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return None
+    with contextlib.suppress(OSError):
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    _held.add(_key(fd))
+    return fd
+
+
+def _release(fd: int | None) -> None:
+    if fd is not None:
+        _held.discard(_key(fd))
+        os.close(fd)
+
+
+def _in_use(path: Path) -> bool:
+    """Whether a live atomic_dir still holds ``path`` (its writer keeps it locked; a killed
+    writer's lock is gone). Where the lock cannot be tested, recent folders count as in use."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return True  # gone already: nothing to do
+    except OSError:
+        fd = None
+    if fd is not None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return False
+        except BlockingIOError:
+            return True
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    try:
+        return time.time() - path.lstat().st_mtime < _UNLOCKABLE_STALE_S
+    except OSError:
+        return True
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+
+def _sweep(dest: Path) -> None:
+    """Remove what killed saves of ``dest`` left beside it; call under the parent's lock.
+
+    If ``dest`` itself is missing (a save killed between the two renames of the fallback swap,
+    or of atomic_dir before it swapped in one step), the newest moved-aside old folder, which is
+    complete, is put back first."""
+    leftover = re.compile(rf"\.{re.escape(dest.name)}\."
+                          r"(?:(?P<old>old(?:-[a-z0-9_]{8})?)|(?:tmp-)?[a-z0-9_]{8})")
+    try:
+        names = os.listdir(dest.parent)
+    except OSError:
+        return
+    temps, olds = [], []
+    for name in names:
+        if (m := leftover.fullmatch(name)) is not None:
+            (olds if m["old"] else temps).append(dest.parent / name)
+    olds = [p for p in olds if not _in_use(p)]
+    if olds and not os.path.lexists(dest):
+        newest = max(olds, key=lambda p: p.lstat().st_mtime_ns)
+        try:
+            os.rename(newest, dest)
+            olds.remove(newest)
+        except OSError:
+            olds = []  # keep the old copies rather than lose the last complete one
+    for p in olds + [p for p in temps if not _in_use(p)]:
+        _remove(p)
+
+
+def _fsync_tree(folder: Path) -> None:
+    """fsync every file and folder under ``folder`` (callers may write plain files into it)."""
+    for root, _dirs, files in os.walk(folder):
+        for name in files:
+            with contextlib.suppress(OSError):
+                fd = os.open(os.path.join(root, name), os.O_RDONLY | os.O_NOFOLLOW)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+        _fsync_dir(Path(root))
+
+
+def _swap_in(tmp: Path, dest: Path) -> Path | None:
+    """Put the folder ``tmp`` at ``dest``; call under the parent's lock. Returns where the
+    replaced contents now are (to delete), or None when ``dest`` did not exist."""
+    if not os.path.lexists(dest):
+        os.rename(tmp, dest)
+        return None
+    if _exchange(tmp, dest):
+        return tmp
+    # fallback (no RENAME_EXCHANGE): two renames, with a moment where dest is missing
+    old = dest.with_name(f".{dest.name}.old-{secrets.token_hex(4)}")
+    os.rename(dest, old)
+    try:
+        os.rename(tmp, dest)
+    except BaseException:
+        os.rename(old, dest)
+        raise
+    return old
+
+
 @contextlib.contextmanager
 def atomic_dir(dest: str | os.PathLike[str]) -> Iterator[Path]:
-    """Yield a temporary sibling folder to fill; on success it replaces ``dest``.
+    """Yield a temporary sibling folder to fill; on success it replaces ``dest`` atomically.
 
-    The old folder is renamed aside and then removed, so readers see the old complete
-    folder or the new complete one (with a brief moment of none), never a mix. On an
-    exception the temporary folder is removed and ``dest`` is left untouched.
+    Readers of ``dest`` see the old complete folder or the new complete one, never a mix and
+    never no folder: on Linux the new folder is swapped in with one
+    ``renameat2(RENAME_EXCHANGE)``, and the old contents, which then sit at the temporary
+    name, are deleted. Where that call is unavailable (another OS, a filesystem such as NFS
+    without it) the old folder is renamed aside first, so readers may find no folder for a
+    moment; a save killed in that moment leaves the old folder aside, and the next save puts
+    it back before anything else. A reader that needs several files of one version opens the
+    folder once and the files relative to it (``dir_fd``, as ``rl.checkpoint.load_policy``
+    does), and reads again if a file is gone and the path names another folder by then.
+
+    Concurrent saves of one folder (threads or processes) all succeed and the last one wins:
+    the swap runs under an exclusive ``flock`` on the parent folder. Every save first removes
+    what killed saves of ``dest`` left beside it (temporary folders no live writer holds, old
+    folders set aside). On an exception the temporary folder is removed and ``dest`` is left
+    untouched.
     """
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
-    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it private; an artifact folder is not
+    with _folder_lock(dest.parent):
+        _sweep(dest)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+        hold = _hold(tmp)
     try:
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it private; an artifact folder is not
         yield tmp
-        old = dest.with_name(f".{dest.name}.old")
-        if dest.exists():
-            os.replace(dest, old)
-        os.replace(tmp, dest)
-        _fsync_dir(dest.parent)
-        shutil.rmtree(old, ignore_errors=True)
+        _fsync_tree(tmp)
+        with _folder_lock(dest.parent):
+            replaced = _swap_in(tmp, dest)
+            _fsync_dir(dest.parent)
+            if replaced is not None:
+                _remove(replaced)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        _release(hold)
 
 
 def write_bytes(dest: str | os.PathLike[str], data: bytes) -> Path:

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import re
+import stat
 import zipfile
 import zlib
 from dataclasses import asdict, dataclass, field
@@ -166,14 +168,64 @@ def save_checkpoint(path: str | Path, meta: CheckpointMeta, nets: list[Layers]) 
     return path
 
 
-def read_meta(path: str | Path) -> CheckpointMeta:
-    path = Path(path)
+_READ_ATTEMPTS = 10  # each retry means a newer save of the folder was swapped in meanwhile
+
+
+def _open_at(dir_fd: int, name: str, mode: str = "rb"):
+    """Open ``name`` inside the folder ``dir_fd`` (not through the path, which may point to
+    a newer version of the folder by now); None unless it is a regular file."""
+    try:
+        fh = open(name, mode, opener=lambda n, flags: os.open(n, flags, dir_fd=dir_fd))
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return None
+    if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+        fh.close()
+        return None
+    return fh
+
+
+def _replaced(path: Path, dir_fd: int) -> bool:
+    """Whether ``path`` names another folder than ``dir_fd`` now (a save swapped a new one in)."""
+    mine = os.fstat(dir_fd)
+    try:
+        now = os.stat(path)
+    except OSError:
+        return True
+    return (now.st_dev, now.st_ino) != (mine.st_dev, mine.st_ino)
+
+
+def _read_checkpoint(path: Path, read):
+    """``read(dir_fd)`` on one open folder, so every file comes from the same saved version.
+
+    A save swaps a new folder in and deletes the old one's files (artifacts.atomic_dir), so a
+    reader still holding the old folder can find a file gone: when the path now names another
+    folder, read again from that one."""
+    for attempt in range(_READ_ATTEMPTS):
+        try:
+            dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        except (FileNotFoundError, NotADirectoryError):
+            raise CheckpointError(f"{path} is not a policy checkpoint: {POLICY_FILE} not found "
+                                  "(materialize the policy asset that writes it first)") from None
+        try:
+            return read(dir_fd)
+        except CheckpointError:
+            if attempt == _READ_ATTEMPTS - 1 or not _replaced(path, dir_fd):
+                raise
+        finally:
+            os.close(dir_fd)
+    raise AssertionError("unreachable")
+
+
+def _read_meta_at(path: Path, dir_fd: int) -> CheckpointMeta:
     pj = path / POLICY_FILE
-    if not pj.is_file():
+    fh = _open_at(dir_fd, POLICY_FILE)
+    if fh is None:
         raise CheckpointError(f"{path} is not a policy checkpoint: {POLICY_FILE} not found "
                               "(materialize the policy asset that writes it first)")
+    with fh:
+        data = fh.read()
     try:
-        raw = json.loads(pj.read_text(encoding="utf-8"))
+        raw = json.loads(data.decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"{pj}: not valid JSON ({exc}); the checkpoint is damaged: {_RETRAIN}") from exc
     if not isinstance(raw, dict):
@@ -187,6 +239,11 @@ def read_meta(path: str | Path) -> CheckpointMeta:
         return CheckpointMeta(**raw)
     except TypeError as exc:
         raise CheckpointError(f"{pj}: unexpected or missing fields ({exc})") from exc
+
+
+def read_meta(path: str | Path) -> CheckpointMeta:
+    path = Path(path)
+    return _read_checkpoint(path, lambda dir_fd: _read_meta_at(path, dir_fd))
 
 
 def check_compatible(meta: CheckpointMeta, source: str, spec=None,
@@ -215,12 +272,18 @@ def load_policy(path: str | Path, spec=None,
     """Load a checkpoint folder as a policy (numpy only). With ``spec``/``actions``, check
     that the checkpoint fits them and say what differs if not."""
     path = Path(path)
-    meta = read_meta(path)
-    check_compatible(meta, str(path), spec, actions)
-    wf = path / WEIGHTS_FILE
-    if not wf.is_file():
-        raise CheckpointError(f"{path}: {WEIGHTS_FILE} not found; {_RETRAIN}")
-    return MLPPolicy(meta, read_weights(wf), name=meta.kind)
+
+    def read(dir_fd: int) -> MLPPolicy:  # both files from the same folder, whatever saves do meanwhile
+        meta = _read_meta_at(path, dir_fd)
+        check_compatible(meta, str(path), spec, actions)
+        wf = path / WEIGHTS_FILE
+        fh = _open_at(dir_fd, WEIGHTS_FILE)
+        if fh is None:
+            raise CheckpointError(f"{path}: {WEIGHTS_FILE} not found; {_RETRAIN}")
+        with fh:
+            return MLPPolicy(meta, _read_weights(fh, wf), name=meta.kind)
+
+    return _read_checkpoint(path, read)
 
 
 def _layer_counts(wf: Path, keys: list[str]) -> list[int]:
@@ -244,9 +307,13 @@ def _layer_counts(wf: Path, keys: list[str]) -> list[int]:
 
 def read_weights(wf: str | Path) -> list[Layers]:
     """The networks of a ``weights.npz``; a damaged or foreign file is an error naming it."""
-    wf = Path(wf)
+    return _read_weights(wf, Path(wf))
+
+
+def _read_weights(source, wf: Path) -> list[Layers]:
+    """The networks in ``source`` (a path or an open ``weights.npz``; ``wf`` names it in errors)."""
     try:
-        with np.load(wf) as z:
+        with np.load(source) as z:
             counts = _layer_counts(wf, list(z.files))
             return [[(z[f"n{j}_w{i}"], z[f"n{j}_b{i}"]) for i in range(n)] for j, n in enumerate(counts)]
     except CheckpointError:
