@@ -3,7 +3,7 @@
     python -m sage_pipeline.sleep versions --skill coder
     python -m sage_pipeline.sleep rollback --skill coder --version 147fe9dbb47b   (or a prefix, or v2)
     python -m sage_pipeline.sleep show --skill coder --version v1
-    python -m sage_pipeline.sleep run-night --skill coder --date 2026-11-01 [--backend openai --model M]
+    python -m sage_pipeline.sleep run-night --skill coder --date 2026-11-01 [--backend openai --model M --timeout 120]
 
 The artifact root is ``--data-dir``, else ``$SAGE_DATA_DIR``, else ``./datasets``.
 Exit status: 0 done, 1 the night ended in an error status, 2 bad usage or input.
@@ -12,6 +12,7 @@ Exit status: 0 done, 1 the night ended in an error status, 2 bad usage or input.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from sage_pipeline import artifacts, markdown
@@ -55,6 +56,18 @@ def cmd_show(args) -> int:
     return 0
 
 
+def positive_seconds(text: str) -> float:
+    """argparse type: a positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number: give seconds, e.g. --timeout 120") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: the deadline must be a positive number of seconds, "
+                                         "e.g. --timeout 120")
+    return value
+
+
 def cmd_run_night(args) -> int:
     from sage_pipeline.sleep.backends import OpenAIConfig
     from sage_pipeline.sleep.block import EditLimits
@@ -64,7 +77,7 @@ def cmd_run_night(args) -> int:
 
     settings = NightSettings(
         backend=args.backend, sim_seed=args.seed,
-        openai=OpenAIConfig(base_url=args.base_url, model=args.model),
+        openai=OpenAIConfig(base_url=args.base_url, model=args.model, timeout_s=args.timeout),
         cycle=CycleConfig(limits=EditLimits(edit_budget=args.edit_budget, block_max_chars=args.block_max_chars),
                           gate=GateConfig(metric=args.metric, no_regression=not args.allow_regression),
                           workers=args.workers),
@@ -79,6 +92,8 @@ def cmd_run_night(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from sage_pipeline.sleep.backends import OpenAIConfig
+
     p = argparse.ArgumentParser(prog="python -m sage_pipeline.sleep", description=__doc__.split("\n\n")[0])
     p.add_argument("--data-dir", default=None, help="artifact root (default: $SAGE_DATA_DIR or ./datasets)")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -100,6 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     rn.add_argument("--seed", type=int, default=0, help="simulated backend seed")
     rn.add_argument("--base-url", default="", help="OpenAI-compatible base URL (default $SAGE_SLEEP_BASE_URL)")
     rn.add_argument("--model", default="", help="model name (default $SAGE_SLEEP_MODEL)")
+    rn.add_argument("--timeout", type=positive_seconds, default=OpenAIConfig.timeout_s, metavar="SECONDS",
+                    help="openai: wall-clock deadline of each request (connect, send, headers, body); each retry "
+                         f"gets its own (default {OpenAIConfig.timeout_s:g})")
     rn.add_argument("--metric", default="mixed", choices=("hard", "soft", "mixed"))
     rn.add_argument("--allow-regression", action="store_true", help="accept a better mean even if a val task drops")
     rn.add_argument("--edit-budget", type=int, default=4)

@@ -9,10 +9,17 @@ Two implementations share one interface (``solve``, ``grade``, ``reflect``, each
 
 A call that fails raises :class:`BackendError` with its cause. The night stops there and
 ends ``backend_error``: a failed call is never cached and never scored as a wrong answer.
-Transient failures (timeouts, connection errors, 408/409/429, 5xx, empty or non-JSON
-replies) are retried with exponential backoff and jitter, honouring ``Retry-After``;
-authentication (401/403), not-found (404: model or URL) and other request errors fail at
-once.
+Transient failures (timeouts, connection errors, 408/409/429, 5xx, empty, non-JSON or
+malformed replies) are retried with exponential backoff and jitter, honouring
+``Retry-After``; authentication (401/403), not-found (404: model or URL) and other request
+errors fail at once.
+
+Deadlines: ``timeout_s`` is the wall-clock deadline of one attempt, the whole request
+(connect, TLS, send, headers, body), not of one socket read: a server that trickles a byte
+at a time is cut off when it passes. Each retry gets a fresh deadline after its backoff
+wait, so one call lasts at most ``(max_retries + 1) * timeout_s + max_retries *
+max(backoff_max_s, max_retry_after_s)`` (plus name resolution, which the standard library
+cannot bound).
 """
 
 from __future__ import annotations
@@ -22,8 +29,10 @@ import abc
 import hashlib
 import http.client
 import json
+import math
 import os
 import random
+import socket
 import threading
 import time
 import urllib.error
@@ -126,7 +135,7 @@ class OpenAIConfig:
     base_url: str = ""  # "" -> $SAGE_SLEEP_BASE_URL, else http://127.0.0.1:8000/v1
     model: str = ""  # "" -> $SAGE_SLEEP_MODEL
     api_key_env: str = "SAGE_SLEEP_API_KEY"  # the environment variable holding the key ("" or unset: no key)
-    timeout_s: float = 60.0
+    timeout_s: float = 60.0  # wall-clock deadline of one attempt: connect, send, headers and body
     max_retries: int = 4
     backoff_s: float = 1.0  # first retry waits about this long, doubling each time
     backoff_max_s: float = 30.0
@@ -159,6 +168,10 @@ class OpenAIBackend(Backend):
                                "config field model", kind="config")
         if not self.config.base_url.startswith(("http://", "https://")):
             raise BackendError(f"base URL {self.config.base_url!r} must start with http:// or https://", kind="config")
+        t = self.config.timeout_s
+        if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t) or t <= 0:
+            raise BackendError(f"timeout_s {t!r}: the deadline of one request must be a positive number of seconds",
+                               kind="config")
         self.url = f"{self.config.base_url}/chat/completions"
         self._sleep = sleep
         self._rng = random.Random(self.config.seed)
@@ -233,24 +246,22 @@ class OpenAIBackend(Backend):
     def _post(self, data: bytes) -> Reply:
         req = urllib.request.Request(self.url, data=data, headers=self._headers(), method="POST")
         t = self.config.timeout_s
+        deadline = _Deadline(t)
         try:
-            with urllib.request.urlopen(req, timeout=t) as resp:
-                status, raw = resp.status, resp.read()
-        except urllib.error.HTTPError as e:
-            raw = _read_quietly(e)
-            self._raise_for_status(e.code, raw, e.headers)
-            raise _Retry(f"HTTP {e.code}") from None  # 1xx/3xx oddities: treat as transient
-        except TimeoutError:
-            raise _Retry(f"request timed out after {t:g} s") from None
-        except urllib.error.URLError as e:
-            if isinstance(e.reason, TimeoutError):
-                raise _Retry(f"request timed out after {t:g} s") from None
-            raise _Retry(f"connection to {self.url} failed ({e.reason})") from None
-        except (ConnectionError, http.client.HTTPException, OSError) as e:
+            with deadline:
+                status, headers, raw = _exchange(req, deadline)
+        except (OSError, http.client.HTTPException) as e:  # URLError and TimeoutError are OSErrors
+            reason = e.reason if isinstance(e, urllib.error.URLError) else e
+            if deadline.expired or isinstance(reason, TimeoutError):
+                raise _Retry(f"request timed out after {t:g} s (the deadline of one attempt: connect, send, "
+                             f"headers and body; {deadline.progress()}; if the model is only slow, raise "
+                             "timeout_s or --timeout)") from None
+            if isinstance(e, urllib.error.URLError):
+                raise _Retry(f"connection to {self.url} failed ({e.reason})") from None
             raise _Retry(f"connection to {self.url} failed ({type(e).__name__}: {e})") from None
         if status >= 300:
-            self._raise_for_status(status, raw, {})
-        return self._parse(raw)
+            self._raise_for_status(status, raw, headers)
+        return self._parse(raw, headers)
 
     def _raise_for_status(self, status: int, raw: bytes, headers) -> None:
         msg = _server_message(raw)
@@ -268,35 +279,248 @@ class OpenAIBackend(Backend):
         raise BackendError(f"HTTP {status} from {self.url}: {msg} (the server refused the request; "
                            "retrying would not help)", kind="bad_request")
 
-    def _parse(self, raw: bytes) -> Reply:
+    def _parse(self, raw: bytes, headers=None) -> Reply:
         try:
             obj = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            raise _Retry(f"the server's reply is not JSON: {raw[:120]!r}") from None
+        except UnicodeDecodeError as e:
+            raise _Retry(f"the server's reply is not JSON: not UTF-8 at byte {e.start}{_ctype(headers)}: "
+                         f"{raw[:120]!r}") from None
+        except json.JSONDecodeError as e:
+            raise _Retry(f"the server's reply is not JSON: {e.msg} at line {e.lineno} column {e.colno}"
+                         f"{_ctype(headers)}: {raw[:120]!r}") from None
+        except RecursionError:
+            raise _Retry(f"the server's reply is not usable JSON: nested too deeply to decode{_ctype(headers)}: "
+                         f"{raw[:60]!r}") from None
+        text, pt, ct = _reply_fields(obj)
+        return Reply(text, pt if pt is not None else 0, ct if ct is not None else len(text) // 4)
+
+
+def _kind(value) -> str:
+    """``an integer 5``, ``a list [1, 2]``: a JSON value's type and head, for error messages."""
+    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "an integer",
+             float: "a number", type(None): "null"}
+    head = json.dumps(value)[:60] if value is not None else ""
+    return f"{names.get(type(value), type(value).__name__)} {head}".rstrip()
+
+
+def _reply_fields(obj) -> tuple[str, int | None, int | None]:
+    """(content, prompt_tokens, completion_tokens) of a chat-completions reply; a reply of any other
+    shape is a :class:`_Retry` naming the field that was wrong."""
+    def bad(what: str) -> _Retry:
+        return _Retry(f"the server's reply is malformed: {what} (expected an OpenAI chat completion: "
+                      f"choices[0].message.content a string, usage an object or absent): {str(obj)[:160]}")
+
+    if not isinstance(obj, dict):
+        raise bad(f"the reply is {_kind(obj)}, not an object")
+    if "choices" not in obj:
+        err = obj.get("error")
+        raise bad(f"no 'choices' field{'; its error field says: ' + str(err)[:200] if err else ''}")
+    choices = obj["choices"]
+    if not isinstance(choices, list):
+        raise bad(f"'choices' is {_kind(choices)}, expected a list")
+    if not choices:
+        raise bad("'choices' is an empty list")
+    choice = choices[0]
+    if not isinstance(choice, dict):
+        raise bad(f"choices[0] is {_kind(choice)}, expected an object")
+    message = choice.get("message")
+    if not isinstance(message, dict):
+        raise bad(f"choices[0].message is {'missing' if 'message' not in choice else _kind(message)}, "
+                  "expected an object")
+    if "content" not in message:
+        raise bad("choices[0].message has no 'content'")
+    text = message["content"]
+    if text is not None and not isinstance(text, str):
+        raise bad(f"choices[0].message.content is {_kind(text)}, expected a string")
+    if text is None or not text.strip():
+        raise _Retry(f"empty reply (content {'null' if text is None else repr(text[:20])}, "
+                     f"finish_reason={choice.get('finish_reason')!r})")
+    usage = obj.get("usage")
+    if usage is None:
+        return text, None, None
+    if not isinstance(usage, dict):
+        raise bad(f"'usage' is {_kind(usage)}, expected an object")
+    counts = []
+    for k in ("prompt_tokens", "completion_tokens"):
+        v = usage.get(k)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+            raise bad(f"usage.{k} is {_kind(v)}, expected a non-negative integer")
+        counts.append(v)
+    return text, counts[0], counts[1]
+
+
+def _ctype(headers) -> str:
+    ctype = headers.get("Content-Type") if headers else None
+    return f" (Content-Type {ctype})" if ctype else ""
+
+
+class _Deadline:
+    """The wall-clock deadline of one HTTP attempt (``with``: armed on entry, disarmed on exit).
+
+    Every socket the attempt opens is registered; when the deadline passes a timer shuts them
+    down, which ends a blocked connect, send or read at once, however slowly the server
+    trickles. Each socket's timeout is also the time left, set again before each body read.
+    """
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.at = time.monotonic() + seconds
+        self.expired = False
+        self.body_bytes = -1  # -1: the headers have not arrived
+        self._socks: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(max(seconds, 0.0), self._expire)
+        self._timer.daemon = True
+
+    def __enter__(self) -> _Deadline:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._timer.cancel()
+
+    def left(self) -> float:
+        """Seconds left, raising TimeoutError when none are."""
+        left = self.at - time.monotonic()
+        if left <= 0 or self.expired:
+            raise TimeoutError(f"deadline of {self.seconds:g} s passed")
+        return left
+
+    def register(self, sock):
+        with self._lock:
+            self._socks.append(sock)
+            expired = self.expired
+        if expired:
+            _shutdown(sock)
+        return sock
+
+    def settimeout(self) -> None:
+        left = self.left()
+        with self._lock:
+            socks = list(self._socks)
+        for s in socks:
+            try:
+                s.settimeout(left)
+            except OSError:  # closed or detached (the plain socket under TLS)
+                pass
+
+    def connect(self, address, timeout=None, source_address=None):
+        """``socket.create_connection`` with the time left as its timeout, registered."""
+        return self.register(socket.create_connection(address, self.left(), source_address))
+
+    def progress(self) -> str:
+        if self.body_bytes < 0:
+            return "no complete response headers by then"
+        return f"headers received, {self.body_bytes} byte(s) of the body by then"
+
+    def _expire(self) -> None:
+        with self._lock:
+            self.expired = True
+            socks = list(self._socks)
+        for s in socks:
+            _shutdown(s)
+
+
+def _shutdown(sock) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:  # already closed, or the plain socket a TLS one took over
+        pass
+
+
+class _DeadlineContext:
+    """An SSL context whose sockets are registered with the deadline before their handshake."""
+
+    def __init__(self, context, deadline: _Deadline) -> None:
+        self._context, self._deadline = context, deadline
+
+    def wrap_socket(self, sock, server_hostname=None, **kw):
+        tls = self._context.wrap_socket(sock, server_hostname=server_hostname, do_handshake_on_connect=False)
+        self._deadline.register(tls)
+        tls.settimeout(self._deadline.left())
+        tls.do_handshake()
+        return tls
+
+    def __getattr__(self, name):
+        return getattr(self._context, name)
+
+
+class _HTTPConnection(http.client.HTTPConnection):
+    def __init__(self, *args, deadline: _Deadline, **kw) -> None:
+        super().__init__(*args, **kw)
+        self._create_connection = deadline.connect
+
+
+class _HTTPSConnection(http.client.HTTPSConnection):
+    def __init__(self, *args, deadline: _Deadline, **kw) -> None:
+        super().__init__(*args, **kw)
+        self._create_connection = deadline.connect
+        self._context = _DeadlineContext(self._context, deadline)
+
+
+class _DeadlineHTTPHandler(urllib.request.HTTPHandler):
+    def __init__(self, deadline: _Deadline) -> None:
+        super().__init__()
+        self.deadline = deadline
+
+    def http_open(self, req):
+        return self.do_open(_HTTPConnection, req, deadline=self.deadline)
+
+
+class _DeadlineHTTPSHandler(urllib.request.HTTPSHandler):
+    def __init__(self, deadline: _Deadline) -> None:
+        super().__init__()
+        self.deadline = deadline
+
+    def https_open(self, req):
+        kw = {"context": self._context}
+        if getattr(self, "_check_hostname", None) is not None:
+            kw["check_hostname"] = self._check_hostname
+        return self.do_open(_HTTPSConnection, req, deadline=self.deadline, **kw)
+
+
+def _exchange(req: urllib.request.Request, deadline: _Deadline) -> tuple[int, object, bytes]:
+    """(status, headers, body) of one request under ``deadline`` (urllib, proxies from the
+    environment as usual). An HTTP error status is returned, not raised."""
+    opener = urllib.request.build_opener(_DeadlineHTTPHandler(deadline), _DeadlineHTTPSHandler(deadline))
+    try:
+        with opener.open(req, timeout=deadline.left()) as resp:
+            return resp.status, resp.headers, _read_body(resp, deadline)
+    except urllib.error.HTTPError as e:
         try:
-            choice = obj["choices"][0]
-            text = choice["message"]["content"]
-        except (KeyError, IndexError, TypeError):
-            raise _Retry(f"the server's reply has no choices[0].message.content: {str(obj)[:160]}") from None
-        if not isinstance(text, str) or not text.strip():
-            reason = choice.get("finish_reason") if isinstance(choice, dict) else None
-            raise _Retry(f"empty reply (finish_reason={reason!r})")
-        usage = obj.get("usage") or {}
-        pt, ct = usage.get("prompt_tokens"), usage.get("completion_tokens")
-        return Reply(text, int(pt) if isinstance(pt, int) else 0, int(ct) if isinstance(ct, int) else len(text) // 4)
+            raw = _read_body(e.fp, deadline, limit=64 * 1024) if e.fp is not None else b""
+        except (OSError, http.client.HTTPException):  # the body is only for the message
+            raw = b""
+        finally:
+            e.close()
+        return e.code, e.headers, raw
+
+
+def _read_body(resp, deadline: _Deadline, limit: int | None = None) -> bytes:
+    """The body in chunks, each read given only the time left."""
+    deadline.body_bytes = 0
+    chunks: list[bytes] = []
+    read = getattr(resp, "read1", None) or resp.read
+    while limit is None or deadline.body_bytes < limit:
+        deadline.settimeout()
+        chunk = read(64 * 1024)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        deadline.body_bytes += len(chunk)
+    if deadline.expired:  # the timer shut the socket: what looked like the end was the cut
+        raise TimeoutError(f"deadline of {deadline.seconds:g} s passed")
+    raw = b"".join(chunks)
+    length = getattr(resp, "length", None)
+    if limit is None and length:  # Content-Length promised more than came
+        raise http.client.IncompleteRead(raw, length)
+    return raw
 
 
 class _Retry(Exception):
     def __init__(self, cause: str, retry_after: float | None = None) -> None:
         self.cause, self.retry_after = cause, retry_after
         super().__init__(cause)
-
-
-def _read_quietly(e: urllib.error.HTTPError) -> bytes:
-    try:
-        return e.read()
-    except Exception:  # noqa: BLE001 - the body is only for the message
-        return b""
 
 
 def _server_message(raw: bytes) -> str:

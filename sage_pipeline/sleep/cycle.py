@@ -34,8 +34,11 @@ from sage_pipeline.sleep.replay import replay
 from sage_pipeline.sleep.store import LiveChanged
 
 STATUSES = ("accepted", "rejected", "reject_unverified", "no_edits", "reflect_invalid", "no_tasks",
-            "backend_error", "judge_error", "input_error", "store_error", "conflict")
-ERROR_STATUSES = ("backend_error", "judge_error", "input_error", "store_error")
+            "backend_error", "judge_error", "input_error", "store_error", "conflict", "internal_error", "aborted")
+# internal_error: an unexpected exception (a bug) stopped the night; aborted: it was interrupted
+# (KeyboardInterrupt, SystemExit). "running" is only ever on disk while a night runs, or after
+# one was killed before it could write its result.
+ERROR_STATUSES = ("backend_error", "judge_error", "input_error", "store_error", "internal_error", "aborted")
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,7 @@ class NightResult:
     gate: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)
     candidate: dict = field(default_factory=dict)  # target -> document, when not written live
+    traceback: str = ""  # internal_error, aborted: where it stopped
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -302,8 +306,10 @@ def run_cycle(tasks: list[TaskRecord], docs: dict[str, LearnedDoc], backend: Bac
               config: CycleConfig, result: NightResult, commit: Callable[[dict[str, str]], str],
               log: Callable[[str], None] = lambda m: None) -> NightResult:
     t0 = time.monotonic()
-    Cycle(tasks, docs, backend, unit, config, result, commit, log).run()
-    result.calls = backend.calls.summary()
-    result.call_errors = list(backend.calls.errors)
-    result.seconds = round(result.seconds + time.monotonic() - t0, 3)
+    try:
+        Cycle(tasks, docs, backend, unit, config, result, commit, log).run()
+    finally:  # also when an unexpected error stops the night: the report shows the calls made
+        result.calls = backend.calls.summary()
+        result.call_errors = list(backend.calls.errors)
+        result.seconds = round(result.seconds + time.monotonic() - t0, 3)
     return result

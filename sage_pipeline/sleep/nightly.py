@@ -4,11 +4,18 @@
 call. It never raises for a night that went wrong in a way the report can explain
 (backend down, unreadable skill file, empty day): it returns the :class:`NightResult`
 with the status and cause, and writes ``diagnostics.json`` and ``report.md`` either way.
+
+What is on disk under ``nights/<date>/`` is always this run's: before any work the folder
+says ``running`` (an earlier run's files move to ``previous/``), so a night killed outright
+leaves that, never an older report. An unexpected exception ends the night as
+``internal_error`` (returned, with its traceback), an interrupt (KeyboardInterrupt,
+SystemExit) as ``aborted`` (recorded, then raised again).
 """
 
 from __future__ import annotations
 
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -88,13 +95,38 @@ def run_night(data_root: str | Path, skill: str, date: str, window: tuple[dateti
     r = NightResult(skill=skill, date=date, started_at=_now(), notes=list(settings.extra_notes))
     r.live = {k: str(p) for k, p in store.paths().items()}
     t0 = time.monotonic()
+    interrupted: BaseException | None = None
     with store.night_lock(settings.lock_timeout_s, log, date):
-        _run_locked(store, root, r, window, settings, log, backend, unit_cache)
+        report.write_started(r, store.root)
+        try:
+            _run_locked(store, root, r, window, settings, log, backend, unit_cache)
+        except Exception as e:  # noqa: BLE001 - a bug still leaves a record that says the night failed
+            _stopped_by(r, e, "internal_error", log)
+        except BaseException as e:  # interrupted: record it, then let it go on
+            _stopped_by(r, e, "aborted", log)
+            interrupted = e
         r.seconds = round(time.monotonic() - t0, 3)
         r.finished_at = _now()
         files = report.write_night(r, store.root)
     log(f"night {date} of {skill}: {r.status} ({r.reason}) in {r.seconds:.1f} s; {files.diagnostics}")
+    if interrupted is not None:
+        raise interrupted
     return r, files
+
+
+def _stopped_by(r: NightResult, e: BaseException, status: str, log: Callable[[str], None]) -> None:
+    """Record an exception no step handled: status, cause (type, message, innermost frame), traceback."""
+    frames = traceback.extract_tb(e.__traceback__)
+    at = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno} in {frames[-1].name})" if frames else ""
+    phase = r.phase or "setup"
+    r.status, r.cause = status, f"{type(e).__name__}: {e}"[:1000] + at
+    r.traceback = "".join(traceback.format_exception(e))[-4000:]
+    r.reason = (f"the night was interrupted during {phase}" if status == "aborted" else
+                f"an unexpected error stopped the night during {phase} (a bug: report it with this night's "
+                "diagnostics.json)") + ": nothing after this point was scored"
+    if r.versions.get("after"):
+        r.reason += f"; version {r.versions['after']} had already been committed"
+    log(f"night {r.date} of {r.skill}: {status}: {r.cause}\n{r.traceback}")
 
 
 def _run_locked(store: SkillStore, root: Path, r: NightResult, window, settings: NightSettings,

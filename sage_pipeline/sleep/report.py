@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from sage_pipeline import artifacts, markdown
-from sage_pipeline.sleep.cycle import NightResult
+from sage_pipeline.sleep.cycle import ERROR_STATUSES, NightResult
 
 MAX_TASK_ROWS = 80
 
@@ -51,10 +53,10 @@ def plot_scores(history: list[dict], skill: str) -> bytes:
     if acc:
         ax.scatter([a for a, _ in acc], [b for _, b in acc], marker="^", color="tab:green", zorder=3,
                    label="val (accepted candidate)")
-    bad = [i for i, h in enumerate(history) if h["status"] in ("backend_error", "judge_error", "input_error",
-                                                                 "store_error")]
+    bad = [i for i, h in enumerate(history) if h["status"] in (*ERROR_STATUSES, "running")]
     if bad:
-        ax.scatter(bad, [0.0] * len(bad), marker="x", color="tab:red", zorder=3, label="night failed (no score)")
+        ax.scatter(bad, [0.0] * len(bad), marker="x", color="tab:red", zorder=3,
+                   label="night failed or never finished")
     ax.set_xticks(x)
     ax.set_xticklabels([h["date"][5:] for h in history], rotation=45, fontsize=7)
     ax.set_ylim(-0.05, 1.05)
@@ -98,8 +100,11 @@ def report_markdown(r: NightResult, image_md: str = "") -> str:
     g = edit_groups(r)
     out = [f"# Sleep cycle: {r.skill}, night {r.date}", "",
            f"**Status: {r.status}** (gate action: {r.gate_action}). {r.reason}"]
+    if r.status in ERROR_STATUSES:
+        out += ["", f"**This night failed** (started {r.started_at}, stopped {r.finished_at}): the scores below are "
+                "only what it measured before it stopped; nothing after that is guessed."]
     if r.cause:
-        out += ["", f"**Cause** ({r.phase}): `{r.cause}`"]
+        out += ["", f"**Cause** ({r.phase or 'setup'}): `{r.cause}`"]
     out += ["", (f"Versions: before `{r.versions.get('before') or '-'}`, after `{r.versions.get('after') or '-'}`. "
                  f"Backend: {r.backend.get('name', '?')}. Took {r.seconds:.1f} s."), "", "## Scores", "",
             markdown.table(score_rows(r))]
@@ -136,6 +141,8 @@ def report_markdown(r: NightResult, image_md: str = "") -> str:
     if r.notes:
         out += ["", "Notes: " + "; ".join(r.notes)]
     out += ["", "## Per task", "", markdown.table(task_rows(r))]
+    if r.traceback:
+        out += ["", "## Traceback", "", "```", r.traceback.rstrip(), "```"]
     if image_md:
         out += ["", "## Scores per night", "", image_md]
     return "\n".join(out) + "\n"
@@ -149,6 +156,34 @@ class NightFiles:
     scores_png: Path
     png: bytes  # the plot, for embedding in metadata
     extra: dict[str, Path]  # quarantine, staged candidate documents
+
+
+def started_markdown(r: NightResult, lock: Path) -> str:
+    return "\n".join([
+        f"# Sleep cycle: {r.skill}, night {r.date}", "",
+        f"**Status: running** since {r.started_at} (pid {os.getpid()}). This night has not finished. If no "
+        f"night of this skill runs now (its lock file `{lock}` is empty when none does), it was killed before "
+        "it could write its result: nothing here is a result of this night.", "",
+        "An earlier run of this night, if there was one, is in `previous/`."]) + "\n"
+
+
+def write_started(r: NightResult, skill_root: Path) -> Path:
+    """Before a night does anything: ``nights/<date>/`` says it is running, so a night that dies
+    without writing its result never leaves an earlier run's report looking like this one. The
+    earlier run's files move to ``nights/<date>/previous/`` (one generation is kept)."""
+    d = night_dir(skill_root, r.date)
+    if d.is_dir():
+        earlier = [p for p in d.iterdir() if p.name != "previous"]
+        if earlier:
+            prev = d / "previous"
+            shutil.rmtree(prev, ignore_errors=True)
+            prev.mkdir()
+            for p in earlier:
+                os.replace(p, prev / p.name)
+    marker = {**r.to_dict(), "status": "running",
+              "reason": "started, not finished: if this is still here, the night was killed before its end"}
+    artifacts.write_json(d / "diagnostics.json", marker)
+    return artifacts.write_text(d / "report.md", started_markdown(r, skill_root / ".night.lock"))
 
 
 def write_night(r: NightResult, skill_root: Path) -> NightFiles:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import ssl
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -14,13 +15,19 @@ class ChatServer:
     """Answers POST /v1/chat/completions from a script of actions; the last action repeats.
 
     Actions: ("ok", text) | ("ok_usage", text, prompt_tokens, completion_tokens) |
-    ("status", code, body, headers) | ("raw", bytes) | ("sleep", seconds, text) | ("fn", body -> text).
+    ("status", code, body, headers) | ("raw", bytes) | ("json", object) | ("sleep", seconds, text) |
+    ("fn", body -> text) | ("trickle", seconds, n) | ("trickle_headers", seconds, n).
+
+    The trickles send one byte every ``seconds``, at most ``n`` bytes, then hang up: "trickle"
+    after complete headers promising a longer body, "trickle_headers" never finishing the headers.
+    They stop early when the client hangs up or the server closes. ``tls=(cert, key)`` serves HTTPS.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, tls: tuple[str, str] | None = None) -> None:
         self.script: list[tuple] = [("ok", "hello")]
         self.requests: list[dict] = []
         self._lock = threading.Lock()
+        self.stop = threading.Event()
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -54,6 +61,26 @@ class ChatServer:
                     self._send(code, body_.encode() if isinstance(body_, str) else body_, headers)
                 elif kind == "raw":
                     self._send(200, action[1], {"Content-Type": "text/html"})
+                elif kind == "json":
+                    self._send(200, json.dumps(action[1]).encode(), {"Content-Type": "application/json"})
+                elif kind == "trickle":
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", "1000")
+                    self.end_headers()
+                    self._trickle(b'{"choices": [{"message": {"content": "' + b"x" * 1000, action[1], action[2])
+                elif kind == "trickle_headers":
+                    self._trickle(b"HTTP/1.1 200 OK\r\nX-Slow: " + b"y" * 1000, action[1], action[2])
+
+            def _trickle(self, data, seconds, n):
+                for byte in data[:n]:  # bounded: n bytes, n * seconds
+                    try:
+                        self.wfile.write(bytes([byte]))
+                    except OSError:
+                        return  # the client gave up: what the test wants
+                    if server.stop.wait(seconds):
+                        return
+                self.close_connection = True
 
             def _send(self, code, payload, headers):
                 try:
@@ -68,14 +95,21 @@ class ChatServer:
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
+        self.scheme = "http"
+        if tls is not None:
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(*tls)
+            self.httpd.socket = ctx.wrap_socket(self.httpd.socket, server_side=True)
+            self.scheme = "https"
         self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
         self.thread.start()
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        return f"{self.scheme}://127.0.0.1:{self.httpd.server_address[1]}/v1"
 
     def close(self) -> None:
+        self.stop.set()
         self.httpd.shutdown()
         self.httpd.server_close()
 

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import shutil
 import socket
+import subprocess
+import time
 
 import pytest
 
-from sage_pipeline.sleep.backends import BackendError, OpenAIBackend, OpenAIConfig
+from sage_pipeline.sleep.backends import BackendError, OpenAIBackend, OpenAIConfig, Reply
 from sage_pipeline.sleep.records import TaskRecord
 from sage_pipeline.sleep.sim import SimulatedBackend, SimWorld
+from sage_pipeline_tests.sleep.conftest import ChatServer
 
 TASK = TaskRecord(id="t1", intent="What is 2 + 2?", reference_kind="exact", reference="4")
 
@@ -199,3 +203,102 @@ def test_simulated_backend_is_deterministic_and_fails_on_request():
     assert f.calls.errors[-1]["final"] is True
     assert SimulatedBackend(w).solve(TaskRecord("u", "?", "exact", "1"), "", "").text.startswith(
         "(the simulated backend has no answer")
+
+
+# deadlines: the whole request, not one socket read --------------------------------------------
+
+def _timed_failure(b: OpenAIBackend) -> tuple[BackendError, float]:
+    t0 = time.monotonic()
+    with pytest.raises(BackendError) as ei:
+        b.solve(TASK, "s", "m")
+    return ei.value, time.monotonic() - t0
+
+
+def test_a_server_trickling_its_body_hits_the_deadline(chat_server):
+    chat_server.script = [("trickle", 0.5, 12)]  # one byte every 0.5 s: each read is quick, the reply never ends
+    e, took = _timed_failure(backend(chat_server, timeout_s=1.5, max_retries=0))
+    assert took < 3.0 and e.kind == "transient" and e.purpose == "solve"
+    assert "timed out after 1.5 s" in e.cause and "headers received" in e.cause
+
+
+def test_a_server_that_never_finishes_its_headers_hits_the_deadline(chat_server):
+    chat_server.script = [("trickle_headers", 0.5, 12)]
+    e, took = _timed_failure(backend(chat_server, timeout_s=1.5, max_retries=0))
+    assert took < 3.0 and e.kind == "transient"
+    assert "timed out after 1.5 s" in e.cause and "no complete response headers" in e.cause
+
+
+def test_each_retry_gets_its_own_deadline_and_the_call_stays_bounded(chat_server):
+    chat_server.script = [("trickle", 0.2, 10)]
+    delays: list[float] = []
+    b = backend(chat_server, delays, timeout_s=0.5, max_retries=2)
+    e, took = _timed_failure(b)
+    assert e.attempts == 3 and len(chat_server.requests) == 3 and len(delays) == 2
+    assert took < 3 * 0.5 + 1.0  # (max_retries + 1) * timeout_s; the backoff waits are recorded, not slept
+    assert [x["final"] for x in b.calls.errors] == [False, False, True]
+    assert all("timed out after 0.5 s" in x["error"] for x in b.calls.errors)
+
+
+def test_the_deadline_holds_over_https_too(tmp_path, monkeypatch):
+    if shutil.which("openssl") is None:
+        pytest.skip("no openssl to make a certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                    "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True, timeout=30)
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+    server = ChatServer(tls=(str(cert), str(key)))
+    try:
+        assert server.base_url.startswith("https://")
+        server.script = [("ok", "4"), ("trickle", 0.5, 12)]
+        b = backend(server, timeout_s=1.5, max_retries=0)
+        assert b.solve(TASK, "s", "m").text == "4"
+        e, took = _timed_failure(b.__class__(b.config, sleep=lambda s: None))
+        assert took < 3.0 and "timed out after 1.5 s" in e.cause
+    finally:
+        server.close()
+
+
+def test_a_timeout_that_is_not_positive_is_a_config_error(chat_server):
+    for bad in (0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(BackendError, match="positive number of seconds") as ei:
+            backend(chat_server, timeout_s=bad)
+        assert ei.value.kind == "config"
+
+
+# replies of the wrong shape ----------------------------------------------------------------------
+
+OK_CHOICES = [{"index": 0, "message": {"role": "assistant", "content": "4"}, "finish_reason": "stop"}]
+
+
+@pytest.mark.parametrize("action,reason", [
+    (("json", {"choices": OK_CHOICES, "usage": 5}), "'usage' is an integer 5, expected an object"),
+    (("json", {"choices": OK_CHOICES, "usage": {"prompt_tokens": "12"}}),
+     "usage.prompt_tokens is a string \"12\", expected a non-negative integer"),
+    (("json", {"id": "x", "usage": {}}), "no 'choices' field"),
+    (("json", {"error": {"message": "model overloaded"}}), "no 'choices' field; its error field says"),
+    (("json", {"choices": []}), "'choices' is an empty list"),
+    (("json", {"choices": {"0": OK_CHOICES[0]}}), "'choices' is an object"),
+    (("json", {"choices": [{"message": {"content": ["4"]}}]}),
+     "choices[0].message.content is a list [\"4\"], expected a string"),
+    (("json", {"choices": [{"message": {"content": 4}}]}), "choices[0].message.content is an integer 4"),
+    (("json", {"choices": [{"message": "4"}]}), "choices[0].message is a string"),
+    (("json", [OK_CHOICES]), "the reply is a list"),
+    (("raw", b"<html>502 Bad Gateway</html>"), "not JSON: Expecting value at line 1 column 1 (Content-Type text/html)"),
+    (("raw", b"[" * 100_000), "nested too deeply"),
+], ids=["usage-int", "usage-field-str", "no-choices", "error-object", "empty-choices", "choices-object",
+        "content-list", "content-int", "message-str", "top-level-list", "html", "deep-nesting"])
+def test_a_malformed_reply_is_a_backend_error_that_says_what_was_wrong(chat_server, action, reason):
+    chat_server.script = [action]
+    with pytest.raises(BackendError) as ei:
+        backend(chat_server, max_retries=1).solve(TASK, "s", "m")
+    e = ei.value
+    assert reason in e.cause, e.cause
+    assert e.kind == "transient" and e.attempts == 2 and len(chat_server.requests) == 2
+
+
+def test_usage_absent_or_null_is_fine(chat_server):
+    chat_server.script = [("json", {"choices": OK_CHOICES}), ("json", {"choices": OK_CHOICES, "usage": None})]
+    b = backend(chat_server)
+    assert b.solve(TASK, "a", "m") == Reply("4", 0, 0)
+    assert b.solve(TASK, "b", "m") == Reply("4", 0, 0)

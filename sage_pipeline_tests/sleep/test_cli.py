@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+
+import pytest
 
 from sage_pipeline.sleep.__main__ import main
 from sage_pipeline.sleep.store import SkillStore
@@ -52,3 +55,25 @@ def test_module_entry_point_runs():
     out = subprocess.run([sys.executable, "-m", "sage_pipeline.sleep", "--help"], capture_output=True, text=True,
                          check=False)
     assert out.returncode == 0 and "rollback" in out.stdout and "run-night" in out.stdout
+
+
+@pytest.mark.parametrize("bad,said", [("0", "'0': the deadline must be a positive number of seconds"),
+                                      ("-2", "'-2': the deadline must be a positive number of seconds"),
+                                      ("nan", "'nan': the deadline must be a positive number of seconds"),
+                                      ("x", "'x' is not a number: give seconds")])
+def test_timeout_must_be_a_positive_number(tmp_path, capsys, bad, said):
+    with pytest.raises(SystemExit) as ei:
+        main(["--data-dir", str(tmp_path), "run-night", "--skill", "reviewer", "--date", "2026-11-02",
+              "--timeout", bad])
+    err = capsys.readouterr().err
+    assert ei.value.code == 2 and "argument --timeout" in err and said in err
+    assert not (tmp_path / "sleep").exists()  # nothing ran
+
+
+def test_timeout_reaches_the_backend(tmp_path, capsys, chat_server):
+    chat_server.script = [("status", 401, '{"error": {"message": "no key"}}', {})]  # the first call ends the night
+    rc = main(["--data-dir", str(tmp_path), "run-night", "--skill", "reviewer", "--date", "2026-11-02",
+               "--backend", "openai", "--base-url", chat_server.base_url, "--model", "m", "--timeout", "2.5"])
+    assert rc == 1 and "backend_error" in capsys.readouterr().out
+    d = json.loads((tmp_path / "sleep" / "reviewer" / "nights" / "2026-11-02" / "diagnostics.json").read_text())
+    assert d["backend"]["timeout_s"] == 2.5 and len(chat_server.requests) == 1

@@ -294,3 +294,86 @@ def test_a_whole_night_over_http_learns_from_a_model_that_follows_its_memory(tmp
     assert [(e["content"], e["status"]) for e in r.edits] == [(rule, "accepted"), ("Be brief.", "rejected")]
     assert rule in store(tmp_path).memory_path.read_text()
     assert r.calls["calls"] == len(chat_server.requests) and r.calls["by_purpose"]["reflect"]["calls"] == 1
+
+
+# a failed night's record on disk is this night's ---------------------------------------------------
+
+class BreaksAtCall(SimulatedBackend):
+    """The simulated backend that raises ``error`` (not a BackendError) at its ``at``-th solve
+    (0: never), calling ``on_first`` at the first."""
+
+    def __init__(self, skill: str, at: int, error: BaseException | None = None, on_first=None) -> None:
+        super().__init__(SimWorld.load(skill), night="2026-11-03")
+        self.at, self.error, self.on_first, self.n = at, error, on_first, 0
+
+    def solve(self, task, skill, memory):
+        self.n += 1
+        if self.n == 1 and self.on_first:
+            self.on_first()
+        if self.n == self.at:
+            raise self.error
+        return super().solve(task, skill, memory)
+
+
+def night_files(root, d):
+    folder = root / "sleep" / "reviewer" / "nights" / d
+    return folder, json.loads((folder / "diagnostics.json").read_text()), (folder / "report.md").read_text()
+
+
+def test_a_night_stopped_by_a_bug_says_it_failed_and_moves_the_earlier_run_aside(tmp_path):
+    earlier, _ = run_night(tmp_path, "reviewer", "2026-11-03", None, settings())
+    assert earlier.status == "accepted"
+    r, files = run_night(tmp_path, "reviewer", "2026-11-03", None, settings(),
+                         backend=BreaksAtCall("reviewer", 30, ValueError("boom")))
+    assert r.status == "internal_error" and r.phase == "train" and "an unexpected error" in r.reason
+    assert r.cause.startswith("ValueError: boom (at test_nightly.py:") and "in solve)" in r.cause
+    assert "raise self.error" in r.traceback and r.calls["calls"] > 0  # the calls made before it are kept
+    folder, d, report = night_files(tmp_path, "2026-11-03")
+    assert files.report == folder / "report.md"
+    assert d["status"] == "internal_error" and d["cause"] == r.cause
+    assert "**Status: internal_error**" in report and "This night failed" in report and "boom" in report
+    assert "accepted" not in report.split("## Scores")[0]
+    prev = json.loads((folder / "previous" / "diagnostics.json").read_text())
+    assert prev["status"] == "accepted" and prev["started_at"] == earlier.started_at
+    assert not (folder / "previous" / "previous").exists()
+
+
+def test_an_interrupted_night_is_recorded_as_aborted_then_raised(tmp_path):
+    assert run_night(tmp_path, "reviewer", "2026-11-02", None, settings())[0].status == "accepted"
+    with pytest.raises(KeyboardInterrupt):
+        run_night(tmp_path, "reviewer", "2026-11-03", None, settings(),
+                  backend=BreaksAtCall("reviewer", 5, KeyboardInterrupt()))
+    _, d, report = night_files(tmp_path, "2026-11-03")
+    assert d["status"] == "aborted" and d["cause"].startswith("KeyboardInterrupt") and d["finished_at"]
+    assert "**Status: aborted**" in report and "This night failed" in report
+    from sage_pipeline.sleep.report import load_history
+
+    assert [(h["date"], h["status"]) for h in load_history(tmp_path / "sleep" / "reviewer")] == [
+        ("2026-11-02", "accepted"), ("2026-11-03", "aborted")]
+    with store(tmp_path).night_lock(0.5):  # the lock was released on the way out
+        pass
+
+
+def test_while_a_night_runs_its_folder_says_running_never_an_earlier_result(tmp_path):
+    run_night(tmp_path, "reviewer", "2026-11-03", None, settings())
+    seen = {}
+
+    def look():  # what a reader (or a night killed right now) leaves on disk
+        _, d, report = night_files(tmp_path, "2026-11-03")
+        seen.update(status=d["status"], reason=d["reason"], report=report)
+
+    r, _ = run_night(tmp_path, "reviewer", "2026-11-03", None, settings(),
+                     backend=BreaksAtCall("reviewer", 0, on_first=look))
+    assert seen["status"] == "running" and "killed" in seen["reason"]
+    assert "**Status: running**" in seen["report"] and "has not finished" in seen["report"]
+    assert "accepted" not in seen["report"]
+    assert night_files(tmp_path, "2026-11-03")[1]["status"] == r.status != "running"
+
+
+def test_a_reply_with_a_bad_usage_field_ends_the_night_in_backend_error(tmp_path, chat_server):
+    chat_server.script = [("json", {"choices": [{"message": {"content": "4"}}], "usage": 5})]
+    b = OpenAIBackend(OpenAIConfig(base_url=chat_server.base_url, model="m", max_retries=1), sleep=lambda s: None)
+    r, files = run_night(tmp_path, "reviewer", "2026-11-03", None, settings(), backend=b)
+    assert r.status == "backend_error" and r.phase == "baseline_val"
+    assert "'usage' is an integer 5, expected an object" in r.cause
+    assert "This night failed" in files.report.read_text()
