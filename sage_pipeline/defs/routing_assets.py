@@ -39,13 +39,17 @@ class SyntheticSessionsConfig(dg.Config):
           description="Session journals in SAGE's own shape (sessions/synthetic/YYYY-MM-DD.log: "
                       "MODEL_ROUTING_DECISION, TOKEN_USAGE and TRAJECTORY_STEP events, no step) from the "
                       "routing simulator: the static YAML table with epsilon-exploration, with propensities "
-                      "as an extension key; and the simulator's exact ground-truth policy values.")
+                      "as an extension key; and the simulator's exact ground-truth policy values. The set "
+                      "is replaced as one: each run writes a fresh folder in .synthetic_versions/ (outside "
+                      "sessions/, so the ingest never reads it) and then switches the link sessions/synthetic "
+                      "to it in one step.")
 def synthetic_sessions(context: dg.AssetExecutionContext, config: SyntheticSessionsConfig,
                        sage: SageResource) -> dg.MaterializeResult:
     sim = RoutingSimulator(sage.catalogue, sage.table, SimulatorConfig(max_attempts=config.max_attempts))
     res = collector.collect(sim, sage.path("sessions", "synthetic"), collector.CollectorConfig(
         episodes=config.episodes, seed=config.seed, epsilon=config.epsilon,
-        sessions_per_day=config.sessions_per_day, action_space=config.action_space), progress=context.log.info)
+        sessions_per_day=config.sessions_per_day, action_space=config.action_space), progress=context.log.info,
+        versions_dir=sage.path(".synthetic_versions"))
     gt = [{"policy": k, "value (all roles)": v, **{r: res.ground_truth_by_role[k].get(r) for r in ROLES}}
           for k, v in res.ground_truth.items()]
     return dg.MaterializeResult(metadata={
@@ -53,6 +57,7 @@ def synthetic_sessions(context: dg.AssetExecutionContext, config: SyntheticSessi
         "events": res.events, "files": len(res.files),
         "path": dg.MetadataValue.path(str(res.manifest.parent)),
         "manifest": dg.MetadataValue.path(str(res.manifest)),
+        "version": dg.MetadataValue.path(str(res.version)),
         "ground_truth": dg.MetadataValue.md(
             "Exact expected return per episode (simulator ground truth):\n\n" + markdown.table(gt)),
         "static_table_value": res.ground_truth["static_table"],

@@ -15,12 +15,32 @@ ingest as real journals.
 ``action_space``: ``multi_model`` explores every candidate model of the role (the
 catalogue's capabilities); ``sage_binary`` explores only the role's primary and fallback,
 what SAGE's router can execute.
+
+The set (every day file and ``simulator.json``) is replaced as one: each run writes a fresh
+version folder ``<versions>/<run>.partial/``, renames it ``<run>/`` when complete and then
+points ``out_dir`` (a symlink) at it by renaming a new link over the old one, so readers see
+the old set or the new one, never a mix. ``<versions>`` must lie outside every folder the
+ingest reads (the asset keeps ``<root>/.synthetic_versions/`` beside ``<root>/sessions/``).
+A run holds an exclusive ``flock`` on its folder until it has switched, so another run's
+sweep tells a live run's folder (kept) from a killed run's (removed). After a switch the
+version it replaced is kept until the next switch (a reader may still be in it); older
+ones are removed. A real ``out_dir`` folder of an older collector is moved into
+``<versions>`` once, as ``legacy-<time>/``, and removed like a superseded version unless it
+holds files the collector does not write.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
+import fnmatch
 import logging
-from collections.abc import Callable
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -39,6 +59,12 @@ MANIFEST = "simulator.json"
 ACTION_SPACES = ("multi_model", "sage_binary")
 LAYOUT = "sage_journal"  # YYYY-MM-DD.log files, SAGE's event shapes
 COMPLETION_TOKENS_PER_CALL = 600  # TOKEN_USAGE's completion tokens (the simulator models prompts only)
+VERSIONS_SUFFIX = ".versions"  # default versions folder: .<out_dir name>.versions beside out_dir
+PARTIAL_SUFFIX = ".partial"  # a version still being written, or left by a killed run
+LEGACY_PREFIX = "legacy-"  # a real out_dir folder of an older collector, moved into the versions once
+SWITCH_PREFIX = ".switch-"  # the fresh link renamed over out_dir
+LOCK_NAME = ".lock"  # the versions folder's lock: creating, switching and sweeping take it
+OWNED_PATTERNS = ("*.log", "synthetic_*.jsonl", MANIFEST, ".*.tmp")  # what a legacy folder may hold
 
 
 @dataclass(frozen=True)
@@ -75,6 +101,7 @@ class CollectResult:
     events: int
     ground_truth: dict[str, float]
     ground_truth_by_role: dict[str, dict[str, float]]
+    version: Path  # the folder out_dir now points to
 
 
 def _session_sizes(n_tasks: int, mean: float, rng: np.random.Generator) -> np.ndarray:
@@ -154,11 +181,41 @@ def _fired(sim: RoutingSimulator, tasks: Tasks, rows: dict[str, np.ndarray]) -> 
     return out
 
 
-def collect(sim: RoutingSimulator, out_dir: str | Path, config: CollectorConfig = CollectorConfig(),
-            progress: Callable[[str], None] = log.info) -> CollectResult:
-    """Simulate ``config.episodes`` episodes and write them as SAGE session journals."""
+def default_versions_dir(out_dir: str | Path) -> Path:
+    """``.<name>.versions`` beside ``out_dir``: right when the ingest reads ``out_dir`` itself, wrong
+    when it reads ``out_dir``'s parent (pass ``versions_dir`` outside it, as the asset does)."""
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    return out_dir.parent / f".{out_dir.name}{VERSIONS_SUFFIX}"
+
+
+def collect(sim: RoutingSimulator, out_dir: str | Path, config: CollectorConfig = CollectorConfig(),
+            progress: Callable[[str], None] = log.info,
+            versions_dir: str | Path | None = None) -> CollectResult:
+    """Simulate ``config.episodes`` episodes and write them as SAGE session journals.
+
+    The whole set goes to a fresh folder in ``versions_dir`` (default
+    :func:`default_versions_dir`); ``out_dir`` becomes a symlink switched to it in one step
+    once it is complete. Returned paths go through ``out_dir``."""
+    out_dir = Path(out_dir)
+    versions = Path(versions_dir) if versions_dir is not None else default_versions_dir(out_dir)
+    stage, hold = _begin(out_dir, versions, f"seed{config.seed}", progress)
+    try:
+        try:
+            res = _write_set(sim, stage, config, progress)
+        except BaseException:
+            shutil.rmtree(stage, ignore_errors=True)
+            raise
+        version = _commit(out_dir, versions, stage, progress)
+    finally:
+        os.close(hold)  # the folder's lock: held until out_dir points to it
+    files = [out_dir / p.name for p in res.files]
+    return CollectResult(files, out_dir / MANIFEST, res.episodes, res.sessions, res.decisions, res.events,
+                         res.ground_truth, res.ground_truth_by_role, version)
+
+
+def _write_set(sim: RoutingSimulator, out_dir: Path, config: CollectorConfig,
+               progress: Callable[[str], None]) -> CollectResult:
+    """Write the journals and the manifest into ``out_dir`` (a fresh, empty folder)."""
     rng = np.random.default_rng(config.seed)
     static = StaticTablePolicy(sim.table, sim.catalogue)
     mask = sim.role_mask if config.action_space == "multi_model" else binary_mask(sim)
@@ -241,9 +298,6 @@ def collect(sim: RoutingSimulator, out_dir: str | Path, config: CollectorConfig 
         artifacts.write_bytes(path, b"\n".join(lines) + b"\n")
         files.append(path)
         n_events += len(lines)
-    # journals of an earlier run (and the jsonl layout before SAGE's own) must not mix in
-    for stale in sorted((set(out_dir.glob("*.log")) | set(out_dir.glob("synthetic_*.jsonl"))) - set(files)):
-        stale.unlink()
     progress(f"wrote {n_events} events to {len(files)} journals in {out_dir}")
 
     values = {
@@ -265,9 +319,193 @@ def collect(sim: RoutingSimulator, out_dir: str | Path, config: CollectorConfig 
         "files": [p.name for p in files],
         "ground_truth_value": gt, "ground_truth_value_by_role": by_role,
     })
-    return CollectResult(files, manifest, config.episodes, int(len(sizes)), int(len(rows["task"])), n_events, gt, by_role)
+    return CollectResult(files, manifest, config.episodes, int(len(sizes)), int(len(rows["task"])), n_events,
+                         gt, by_role, out_dir)
 
 
 def _sha(path: str) -> str | None:
     p = Path(path)
     return artifacts.file_sha256(p) if p.is_file() else None
+
+
+# ------------------------------------------------------------------ versions and the switch
+@contextlib.contextmanager
+def _versions_lock(versions: Path) -> Iterator[None]:
+    """Short exclusive lock of the versions folder: one run at a time creates, switches or sweeps."""
+    with open(versions / LOCK_NAME, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _hold(folder: Path) -> int:
+    """An exclusive ``flock`` on ``folder`` (the kernel drops it when its run dies, even by SIGKILL)."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _in_use(folder: Path) -> bool:
+    """Whether a live run holds ``folder`` (it is still writing or switching to it)."""
+    try:
+        fd = _hold(folder)
+    except BlockingIOError:
+        return True
+    except FileNotFoundError:
+        return False
+    os.close(fd)
+    return False
+
+
+def _current(out_dir: Path) -> Path | None:
+    """The real folder ``out_dir`` links to, or None when it is no link."""
+    return Path(os.path.realpath(out_dir)) if out_dir.is_symlink() else None
+
+
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):  # some filesystems do not allow opening a folder
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _stamp_now() -> str:
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _begin(out_dir: Path, versions: Path, label: str, progress: Callable[[str], None]) -> tuple[Path, int]:
+    """Sweep what killed runs left, then create and lock this run's folder
+    ``<versions>/<time>-<label>-<random>.partial``."""
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    versions.mkdir(parents=True, exist_ok=True)
+    with _versions_lock(versions):
+        _sweep(out_dir, versions, progress)
+        stage = Path(tempfile.mkdtemp(prefix=f"{_stamp_now()}-{label}-", suffix=PARTIAL_SUFFIX, dir=versions))
+        os.chmod(stage, 0o777 & ~_umask())  # mkdtemp makes it private; an artifact folder is not
+        return stage, _hold(stage)  # taken under the versions lock: no sweep ever sees it unheld
+
+
+def _commit(out_dir: Path, versions: Path, stage: Path, progress: Callable[[str], None]) -> Path:
+    """Mark ``stage`` complete, switch ``out_dir`` to it, then remove the versions nobody needs."""
+    version = stage.with_name(stage.name.removesuffix(PARTIAL_SUFFIX))
+    with _versions_lock(versions):
+        os.rename(stage, version)  # the same inode: this run's lock on it holds
+        _fsync_dir(versions)
+        try:
+            previous = _switch(out_dir, version, versions, progress)
+        except BaseException:
+            shutil.rmtree(version, ignore_errors=True)
+            raise
+        kept = "" if previous is None else f" (the set it replaced, {previous}, is kept until the next run)"
+        progress(f"switched {out_dir} to {version}{kept}")
+        _sweep(out_dir, versions, progress, keep={version.resolve(), previous})
+    return version
+
+
+def _switch(out_dir: Path, version: Path, versions: Path, progress: Callable[[str], None]) -> Path | None:
+    """Point ``out_dir`` at ``version`` in one step: a fresh relative link renamed over it. Returns the
+    folder it pointed to before (a real folder of an older collector is first moved into ``versions``)."""
+    target = os.path.relpath(version.resolve(), out_dir.parent.resolve())
+    previous = _current(out_dir)
+    link = versions / f"{SWITCH_PREFIX}{version.name}"  # outside the ingest's folders while it waits
+    legacy = None
+    os.symlink(target, link)
+    try:
+        if out_dir.is_dir() and not out_dir.is_symlink():
+            previous = legacy = _move_legacy(out_dir, versions, progress)
+        elif out_dir.exists() and not out_dir.is_symlink():
+            raise FileExistsError(f"{out_dir} is a file, not the collector's folder or link: move it away "
+                                  "and run the collector again")
+        try:
+            os.replace(link, out_dir)
+        except OSError as exc:
+            if exc.errno != errno.EXDEV:
+                raise
+            link.unlink()  # the versions live on another filesystem: the link waits beside out_dir
+            link = out_dir.parent / f".{out_dir.name}{SWITCH_PREFIX}{version.name}"
+            os.symlink(target, link)
+            os.replace(link, out_dir)
+    except BaseException:
+        link.unlink(missing_ok=True)
+        if legacy is not None and not os.path.lexists(out_dir):
+            os.rename(legacy, out_dir)
+        raise
+    _fsync_dir(out_dir.parent)
+    return previous
+
+
+def _move_legacy(out_dir: Path, versions: Path, progress: Callable[[str], None]) -> Path | None:
+    """Move the real ``out_dir`` of an older collector into ``versions`` (once; an empty one is removed)."""
+    if not any(out_dir.iterdir()):
+        out_dir.rmdir()
+        return None
+    dest = versions / f"{LEGACY_PREFIX}{_stamp_now()}-{os.getpid()}"
+    try:
+        os.rename(out_dir, dest)
+    except OSError as exc:
+        if exc.errno == errno.EXDEV:
+            raise OSError(exc.errno, f"cannot move the old collector folder {out_dir} into {versions} "
+                          f"(another filesystem) to replace it with a link: move or delete {out_dir} "
+                          "yourself, or pass a versions folder on its filesystem, and run again") from exc
+        raise
+    progress(f"moved the old collector folder {out_dir} to {dest}; {out_dir} is now a link to the current "
+             "set")
+    return dest.resolve()
+
+
+def _foreign(folder: Path) -> list[str]:
+    """Names in ``folder`` the collector never writes (a legacy folder holding them is kept)."""
+    return sorted(p.name for p in folder.iterdir()
+                  if not (p.is_file() and any(fnmatch.fnmatchcase(p.name, pat) for pat in OWNED_PATTERNS)))
+
+
+def _sweep(out_dir: Path, versions: Path, progress: Callable[[str], None],
+           keep: set[Path | None] | None = None) -> None:
+    """Under the versions lock: remove killed runs' ``*.partial`` folders and leftover switch links;
+    with ``keep`` (after a switch) also every complete version but the current one and ``keep``.
+    A folder a live run holds is never touched. Failures are reported, never raised: the switch
+    already succeeded or the run has not started."""
+    current = _current(out_dir)
+    leftovers = [*versions.glob(f"{SWITCH_PREFIX}*"),
+                 *out_dir.parent.glob(f".{out_dir.name}{SWITCH_PREFIX}*")]
+    for link in leftovers:  # a run killed between making its link and renaming it over out_dir
+        if link.is_symlink():
+            try:
+                link.unlink(missing_ok=True)
+            except OSError as exc:
+                progress(f"WARNING: could not remove the leftover link {link}: {exc}; the next run tries "
+                         "again")
+    for entry in sorted(versions.iterdir()):
+        if entry.is_symlink() or not entry.is_dir():
+            continue
+        real = entry.resolve()
+        partial = entry.name.endswith(PARTIAL_SUFFIX)
+        if real == current or (keep is None and not partial) or (keep is not None and real in keep):
+            continue
+        try:
+            if _in_use(entry):
+                continue  # another run is writing it, or about to switch to it
+            if entry.name.startswith(LEGACY_PREFIX) and (foreign := _foreign(entry)):
+                more = ", ..." if len(foreign) > 5 else ""
+                progress(f"kept {entry}: the old collector folder holds files the collector does not write "
+                         f"({', '.join(foreign[:5])}{more}); move what you need and delete it")
+                continue
+            shutil.rmtree(entry)
+        except OSError as exc:
+            progress(f"WARNING: could not remove {entry}: {exc}; the next run tries again")
+            continue
+        progress(f"removed {entry} ({'left by a killed run' if partial else 'superseded'})")

@@ -5,6 +5,11 @@ propensities and episodes are exactly those of its behaviour policy in the simul
 from __future__ import annotations
 
 import json
+import multiprocessing
+import os
+import random
+import signal
+import time
 from collections import Counter
 from datetime import datetime, timedelta
 from itertools import pairwise
@@ -89,7 +94,10 @@ def test_result_and_files(collected, events, steps):
     assert len({(e["session_id"], e["task_id"]) for e in steps}) == 400
     assert messages[0] == (f"simulated 400 episodes, {res.decisions} decisions, {res.sessions} sessions "
                            "(multi_model)")
-    assert messages[1] == f"wrote {res.events} events to {len(res.files)} journals in {out}"
+    assert messages[1] == (f"wrote {res.events} events to {len(res.files)} journals in "
+                           f"{res.version}{collector.PARTIAL_SUFFIX}")
+    assert messages[2] == f"switched {out} to {res.version}"
+    assert out.is_symlink() and out.resolve() == res.version.resolve()
     # every event of a day's file is dated that day, as SAGE appends by date
     for f in res.files:
         for e in read_events([f]):
@@ -290,19 +298,24 @@ def test_same_seed_same_bytes_and_other_seed_differs(sim, tmp_path):
     assert c.files[0].read_bytes() != a.files[0].read_bytes()
 
 
-def test_rerun_with_fewer_episodes_removes_stale_journals(sim, tmp_path):
-    big = collect(sim, tmp_path, CollectorConfig(episodes=200, seed=1, sessions_per_day=5), progress=lambda m: None)
+def test_rerun_with_fewer_episodes_replaces_the_whole_set(sim, tmp_path):
+    out = tmp_path / "synthetic"
+    big = collect(sim, out, CollectorConfig(episodes=200, seed=1, sessions_per_day=5), progress=lambda m: None)
     assert len(big.files) > 3
-    (tmp_path / "notes.txt").write_text("keep me")
-    (tmp_path / "synthetic_seed1_part0000.jsonl").write_text("{}\n")  # the layout before SAGE's: removed
-    small = collect(sim, tmp_path, CollectorConfig(episodes=10, seed=1, sessions_per_day=5), progress=lambda m: None)
+    big_names = [p.name for p in big.files]
+    (out / "notes.txt").write_text("written into the set: it goes with it")
+    small = collect(sim, out, CollectorConfig(episodes=10, seed=1, sessions_per_day=5), progress=lambda m: None)
     assert len(small.files) < len(big.files)
-    assert sorted(tmp_path.glob("*.log")) == small.files
-    assert (tmp_path / "notes.txt").exists() and not list(tmp_path.glob("*.jsonl"))
-    assert json.loads((tmp_path / "simulator.json").read_text())["files"] == [p.name for p in small.files]
+    # nothing of the earlier set and no temporary files: out_dir is exactly the new set
+    assert sorted(out.iterdir()) == sorted([*small.files, out / "simulator.json"])
+    assert json.loads((out / "simulator.json").read_text())["files"] == [p.name for p in small.files]
     assert sum(1 for e in read_events(small.files) if e["type"] == TRAJECTORY_STEP) == small.decisions
-    # no temporary files are left behind by the atomic writes
-    assert not list(tmp_path.glob(".*.tmp"))
+    # the set it replaced stays whole beside (a reader may still be in it) until the next run
+    versions = collector.default_versions_dir(out)
+    assert sorted(p.name for p in big.version.glob("*.log")) == big_names
+    third = collect(sim, out, CollectorConfig(episodes=10, seed=2, sessions_per_day=5), progress=lambda m: None)
+    assert not big.version.exists()
+    assert sorted(versions.iterdir()) == sorted([versions / ".lock", small.version, third.version])
 
 
 def test_sage_binary_explores_only_primary_and_fallback(sim, table, catalogue, tmp_path):
@@ -388,3 +401,144 @@ def test_session_sizes_cover_every_task_once():
 def test_collector_config_validation(kwargs, msg):
     with pytest.raises(ValueError, match=msg):
         CollectorConfig(**kwargs)
+
+
+# ------------------------------------------------------------------ the set is replaced as one
+VERSIONS = ".synthetic_versions"  # where the synthetic_sessions asset keeps the versions, beside sessions/
+FORK = multiprocessing.get_context("fork")  # a child starts in milliseconds, with the simulator built
+
+
+def collect_as_asset(sim, root: Path, seed: int, episodes: int):
+    """``collect`` as the synthetic_sessions asset calls it, under the artifact root ``root``."""
+    cfg = CollectorConfig(episodes=episodes, seed=seed, sessions_per_day=1)
+    return collect(sim, root / "sessions" / "synthetic", cfg, progress=lambda m: None, versions_dir=root / VERSIONS)
+
+
+def _run_in_child(sim, root: Path, seed: int, episodes: int, pause_s: float, die_after: int | None) -> None:
+    write = collector.artifacts.write_bytes
+    written = 0
+
+    def slow_write(dest, data):  # one day file per session: the set takes a while, a kill lands inside it
+        nonlocal written
+        if written == die_after:
+            os.kill(os.getpid(), signal.SIGKILL)
+        written += 1
+        time.sleep(pause_s)
+        return write(dest, data)
+
+    collector.artifacts.write_bytes = slow_write
+    collect_as_asset(sim, root, seed, episodes)
+
+
+def start_run(sim, root: Path, seed: int, episodes: int, pause_s: float = 0.004,
+              die_after: int | None = None):
+    """A run in a child process; with ``die_after`` it SIGKILLs itself before that day file."""
+    p = FORK.Process(target=_run_in_child, args=(sim, root, seed, episodes, pause_s, die_after))
+    p.start()
+    return p
+
+
+def complete_set(folder: Path) -> int:
+    """The seed of the set in ``folder``, checked complete: its logs are exactly the manifest's files and
+    hold exactly the manifest's seed, sessions, decisions and episodes."""
+    folder = Path(os.path.realpath(folder))  # one snapshot, even if a switch came now
+    m = json.loads((folder / "simulator.json").read_text())
+    assert sorted(p.name for p in folder.glob("*.log")) == sorted(m["files"])
+    events = read_events([folder / name for name in m["files"]])
+    seed = m["collector"]["seed"]
+    assert {e["session_id"].split("-")[1] for e in events} == {str(seed)}, "the logs of two runs are mixed"
+    counts = Counter(e["type"] for e in events)
+    assert counts["SESSION_START"] == counts["SESSION_END"] == m["sessions"]
+    assert counts[TRAJECTORY_STEP] == counts["MODEL_ROUTING_DECISION"] == m["decisions"]
+    assert len({e["task_id"] for e in events if e["type"] == TRAJECTORY_STEP}) == m["episodes"]
+    return seed
+
+
+def test_a_killed_run_leaves_the_old_set_or_the_new_one_and_the_next_run_sweeps_it(sim, tmp_path):
+    out, versions = tmp_path / "sessions" / "synthetic", tmp_path / VERSIONS
+    collect_as_asset(sim, tmp_path, 100, 30)
+    current, rng, partials_left = 100, random.Random(11), 0
+    for trial in range(6):
+        seed = trial + 1
+        # the first dies after 3 of its ~15 day files, surely inside the set; the others at a random moment
+        p = start_run(sim, tmp_path, seed, 60 + 5 * trial, die_after=3 if trial == 0 else None)
+        if trial:
+            time.sleep(rng.uniform(0.0, 0.15))
+            os.kill(p.pid, signal.SIGKILL)
+        p.join(30)
+        assert p.exitcode in (-signal.SIGKILL, 0)
+        assert complete_set(out) in (current, seed)  # the old set or the new one, never a mix
+        partials_left += any(d.name.endswith(".partial") for d in versions.iterdir())
+        current = 200 + trial
+        collect_as_asset(sim, tmp_path, current, 20)  # the next run succeeds...
+        assert complete_set(out) == current
+        left = sorted(d.name for d in versions.iterdir() if d.name != ".lock")
+        assert not [n for n in left if n.endswith(".partial")]  # ...and sweeps the killed run's folder
+        assert len(left) <= 2  # the current set and the one it replaced
+    assert partials_left >= 1
+
+
+def test_two_concurrent_runs_both_succeed_and_the_last_switch_wins(sim, tmp_path):
+    out, versions = tmp_path / "sessions" / "synthetic", tmp_path / VERSIONS
+    collect_as_asset(sim, tmp_path, 100, 30)
+    runs = [start_run(sim, tmp_path, 1, 90), start_run(sim, tmp_path, 2, 60)]
+    for p in runs:
+        p.join(30)
+    assert [p.exitcode for p in runs] == [0, 0]
+    assert complete_set(out) in (1, 2)
+    # neither deleted the other's files: both sets are whole (the first switched to is kept as the previous)
+    assert sorted(complete_set(d) for d in versions.iterdir() if d.is_dir()) == [1, 2]
+
+
+def test_ingest_of_sessions_reads_exactly_the_current_set_after_several_runs(sim, tmp_path):
+    """The ingest reads every journal under sessions/, following links: the versions must stay out of it."""
+    import pyarrow.parquet as pq
+
+    root = tmp_path / "root"
+
+    def reads_exactly(res, seed: int) -> None:
+        r = ingest(IngestConfig(log_dirs=(root / "sessions",)), tmp_path / "ingest", progress=lambda m: None)
+        assert r.stats.files == [str(p) for p in res.files]
+        assert r.stats.lines_read == res.events and r.stats.quarantined == 0
+        assert r.stats.steps_accepted == res.decisions
+        traj = pq.read_table(r.trajectories, columns=["session_id", "task_id", "timestamp"]).to_pandas()
+        assert traj["session_id"].str.startswith(f"syn-{seed}-").all() and not traj.duplicated().any()
+
+    first = collect_as_asset(sim, root, 1, 80)
+    reads_exactly(first, 1)
+    killed = start_run(sim, root, 2, 60, die_after=4)
+    killed.join(30)
+    assert killed.exitcode == -signal.SIGKILL
+    reads_exactly(first, 1)
+    for seed, episodes in ((3, 40), (4, 50), (5, 30)):
+        reads_exactly(collect_as_asset(sim, root, seed, episodes), seed)
+
+
+@pytest.mark.parametrize("foreign", [False, True])
+def test_an_old_real_folder_is_moved_aside_once_and_replaced_by_the_link(sim, tmp_path, foreign):
+    out, versions = tmp_path / "sessions" / "synthetic", tmp_path / VERSIONS
+    out.mkdir(parents=True)  # what older collectors left: journals and a manifest in a real folder
+    (out / "2026-11-01.log").write_text('{"type": "SESSION_START"}\n')
+    (out / "synthetic_seed1_part0000.jsonl").write_text("{}\n")
+    (out / "simulator.json").write_text("{}\n")
+    if foreign:
+        (out / "notes.txt").write_text("not the collector's")
+    messages: list[str] = []
+    first = collect(sim, out, CollectorConfig(episodes=20, seed=1), messages.append, versions_dir=versions)
+    assert out.is_symlink() and complete_set(out) == 1
+    assert os.readlink(out) == os.path.join("..", VERSIONS, first.version.name)  # relative: the root can move
+    [legacy] = versions.glob("legacy-*")
+    old_names = ["2026-11-01.log", "synthetic_seed1_part0000.jsonl", "simulator.json"]
+    assert sorted(p.name for p in legacy.iterdir()) == sorted(old_names + (["notes.txt"] if foreign else []))
+    assert f"moved the old collector folder {out} to {legacy}; {out} is now a link to the current set" in (
+        messages)
+    messages.clear()
+    second = collect(sim, out, CollectorConfig(episodes=20, seed=2), messages.append, versions_dir=versions)
+    assert complete_set(out) == 2
+    kept = sorted(versions.iterdir())
+    if foreign:  # files the collector never wrote are not its to delete
+        assert kept == sorted([versions / ".lock", legacy, first.version, second.version])
+        assert any(m.startswith(f"kept {legacy}: ") and "notes.txt" in m for m in messages)
+    else:
+        assert kept == sorted([versions / ".lock", first.version, second.version])
+        assert f"removed {legacy} (superseded)" in messages
