@@ -42,7 +42,8 @@ def _umask() -> int:
     return mask
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """fsync a folder, so a rename inside it survives a crash (a no-op where folders cannot be opened)."""
     with contextlib.suppress(OSError):  # some filesystems do not allow opening a dir
         fd = os.open(path, os.O_RDONLY)
         try:
@@ -70,7 +71,7 @@ def atomic_path(dest: str | os.PathLike[str]) -> Iterator[Path]:
             os.fsync(fh.fileno())
         os.chmod(tmp_path, 0o666 & ~_umask())
         os.replace(tmp_path, dest)
-        _fsync_dir(dest.parent)
+        fsync_dir(dest.parent)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             tmp_path.unlink()
@@ -252,7 +253,7 @@ def _fsync_tree(folder: Path) -> None:
                     os.fsync(fd)
                 finally:
                     os.close(fd)
-        _fsync_dir(Path(root))
+        fsync_dir(Path(root))
 
 
 def _swap_in(tmp: Path, dest: Path) -> Path | None:
@@ -306,7 +307,7 @@ def atomic_dir(dest: str | os.PathLike[str]) -> Iterator[Path]:
         _fsync_tree(tmp)
         with _folder_lock(dest.parent):
             replaced = _swap_in(tmp, dest)
-            _fsync_dir(dest.parent)
+            fsync_dir(dest.parent)
             if replaced is not None:
                 _remove(replaced)
     except BaseException:

@@ -368,15 +368,6 @@ def _current(out_dir: Path) -> Path | None:
     return Path(os.path.realpath(out_dir)) if out_dir.is_symlink() else None
 
 
-def _fsync_dir(path: Path) -> None:
-    with contextlib.suppress(OSError):  # some filesystems do not allow opening a folder
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
 def _stamp_now() -> str:
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
 
@@ -404,7 +395,7 @@ def _commit(out_dir: Path, versions: Path, stage: Path, progress: Callable[[str]
     version = stage.with_name(stage.name.removesuffix(PARTIAL_SUFFIX))
     with _versions_lock(versions):
         os.rename(stage, version)  # the same inode: this run's lock on it holds
-        _fsync_dir(versions)
+        artifacts.fsync_dir(versions)
         try:
             previous = _switch(out_dir, version, versions, progress)
         except BaseException:
@@ -444,7 +435,7 @@ def _switch(out_dir: Path, version: Path, versions: Path, progress: Callable[[st
         if legacy is not None and not os.path.lexists(out_dir):
             os.rename(legacy, out_dir)
         raise
-    _fsync_dir(out_dir.parent)
+    artifacts.fsync_dir(out_dir.parent)
     return previous
 
 
