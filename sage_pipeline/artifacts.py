@@ -36,7 +36,7 @@ def data_dir(override: str | os.PathLike[str] | None = None) -> Path:
     return Path(raw).expanduser().resolve()
 
 
-def _umask() -> int:
+def current_umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
@@ -69,7 +69,7 @@ def atomic_path(dest: str | os.PathLike[str]) -> Iterator[Path]:
         yield tmp_path
         with open(tmp_path, "rb+") as fh:
             os.fsync(fh.fileno())
-        os.chmod(tmp_path, 0o666 & ~_umask())
+        os.chmod(tmp_path, 0o666 & ~current_umask())
         os.replace(tmp_path, dest)
         fsync_dir(dest.parent)
     except BaseException:
@@ -164,7 +164,7 @@ def _folder_lock(folder: Path) -> Iterator[None]:
             os.close(fd)  # releases the lock
 
 
-def _hold(folder: Path) -> int | None:
+def hold_folder(folder: Path) -> int | None:
     """Mark a fresh temporary folder as in use: an exclusive ``flock`` held until closed."""
     try:
         fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
@@ -176,13 +176,13 @@ def _hold(folder: Path) -> int | None:
     return fd
 
 
-def _release(fd: int | None) -> None:
+def release_folder(fd: int | None) -> None:
     if fd is not None:
         _held.discard(_key(fd))
         os.close(fd)
 
 
-def _in_use(path: Path) -> bool:
+def folder_in_use(path: Path) -> bool:
     """Whether a live atomic_dir still holds ``path`` (its writer keeps it locked; a killed
     writer's lock is gone). Where the lock cannot be tested, recent folders count as in use."""
     try:
@@ -231,7 +231,7 @@ def _sweep(dest: Path) -> None:
     for name in names:
         if (m := leftover.fullmatch(name)) is not None:
             (olds if m["old"] else temps).append(dest.parent / name)
-    olds = [p for p in olds if not _in_use(p)]
+    olds = [p for p in olds if not folder_in_use(p)]
     if olds and not os.path.lexists(dest):
         newest = max(olds, key=lambda p: p.lstat().st_mtime_ns)
         try:
@@ -239,7 +239,7 @@ def _sweep(dest: Path) -> None:
             olds.remove(newest)
         except OSError:
             olds = []  # keep the old copies rather than lose the last complete one
-    for p in olds + [p for p in temps if not _in_use(p)]:
+    for p in olds + [p for p in temps if not folder_in_use(p)]:
         _remove(p)
 
 
@@ -300,9 +300,9 @@ def atomic_dir(dest: str | os.PathLike[str]) -> Iterator[Path]:
     with _folder_lock(dest.parent):
         _sweep(dest)
         tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
-        hold = _hold(tmp)
+        hold = hold_folder(tmp)
     try:
-        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it private; an artifact folder is not
+        os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes it private; an artifact folder is not
         yield tmp
         _fsync_tree(tmp)
         with _folder_lock(dest.parent):
@@ -314,7 +314,7 @@ def atomic_dir(dest: str | os.PathLike[str]) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     finally:
-        _release(hold)
+        release_folder(hold)
 
 
 def write_bytes(dest: str | os.PathLike[str], data: bytes) -> Path:

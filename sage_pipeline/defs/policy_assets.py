@@ -91,8 +91,8 @@ class CQLPolicyConfig(dg.Config):
     alphas: list[float] = Field(list(oe.DEFAULT_ALPHAS), description="conservative weights tried in one batched "
                                 "run; OPE on the eval split keeps one (see selection)")
     selection: str = Field("fqe", description="how OPE on the eval split's select half ranks the alphas: 'fqe' "
-                           "(default): the best fitted-Q evaluation estimate; 'estimate': the best step-wise DR "
-                           "estimate; 'lower_bound': the best lower bound of its interval (favours policies near "
+                           "(default): the best fitted-Q evaluation estimate; 'estimate': the best estimate of the "
+                           "gate's clipped step-wise DR; 'lower_bound': the best lower bound of its interval (favours policies near "
                            "the logs). See docs/benchmarks.md for how they compare")
     steps: int = Field(2000, description="gradient steps")
     n_critics: int = 2

@@ -305,13 +305,9 @@ def _layer_counts(wf: Path, keys: list[str]) -> list[int]:
     return counts
 
 
-def read_weights(wf: str | Path) -> list[Layers]:
-    """The networks of a ``weights.npz``; a damaged or foreign file is an error naming it."""
-    return _read_weights(wf, Path(wf))
-
-
 def _read_weights(source, wf: Path) -> list[Layers]:
-    """The networks in ``source`` (a path or an open ``weights.npz``; ``wf`` names it in errors)."""
+    """The networks in an open ``weights.npz`` (``wf`` names it in errors); a damaged or foreign
+    file is an error naming it."""
     try:
         with np.load(source) as z:
             counts = _layer_counts(wf, list(z.files))

@@ -207,7 +207,7 @@ def collect(sim: RoutingSimulator, out_dir: str | Path, config: CollectorConfig 
             raise
         version = _commit(out_dir, versions, stage, progress)
     finally:
-        os.close(hold)  # the folder's lock: held until out_dir points to it
+        artifacts.release_folder(hold)  # the folder's lock: held until out_dir points to it
     files = [out_dir / p.name for p in res.files]
     return CollectResult(files, out_dir / MANIFEST, res.episodes, res.sessions, res.decisions, res.events,
                          res.ground_truth, res.ground_truth_by_role, version)
@@ -340,29 +340,6 @@ def _versions_lock(versions: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _hold(folder: Path) -> int:
-    """An exclusive ``flock`` on ``folder`` (the kernel drops it when its run dies, even by SIGKILL)."""
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def _in_use(folder: Path) -> bool:
-    """Whether a live run holds ``folder`` (it is still writing or switching to it)."""
-    try:
-        fd = _hold(folder)
-    except BlockingIOError:
-        return True
-    except FileNotFoundError:
-        return False
-    os.close(fd)
-    return False
-
-
 def _current(out_dir: Path) -> Path | None:
     """The real folder ``out_dir`` links to, or None when it is no link."""
     return Path(os.path.realpath(out_dir)) if out_dir.is_symlink() else None
@@ -372,13 +349,8 @@ def _stamp_now() -> str:
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def _begin(out_dir: Path, versions: Path, label: str, progress: Callable[[str], None]) -> tuple[Path, int]:
+def _begin(out_dir: Path, versions: Path, label: str,
+           progress: Callable[[str], None]) -> tuple[Path, int | None]:
     """Sweep what killed runs left, then create and lock this run's folder
     ``<versions>/<time>-<label>-<random>.partial``."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -386,8 +358,8 @@ def _begin(out_dir: Path, versions: Path, label: str, progress: Callable[[str], 
     with _versions_lock(versions):
         _sweep(out_dir, versions, progress)
         stage = Path(tempfile.mkdtemp(prefix=f"{_stamp_now()}-{label}-", suffix=PARTIAL_SUFFIX, dir=versions))
-        os.chmod(stage, 0o777 & ~_umask())  # mkdtemp makes it private; an artifact folder is not
-        return stage, _hold(stage)  # taken under the versions lock: no sweep ever sees it unheld
+        os.chmod(stage, 0o777 & ~artifacts.current_umask())  # mkdtemp makes it private; artifacts are not
+        return stage, artifacts.hold_folder(stage)  # taken under the versions lock: no sweep sees it unheld
 
 
 def _commit(out_dir: Path, versions: Path, stage: Path, progress: Callable[[str], None]) -> Path:
@@ -488,7 +460,7 @@ def _sweep(out_dir: Path, versions: Path, progress: Callable[[str], None],
         if real == current or (keep is None and not partial) or (keep is not None and real in keep):
             continue
         try:
-            if _in_use(entry):
+            if artifacts.folder_in_use(entry):
                 continue  # another run is writing it, or about to switch to it
             if entry.name.startswith(LEGACY_PREFIX) and (foreign := _foreign(entry)):
                 more = ", ..." if len(foreign) > 5 else ""

@@ -59,11 +59,11 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
-import zlib
 import json
 import logging
 import os
 import time
+import zlib
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -408,11 +408,17 @@ def discover_logs(config: IngestConfig) -> tuple[list[Path], list[dict]]:
                 f"(SAGE writes them to memory/sessions/<YYYY-MM-DD>.log), "
                 f"or materialize synthetic_sessions first.")
 
-        def unreadable(exc: OSError) -> None:
-            skipped.append({"path": str(exc.filename or d), "reason": f"cannot list the folder: {exc.strerror or exc}"})
+        def unreadable(exc: OSError, top: Path = d) -> None:
+            skipped.append({"path": str(exc.filename or top),
+                            "reason": f"cannot list the folder: {exc.strerror or exc}"})
 
         for root, dirs, names in os.walk(d, onerror=unreadable, followlinks=True):
-            st = os.stat(root)
+            try:
+                st = os.stat(root)
+            except OSError as exc:  # removed since os.walk listed it
+                skipped.append({"path": root, "reason": f"removed while listing: {exc.strerror or exc}"})
+                dirs[:] = []
+                continue
             if (st.st_dev, st.st_ino) in seen:  # reached again through a link: already listed
                 dirs[:] = []
                 continue

@@ -1712,7 +1712,7 @@ def test_truncated_gzip_keeps_its_readable_prefix_and_names_the_file(tmp_path):
 
 def test_gzip_with_trailing_garbage_keeps_every_member_before_it(tmp_path):
     gz = gzip.compress(b"\n".join(_steps(50)) + b"\n") + gzip.compress(b"\n".join(_steps(50, 50)) + b"\n")
-    r, path = _gz_run(tmp_path, gz + b"\x00" * 8 + b"garbage")
+    r, _ = _gz_run(tmp_path, gz + b"\x00" * 8 + b"garbage")
     assert r.stats.steps_accepted == 101
     assert r.stats.damaged_files[0]["line"] == 101 and "trailing data" in r.stats.damaged_files[0]["reason"]
     r, _ = _gz_run(tmp_path / "padded", gz + b"\x00" * 100)  # zero padding is not damage
@@ -1785,3 +1785,20 @@ def test_a_file_removed_after_listing_is_recorded_and_the_rest_read(tmp_path, mo
     assert r.stats.steps_accepted == 1
     (damaged,) = r.stats.damaged_files
     assert damaged["file"] == str(gone) and damaged["reason"].startswith("the file cannot be opened: FileNotFoundError")
+
+
+def test_a_folder_removed_while_listing_is_reported_not_fatal(tmp_path, monkeypatch):
+    logs = tmp_path / "logs"
+    write(logs / "2026-11-20.log", [GOOD_BEFORE])
+    write(logs / "gone" / "2026-11-21.log", [GOOD_AFTER])
+    real_stat = ingest.os.stat
+
+    def stat(path, *args, **kwargs):  # os.walk listed "gone", then it vanished
+        if Path(path).name == "gone":
+            raise FileNotFoundError(2, "No such file or directory", str(path))
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(ingest.os, "stat", stat)
+    files, skipped = ingest.discover_logs(IngestConfig((logs,)))
+    assert files == [logs / "2026-11-20.log"]
+    assert skipped == [{"path": str(logs / "gone"), "reason": "removed while listing: No such file or directory"}]
