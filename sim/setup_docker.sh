@@ -4,15 +4,22 @@
 #   2. a daemon answering (starts dockerd in its own session when none answers),
 #   3. the image sage-sim:latest built offline (sim/build_image.sh).
 # Not root: prints what to run and exits 1 when something is missing.
+# SETUP_DOCKER_WAIT_S: seconds to wait for a started dockerd to answer (default 60).
+# Tested with stub commands on PATH: sage_pipeline_tests/sim/test_setup_docker.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 log() { echo "setup_docker: $*"; }
-installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
+wait_s="${SETUP_DOCKER_WAIT_S:-60}"
+dockerd_log="${DOCKERD_LOG:-/var/log/dockerd.log}"   # where a dockerd started here logs
 
 missing=()
-# the daemon binary, not the client: an image may ship a docker client without dockerd
-{ command -v docker >/dev/null 2>&1 && command -v dockerd >/dev/null 2>&1; } || [ -n "${DOCKER_HOST:-}" ] \
-  || missing+=(docker.io)
+# The client, and the daemon binary unless a daemon already answers (or DOCKER_HOST names
+# one): an image may ship a docker client without dockerd, so the client proves nothing.
+if ! command -v docker >/dev/null 2>&1; then
+  missing+=(docker.io)
+elif ! command -v dockerd >/dev/null 2>&1 && [ -z "${DOCKER_HOST:-}" ] && ! docker info >/dev/null 2>&1; then
+  missing+=(docker.io)
+fi
 command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
@@ -20,8 +27,11 @@ if [ ${#missing[@]} -gt 0 ]; then
   fi
   log "installing ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq "${missing[@]}"
+  apt-get update -qq || { echo "setup_docker: apt-get update failed: check the network and /etc/apt/sources.list" >&2; exit 1; }
+  apt-get install -y -qq "${missing[@]}" \
+    || { echo "setup_docker: apt-get install ${missing[*]} failed (see above)" >&2; exit 1; }
+  command -v docker >/dev/null 2>&1 && { command -v dockerd >/dev/null 2>&1 || [ -n "${DOCKER_HOST:-}" ]; } \
+    || { echo "setup_docker: docker.io is installed but docker or dockerd is not on PATH ($PATH)" >&2; exit 1; }
 fi
 
 if ! docker info >/dev/null 2>&1; then
@@ -31,10 +41,10 @@ if ! docker info >/dev/null 2>&1; then
   if [ "$(id -u)" != 0 ]; then
     echo "setup_docker: the Docker daemon does not answer: sudo dockerd >/var/log/dockerd.log 2>&1 &" >&2; exit 1
   fi
-  log "starting dockerd (log: /var/log/dockerd.log)"
-  setsid dockerd >/var/log/dockerd.log 2>&1 < /dev/null &
-  for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
-  docker info >/dev/null 2>&1 || { tail -20 /var/log/dockerd.log >&2; echo "setup_docker: dockerd did not come up" >&2; exit 1; }
+  log "starting dockerd (log: $dockerd_log)"
+  setsid dockerd >"$dockerd_log" 2>&1 < /dev/null &
+  for _ in $(seq 1 "$wait_s"); do docker info >/dev/null 2>&1 && break; sleep 1; done
+  docker info >/dev/null 2>&1 || { tail -20 "$dockerd_log" >&2; echo "setup_docker: dockerd did not answer within ${wait_s} s (log above: $dockerd_log)" >&2; exit 1; }
 fi
 log "daemon $(docker version --format '{{.Server.Version}}') answers"
 sim/build_image.sh
