@@ -31,6 +31,9 @@ class RoutingBenchmarkConfig(dg.Config):
     price_table: str = Field("", description="YAML price table for costs the table lacks; empty: the packaged one")
     default_cost_per_call: float | None = Field(None, description="USD per call for a model with neither a "
                                                    "cost column nor a price; unset: such a model is an error")
+    quality_scale: str = Field("auto", description="the quality's declared scale: auto (RouteLLM: binary; "
+                               "RouterBench and long: [0, 1]), binary, unit or LO..HI (e.g. 1..10); a quality "
+                               "outside it stops the import naming file, row and column")
     strict: bool = Field(False, description="fail at the first bad row or file instead of dropping and reporting it")
     test_fraction: float = Field(0.25, description="share of prompts held out for testing (by prompt hash)")
     seed: int = 0
@@ -58,7 +61,8 @@ def _benchmark_config(c: RoutingBenchmarkConfig, sage: SageResource) -> brun.Ben
     table = bi.ImportConfig(
         path=sage.root() / c.path if c.path else bi.DEFAULT_TABLE, layout=c.layout, models=tuple(c.models),
         exclude_prompts=c.exclude_prompts, price_table=sage.root() / c.price_table if c.price_table
-        else bi.DEFAULT_PRICES, default_cost_per_call=c.default_cost_per_call, strict=c.strict)
+        else bi.DEFAULT_PRICES, default_cost_per_call=c.default_cost_per_call, strict=c.strict,
+        quality_scale=c.quality_scale)
     return brun.BenchmarkConfig(
         table=table, test_fraction=c.test_fraction, seed=c.seed, featurizer=c.featurizer,
         featurizer_params={"n_components": c.n_components} if c.featurizer == "tfidf_svd" else {},
@@ -91,7 +95,9 @@ def routing_benchmark(context: dg.AssetExecutionContext, config: RoutingBenchmar
                   "dagster/row_count": rep.rows_kept, "models": dg.MetadataValue.json(list(result.models)),
                   "train_prompts": result.n_train, "test_prompts": result.n_test,
                   "dropped_rows": rep.n_dropped, "excluded_prompts": rep.excluded,
-                  "dropped_files": len(rep.dropped_files), "best_learned_router": best,
+                  "dropped_files": len(rep.dropped_files),
+                  "dropped_index_columns": dg.MetadataValue.json(rep.dropped_index_columns),
+                  "quality_scale": dg.MetadataValue.json(rep.quality_scale), "best_learned_router": best,
                   "best_learned_aiq": aiq[best], "zero_router_aiq": aiq["zero_router"], "oracle_aiq": aiq["oracle"],
                   "table_sha256": result.table_sha256, "source": str(Path(rep.source)),
                   "path": dg.MetadataValue.path(str(paths["report"])),

@@ -14,6 +14,17 @@ A path is one file or a folder of ``*.csv``, ``*.csv.gz`` and ``*.parquet`` file
 name; the file stem is the ``eval_name`` where a layout has none). Rows are numbered as
 data records from 1 after the header (a quoted prompt may span several text lines).
 
+Index columns that pandas writes (``DataFrame.to_csv`` with its default ``index=True``: the
+leading columns with an empty header, ``Unnamed: N`` after a round trip through
+``read_csv``; in Parquet the index columns its pandas metadata names) are dropped, never
+taken for models, and listed in the report (``dropped_index_columns``).
+
+Quality must lie in the table's declared scale (``quality_scale``; ``auto``: RouteLLM's
+correctness columns are binary, 0 or 1; RouterBench's and the long layout's qualities lie in
+[0, 1]). A value outside it is refused, whatever ``strict`` says: the import stops naming
+the file, row, column and value, because a column on another scale is either not a model
+or a table whose scale must be declared, and guessing which would corrupt every metric.
+
 What is valid is imported; what is not is dropped and listed with its file, row, column,
 value and reason (``strict=True`` raises at the first problem instead):
 
@@ -41,6 +52,7 @@ import hashlib
 import json
 import logging
 import math
+import re
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -70,6 +82,10 @@ DATA_SUFFIXES = (".csv", ".csv.gz", ".parquet")
 COST_SOURCES = ("table", "price_table_tokens", "price_table_default_output", "default_cost_per_call")
 META_COLUMNS = {"prompt", "prompt_id", "sample_id", "eval_name", "oracle_model_to_route_to"}
 LONG_REQUIRED = ("prompt_id", "model", "quality")
+
+
+QUALITY_SCALES = {"routellm": "binary", "routerbench": "unit", "long": "unit"}  # what quality_scale="auto" means
+_UNNAMED = re.compile(r"^(Unnamed: \d+(_level_\d+)?)?$")  # pandas' names for a header cell left empty
 
 
 class BenchmarkImportError(ValueError):
@@ -171,14 +187,41 @@ class ImportConfig:
     default_cost_per_call: float | None = None  # USD, for models with neither a cost column nor a price
     strict: bool = False  # raise at the first problem instead of dropping and reporting
     max_listed: int = 200  # dropped rows listed one by one in the report (all are counted)
+    # the quality's declared scale: "auto" (the layout's: QUALITY_SCALES), "binary" (0 or 1),
+    # "unit" ([0, 1]) or "LO..HI" (e.g. "1..10" for MT-Bench judge scores); outside it: refused
+    quality_scale: str = "auto"
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
             raise BenchmarkImportError(self.path, f"layout must be one of {LAYOUTS}, got {self.layout!r}")
+        parse_quality_scale(self.quality_scale, self.path)
         if self.default_cost_per_call is not None and not (
                 math.isfinite(self.default_cost_per_call) and self.default_cost_per_call >= 0):
             raise BenchmarkImportError(self.path, f"default_cost_per_call must be a finite number >= 0, "
                                                   f"got {self.default_cost_per_call}")
+
+
+def parse_quality_scale(scale: str, where: object = "quality_scale") -> tuple[float, float, bool] | None:
+    """``(low, high, binary)`` of a declared quality scale; None for "auto" (the layout decides)."""
+    if scale == "auto":
+        return None
+    if scale == "binary":
+        return 0.0, 1.0, True
+    if scale == "unit":
+        return 0.0, 1.0, False
+    lo, sep, hi = str(scale).partition("..")
+    try:
+        low, high = float(lo), float(hi)
+    except ValueError:
+        low = high = float("nan")
+    if not sep or not (math.isfinite(low) and math.isfinite(high) and low < high):
+        raise BenchmarkImportError(where, f"quality_scale must be 'auto', 'binary', 'unit' or 'LO..HI' with "
+                                          f"finite LO < HI (e.g. '1..10'), got {scale!r}", column="quality_scale")
+    return low, high, False
+
+
+class QualityScaleError(BenchmarkImportError):
+    """A quality outside the table's declared scale: refused whatever ``strict`` says."""
 
 
 @dataclass(frozen=True)
@@ -207,6 +250,8 @@ class ImportReport:
     dropped_rows: Counter = field(default_factory=Counter)  # reason -> rows
     dropped_files: list[Dropped] = field(default_factory=list)
     ignored_columns: list[str] = field(default_factory=list)  # "file: column (why)"
+    dropped_index_columns: list[str] = field(default_factory=list)  # "file: column N 'header' (what it held)"
+    quality_scale: dict[str, str] = field(default_factory=dict)  # layout -> the scale its qualities were checked on
     cost_sources: dict[str, dict[str, int]] = field(default_factory=dict)  # model -> source -> cells
     price_sources: dict[str, str] = field(default_factory=dict)  # model -> where its price comes from
     seconds: float = 0.0
@@ -300,6 +345,69 @@ def read_table_file(path: Path) -> pa.Table:
         return pa.table({})
     return pacsv.read_csv(path, parse_options=pacsv.ParseOptions(newlines_in_values=True),
                           read_options=pacsv.ReadOptions(block_size=16 << 20))
+
+
+def _describe_index(col: pa.ChunkedArray) -> str:
+    vals = col.to_numpy(zero_copy_only=False) if len(col) else np.array([])
+    if pa.types.is_integer(col.type) and len(vals) and (vals == np.arange(len(vals))).all():
+        return f"row numbers 0..{len(vals) - 1}"
+    shown = ", ".join(str(v) for v in vals[:3]) + (", ..." if len(vals) > 3 else "")
+    return f"{col.type} values {shown}"
+
+
+def drop_index_columns(tbl: pa.Table, file: str) -> tuple[pa.Table, list[str]]:
+    """Remove the index columns pandas wrote with the data; return the table and what was removed.
+
+    CSV: the leading columns whose header is empty (``DataFrame.to_csv`` writes the index first,
+    under an empty header when it has no name, one column per level) or ``Unnamed: N`` (the
+    name ``read_csv`` gives such a column, when a table went through pandas twice). Parquet: the
+    columns its ``pandas`` metadata lists as ``index_columns`` (a RangeIndex is stored as
+    metadata only, so there is no column to drop). A named CSV index (``idx``, ...) looks like any
+    other column: as a model it fails the quality-scale check, whose message says so.
+    """
+    names = tbl.column_names
+    drop: list[int] = []
+    meta = tbl.schema.pandas_metadata if tbl.schema.metadata and b"pandas" in tbl.schema.metadata else None
+    if meta:
+        index_names = {c for c in meta.get("index_columns", []) if isinstance(c, str)}
+        drop = [i for i, c in enumerate(names) if c in index_names]
+    else:
+        while len(drop) < len(names) and _UNNAMED.match(names[len(drop)]):
+            drop.append(len(drop))
+    if not drop:
+        return tbl, []
+    out = [f"{file}: column {i + 1} {names[i]!r} (pandas index: {_describe_index(tbl.column(i))})" for i in drop]
+    return tbl.select([i for i in range(len(names)) if i not in drop]), out
+
+
+def check_quality_scale(values: np.ndarray, valid: np.ndarray, scale: tuple[float, float, bool], file: str,
+                        column: str, layout: str, declared: str, wide: bool) -> None:
+    """Refuse (:class:`QualityScaleError`) the first quality outside the declared scale."""
+    low, high, binary = scale
+    bad = valid & ((values < low) | (values > high) | ((values != low) & (values != high) if binary else False))
+    if not bad.any():
+        return
+    i = int(np.flatnonzero(bad)[0])
+    v = values[valid]
+    what = "0 or 1" if binary else f"in [{low:g}, {high:g}]"
+    origin = f"quality_scale {declared!r}" if declared != "auto" else f"the {layout} layout's scale"
+    integral = bool(np.all(v == np.round(v)))
+    looks_like_index = wide and integral and v.max() > high and len(np.unique(v)) == len(v)
+    if looks_like_index:
+        fix = (f"its {int(bad.sum())} values are distinct integers up to {v.max():g}: row numbers or ids, not a "
+               "model's quality (an index column written by pandas under a name?). List the table's models in "
+               "the config's models option so this column is ignored, or remove it")
+    elif wide:
+        fix = (f"{int(bad.sum())} of {int(valid.sum())} values lie outside, from {v.min():g} to {v.max():g}. If "
+               f"{column!r} is not a model, list the table's models in the config's models option so it is "
+               "ignored; if it is a model whose quality uses another scale, declare that scale with quality_scale "
+               "(e.g. 'LO..HI'); if these cells are wrong, fix or remove those rows")
+    else:
+        fix = (f"{int(bad.sum())} of {int(valid.sum())} values lie outside, from {v.min():g} to {v.max():g}. If the "
+               "table's qualities use another scale, declare it with quality_scale (e.g. 'LO..HI'); if these "
+               "cells are wrong, fix or remove those rows")
+    raise QualityScaleError(file, f"quality {values[i]:g} is not {what} ({origin})", row=i + 1, column=column,
+                            fix=fix)
 
 
 @dataclass
@@ -443,7 +551,7 @@ def _ignored(models: list[str] | tuple[str, ...], want: tuple[str, ...], file: s
 
 
 def _read_wide(tbl: pa.Table, file: str, stem: str, layout: str, probs: _Problems,
-               want: tuple[str, ...] = ()) -> _Chunk:
+               want: tuple[str, ...] = (), quality_scale: str = "auto") -> _Chunk:
     columns, n = tbl.column_names, tbl.num_rows
     id_col = "sample_id" if layout == "routerbench" else ("prompt_id" if "prompt_id" in columns else None)
     required = ["prompt"] + (["sample_id"] if layout == "routerbench" else [])
@@ -467,6 +575,8 @@ def _read_wide(tbl: pa.Table, file: str, stem: str, layout: str, probs: _Problem
         probs.add(notnum, m, "quality is not a number", _strings(tbl.column(m), n) if notnum.any() else None)
         probs.add(miss, m, "quality is missing")
         probs.add(~np.isfinite(vals) & ~miss & ~notnum, m, "quality is not finite", vals)
+        check_quality_scale(vals, np.isfinite(vals) & ~miss & ~notnum, _scale(quality_scale, layout), file, m,
+                            layout, quality_scale, wide=True)
         quality[:, k] = vals
         if m in cost_cols:
             c = tbl.column(cost_cols[m])
@@ -481,8 +591,12 @@ def _read_wide(tbl: pa.Table, file: str, stem: str, layout: str, probs: _Problem
                   quality, cost, resp, np.arange(1, n + 1), "id" if id_col else "prompt")
 
 
+def _scale(declared: str, layout: str) -> tuple[float, float, bool]:
+    return parse_quality_scale(QUALITY_SCALES[layout] if declared == "auto" else declared)
+
+
 def _read_long(tbl: pa.Table, file: str, stem: str, probs: _Problems, report: ImportReport,
-               want: tuple[str, ...] = ()) -> _Chunk:
+               want: tuple[str, ...] = (), quality_scale: str = "auto") -> _Chunk:
     columns, n = tbl.column_names, tbl.num_rows
     missing = [c for c in LONG_REQUIRED if c not in columns]
     if missing:
@@ -500,6 +614,8 @@ def _read_long(tbl: pa.Table, file: str, stem: str, probs: _Problems, report: Im
     probs.add(qnot, "quality", "quality is not a number", _strings(tbl.column("quality"), n) if qnot.any() else None)
     probs.add(qmiss, "quality", "quality is missing")
     probs.add(~np.isfinite(q) & ~qmiss & ~qnot, "quality", "quality is not finite", q)
+    check_quality_scale(q, np.isfinite(q) & ~qmiss & ~qnot & ~probs.bad, _scale(quality_scale, "long"), file,
+                        "quality", "long", quality_scale, wide=False)
     c = np.full(n, np.nan)
     if "cost" in columns:
         cv, cmiss, cnot = _numbers(tbl.column("cost"))
@@ -601,13 +717,17 @@ def import_benchmark(cfg: ImportConfig = ImportConfig(), log: Callable[[str], No
             _drop_file(report, cfg, file, "empty file (no data rows)")
             continue
         report.rows_read += tbl.num_rows
+        tbl, index_cols = drop_index_columns(tbl, file)
+        report.dropped_index_columns += index_cols
         probs = _Problems(file, tbl.num_rows, cfg.strict, report, cfg.max_listed)
         try:
             layout = cfg.layout if cfg.layout != "auto" else detect_layout(tbl.column_names, file)
-            chunk = (_read_long(tbl, file, _stem(path), probs, report, want) if layout == "long"
-                     else _read_wide(tbl, file, _stem(path), layout, probs, want))
+            chunk = (_read_long(tbl, file, _stem(path), probs, report, want, cfg.quality_scale) if layout == "long"
+                     else _read_wide(tbl, file, _stem(path), layout, probs, want, cfg.quality_scale))
+            low, high, binary = _scale(cfg.quality_scale, layout)
+            report.quality_scale[layout] = "binary (0 or 1)" if binary else f"[{low:g}, {high:g}]"
         except BenchmarkImportError as exc:
-            if cfg.strict:
+            if cfg.strict or isinstance(exc, QualityScaleError):
                 raise
             _drop_file(report, cfg, file, exc.problem, column=exc.column)
             continue
@@ -724,7 +844,8 @@ def _fill_costs(cost: np.ndarray, pchars: np.ndarray, resp: np.ndarray, models: 
                 raise BenchmarkImportError(
                     cfg.path, f"model {m!r} has no cost in the table for {int(need.sum())} prompts and no price in "
                               f"the price table {cfg.price_table}", column=m,
-                    fix="add the model to the price table or set default_cost_per_call")
+                    fix=f"add {m!r} to the price table, or set default_cost_per_call to the USD one call to it "
+                        f"costs; if {m!r} is not a model, list the table's models in the models option instead")
         report.cost_sources[m] = {COST_SOURCES[s]: int(c) for s, c in
                                   zip(*np.unique(source[:, k], return_counts=True))}
     return cost, source

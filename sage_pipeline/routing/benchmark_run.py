@@ -419,7 +419,11 @@ def metadata_markdown(result: BenchmarkResult, max_dropped: int = 20) -> dict[st
                for d in rep.dropped[:max_dropped]]
     out["dropped"] = (f"{rep.rows_read:,} rows read, {rep.rows_kept:,} prompts kept, {rep.n_dropped:,} rows dropped, "
                       f"{rep.excluded:,} excluded ({rep.exclude_file or 'no exclusion list'}), "
-                      f"{len(rep.dropped_files)} file(s) dropped.\n\n" + markdown.table(rep.dropped_table())
+                      f"{len(rep.dropped_files)} file(s) dropped, {len(rep.dropped_index_columns)} pandas index "
+                      f"column(s) dropped; qualities checked on {rep.quality_scale}.\n\n"
+                      + markdown.table(rep.dropped_table())
+                      + ("\n\nIndex columns dropped:\n\n" + "\n".join(f"- {c}" for c in rep.dropped_index_columns[:20])
+                         if rep.dropped_index_columns else "")
                       + ("\n\nFirst dropped rows:\n\n" + markdown.table(dropped) if dropped else ""))
     return out
 

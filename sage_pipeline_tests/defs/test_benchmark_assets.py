@@ -35,6 +35,7 @@ def test_asset_writes_report_routers_and_readable_metadata(materialized):
     meta = {k: v.value for k, v in result.asset_materializations_for_node("routing_benchmark")[0].metadata.items()}
     assert meta["dagster/row_count"] == 359  # 6 files x 60 rows, one listed as contaminated
     assert meta["excluded_prompts"] == 1 and meta["dropped_rows"] == 0 and meta["dropped_files"] == 0
+    assert meta["dropped_index_columns"] == [] and meta["quality_scale"] == {"routellm": "binary (0 or 1)"}
     assert meta["train_prompts"] + meta["test_prompts"] == 359
     for key in ("results", "routellm", "ope", "costs", "dropped"):
         assert isinstance(meta[key], str) and meta[key].startswith(("**", "APGR", "Logged", "Where", "360")), key

@@ -233,3 +233,103 @@ def test_configured_models_leave_other_columns_unvalidated(tmp_path):
     _write(tmp_path / "long", "l.csv", long)
     tab, rep = _imp(tmp_path / "long", models=("m1", "m2"), price_table=None)
     assert tab.models == ("m1", "m2") and len(tab) == 1 and rep.n_dropped == 0
+
+
+# ----------------------------------------------------------------------------- pandas index columns, quality scale
+def _routerbench_frame(n: int = 6, models=("m-a", "m-b", "m-c")) -> pd.DataFrame:
+    rng = np.random.default_rng(0)
+    df = pd.DataFrame({"sample_id": [f"mmlu.{i}" for i in range(n)], "prompt": [f"question {i}?" for i in range(n)],
+                       "eval_name": ["mmlu"] * n})
+    for k, m in enumerate(models):
+        df[m] = rng.integers(0, 2, n).astype(float)
+        df[f"{m}|model_response"] = ["A"] * n
+        df[f"{m}|total_cost"] = 0.001 * (k + 1)
+    df["oracle_model_to_route_to"] = models[0]
+    return df
+
+
+def test_files_written_by_to_csv_with_the_index_import_unmodified_in_both_layouts(tmp_path):
+    rb = _routerbench_frame()
+    rb.to_csv(tmp_path / "rb.csv")  # pandas' default: index=True, under an empty header
+    tab, rep = _imp(tmp_path / "rb.csv", price_table=None)
+    assert tab.models == ("m-a", "m-b", "m-c") and len(tab) == 6
+    np.testing.assert_array_equal(tab.quality, rb[["m-a", "m-b", "m-c"]].to_numpy())
+    assert rep.dropped_index_columns == [f"{tmp_path / 'rb.csv'}: column 1 '' (pandas index: row numbers 0..5)"]
+    assert rep.to_dict()["dropped_index_columns"] == rep.dropped_index_columns
+
+    rl = _routellm([("p1", True, False), ("p2", False, True), ("p3", True, True)])
+    rl.index = [10, 20, 30]  # any index, not only 0..n-1
+    rl.to_csv(tmp_path / "rl.csv")
+    tab, rep = _imp(tmp_path / "rl.csv")
+    assert tab.models == (WEAK, STRONG) and tab.quality.tolist() == [[1, 0], [0, 1], [1, 1]]
+    assert rep.dropped_index_columns == [f"{tmp_path / 'rl.csv'}: column 1 '' (pandas index: int64 values 10, 20, "
+                                         f"30)"]
+    # a table that went through pandas twice: '' and 'Unnamed: 0'; a two-level index: two empty headers
+    pd.read_csv(tmp_path / "rl.csv").to_csv(tmp_path / "twice.csv")
+    rl2 = rl.copy()
+    rl2.index = pd.MultiIndex.from_tuples([("mmlu", 1), ("mmlu", 2), ("gsm", 1)])
+    rl2.to_csv(tmp_path / "multi.csv")
+    for name in ("twice.csv", "multi.csv"):
+        tab, rep = _imp(tmp_path / name)
+        assert tab.models == (WEAK, STRONG) and len(tab) == 3 and len(rep.dropped_index_columns) == 2, name
+    # Parquet keeps a non-range index as a column named by its pandas metadata
+    rb.set_index("sample_id", drop=False).rename_axis("row").to_parquet(tmp_path / "rb.parquet")
+    tab, rep = _imp(tmp_path / "rb.parquet", price_table=None)
+    assert tab.models == ("m-a", "m-b", "m-c") and rep.dropped_index_columns[0].endswith(
+        "column 14 'row' (pandas index: large_string values mmlu.0, mmlu.1, mmlu.2, ...)")
+    # the long layout too
+    long = pd.DataFrame({"prompt_id": ["a", "a", "b", "b"], "model": ["m1", "m2"] * 2, "quality": [1, 0, 0, 1],
+                         "cost": [0.1, 0.2, 0.1, 0.2]})
+    long.to_csv(tmp_path / "long.csv")
+    tab, rep = _imp(tmp_path / "long.csv", price_table=None)
+    assert tab.models == ("m1", "m2") and len(tab) == 2 and len(rep.dropped_index_columns) == 1
+
+
+def test_quality_outside_the_declared_scale_is_refused_naming_file_row_and_column(tmp_path):
+    rb = _routerbench_frame()
+    rb.loc[3, "m-b"] = 1.5
+    rb.to_csv(tmp_path / "rb.csv", index=False)
+    for strict in (False, True):  # refused, not dropped: the table's scale or the cell is wrong
+        with pytest.raises(BenchmarkImportError, match=r"rb\.csv: row 4: column 'm-b': quality 1\.5 is not in "
+                                                       r"\[0, 1\] \(the routerbench layout's scale\)"):
+            _imp(tmp_path / "rb.csv", price_table=None, strict=strict)
+    # RouteLLM's correctness columns are binary
+    _write(tmp_path / "rl", "t.csv", _routellm([("p1", 1, 0), ("p2", 0.5, 1)]))
+    with pytest.raises(BenchmarkImportError, match=r"t\.csv: row 2: column 'mistralai.*quality 0\.5 is not 0 or 1"):
+        _imp(tmp_path / "rl")
+    # graded scores in the long layout: refused until the scale is declared
+    long = pd.DataFrame({"prompt_id": ["a", "a", "b", "b"], "model": ["m1", "m2"] * 2, "quality": [1, 7, 9, 10],
+                         "cost": [0.1, 0.2, 0.1, 0.2]})
+    _write(tmp_path / "long", "l.csv", long)
+    with pytest.raises(BenchmarkImportError, match=r"l\.csv: row 2: column 'quality': quality 7 is not in \[0, 1\]"
+                                                   r".*declare it with quality_scale"):
+        _imp(tmp_path / "long", price_table=None)
+    tab, _ = _imp(tmp_path / "long", price_table=None, quality_scale="1..10")
+    assert tab.quality.tolist() == [[1, 7], [9, 10]]
+    with pytest.raises(BenchmarkImportError, match=r"l\.csv: row 1: .*quality 1 is not in \[2, 10\]"):
+        _imp(tmp_path / "long", price_table=None, quality_scale="2..10")
+    with pytest.raises(BenchmarkImportError, match="quality_scale must be"):
+        ImportConfig(quality_scale="10..1")
+
+
+def test_error_advice_never_leads_to_a_corrupted_table(tmp_path):
+    """A named index column is not recognisable by its header: it fails the scale check, whose advice is to
+    name the models (never a price or a scale for it); following the advice imports the right table."""
+    rl = _routellm([(f"p{i}", i % 2 == 0, True) for i in range(5)]).rename_axis("idx")
+    rl.to_csv(tmp_path / "t.csv")
+    with pytest.raises(BenchmarkImportError) as err:
+        _imp(tmp_path, default_cost_per_call=0.0)
+    msg = str(err.value)
+    assert "t.csv: row 3: column 'idx': quality 2 is not 0 or 1" in msg and "models option" in msg
+    assert "default_cost_per_call" not in msg and "quality_scale" not in msg
+    tab, rep = _imp(tmp_path, models=(WEAK, STRONG))
+    assert tab.models == (WEAK, STRONG) and tab.quality[:, 0].tolist() == [1, 0, 1, 0, 1]
+    assert any("idx" in c for c in rep.ignored_columns)
+    # the case of the issue: an unnamed index and default_cost_per_call: 0 no longer makes a model ''
+    rb = _routerbench_frame().drop(columns=[f"m-{c}|total_cost" for c in "abc"])
+    rb.to_csv(tmp_path / "rb.csv")
+    tab, _ = _imp(tmp_path / "rb.csv", price_table=None, default_cost_per_call=0.0)
+    assert tab.models == ("m-a", "m-b", "m-c") and tab.quality.max() <= 1
+    # the cost error's advice covers a column that is not a model without forcing a price on it
+    with pytest.raises(BenchmarkImportError, match="if 'm-a' is not a model, list the table's models"):
+        _imp(tmp_path / "rb.csv", price_table=None)
