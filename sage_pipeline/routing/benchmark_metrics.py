@@ -30,7 +30,15 @@ strong model is worth calling); thresholds at the 0, 10, ..., 100% quantiles of 
 the last threshold) give points (share of strong calls, quality).
 ``PGR = (quality - q_weak) / (q_strong - q_weak)``; ``APGR`` is the trapezoid area under
 quality vs share of strong calls, minus the weak model's area, over the strong model's
-minus the weak model's (``apgr_metric``); random routing scores about 0.5. ``CPT(x%)`` is
+minus the weak model's (``apgr_metric``); random routing scores about 0.5. The oracle's curve
+is RouteLLM's optimal one (``get_optimal_accuracy`` at 0, 10, ..., 100% strong calls: strong
+calls only where the weak model fails and the strong one succeeds), not its three-valued
+score through the quantile thresholds, which never reaches the optimum; its APGR exceeds 1
+whenever the strong model alone fails prompts the weak one gets right.
+
+**The oracle's cost-quality curve** is the exact optimal frontier (:func:`optimal_frontier`):
+for each budget, each prompt on the cheapest model that gets it right (for graded quality,
+its own upper hull), budget spent where quality per USD is highest. ``CPT(x%)`` is
 the share of strong calls at which the curve first reaches PGR = x (RouteLLM
 interpolates with ``np.interp`` over the curve sorted by strong share, which assumes the
 quality rises with it; here the first crossing of the piecewise-linear curve, which is the
@@ -148,6 +156,70 @@ def sweep(name: str, decide_at, weights: np.ndarray, quality: np.ndarray, cost: 
     return Curve(name, arr[:, 0], arr[:, 1], np.asarray(weights, dtype=np.float64), np.asarray(shares))
 
 
+# ----------------------------------------------------------------------------- the oracle's frontier
+@dataclass(frozen=True)
+class Frontier:
+    """The exact best (mean cost, mean quality) any prompt-by-prompt assignment reaches, as vertices."""
+
+    cost: np.ndarray  # (V,) increasing
+    quality: np.ndarray  # (V,)
+    knob: np.ndarray  # (V,) the cost weight w = 1 / slope at which each vertex is optimal (inf at the start)
+    choice_counts: np.ndarray  # (V, K) prompts sent to each model at each vertex
+
+
+def optimal_frontier(quality: np.ndarray, cost: np.ndarray) -> Frontier:
+    """The oracle's cost-quality frontier: for every budget, the most quality any assignment buys.
+
+    Each prompt starts at its cheapest model (the best of those if several cost the same) and
+    climbs its own upper convex hull of (cost, quality) points; for binary quality that is one
+    step, to the cheapest model that gets the prompt right (none if the cheapest already does
+    or no model does). Spending a budget optimally takes the steps of all prompts in order of
+    quality gained per USD (a greedy fractional knapsack, exact because each prompt's steps
+    come in decreasing slope), so the frontier's vertices are the cumulative sums of the
+    sorted steps: every vertex is a deterministic assignment, every point between two a mix
+    of them. This is RouteLLM's optimal curve (``get_optimal_accuracy``: strong calls only
+    where the weak model fails and the strong one succeeds) with dollars on the x-axis and
+    any number of models.
+    """
+    q, c = np.asarray(quality, dtype=np.float64), np.asarray(cost, dtype=np.float64)
+    n, K = q.shape
+    rows = np.arange(n)
+    cheapest = c.min(axis=1, keepdims=True)
+    cur = np.where(c <= cheapest, q, -np.inf).argmax(axis=1)
+    start = cur.copy()
+    seg_i, seg_from, seg_to, seg_dc, seg_dq = [], [], [], [], []
+    for _ in range(K - 1):
+        dq = q - q[rows, cur][:, None]
+        dc = c - c[rows, cur][:, None]
+        up = (dq > 0) & (dc > 0)
+        if not up.any():
+            break
+        slope = np.where(up, dq / np.where(up, dc, 1.0), -np.inf)
+        top = slope.max(axis=1, keepdims=True)
+        nxt = np.where(up & (slope >= top * (1 - 1e-12)), dq, -np.inf).argmax(axis=1)  # collinear: the farthest
+        moving = np.flatnonzero(up.any(axis=1))
+        seg_i.append(moving)
+        seg_from.append(cur[moving])
+        seg_to.append(nxt[moving])
+        seg_dc.append(dc[moving, nxt[moving]])
+        seg_dq.append(dq[moving, nxt[moving]])
+        cur = np.where(up.any(axis=1), nxt, cur)
+    cat = (lambda xs, dt: np.concatenate(xs).astype(dt) if xs else np.zeros(0, dtype=dt))
+    f, t = cat(seg_from, np.int64), cat(seg_to, np.int64)
+    dcs, dqs = cat(seg_dc, np.float64), cat(seg_dq, np.float64)
+    order = np.argsort(-(dqs / dcs), kind="stable")  # steepest first; within a prompt slopes decrease
+    f, t, dcs, dqs = f[order], t[order], dcs[order], dqs[order]
+    c0, q0 = c[rows, start].mean(), q[rows, start].mean()
+    cost_v = np.concatenate([[c0], c0 + np.cumsum(dcs) / n])
+    qual_v = np.concatenate([[q0], q0 + np.cumsum(dqs) / n])
+    knob = np.concatenate([[np.inf], dcs / dqs])
+    counts = np.zeros((len(f) + 1, K), dtype=np.int64)
+    counts[0] = np.bincount(start, minlength=K)
+    for k in range(K):
+        counts[1:, k] = counts[0, k] + np.cumsum(t == k) - np.cumsum(f == k)
+    return Frontier(cost_v, qual_v, knob, counts)
+
+
 # ----------------------------------------------------------------------------- RouteLLM (two models)
 @dataclass(frozen=True)
 class RouteLLMMetrics:
@@ -172,6 +244,24 @@ def routellm_curve(score: np.ndarray, q_strong: np.ndarray, q_weak: np.ndarray,
     return np.asarray(share)[order], np.asarray(qual)[order]
 
 
+def routellm_optimal_curve(q_strong: np.ndarray, q_weak: np.ndarray,
+                           num_results: int = 10) -> tuple[np.ndarray, np.ndarray]:
+    """RouteLLM's optimal curve (``get_optimal_accuracy`` in ``routellm/evals/benchmarks.py``) at
+    strong-call shares 0, 1/num_results, ..., 1 (``evaluate.py`` plots 0, 10, ..., 100%): a budget
+    of ``share * n`` strong calls goes to the prompts where the strong model gains most over the
+    weak one, never where it gains nothing. For binary quality this is RouteLLM's MMLU/GSM8K
+    formula exactly (weak correct + min(strong calls, prompts only the strong model gets right),
+    fractional calls included); for graded quality its MT-Bench one (the largest positive
+    differences first), here with a fractional last call where RouteLLM rounds the budget down.
+    """
+    gain = np.sort(np.maximum(np.asarray(q_strong, float) - np.asarray(q_weak, float), 0.0))[::-1]
+    n = len(gain)
+    share = np.linspace(0.0, 1.0, num_results + 1)
+    cum = np.concatenate([[0.0], np.cumsum(gain)])
+    bonus = np.interp(share * n, np.arange(n + 1), cum)
+    return share, float(np.mean(q_weak)) + bonus / n
+
+
 def first_crossing(x: np.ndarray, y: np.ndarray, target: float) -> float:
     """Smallest x where the piecewise-linear curve (x, y), x sorted, reaches ``target``; NaN if never."""
     if y[0] >= target:
@@ -184,10 +274,12 @@ def first_crossing(x: np.ndarray, y: np.ndarray, target: float) -> float:
     return float("nan")
 
 
-def routellm_metrics(score: np.ndarray, q_strong: np.ndarray, q_weak: np.ndarray,
+def routellm_metrics(score: np.ndarray | None, q_strong: np.ndarray, q_weak: np.ndarray,
                      num_results: int = 10) -> RouteLLMMetrics:
-    """APGR, CPT(50%) and CPT(80%) of a strong-vs-weak router's scores on the test prompts."""
-    share, qual = routellm_curve(score, q_strong, q_weak, num_results)
+    """APGR, CPT(50%) and CPT(80%) of a strong-vs-weak router's scores on the test prompts;
+    ``score=None``: of RouteLLM's optimal curve (:func:`routellm_optimal_curve`), the oracle's."""
+    share, qual = (routellm_curve(score, q_strong, q_weak, num_results) if score is not None
+                   else routellm_optimal_curve(q_strong, q_weak, num_results))
     weak, strong = float(np.mean(q_weak)), float(np.mean(q_strong))
     if not strong > weak:
         raise ValueError(f"APGR needs the strong model to beat the weak one on these prompts "

@@ -8,7 +8,9 @@ over the train prompts, of the spread between a prompt's cheapest and dearest mo
 Baselines (no learning): each single model; the **zero router** (the non-decreasing convex
 hull of the single models, RouterBench's "Zero"); **random** (each prompt to a model drawn
 at random, mixing along the zero router's hull: its expectation is the zero router);
-**oracle** (the true best ``quality - w * cost`` per prompt); **cost_only** (the train
+**oracle** (the exact optimal frontier: for every budget the best assignment of prompts to
+models, i.e. the true best ``quality - w * cost`` per prompt at every ``w`` from 0 to infinity;
+for binary quality, each prompt to the cheapest model that gets it right, as the budget allows); **cost_only** (the train
 split's mean quality per model with the regression router's predicted cost: what routing
 by price alone earns, so the learned routers' gain from *quality* prediction is visible).
 
@@ -56,7 +58,6 @@ logger = logging.getLogger(__name__)
 # 0.003 .. 3, where predicted-quality differences between models lie (on MMLU nothing
 # changes past about 1: every prompt goes to the cheap model)
 DEFAULT_MULTIPLIERS = (0.0, *np.round(np.geomspace(0.003, 3.0, 15), 6).tolist())
-ORACLE_MULTIPLIERS = (0.0, *np.geomspace(1e-3, 1e2, 101).tolist())
 BUNDLE_JSON = "router.json"
 
 
@@ -104,8 +105,14 @@ def random_router_curve(quality: np.ndarray, cost: np.ndarray, seed: int = 0, po
     return bm.sweep("random", lambda w: choices[round(w)], np.arange(points, dtype=np.float64), quality, cost)
 
 
-def oracle_curve(quality: np.ndarray, cost: np.ndarray, weights: np.ndarray) -> bm.Curve:
-    return bm.sweep("oracle", lambda w: bm.decide(quality, cost, w), weights, quality, cost)
+def oracle_curve(quality: np.ndarray, cost: np.ndarray, max_points: int = 2001) -> bm.Curve:
+    """The exact optimal frontier (:func:`benchmark_metrics.optimal_frontier`): every budget's best
+    assignment; at most ``max_points`` of its vertices, evenly spaced along it, first and last kept
+    (each a deterministic assignment on the frontier)."""
+    fr = bm.optimal_frontier(quality, cost)
+    keep = np.unique(np.linspace(0, len(fr.cost) - 1, min(max_points, len(fr.cost))).round().astype(np.int64))
+    return bm.Curve("oracle", fr.cost[keep], fr.quality[keep], fr.knob[keep],
+                    fr.choice_counts[keep] / len(quality))
 
 
 # ----------------------------------------------------------------------------- regression router

@@ -212,7 +212,7 @@ def _run(cfg: BenchmarkConfig, log: Callable[[str], None],
     kinds = {n: "single model" for n in curves}
     curves["zero_router"] = br.zero_router_curve(Qt, Ct)
     curves["random"] = br.random_router_curve(Qt, Ct, seed=cfg.seed)
-    curves["oracle"] = br.oracle_curve(Qt, Ct, np.asarray(br.ORACLE_MULTIPLIERS) / scale)
+    curves["oracle"] = br.oracle_curve(Qt, Ct)
     kinds |= {"zero_router": "baseline", "random": "baseline", "oracle": "baseline (knows the outcomes)"}
 
     reg = br.fit_regression(x_tr, tr.quality, tr.cost, chars_tr, tab.models, cfg.regression)
@@ -244,7 +244,7 @@ def _run(cfg: BenchmarkConfig, log: Callable[[str], None],
         strong_weak = (tab.models[s], tab.models[wk])
         if Qt[:, s].mean() > Qt[:, wk].mean():
             rng = np.random.default_rng(cfg.seed)
-            scores = {"random": rng.random(len(te)), "oracle": Qt[:, s] - Qt[:, wk],
+            scores = {"random": rng.random(len(te)), "oracle": None,  # RouteLLM's optimal curve
                       "regression": q_hat_te[:, s] - q_hat_te[:, wk],
                       "bc": _diff(bc.outputs(x_te, 0), s, wk), "cql": _diff(cql.outputs(x_te, 0), s, wk)}
             routellm = {n: bm.routellm_metrics(v, Qt[:, s], Qt[:, wk]) for n, v in scores.items()}

@@ -97,3 +97,66 @@ def test_sweep_scores_decisions_by_the_truth():
     curve = bm.sweep("t", lambda w: bm.decide(q, c, w), np.array([0.0, 1.0]), q, c)
     assert curve.cost.tolist() == [2.0, 1.0] and curve.quality.tolist() == [1.0, 0.5]
     assert curve.share.tolist() == [[0.5, 0.5], [1.0, 0.0]]
+
+
+def _routellm_optimal_reference(q_strong, q_weak, strong_percent):
+    """RouteLLM's MMLU get_optimal_accuracy (routellm/evals/benchmarks.py), transcribed."""
+    total = len(q_weak)
+    strong_calls = total * strong_percent
+    weak_correct = int((q_weak == 1).sum())
+    strong_bonus = min(strong_calls, int(((q_weak == 0) & (q_strong == 1)).sum()))
+    return (weak_correct + strong_bonus) / total
+
+
+def test_oracle_apgr_and_cpt_follow_routellms_optimal_curve_on_a_hand_computed_table():
+    # 10 prompts: the weak model right on 6, the strong on 7; 3 only the strong gets right, 2 only the weak
+    q_weak = np.array([1, 1, 1, 1, 1, 1, 0, 0, 0, 0], dtype=float)
+    q_strong = np.array([1, 1, 1, 1, 0, 0, 1, 1, 1, 0], dtype=float)
+    m = bm.routellm_metrics(None, q_strong, q_weak)
+    # by hand: 0.6 + min(share, 0.3) at shares 0, 0.1, ..., 1
+    assert m.strong_share.tolist() == pytest.approx(np.linspace(0, 1, 11).tolist())
+    assert m.quality.tolist() == pytest.approx([0.6, 0.7, 0.8] + [0.9] * 8)
+    assert m.quality.tolist() == pytest.approx([_routellm_optimal_reference(q_strong, q_weak, p / 100)
+                                                for p in range(0, 101, 10)])
+    # trapezoid area 0.1 * (9.3 - (0.6 + 0.9) / 2) = 0.855; APGR = (0.855 - 0.6) / (0.7 - 0.6) = 2.55
+    assert m.apgr == pytest.approx(2.55)
+    assert m.cpt50 == pytest.approx(0.05) and m.cpt80 == pytest.approx(0.08)
+    # what it replaced: the oracle's three-valued score through qcut never reaches its own optimum
+    qcut = bm.routellm_metrics(q_strong - q_weak, q_strong, q_weak)
+    assert qcut.apgr < m.apgr and qcut.quality.max() == pytest.approx(0.9)
+    # graded quality: the largest positive gains first (RouteLLM's MT-Bench optimum), fractional calls
+    share, qual = bm.routellm_optimal_curve(np.array([9.0, 5.0, 2.0, 8.0]), np.array([1.0, 6.0, 3.0, 8.0]), 4)
+    assert qual.tolist() == pytest.approx([4.5, 6.5, 6.5, 6.5, 6.5])
+
+
+def test_optimal_frontier_by_hand_binary_and_graded():
+    c = np.array([[1.0, 2.0, 4.0]] * 4)
+    q = np.array([[0, 1, 1], [0, 0, 1], [1, 1, 1], [0, 0, 0]], dtype=float)
+    fr = bm.optimal_frontier(q, c)
+    # start: everyone on the cheapest model; then the cheapest model that gets each prompt right,
+    # steepest step first: prompt 0 to model 1 (+1 quality for +1 USD), prompt 1 to model 2 (+1 for +3)
+    assert fr.cost.tolist() == pytest.approx([1.0, 1.25, 2.0])
+    assert fr.quality.tolist() == pytest.approx([0.25, 0.5, 0.75])
+    assert fr.knob.tolist() == [np.inf, 1.0, 3.0]
+    assert fr.choice_counts.tolist() == [[4, 0, 0], [3, 1, 0], [2, 1, 1]]
+    # graded: a model under the chord is skipped (0.3 at 2 USD lies under 0.2 at 1 -> 0.9 at 4)
+    fr = bm.optimal_frontier(np.array([[0.2, 0.3, 0.9], [0.2, 0.5, 0.9]]), np.array([[1.0, 2.0, 4.0]] * 2))
+    # steps: p1 0->1 slope 0.3, p0 0->2 slope 0.7/3, p1 1->2 slope 0.2
+    assert fr.cost.tolist() == pytest.approx([1.0, 1.5, 3.0, 4.0])
+    assert fr.quality.tolist() == pytest.approx([0.2, 0.35, 0.7, 0.9])
+    assert fr.choice_counts[-1].tolist() == [0, 0, 2]
+
+
+def test_optimal_frontier_contains_every_cost_weights_best_assignment():
+    rng = np.random.default_rng(3)
+    n, K = 300, 6
+    c = rng.lognormal(-6, 1, (n, K))
+    for q in (rng.random((n, K)), (rng.random((n, K)) < 0.6).astype(float)):
+        fr = bm.optimal_frontier(q, c)
+        assert np.all(np.diff(fr.cost) > 0) and np.all(np.diff(fr.quality) > 0)
+        for w in np.concatenate([[0.0], np.geomspace(1, 1e5, 40)]):
+            cost, qual = bm.outcome(bm.decide(q, c, w), q, c)
+            on = np.interp(cost, fr.cost, fr.quality)
+            assert qual <= on + 1e-9 and qual == pytest.approx(on, abs=1e-9)
+        # its AIQ bounds any router's: the best-quality-per-prompt point is its last vertex
+        assert fr.quality[-1] == pytest.approx(q.max(axis=1).mean())
