@@ -11,12 +11,19 @@ each gives one point ``(mean cost per prompt, mean quality)`` on the test prompt
 *non-decreasing convex hull* (NDCH): the upper concave envelope of the points — any two
 operating points can be mixed at random, so every point of a chord is reachable — made
 non-decreasing (beyond the best point, more money buys nothing: the curve stays flat).
-``AIQ = 1 / (c_max - c_min) * integral over [c_min, c_max] of the NDCH``. Here ``c_min``
-and ``c_max`` are the cheapest and the most expensive single model's mean costs, the same
-range for every router; left of a router's cheapest point the curve is 0 (it cannot
-operate there), right of its last point it stays at its best quality. RouterBench's
-code integrates from the router's first point and divides by the largest cost of the
-routers compared; with every router starting at the cheapest model both are the same.
+``AIQ = 1 / (c_max - c_min) * integral over [c_min, c_max] of the NDCH`` (the paper's
+definition, eq. 3: the mean quality over the cost range). Here ``c_min`` and ``c_max`` are the
+cheapest and the most expensive single model's mean costs, the same range for every router;
+left of a router's cheapest point the curve is 0 (it cannot operate there), right of its
+last point it stays at its best quality. This is the ``AIQ`` reported everywhere here.
+
+RouterBench's *code* (``calc_AIQ`` in ``evaluation/AIQ.py``) computes something else, reported
+beside it as ``AIQ (RouterBench code)`` (:func:`aiq_routerbench_code`): the trapezoid area of
+the NDCH from the router's *own first point* to ``x_max`` (the largest cost on any compared
+router's NDCH, the curve extended flat to it), divided by ``x_max`` rather than by the
+range. For a router whose curve starts at ``c_min`` it equals ``AIQ * (c_max - c_min) / c_max``
+when ``x_max = c_max``: smaller, by the cheapest model's share of the dearest one's cost (on
+MMLU about 6%), and it does not penalise a router for starting above ``c_min``.
 
 **Zero router**: the NDCH of the single models' points — what random mixtures of single
 models reach without looking at the prompt (RouterBench sec. 3.2). A learned router is
@@ -107,6 +114,17 @@ def aiq(cost: np.ndarray, quality: np.ndarray, c_min: float, c_max: float) -> fl
     xs = np.unique(np.concatenate([[lo, c_max], hc[(hc > lo) & (hc < c_max)]]))
     area = np.trapezoid(np.interp(xs, hc, hq), xs)
     return float(area / (c_max - c_min))
+
+
+def aiq_routerbench_code(cost: np.ndarray, quality: np.ndarray, x_max: float) -> float:
+    """AIQ as RouterBench's ``calc_AIQ`` computes it: the NDCH's trapezoid area from its first
+    point to ``x_max`` (flat after its last point), divided by ``x_max``."""
+    if not x_max > 0:
+        raise ValueError(f"aiq_routerbench_code needs x_max > 0, got {x_max}")
+    hc, hq = ndch(cost, quality)
+    if x_max > hc[-1]:
+        hc, hq = np.append(hc, x_max), np.append(hq, hq[-1])
+    return float(np.trapezoid(hq, hc) / x_max)
 
 
 def cost_range(single_cost: np.ndarray) -> tuple[float, float]:

@@ -90,7 +90,8 @@ class BenchmarkResult:
     c_range: tuple[float, float]
     curves: dict[str, bm.Curve]
     kinds: dict[str, str]  # curve -> "single model" / "baseline" / "learned"
-    aiq: dict[str, float]
+    aiq: dict[str, float]  # RouterBench's paper: mean NDCH quality over [c_min, c_max]
+    aiq_code: dict[str, float]  # RouterBench's calc_AIQ: area from the router's first point / x_max
     routellm: dict[str, bm.RouteLLMMetrics]  # two-model tables only
     strong_weak: tuple[str, str] | None
     ope_rows: list[dict]
@@ -117,6 +118,7 @@ class BenchmarkResult:
             best = int(np.argmax(c.quality))
             rows.append({"router": name, "kind": self.kinds[name], "AIQ": self.aiq[name],
                          "AIQ - zero router": self.aiq[name] - self.aiq["zero_router"],
+                         "AIQ (RouterBench code)": self.aiq_code[name],
                          "APGR": m.apgr if m else None, "CPT(50%)": m.cpt50 if m else None,
                          "CPT(80%)": m.cpt80 if m else None, "points": len(c.cost),
                          "best quality": float(c.quality[best]), "its cost (USD/prompt)": float(c.cost[best])})
@@ -140,6 +142,10 @@ class BenchmarkResult:
             "models": list(self.models), "n_train": self.n_train, "n_test": self.n_test,
             "table_sha256": self.table_sha256, "cost_scale_usd": self.cost_scale,
             "cost_weights": self.weights, "aiq_cost_range": list(self.c_range),
+            "aiq_normalisation": {"AIQ": "RouterBench paper: integral of the NDCH over [c_min, c_max] / (c_max - "
+                                         "c_min), 0 left of the router's first point",
+                                  "AIQ (RouterBench code)": "RouterBench evaluation/AIQ.py calc_AIQ: trapezoid "
+                                         "area of the NDCH from the router's first point to x_max / x_max"},
             "results": self.results_rows(), "best_learned": self.best_learned,
             "beats_zero_router": self.beats_zero_router,
             "curves": {n: {"cost": c.cost, "quality": c.quality, "knob": c.knob, "share": c.share}
@@ -236,6 +242,9 @@ def _run(cfg: BenchmarkConfig, log: Callable[[str], None],
     kinds |= {n: "learned" for n in LEARNED}
     c_min, c_max = bm.cost_range(Ct.mean(axis=0))
     aiq = {n: c.aiq(c_min, c_max) for n, c in curves.items()}
+    # RouterBench's code: from each router's own first point, over x_max, the largest cost on any NDCH
+    x_max = max(float(bm.ndch(c.cost, c.quality)[0][-1]) for c in curves.values())
+    aiq_code = {n: bm.aiq_routerbench_code(c.cost, c.quality, x_max) for n, c in curves.items()}
 
     routellm, strong_weak = {}, None
     if len(tab.models) == 2:
@@ -262,7 +271,7 @@ def _run(cfg: BenchmarkConfig, log: Callable[[str], None],
 
     result = BenchmarkResult(
         models=tab.models, n_train=len(tr), n_test=len(te), cost_scale=scale, weights=weights,
-        c_range=(c_min, c_max), curves=curves, kinds=kinds, aiq=aiq, routellm=routellm, strong_weak=strong_weak,
+        c_range=(c_min, c_max), curves=curves, kinds=kinds, aiq=aiq, aiq_code=aiq_code, routellm=routellm, strong_weak=strong_weak,
         ope_rows=ope_rows, ope_weight=w_ope, propensity=propensity, import_report=report,
         table_sha256=tab.sha256(), timings=timings, config=cfg,
         router_metrics={"bc": bc.metrics, "cql": cql.metrics})
@@ -395,7 +404,9 @@ def metadata_markdown(result: BenchmarkResult, max_dropped: int = 20) -> dict[st
                f"{z:.4f} ({'beats' if result.beats_zero_router else 'does NOT beat'} it; oracle "
                f"{result.aiq['oracle']:.4f}). `cost_only` routes by predicted price with each model's mean "
                "quality: the learned routers' margin over it is what predicting quality adds. "
-               f"AIQ over [{result.c_range[0]:.3g}, {result.c_range[1]:.3g}] USD per prompt; "
+               f"AIQ: the NDCH's mean quality over [{result.c_range[0]:.3g}, {result.c_range[1]:.3g}] USD per "
+               "prompt, from the cheapest to the dearest single model (RouterBench's paper); `AIQ (RouterBench "
+               "code)`: its calc_AIQ, area from the router's first point divided by the largest cost; "
                f"{result.n_train:,} train / {result.n_test:,} held-out test prompts.")
     out = {"results": verdict + "\n\n" + markdown.table(result.results_rows(), digits=4)}
     if result.routellm:

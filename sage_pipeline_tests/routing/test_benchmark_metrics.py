@@ -160,3 +160,18 @@ def test_optimal_frontier_contains_every_cost_weights_best_assignment():
             assert qual <= on + 1e-9 and qual == pytest.approx(on, abs=1e-9)
         # its AIQ bounds any router's: the best-quality-per-prompt point is its last vertex
         assert fr.quality[-1] == pytest.approx(q.max(axis=1).mean())
+
+
+def test_aiq_normalisations_paper_and_routerbench_code():
+    # two models at cost 1 (quality 0.4) and 3 (0.8): the zero router's chord
+    cost, qual = np.array([1.0, 3.0]), np.array([0.4, 0.8])
+    assert bm.aiq(cost, qual, 1.0, 3.0) == pytest.approx(0.6)  # paper: area 1.2 over the range 2
+    assert bm.aiq_routerbench_code(cost, qual, 3.0) == pytest.approx(1.2 / 3.0)  # code: area over x_max
+    # = AIQ * (c_max - c_min) / c_max when the curve starts at c_min
+    assert bm.aiq_routerbench_code(cost, qual, 3.0) == pytest.approx(0.6 * 2 / 3)
+    # a router starting above c_min: 0 there in the paper's AIQ, not counted at all by the code
+    late = (np.array([2.0, 3.0]), np.array([0.8, 0.8]))
+    assert bm.aiq(*late, 1.0, 3.0) == pytest.approx(0.4)
+    assert bm.aiq_routerbench_code(*late, 3.0) == pytest.approx(0.8 / 3.0)
+    # extended flat to the largest cost of the routers compared
+    assert bm.aiq_routerbench_code(cost, qual, 4.0) == pytest.approx((1.2 + 0.8) / 4.0)
