@@ -13,7 +13,7 @@ from sage_pipeline.rl.cql import CQLConfig
 from sage_pipeline.routing import benchmark_bandit as bb
 from sage_pipeline.routing import benchmark_import as bi
 from sage_pipeline.routing import benchmark_run as brun
-from sage_pipeline.routing.benchmark_routers import DEFAULT_MULTIPLIERS
+from sage_pipeline.routing.benchmark_routers import DEFAULT_SWEEP_POINTS, DEFAULT_WEIGHT_POINTS
 from sage_pipeline.routing.benchmark_train import BCGridConfig
 
 GROUP = "routing_benchmark"
@@ -39,8 +39,11 @@ class RoutingBenchmarkConfig(dg.Config):
     seed: int = 0
     featurizer: str = Field("tfidf_svd", description="prompt features: tfidf_svd or length (or one registered)")
     n_components: int = Field(128, description="tfidf_svd: SVD dimensions")
-    cost_weight_multipliers: list[float] = Field(list(DEFAULT_MULTIPLIERS), description="the cost-weight sweep, "
-                                                 "in units of 1 / (median per-prompt cost spread)")
+    cost_weight_points: int = Field(DEFAULT_WEIGHT_POINTS, description="cost weights the BC and CQL routers "
+                                    "are trained for: 0 to the weight that sends every train prompt to its cheapest "
+                                    "model, at quantiles of the weights where the oracle's choice changes")
+    sweep_points: int = Field(DEFAULT_SWEEP_POINTS, description="cost weights each prediction-based router is "
+                              "swept over on the test prompts (0 to its own cheap end)")
     bc_steps: int = Field(600, description="gradient steps of the BC policies (all cost weights at once)")
     cql_steps: int = Field(600, description="gradient steps of the bandit CQL critics")
     cql_alpha: float = Field(0.03, description="CQL's conservative weight")
@@ -50,7 +53,8 @@ class RoutingBenchmarkConfig(dg.Config):
     epsilon: float = Field(0.3, description="exploration of the epsilon behaviour")
     ope_behaviours: list[str] = Field(["static", "uniform", "epsilon"], description="behaviours simulated on the "
                                       "test prompts for off-policy evaluation")
-    ope_multiplier: float = Field(0.1, description="the cost weight OPE evaluates at, same units as the sweep")
+    ope_multiplier: float = Field(0.1, description="the cost weight OPE evaluates at, in units of 1 / (median "
+                                  "per-prompt cost spread between the dearest and cheapest model)")
     n_boot: int = Field(200, description="bootstrap resamples per OPE interval")
 
 
@@ -66,7 +70,7 @@ def _benchmark_config(c: RoutingBenchmarkConfig, sage: SageResource) -> brun.Ben
     return brun.BenchmarkConfig(
         table=table, test_fraction=c.test_fraction, seed=c.seed, featurizer=c.featurizer,
         featurizer_params={"n_components": c.n_components} if c.featurizer == "tfidf_svd" else {},
-        multipliers=tuple(c.cost_weight_multipliers), bc=BCGridConfig(steps=c.bc_steps, seed=c.seed),
+        weight_points=c.cost_weight_points, sweep_points=c.sweep_points, bc=BCGridConfig(steps=c.bc_steps, seed=c.seed),
         cql=CQLConfig(mode="bandit", hidden=(16,), steps=c.cql_steps, alpha=c.cql_alpha, seed=c.seed),
         train_behaviour=spec(c.train_behaviour), ope_behaviours=tuple(spec(k) for k in c.ope_behaviours),
         ope_multiplier=c.ope_multiplier, ope=bb.BanditOPEConfig(n_boot=c.n_boot, seed=c.seed))

@@ -181,7 +181,8 @@ class Frontier:
 
     cost: np.ndarray  # (V,) increasing
     quality: np.ndarray  # (V,)
-    knob: np.ndarray  # (V,) the cost weight w = 1 / slope at which each vertex is optimal (inf at the start)
+    knob: np.ndarray  # (V,) the largest cost weight w (quality per USD) at which each vertex is optimal:
+    # the slope of the step that reached it (inf at the start, all prompts on their cheapest model)
     choice_counts: np.ndarray  # (V, K) prompts sent to each model at each vertex
 
 
@@ -230,7 +231,7 @@ def optimal_frontier(quality: np.ndarray, cost: np.ndarray) -> Frontier:
     c0, q0 = c[rows, start].mean(), q[rows, start].mean()
     cost_v = np.concatenate([[c0], c0 + np.cumsum(dcs) / n])
     qual_v = np.concatenate([[q0], q0 + np.cumsum(dqs) / n])
-    knob = np.concatenate([[np.inf], dcs / dqs])
+    knob = np.concatenate([[np.inf], dqs / dcs])
     counts = np.zeros((len(f) + 1, K), dtype=np.int64)
     counts[0] = np.bincount(start, minlength=K)
     for k in range(K):

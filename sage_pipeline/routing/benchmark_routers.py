@@ -2,8 +2,9 @@
 
 Every router decides ``argmax_k  U_k(x) - w * C_k(x)`` (or, for the grid-trained ones, uses
 the policy trained for cost weight ``w``). The cost weight ``w`` (quality units per USD) is
-swept over a grid scaled to the data: ``multipliers / scale`` with ``scale`` the median,
-over the train prompts, of the spread between a prompt's cheapest and dearest model.
+swept from 0 (best predicted quality at any price) to the weight at which every prompt goes
+to its cheapest model (:func:`cost_weights`): for the prediction-based routers over their own
+predictions on the test prompts, for the grid routers over the train split's outcomes.
 
 Baselines (no learning): each single model; the **zero router** (the non-decreasing convex
 hull of the single models, RouterBench's "Zero"); **random** (each prompt to a model drawn
@@ -21,10 +22,11 @@ Learned routers (fitted on the train split only):
   of log cost on the features and the log prompt length; ``U = predicted quality``,
   ``C = predicted cost``. One model serves every cost weight.
 * ``bc``: behaviour cloning of the full-information oracle, one softmax policy per cost
-  weight of the grid, trained together as one batched ensemble. Each train prompt's label
-  is its best model at that weight; its loss weight is the utility gap to the runner-up
-  (cost-sensitive classification: for two models the argmax of the weighted classifier is
-  the Bayes-optimal decision, while an unweighted one collapses to the majority label).
+  weight of the grid, trained together as one batched ensemble. Each train prompt's target
+  is its best model at that weight (spread evenly over the models that tie for best); its
+  loss weight is the mean regret of the other models (:func:`oracle_targets`; cost-sensitive
+  classification: for two models the argmax of the weighted classifier is the Bayes-optimal
+  decision, while an unweighted one collapses to the majority label).
 * ``cql``: discrete CQL in bandit mode (``sage_pipeline.rl.cql``'s loss: Huber TD to the
   standardised reward plus ``alpha * (logsumexp_a Q - Q(a_logged))``) trained on *logged
   bandit feedback* (one model per train prompt, drawn by a behaviour policy:
@@ -53,11 +55,8 @@ from sage_pipeline.routing import benchmark_metrics as bm
 
 logger = logging.getLogger(__name__)
 
-# cost-weight multipliers: 0 (best predicted quality at any price), then 0.003x .. 3x the
-# reciprocal of the typical per-prompt cost spread: w * (cost spread) spans quality gaps of
-# 0.003 .. 3, where predicted-quality differences between models lie (on MMLU nothing
-# changes past about 1: every prompt goes to the cheap model)
-DEFAULT_MULTIPLIERS = (0.0, *np.round(np.geomspace(0.003, 3.0, 15), 6).tolist())
+DEFAULT_WEIGHT_POINTS = 24  # members of the grid routers (BC, CQL): cost weights from 0 to the cheap end
+DEFAULT_SWEEP_POINTS = 41  # cost weights a prediction-based router is swept over
 BUNDLE_JSON = "router.json"
 
 
@@ -67,11 +66,26 @@ def cost_scale(cost_train: np.ndarray) -> float:
     return float(spread) if spread > 0 else float(max(cost_train.mean(), 1e-12))
 
 
-def cost_weights(cost_train: np.ndarray, multipliers=DEFAULT_MULTIPLIERS) -> np.ndarray:
-    m = np.asarray(multipliers, dtype=np.float64)
-    if m.ndim != 1 or len(m) < 2 or (m < 0).any() or not np.isfinite(m).all():
-        raise ValueError(f"cost weight multipliers must be >= 2 finite numbers >= 0, got {list(m)}")
-    return np.sort(np.unique(m)) / cost_scale(cost_train)
+def cost_weights(quality: np.ndarray, cost: np.ndarray, points: int = DEFAULT_WEIGHT_POINTS) -> np.ndarray:
+    """Cost weights from 0 (best quality at any price) to the smallest weight at which
+    ``argmax_k quality - w * cost`` is every prompt's cheapest model, in between at evenly spaced
+    quantiles of the weights where some prompt's choice changes.
+
+    Those weights are the knobs of :func:`benchmark_metrics.optimal_frontier` on (quality, cost):
+    on the train table's outcomes for the grid routers (each member is trained for one weight), on
+    a router's own predictions for the prediction-based ones. So the sweep always reaches the cheap
+    end (AIQ counts a curve as 0 left of its cheapest point) and spends its points where decisions
+    change, whatever the table's prices or number of models.
+    """
+    if points < 2:
+        raise ValueError(f"cost weights need at least 2 points (0 and the cheap end), got {points}")
+    knobs = bm.optimal_frontier(quality, cost).knob[1:]
+    knobs = knobs[np.isfinite(knobs) & (knobs > 0)]
+    if len(knobs) == 0:  # the cheapest model is already the best everywhere
+        return np.array([0.0, 1.0 / cost_scale(cost)])
+    top = float(knobs.max()) * (1 + 1e-6)  # just past the last switch: every prompt on its cheapest model
+    inner = np.quantile(knobs, np.linspace(0.0, 1.0, points - 1)[:-1]) if points > 2 else np.array([])
+    return np.unique(np.concatenate([[0.0], inner, [top]]))
 
 
 # ----------------------------------------------------------------------------- baselines
@@ -216,13 +230,22 @@ class GridRouter:
         return cls(name, models, np.asarray(weights), nets)
 
 
-def oracle_labels(quality: np.ndarray, cost: np.ndarray, w: float) -> tuple[np.ndarray, np.ndarray]:
-    """(best model per prompt at cost weight w, utility gap to the runner-up)."""
-    u = quality - w * cost
-    label = bm.decide(quality, cost, w)
-    top = u[np.arange(len(u)), label]
-    rest = np.where(np.eye(u.shape[1], dtype=bool)[label], -np.inf, u).max(axis=1)
-    return label, np.maximum(top - rest, 0.0)
+def oracle_targets(quality: np.ndarray, cost: np.ndarray, w: float, tol: float = 1e-12
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """BC's targets at cost weight w: (n, K) bool, the models of best utility ``quality - w * cost``
+    (all of them where several tie), and each prompt's weight, the mean regret of the other
+    models ``sum_k (u_best - u_k) / (K - 1)``.
+
+    For two models the weight is the gap between them, so the weighted classifier's argmax is the
+    Bayes-optimal decision (cost-sensitive classification). For more it stays positive whenever
+    choosing wrongly costs anything: weighting by the gap to the runner-up instead gives 0 to
+    every prompt where two models tie (on an 11-model binary table, all but 0.5% of them).
+    """
+    u = quality - w * cost if np.isfinite(w) else -cost
+    best = u.max(axis=1, keepdims=True)
+    tied = u >= best - tol
+    K = u.shape[1]
+    return tied, (best - u).sum(axis=1) / max(K - 1, 1)
 
 
 # ----------------------------------------------------------------------------- bundle (save / serve)
@@ -302,5 +325,5 @@ def _jsonable(obj):
 
 
 __all__ = ["GridRouter", "RegressionConfig", "RegressionRouter", "RouterBundle", "cost_weights", "fit_regression",
-           "load_bundle", "oracle_curve", "oracle_labels", "random_router_curve", "save_bundle",
+           "load_bundle", "oracle_curve", "oracle_targets", "random_router_curve", "save_bundle",
            "single_model_curves", "zero_router_curve"]

@@ -55,7 +55,8 @@ class BenchmarkConfig:
     seed: int = 0
     featurizer: str = "tfidf_svd"
     featurizer_params: dict = field(default_factory=dict)
-    multipliers: tuple[float, ...] = br.DEFAULT_MULTIPLIERS  # cost weights, x 1 / cost scale
+    weight_points: int = br.DEFAULT_WEIGHT_POINTS  # BC / CQL members, cost weights 0 .. the cheap end
+    sweep_points: int = br.DEFAULT_SWEEP_POINTS  # cost weights each prediction-based router is swept over
     regression: br.RegressionConfig = field(default_factory=br.RegressionConfig)
     bc: bt.BCGridConfig = field(default_factory=bt.BCGridConfig)
     # small critics: (64, 64) x 1500 steps memorised the logged prompts (AIQ 0.741 vs 0.750)
@@ -76,6 +77,9 @@ class BenchmarkConfig:
     def __post_init__(self) -> None:
         if not 0.0 < self.test_fraction < 1.0:
             raise ValueError(f"test_fraction must be in (0, 1), got {self.test_fraction}")
+        if self.weight_points < 2 or self.sweep_points < 2:
+            raise ValueError(f"weight_points and sweep_points must be >= 2 (0 and the cheap end), got "
+                             f"{self.weight_points} and {self.sweep_points}")
         if self.ope_multiplier < 0:
             raise ValueError(f"ope_multiplier must be >= 0, got {self.ope_multiplier}")
 
@@ -212,7 +216,7 @@ def _run(cfg: BenchmarkConfig, log: Callable[[str], None],
     lap("features")
 
     scale = br.cost_scale(tr.cost)
-    weights = br.cost_weights(tr.cost, cfg.multipliers)
+    weights = br.cost_weights(tr.quality, tr.cost, cfg.weight_points)
     Qt, Ct = te.quality, te.cost
     curves = {c.name: c for c in br.single_model_curves(Qt, Ct, tab.models)}
     kinds = {n: "single model" for n in curves}
@@ -233,10 +237,12 @@ def _run(cfg: BenchmarkConfig, log: Callable[[str], None],
 
     c_hat_te = reg.cost(x_te, chars_te)
     mean_q = np.broadcast_to(tr.quality.mean(axis=0), Qt.shape)
-    curves["cost_only"] = bm.sweep("cost_only", lambda w: bm.decide(mean_q, c_hat_te, w), weights, Qt, Ct)
+    curves["cost_only"] = bm.sweep("cost_only", lambda w: bm.decide(mean_q, c_hat_te, w),
+                                   br.cost_weights(mean_q, c_hat_te, cfg.sweep_points), Qt, Ct)
     kinds["cost_only"] = "baseline (price only)"
     q_hat_te = reg.quality(x_te)
-    curves["regression"] = bm.sweep("regression", lambda w: bm.decide(q_hat_te, c_hat_te, w), weights, Qt, Ct)
+    curves["regression"] = bm.sweep("regression", lambda w: bm.decide(q_hat_te, c_hat_te, w),
+                                    br.cost_weights(q_hat_te, c_hat_te, cfg.sweep_points), Qt, Ct)
     curves["bc"] = bm.sweep("bc", lambda w: bc.decide(x_te, w), weights, Qt, Ct)
     curves["cql"] = bm.sweep("cql", lambda w: cql.decide(x_te, w), weights, Qt, Ct)
     kinds |= {n: "learned" for n in LEARNED}

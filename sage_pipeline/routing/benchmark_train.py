@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from sage_pipeline.rl.checkpoint import Layers
 from sage_pipeline.rl.cql import CQLConfig, Ensemble
-from sage_pipeline.routing.benchmark_routers import GridRouter, oracle_labels
+from sage_pipeline.routing.benchmark_routers import GridRouter, oracle_targets
 
 logger = logging.getLogger(__name__)
 
@@ -89,11 +89,12 @@ def train_bc_grid(x: np.ndarray, quality: np.ndarray, cost: np.ndarray, weights:
     """Cost-sensitive behaviour cloning of the oracle, one softmax policy per cost weight."""
     t0 = time.perf_counter()
     G, (n, K) = len(weights), quality.shape
-    labels, gaps = zip(*(oracle_labels(quality, cost, float(w)) for w in weights))
-    Y = torch.as_tensor(np.stack(labels))  # (G, n)
-    gap = np.stack(gaps)
-    gap = gap / np.where(gap.mean(axis=1, keepdims=True) > 0, gap.mean(axis=1, keepdims=True), 1.0)
-    Wt = torch.as_tensor(np.where(gap.sum(axis=1, keepdims=True) > 0, gap, 1.0), dtype=torch.float32)
+    tied, regret = zip(*(oracle_targets(quality, cost, float(w)) for w in weights))
+    tied = np.stack(tied)  # (G, n, K): the best models at each weight
+    T = torch.as_tensor(tied / tied.sum(axis=2, keepdims=True), dtype=torch.float32)  # soft targets over ties
+    reg = np.stack(regret)  # (G, n): mean regret of the other models
+    reg = reg / np.where(reg.mean(axis=1, keepdims=True) > 0, reg.mean(axis=1, keepdims=True), 1.0)
+    Wt = torch.as_tensor(np.where(reg.sum(axis=1, keepdims=True) > 0, reg, 1.0), dtype=torch.float32)
     X = torch.as_tensor(x, dtype=torch.float32)
     with _torch_threads(cfg.torch_threads):
         gen = torch.Generator().manual_seed(cfg.seed)
@@ -105,7 +106,7 @@ def train_bc_grid(x: np.ndarray, quality: np.ndarray, cost: np.ndarray, weights:
         for step in range(1, cfg.steps + 1):
             idx = torch.randint(0, n, (B,), generator=gen)
             logits = net(X[idx])  # (G, B, K)
-            ce = F.cross_entropy(logits.reshape(G * B, K), Y[:, idx].reshape(-1), reduction="none").view(G, B)
+            ce = -(T[:, idx] * F.log_softmax(logits, dim=2)).sum(dim=2)  # (G, B)
             loss = (ce * Wt[:, idx]).mean(dim=1)
             opt.zero_grad(set_to_none=True)
             loss.sum().backward()
@@ -117,8 +118,9 @@ def train_bc_grid(x: np.ndarray, quality: np.ndarray, cost: np.ndarray, weights:
                     f"{float(torch.stack(loss_hist[-100:]).mean()):.4f} {step / (last - t0):.0f} steps/s")
     nets = [[layers] for layers in _export(net, range(G))]
     router = GridRouter("bc", models, np.asarray(weights, dtype=np.float64), nets)
-    agree = [float((router.outputs(x, g).argmax(1) == labels[g]).mean()) for g in range(G)]
+    agree = [float(tied[g][np.arange(n), router.outputs(x, g).argmax(1)].mean()) for g in range(G)]
     router.metrics.update({"steps": cfg.steps, "seconds": time.perf_counter() - t0, "train_agreement": agree,
+                           "weighted_share": (np.stack(regret) > 0).mean(axis=1).tolist(),
                            "config": asdict(cfg)})
     return router
 

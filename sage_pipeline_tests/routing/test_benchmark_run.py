@@ -78,7 +78,7 @@ def test_outputs_report_plot_and_routers(mmlu_run):
     report = json.loads(paths["report"].read_text())
     assert report["models"] == list(result.models) and report["best_learned"] == result.best_learned
     assert report["import"]["excluded"] == 1 and report["routellm"]["published_mmlu"]["best_with_mmlu_labels"]
-    assert len(report["curves"]["regression"]["cost"]) == len(br.DEFAULT_MULTIPLIERS)
+    assert len(report["curves"]["regression"]["cost"]) == br.DEFAULT_SWEEP_POINTS
     assert png[:4] == b"\x89PNG" and paths["plot"].read_bytes() == png
     loaded = br.load_bundle(paths["checkpoint"])
     assert loaded.manifest["training_data_sha256"] == result.table_sha256
