@@ -157,6 +157,7 @@ class Curve:
     quality: np.ndarray  # mean quality at each point
     knob: np.ndarray  # the cost weight (or mixture share) of each point
     share: np.ndarray  # (points, K) share of prompts routed to each model
+    choice: np.ndarray | None = None  # (points, n) the model of each test prompt at each point (for the bootstrap)
 
     def aiq(self, c_min: float, c_max: float) -> float:
         return aiq(self.cost, self.quality, c_min, c_max)
@@ -165,13 +166,39 @@ class Curve:
 def sweep(name: str, decide_at, weights: np.ndarray, quality: np.ndarray, cost: np.ndarray) -> Curve:
     """Run ``decide_at(w) -> model per prompt`` at every weight; score by the table's truth."""
     K = quality.shape[1]
-    pts, shares = [], []
+    pts, shares, choices = [], [], []
     for w in weights:
         choice = decide_at(float(w))
         pts.append(outcome(choice, quality, cost))
         shares.append(np.bincount(choice, minlength=K) / len(choice))
+        choices.append(choice)
     arr = np.asarray(pts)
-    return Curve(name, arr[:, 0], arr[:, 1], np.asarray(weights, dtype=np.float64), np.asarray(shares))
+    return Curve(name, arr[:, 0], arr[:, 1], np.asarray(weights, dtype=np.float64), np.asarray(shares),
+                 np.asarray(choices, dtype=np.int16 if K < 32768 else np.int32))
+
+
+def bootstrap_aiq(curves: dict[str, Curve], quality: np.ndarray, cost: np.ndarray, n_boot: int = 200,
+                  seed: int = 0, chunk: int = 25) -> dict[str, np.ndarray]:
+    """Each curve's AIQ on ``n_boot`` resamples of the test prompts (with replacement), every router on
+    the same resamples (so differences are paired), each router's decisions held fixed (its
+    ``choice``), the AIQ range recomputed from the single models' mean costs on each resample.
+    Curves without recorded choices are skipped."""
+    n, K = quality.shape
+    rng = np.random.default_rng(seed)
+    named = {k: c for k, c in curves.items() if c.choice is not None}
+    rows = np.arange(n)
+    per_point = {k: (quality[rows, c.choice], cost[rows, c.choice]) for k, c in named.items()}  # (P, n) each
+    out = {k: np.empty(n_boot) for k in named}
+    for start in range(0, n_boot, chunk):
+        b = min(chunk, n_boot - start)
+        w = rng.multinomial(n, np.full(n, 1.0 / n), size=b).astype(np.float64) / n  # (b, n) resample weights
+        single_cost = w @ cost  # (b, K)
+        qs = {k: (w @ pq.T, w @ pc.T) for k, (pq, pc) in per_point.items()}  # (b, P) quality, cost
+        for j in range(b):
+            c_min, c_max = float(single_cost[j].min()), float(single_cost[j].max())
+            for k, (mq, mc) in qs.items():
+                out[k][start + j] = aiq(mc[j], mq[j], c_min, c_max)
+    return out
 
 
 # ----------------------------------------------------------------------------- the oracle's frontier

@@ -90,15 +90,16 @@ def cost_weights(quality: np.ndarray, cost: np.ndarray, points: int = DEFAULT_WE
 
 # ----------------------------------------------------------------------------- baselines
 def single_model_curves(quality: np.ndarray, cost: np.ndarray, models: tuple[str, ...]) -> list[bm.Curve]:
-    K = len(models)
+    K, n = len(models), len(quality)
     return [bm.Curve(m, np.array([cost[:, k].mean()]), np.array([quality[:, k].mean()]), np.array([np.nan]),
-                     np.eye(K)[k][None, :]) for k, m in enumerate(models)]
+                     np.eye(K)[k][None, :], np.full((1, n), k, dtype=np.int16)) for k, m in enumerate(models)]
 
 
 def zero_router_curve(quality: np.ndarray, cost: np.ndarray) -> bm.Curve:
     """The single models' points; its NDCH is the zero router (mixtures of single models)."""
     K = quality.shape[1]
-    return bm.Curve("zero_router", cost.mean(axis=0), quality.mean(axis=0), np.full(K, np.nan), np.eye(K))
+    return bm.Curve("zero_router", cost.mean(axis=0), quality.mean(axis=0), np.full(K, np.nan), np.eye(K),
+                    np.repeat(np.arange(K, dtype=np.int16)[:, None], len(quality), axis=1))
 
 
 def random_router_curve(quality: np.ndarray, cost: np.ndarray, seed: int = 0, points: int = 21) -> bm.Curve:

@@ -68,6 +68,8 @@ class BenchmarkConfig:
     # OPE evaluates the routers at this cost weight (x 1 / cost scale); on MMLU 0.1 sends about
     # half the prompts to each model (at 1 every router sends all to the cheap one)
     ope_multiplier: float = 0.1
+    # bootstrap resamples of the test prompts for every router's AIQ interval (paired across routers)
+    aiq_boot: int = 200
     ope: bb.BanditOPEConfig = field(default_factory=bb.BanditOPEConfig)
     propensity_bc: bb.PropensityBCConfig = field(default_factory=bb.PropensityBCConfig)
     # BLAS/OpenMP threads (numpy, scikit-learn) while it runs; 0 leaves the default. One is fastest on
@@ -106,14 +108,29 @@ class BenchmarkResult:
     timings: dict[str, float]
     config: BenchmarkConfig
     router_metrics: dict[str, dict] = field(default_factory=dict)
+    aiq_ci: dict[str, tuple[float, float]] = field(default_factory=dict)  # 95% bootstrap interval over test prompts
+    margin_vs_random_ci: dict[str, tuple[float, float]] = field(default_factory=dict)  # paired: AIQ - random's
+
+    @property
+    def learned(self) -> tuple[str, ...]:
+        return tuple(n for n in self.curves if self.kinds.get(n) == "learned")
 
     @property
     def best_learned(self) -> str:
-        return max(LEARNED, key=lambda n: self.aiq.get(n, -np.inf))
+        return max(self.learned, key=lambda n: self.aiq.get(n, -np.inf))
 
     @property
     def beats_zero_router(self) -> bool:
         return self.aiq[self.best_learned] > self.aiq["zero_router"]
+
+    @property
+    def beats_random_router(self) -> bool:
+        """The best learned router's 95% interval lies above the random router's AIQ, and so does the
+        paired interval of its margin over it (both bootstrap over test prompts)."""
+        best = self.best_learned
+        if best not in self.aiq_ci:
+            return False
+        return self.aiq_ci[best][0] > self.aiq["random"] and self.margin_vs_random_ci[best][0] > 0
 
     def results_rows(self) -> list[dict]:
         rows = []
@@ -122,6 +139,8 @@ class BenchmarkResult:
             best = int(np.argmax(c.quality))
             rows.append({"router": name, "kind": self.kinds[name], "AIQ": self.aiq[name],
                          "AIQ - zero router": self.aiq[name] - self.aiq["zero_router"],
+                         "AIQ 95% interval": _fmt_ci(self.aiq_ci.get(name)),
+                         "AIQ - random (95% interval)": _fmt_ci(self.margin_vs_random_ci.get(name)),
                          "AIQ (RouterBench code)": self.aiq_code[name],
                          "APGR": m.apgr if m else None, "CPT(50%)": m.cpt50 if m else None,
                          "CPT(80%)": m.cpt80 if m else None, "points": len(c.cost),
@@ -151,7 +170,8 @@ class BenchmarkResult:
                                   "AIQ (RouterBench code)": "RouterBench evaluation/AIQ.py calc_AIQ: trapezoid "
                                          "area of the NDCH from the router's first point to x_max / x_max"},
             "results": self.results_rows(), "best_learned": self.best_learned,
-            "beats_zero_router": self.beats_zero_router,
+            "beats_zero_router": self.beats_zero_router, "beats_random_router": self.beats_random_router,
+            "aiq_ci95": self.aiq_ci, "margin_vs_random_ci95": self.margin_vs_random_ci,
             "curves": {n: {"cost": c.cost, "quality": c.quality, "knob": c.knob, "share": c.share}
                        for n, c in self.curves.items()},
             "routellm": {"strong": self.strong_weak[0] if self.strong_weak else None,
@@ -165,6 +185,10 @@ class BenchmarkResult:
             "import": self.import_report.to_dict(), "timings_s": self.timings,
             "config": _config_dict(self.config),
         })
+
+
+def _fmt_ci(ci: tuple[float, float] | None) -> str | None:
+    return None if ci is None else f"[{ci[0]:.4f}, {ci[1]:.4f}]"
 
 
 def _config_dict(cfg: BenchmarkConfig) -> dict:
@@ -251,6 +275,10 @@ def _run(cfg: BenchmarkConfig, log: Callable[[str], None],
     # RouterBench's code: from each router's own first point, over x_max, the largest cost on any NDCH
     x_max = max(float(bm.ndch(c.cost, c.quality)[0][-1]) for c in curves.values())
     aiq_code = {n: bm.aiq_routerbench_code(c.cost, c.quality, x_max) for n, c in curves.items()}
+    boot = bm.bootstrap_aiq({n: c for n, c in curves.items() if n != "oracle"}, Qt, Ct, cfg.aiq_boot, cfg.seed)
+    aiq_ci = {n: tuple(np.percentile(v, [2.5, 97.5]).tolist()) for n, v in boot.items()}
+    margin_ci = {n: tuple(np.percentile(v - boot["random"], [2.5, 97.5]).tolist()) for n, v in boot.items()
+                 if n != "random"}
 
     routellm, strong_weak = {}, None
     if len(tab.models) == 2:
@@ -280,7 +308,7 @@ def _run(cfg: BenchmarkConfig, log: Callable[[str], None],
         c_range=(c_min, c_max), curves=curves, kinds=kinds, aiq=aiq, aiq_code=aiq_code, routellm=routellm, strong_weak=strong_weak,
         ope_rows=ope_rows, ope_weight=w_ope, propensity=propensity, import_report=report,
         table_sha256=tab.sha256(), timings=timings, config=cfg,
-        router_metrics={"bc": bc.metrics, "cql": cql.metrics})
+        router_metrics={"bc": bc.metrics, "cql": cql.metrics}, aiq_ci=aiq_ci, margin_vs_random_ci=margin_ci)
     bundle = br.RouterBundle(feat, tab.models, reg, {"bc": bc, "cql": cql}, {
         "kind": "routing_benchmark", "featurizer": feat.name, "training_data_sha256": result.table_sha256,
         "source": report.source, "test_fraction": cfg.test_fraction, "split_seed": cfg.seed,
@@ -290,8 +318,10 @@ def _run(cfg: BenchmarkConfig, log: Callable[[str], None],
                 "member trained for the nearest weight"})
     z = aiq["zero_router"]
     log("routing benchmark: AIQ " + ", ".join(f"{n} {aiq[n]:.4f}" for n in (*LEARNED, "cost_only", "oracle"))
-        + f" vs zero router {z:.4f}; best learned {result.best_learned} "
-        + ("beats" if result.beats_zero_router else "does NOT beat") + " the zero router")
+        + f" vs zero router {z:.4f}, random {aiq['random']:.4f}; best learned {result.best_learned} "
+        + f"{aiq[result.best_learned]:.4f} (95% interval {_fmt_ci(aiq_ci[result.best_learned])}, margin over random "
+        + f"{_fmt_ci(margin_ci[result.best_learned])}) "
+        + ("beats" if result.beats_random_router else "does NOT beat") + " the random router")
     return result, bundle
 
 
@@ -406,9 +436,12 @@ def metadata_markdown(result: BenchmarkResult, max_dropped: int = 20) -> dict[st
 
     rep = result.import_report
     z, best = result.aiq["zero_router"], result.best_learned
-    verdict = (f"**{best}** has the best AIQ of the learned routers: {result.aiq[best]:.4f} vs the zero router's "
-               f"{z:.4f} ({'beats' if result.beats_zero_router else 'does NOT beat'} it; oracle "
-               f"{result.aiq['oracle']:.4f}). `cost_only` routes by predicted price with each model's mean "
+    verdict = (f"**{best}** has the best AIQ of the learned routers: {result.aiq[best]:.4f} (95% interval "
+               f"{_fmt_ci(result.aiq_ci.get(best))}, bootstrap over the test prompts) vs the random router's "
+               f"{result.aiq['random']:.4f}, paired margin {_fmt_ci(result.margin_vs_random_ci.get(best))}: it "
+               f"{'beats' if result.beats_random_router else 'does NOT beat'} the random router (zero router "
+               f"{z:.4f}; oracle {result.aiq['oracle']:.4f}). The best is picked on these test prompts, so its "
+               "interval is slightly optimistic. `cost_only` routes by predicted price with each model's mean "
                "quality: the learned routers' margin over it is what predicting quality adds. "
                f"AIQ: the NDCH's mean quality over [{result.c_range[0]:.3g}, {result.c_range[1]:.3g}] USD per "
                "prompt, from the cheapest to the dearest single model (RouterBench's paper); `AIQ (RouterBench "

@@ -51,14 +51,16 @@ def test_asset_writes_report_routers_and_readable_metadata(materialized):
     assert bundle.route(["What is 2 + 2?\nA. 3\nB. 4\nAnswer:"], cost_weight=0.0)[0] in bundle.models
 
 
-def test_check_reports_against_the_zero_router(materialized):
+def test_check_reports_against_the_random_router_with_an_interval(materialized):
     _, result = materialized
     evals = [e.event_specific_data for e in result.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"]
     assert [e.check_name for e in evals] == [CHECK]
     e = evals[0]
     assert e.severity == dg.AssetCheckSeverity.WARN
     md = {k: v.value for k, v in e.metadata.items()}
-    assert e.passed == (md["best_learned_aiq"] > md["zero_router_aiq"])
+    assert md["best_learned_aiq_ci95_low"] <= md["best_learned_aiq"] <= md["best_learned_aiq_ci95_high"]
+    assert e.passed == (md["best_learned_aiq_ci95_low"] > md["random_router_aiq"]
+                        and md["margin_vs_random_ci95_low"] > 0)
 
 
 def test_bad_path_fails_with_the_path_in_the_error(tmp_path):

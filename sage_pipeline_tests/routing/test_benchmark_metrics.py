@@ -175,3 +175,27 @@ def test_aiq_normalisations_paper_and_routerbench_code():
     assert bm.aiq_routerbench_code(*late, 3.0) == pytest.approx(0.8 / 3.0)
     # extended flat to the largest cost of the routers compared
     assert bm.aiq_routerbench_code(cost, qual, 4.0) == pytest.approx((1.2 + 0.8) / 4.0)
+
+
+def test_bootstrap_aiq_is_paired_and_centred_on_the_point_estimate():
+    rng = np.random.default_rng(0)
+    n = 2000
+    q = np.column_stack([(rng.random(n) < 0.6), (rng.random(n) < 0.8)]).astype(float)
+    c = np.column_stack([np.full(n, 1.0), np.full(n, 4.0)])
+    good = np.where(q[:, 0] == 1, 0, 1)  # knows when the cheap model suffices
+    policies = [np.ones(n, dtype=int), good, np.zeros(n, dtype=int)]
+    weights = np.arange(3.0)
+    curves = {"zero": bm.Curve("zero", c.mean(0), q.mean(0), np.full(2, np.nan), np.eye(2),
+                               np.repeat(np.arange(2, dtype=np.int16)[:, None], n, axis=1)),
+              "good": bm.sweep("good", lambda w: policies[int(w)], weights, q, c),
+              "copy": bm.sweep("copy", lambda w: policies[int(w)], weights, q, c),
+              "no_choice": bm.Curve("no_choice", np.array([1.0]), np.array([0.5]), np.array([0.0]), np.eye(2)[:1])}
+    boot = bm.bootstrap_aiq(curves, q, c, n_boot=120, seed=1)
+    assert set(boot) == {"zero", "good", "copy"}  # a curve without recorded choices is skipped
+    lo, hi = np.percentile(boot["good"], [2.5, 97.5])
+    point = curves["good"].aiq(*bm.cost_range(c.mean(0)))
+    assert lo < point < hi and hi - lo < 0.05
+    margin = boot["good"] - boot["zero"]
+    assert np.percentile(margin, 2.5) > 0  # paired: the same resamples for every router
+    # the same router twice: every resample gives it the same AIQ
+    assert np.array_equal(boot["good"], boot["copy"])

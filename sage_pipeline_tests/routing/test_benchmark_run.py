@@ -113,3 +113,16 @@ def test_config_and_table_errors():
         brun.run_benchmark(_fast(), table=(one, brun.ImportReport(source="t")))
     with pytest.raises(ValueError, match="at least 10 of each"):
         brun.run_benchmark(_fast(test_fraction=0.01), table=(tab, brun.ImportReport(source="t")))
+
+
+def test_every_router_has_a_bootstrap_interval_and_the_verdict_is_against_random(mmlu_run):
+    result, _, paths, _ = mmlu_run
+    for name in (*result.learned, "random", "zero_router", "cost_only"):
+        lo, hi = result.aiq_ci[name]
+        assert lo <= result.aiq[name] + 1e-9 and result.aiq[name] <= hi + 1e-9, name
+    assert "random" not in result.margin_vs_random_ci and set(result.learned) <= set(result.margin_vs_random_ci)
+    best = result.best_learned
+    assert result.beats_random_router == (result.aiq_ci[best][0] > result.aiq["random"]
+                                          and result.margin_vs_random_ci[best][0] > 0)
+    report = json.loads(paths["report"].read_text())
+    assert report["beats_random_router"] == result.beats_random_router and best in report["aiq_ci95"]
