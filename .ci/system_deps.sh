@@ -2,12 +2,14 @@
 # System packages the UI and storage tests need (Debian/Ubuntu):
 #   chromium, chromium-driver  the real-browser test (sage_pipeline_tests/ui/test_browser.py)
 #   postgresql                 the Postgres instance-storage test (test_postgres_storage.py)
+#   redis-server               the Celery broker of the cluster test and `make cluster-demo`
+#                              (test_celery_executor.py starts its own on loopback, by PID)
 #   fonts-liberation           readable text in the browser test's screenshots
 # Idempotent: installs only what is missing, after a single `apt-get update`. As root it
 # installs; otherwise it prints the command to run and exits 1 when something is missing.
 set -euo pipefail
 
-PACKAGES=(chromium chromium-driver postgresql fonts-liberation)
+PACKAGES=(chromium chromium-driver postgresql redis-server fonts-liberation)
 
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 
@@ -23,7 +25,7 @@ fi
 
 if ! command -v apt-get >/dev/null 2>&1; then
   echo "system_deps: missing ${missing[*]} and apt-get is not available: install Chromium," \
-       "its chromedriver and the PostgreSQL server binaries with your package manager" >&2
+       "its chromedriver, the PostgreSQL server binaries and redis-server with your package manager" >&2
   exit 1
 fi
 

@@ -55,7 +55,8 @@ def require_file(path: str | Path, what: str, env: str) -> Path:
     if not (p.is_file() and os.access(p, os.X_OK)):
         raise AssertionError(
             f"{what} not found at {p}. Install the system packages the UI tests need with "
-            f"`sudo {SYSTEM_DEPS}` (Debian: chromium chromium-driver postgresql), or point ${env} at it.")
+            f"`sudo {SYSTEM_DEPS}` (Debian: chromium chromium-driver postgresql redis-server), or point "
+            f"${env} at it.")
     return p
 
 

@@ -8,21 +8,16 @@ Missing PostgreSQL server binaries FAIL (never skip): run `.ci/system_deps.sh` a
 
 from __future__ import annotations
 
-import glob
-import os
 import re
-import shutil
-import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import dagster as dg
 import pytest
 import yaml
 
+from sage_pipeline_tests import services
 from sage_pipeline_tests.ui import _support as sup
 
 pytestmark = pytest.mark.slow
@@ -42,97 +37,15 @@ def documented_instance_config() -> dict:
     return yaml.safe_load(block.group(1))
 
 
-@dataclass(frozen=True)
-class Cluster:
-    port: int
-    user: str
-    password: str
-    db: str
-
-
-def _pg_bin() -> Path:
-    """The PostgreSQL server binaries: $PG_BIN, else Debian's newest /usr/lib/postgresql/*/bin."""
-    if os.environ.get("PG_BIN"):
-        found = Path(os.environ["PG_BIN"])
-    else:
-        versions = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"),
-                          key=lambda p: int(Path(p).parent.parent.name) if Path(p).parent.parent.name.isdigit() else 0)
-        found = Path(versions[-1]).parent if versions else Path("/usr/lib/postgresql/<version>/bin")
-    for tool in ("initdb", "pg_ctl"):
-        sup.require_file(found / tool, f"PostgreSQL's {tool} (server binaries)", "PG_BIN")
-    return found
-
-
-def _as_unprivileged(cmd: list[str]) -> list[str]:
-    """PostgreSQL refuses to run as root: run it as the `postgres` user when we are root."""
-    if os.geteuid() != 0:
-        return cmd
-    if shutil.which("runuser") is None:
-        raise AssertionError("running as root and `runuser` is missing: cannot start PostgreSQL as an "
-                             "unprivileged user (install util-linux, or run the tests as a normal user)")
-    try:
-        import pwd
-
-        pwd.getpwnam("postgres")
-    except KeyError:
-        raise AssertionError("running as root and there is no `postgres` user to run PostgreSQL as: "
-                             f"run `sudo {sup.SYSTEM_DEPS}` (Debian's postgresql package creates it)") from None
-    return ["runuser", "-u", "postgres", "--", *cmd]
-
-
-def _run(cmd: list[str], what: str) -> None:
-    done = subprocess.run(_as_unprivileged(cmd), check=False, capture_output=True, text=True, timeout=120)
-    if done.returncode != 0:
-        raise AssertionError(f"{what} failed ({done.returncode}): {' '.join(cmd)}\n{done.stdout}{done.stderr}")
+Cluster = services.Postgres
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    """initdb + pg_ctl start in a temp dir, loopback only, a free port, password auth;
-    stopped (and the dir removed) in the finalizer, also when a test fails."""
-    bin_dir = _pg_bin()
-    # under the system temp dir, not pytest's (0700, root's): the postgres user must reach it
-    root = Path(tempfile.mkdtemp(prefix="sage-pg-"))
-    data, pwfile, log = root / "data", root / "pwfile", root / "postgres.log"
-    cl = Cluster(port=sup.free_port(), user="dagster", password="sage-test-pw", db="dagster")
-    pwfile.write_text(cl.password + "\n")
-    if os.geteuid() == 0:
-        shutil.chown(root, "postgres")
-        shutil.chown(pwfile, "postgres")
-    started = False
-    try:
-        _run([str(bin_dir / "initdb"), "-D", str(data), "-U", cl.user, f"--pwfile={pwfile}",
-              "--auth=scram-sha-256", "-E", "UTF8", "--no-sync", "--no-instructions"], "initdb")
-        opts = f"-c listen_addresses=127.0.0.1 -p {cl.port} -k {data} -c fsync=off -c full_page_writes=off"
-        _run([str(bin_dir / "pg_ctl"), "-D", str(data), "-l", str(log), "-o", opts, "-w", "-t", "60", "start"],
-             f"pg_ctl start (log {log})")
-        started = True
-        import psycopg2
-
-        conn = psycopg2.connect(host="127.0.0.1", port=cl.port, user=cl.user, password=cl.password,
-                                dbname="postgres")
-        conn.autocommit = True
-        with conn.cursor() as cur:
-            cur.execute(f"CREATE DATABASE {cl.db}")
-        conn.close()
+    """A throwaway PostgreSQL cluster on loopback (sage_pipeline_tests/services.py), stopped by
+    its PID in the finalizer, also when a test fails."""
+    with services.postgres() as cl:
         yield cl
-    finally:
-        if started:
-            _stop(bin_dir, data)
-        shutil.rmtree(root, ignore_errors=True)
-
-
-def _stop(bin_dir: Path, data: Path) -> None:
-    """pg_ctl stop; if that fails, SIGKILL the postmaster by the PID in its pid file."""
-    try:
-        _run([str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "-t", "30", "stop"], "pg_ctl stop")
-    except AssertionError:
-        pidfile = data / "postmaster.pid"
-        if pidfile.is_file():
-            import signal
-
-            os.kill(int(pidfile.read_text().split()[0]), signal.SIGKILL)
-        raise
 
 
 @pytest.fixture
@@ -151,17 +64,7 @@ def pg_home(cluster, tmp_path, monkeypatch) -> Path:
     return home
 
 
-def _rows(cluster: Cluster, sql: str) -> list[tuple]:
-    import psycopg2
-
-    conn = psycopg2.connect(host="127.0.0.1", port=cluster.port, user=cluster.user, password=cluster.password,
-                            dbname=cluster.db)
-    try:
-        with conn.cursor() as cur:
-            cur.execute(sql)
-            return cur.fetchall()
-    finally:
-        conn.close()
+_rows = services.pg_rows
 
 
 def test_materializations_round_trip_through_postgres(cluster, pg_home, tmp_path):
