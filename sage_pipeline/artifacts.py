@@ -2,9 +2,11 @@
 
 Every artifact the pipeline writes lives under one root (``SAGE_DATA_DIR``, default
 ``./datasets``). Every write goes to a temporary file in the destination folder, is
-fsynced and then ``os.replace``d, so a killed run never leaves a half-written artifact.
-Whole folders (checkpoints) go through :func:`atomic_dir`, which also stays correct when
-saves are killed or run concurrently and while readers load the folder.
+fsynced and then ``os.replace``d, so a killed run never leaves a half-written artifact;
+the temporary files a killed writer leaves are removed by the next write into the same
+folder (:func:`atomic_path`). Whole folders (checkpoints) go through :func:`atomic_dir`,
+which also stays correct when saves are killed or run concurrently and while readers load
+the folder.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import os
 import re
 import secrets
 import shutil
+import stat
 import tempfile
 import time
 from collections.abc import Iterator
@@ -52,18 +55,52 @@ def fsync_dir(path: Path) -> None:
             os.close(fd)
 
 
+# what atomic_path names its temporary files: ``.<name>.XXXXXXXX.tmp`` (tempfile.mkstemp)
+_TEMP_FILE = re.compile(r"\..+\.[a-z0-9_]{8}\.tmp")
+
+
+def _sweep_temp_files(folder: Path) -> None:
+    """Remove the temporary files of atomic_path writers that died (kill -9, power loss) in
+    ``folder``; call under the folder's lock. A live writer holds an exclusive ``flock`` on
+    its temporary file until it is done, so only files no process holds are removed."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    for name in names:
+        if _TEMP_FILE.fullmatch(name) is None:
+            continue
+        path = folder / name
+        try:
+            if not stat.S_ISREG(path.lstat().st_mode):
+                continue
+        except OSError:
+            continue
+        if not folder_in_use(path):
+            with contextlib.suppress(OSError):
+                path.unlink()
+
+
 @contextlib.contextmanager
 def atomic_path(dest: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path next to ``dest``; on success it replaces ``dest`` atomically.
 
     The caller writes the temporary file completely (any writer that takes a path:
     pyarrow, matplotlib, ...). On an exception the temporary file is removed and ``dest``
-    is left untouched.
+    is left untouched. The writer keeps an exclusive ``flock`` on its temporary file while
+    it writes; a killed writer's lock is gone, and the next atomic write into the same
+    folder removes such orphaned temporary files (never a live writer's, in this process or
+    another). Creating the file and sweeping happen under the folder's lock, so no sweep
+    sees a new temporary file before its writer holds it.
     """
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
-    os.close(fd)
+    with _folder_lock(dest.parent) as private:
+        if not private:  # a fresh atomic_dir folder of this process: nobody else wrote there
+            _sweep_temp_files(dest.parent)
+        fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+        with contextlib.suppress(OSError):  # a filesystem without flock: swept by age instead
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     tmp_path = Path(tmp)
     try:
         yield tmp_path
@@ -76,6 +113,8 @@ def atomic_path(dest: str | os.PathLike[str]) -> Iterator[Path]:
         with contextlib.suppress(FileNotFoundError):
             tmp_path.unlink()
         raise
+    finally:
+        os.close(fd)  # releases the lock
 
 
 @contextlib.contextmanager
@@ -146,19 +185,20 @@ def _key(fd: int) -> tuple[int, int]:
 
 
 @contextlib.contextmanager
-def _folder_lock(folder: Path) -> Iterator[None]:
+def _folder_lock(folder: Path) -> Iterator[bool]:
     """Exclusive ``flock`` on ``folder`` itself (no lock file is left beside the artifacts).
 
     Where a folder cannot be locked (a filesystem without ``flock``), writers go on unlocked,
     as before. A folder this process holds as an atomic_dir temporary (atomic_dir nested in
-    another's body) is private to it and is not locked again."""
-    fd = None
+    another's body) is private to it and is not locked again. Yields whether it is private."""
+    fd, private = None, False
     with contextlib.suppress(OSError):
         fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-        if _key(fd) not in _held:
+        private = _key(fd) in _held
+        if not private:
             fcntl.flock(fd, fcntl.LOCK_EX)  # waits; an OSError here means flock is unsupported
     try:
-        yield
+        yield private
     finally:
         if fd is not None:
             os.close(fd)  # releases the lock
@@ -183,8 +223,9 @@ def release_folder(fd: int | None) -> None:
 
 
 def folder_in_use(path: Path) -> bool:
-    """Whether a live atomic_dir still holds ``path`` (its writer keeps it locked; a killed
-    writer's lock is gone). Where the lock cannot be tested, recent folders count as in use."""
+    """Whether a live writer still holds ``path``, an atomic_dir temporary folder or an
+    atomic_path temporary file (its writer keeps it locked; a killed writer's lock is gone).
+    Where the lock cannot be tested, recent ones count as in use."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except FileNotFoundError:

@@ -188,3 +188,79 @@ def test_a_reader_never_fails_nor_mixes_versions_while_the_checkpoint_is_re_save
     assert not errors, f"{len(errors)} of {saves} saves failed, e.g. {errors[:3]}"
     assert len(seen) > 50 and len(set(seen)) > 5, "the reader did not overlap the saves"
     assert _names(tmp_path) == ["ck"]
+
+
+# ---------------------------------------------------------------------------------------------
+# atomic_path: single files. A killed writer's temporary file is swept by the next write into
+# the same folder; a live writer's (another process, or this one) never is.
+# ---------------------------------------------------------------------------------------------
+
+def _write_and_hold(dest: Path, ready, release) -> None:
+    """Start an atomic write of ``dest``, write part of it, then wait (to be killed, or released)."""
+    with artifacts.atomic_path(dest) as tmp:
+        tmp.write_bytes(b"half of a file")
+        ready.set()
+        release.wait(60)
+        tmp.write_bytes(b"the whole file\n")
+    os._exit(0)
+
+
+def _temps(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.endswith(".tmp") and p.name.startswith("."))
+
+
+def _start_writer(dest: Path):
+    ready, release = MP.Event(), MP.Event()
+    child = MP.Process(target=_write_and_hold, args=(dest, ready, release))
+    child.start()
+    assert ready.wait(60), "the writer did not start its write"
+    return child, release
+
+
+def test_a_killed_writers_temporary_file_is_swept_by_the_next_write_to_the_folder(tmp_path):
+    artifacts.write_json(tmp_path / "report.json", {"v": 1})
+    child, _ = _start_writer(tmp_path / "report.json")
+    assert len(_temps(tmp_path)) == 1
+    os.kill(child.pid, 9)  # kill -9 in the middle of the write
+    child.join(60)
+    assert child.exitcode == -9
+    assert len(_temps(tmp_path)) == 1, "the killed write left its temporary file"
+    assert (tmp_path / "report.json").read_text() == '{\n  "v": 1\n}\n'  # the old complete version
+    artifacts.write_text(tmp_path / "other.txt", "another artifact of the same folder\n")
+    assert _temps(tmp_path) == [], "the next write did not sweep the dead writer's temporary file"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other.txt", "report.json"]
+
+
+def test_temporary_files_of_older_runs_and_only_those_are_swept(tmp_path):
+    # a leftover of an earlier version (no writer holds it), and files that only look alike
+    for name in (".report.json.k3j5h2g1.tmp", ".weights.npz.abc_1234.tmp"):
+        (tmp_path / name).write_bytes(b"x" * 100)
+    keep = ["notes.tmp", ".notes.tmp", ".report.json.tmp-k3j5h2g1", ".x.TOOLONG123.tmp"]
+    for name in keep:
+        (tmp_path / name).write_bytes(b"not atomic_path's")
+    (tmp_path / ".ck.abcdefgh.tmp").mkdir()  # a folder is never swept as a file
+    artifacts.write_bytes(tmp_path / "a.bin", b"1")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(keep + [".ck.abcdefgh.tmp", "a.bin"])
+
+
+def test_a_live_writers_temporary_file_is_left_alone_and_its_write_completes(tmp_path):
+    child, release = _start_writer(tmp_path / "report.json")
+    (live,) = _temps(tmp_path)
+    for i in range(3):  # writes to the same folder, and to the same file, while it writes
+        artifacts.write_text(tmp_path / f"other-{i}.txt", "x\n")
+    artifacts.write_text(tmp_path / "report.json", "from this process\n")
+    assert _temps(tmp_path) == [live]
+    release.set()
+    child.join(60)
+    assert child.exitcode == 0
+    assert (tmp_path / "report.json").read_text() == "the whole file\n"
+    assert _temps(tmp_path) == []
+
+
+def test_a_write_nested_in_another_of_the_same_folder_keeps_the_outer_temporary_file(tmp_path):
+    with artifacts.atomic_path(tmp_path / "outer.parquet") as outer:
+        outer.write_bytes(b"outer")
+        artifacts.write_text(tmp_path / "inner.json", "{}\n")
+        assert outer.exists()
+    assert (tmp_path / "outer.parquet").read_bytes() == b"outer"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["inner.json", "outer.parquet"]
