@@ -20,10 +20,12 @@ naming the line and the field, and the live files stay as they were.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
 import os
+import stat
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import MISSING, asdict, dataclass, fields
@@ -125,6 +127,35 @@ def _index_entry(raw: bytes) -> Version:
     if problem:
         raise ValueError(problem)
     return Version(**d)
+
+
+_READ_ATTEMPTS = 10  # each retry means the version folder was swapped or missing while it was read
+
+
+def _read_at(dir_fd: int, name: str) -> bytes | None:
+    """The bytes of the regular file ``name`` inside the open folder ``dir_fd``; None if it is not there."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dir_fd)
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return None
+    except OSError as e:
+        if e.errno == errno.ELOOP:  # a symlink where a document should be
+            return None
+        raise
+    with open(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            return None
+        return fh.read()
+
+
+def _replaced(path: Path, dir_fd: int) -> bool:
+    """Whether ``path`` names another folder than ``dir_fd`` now (or none)."""
+    mine = os.fstat(dir_fd)
+    try:
+        now = os.stat(path)
+    except OSError:
+        return True
+    return (now.st_dev, now.st_ino) != (mine.st_dev, mine.st_ino)
 
 
 def _now() -> str:
@@ -271,15 +302,42 @@ class SkillStore:
                          f"`python -m sage_pipeline.sleep versions --skill {self.skill}`")
 
     def read_version(self, vid: str) -> Snapshot:
+        """Both documents of one stored version, from the same folder.
+
+        The folder is opened once and both files are read relative to it (``dir_fd``), so a
+        save that swaps in another copy of the folder meanwhile (artifacts.atomic_dir) never
+        gives a document of one copy with the other of the next. If a file is gone because the
+        copy being read was replaced and removed, or the folder is missing for the moment a
+        save without RENAME_EXCHANGE needs, the read starts again on the folder now there."""
         d = self.versions_dir / vid
-        try:
-            snap = Snapshot((d / SKILL_FILE).read_bytes(), (d / MEMORY_FILE).read_bytes())
-        except FileNotFoundError as e:
-            raise StoreError(f"{d}: version folder incomplete ({e.filename} missing)") from e
-        if snap.id != vid:
-            raise StoreError(f"{d}: content hash {snap.id} does not match the version id {vid}: the folder was "
-                             "edited; restore it from a backup or pick another version")
-        return snap
+        problem, swapped = "", False
+        for attempt in range(_READ_ATTEMPTS):
+            if attempt:
+                time.sleep(0.001 * attempt)
+            try:
+                dir_fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+            except (FileNotFoundError, NotADirectoryError):
+                problem = (f"{d}: no such version folder; list the stored versions with "
+                           f"`python -m sage_pipeline.sleep versions --skill {self.skill}`")
+                continue
+            try:
+                parts = [_read_at(dir_fd, name) for name in (SKILL_FILE, MEMORY_FILE)]
+                if None in parts:
+                    missing = [n for n, b in zip((SKILL_FILE, MEMORY_FILE), parts, strict=True) if b is None]
+                    problem = f"{d}: version folder incomplete ({d / missing[0]} missing)"
+                else:
+                    snap = Snapshot(parts[0], parts[1])
+                    if snap.id == vid:
+                        return snap
+                    problem = (f"{d}: content hash {snap.id} does not match the version id {vid}: the folder "
+                               "was edited; restore it from a backup or pick another version")
+                if not _replaced(d, dir_fd):
+                    raise StoreError(problem)
+                swapped = True
+            finally:
+                os.close(dir_fd)
+        raise StoreError(problem + (f" (read {_READ_ATTEMPTS} times while the folder was being replaced)"
+                                    if swapped else ""))
 
     def _save_version(self, snap: Snapshot, night: str) -> str:
         vid = snap.id

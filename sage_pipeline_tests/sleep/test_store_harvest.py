@@ -258,3 +258,53 @@ def test_task_files_filter_by_skill_and_date_and_drop_duplicate_ids(tmp_path):
     assert res.duplicates[0]["task"] == "a" and res.duplicates[0]["dropped"].endswith("mine.jsonl:5")
     assert res.quarantined[0].line == 6
     assert res.summary()["sources"] == {f"task file {d / 'mine.jsonl'}": 2, "packaged tasks": 80}
+
+
+# a version read while its folder is re-saved ------------------------------------------------------
+
+def _resave_version(s: SkillStore, vid: str, stop) -> None:
+    """Re-save the version folder again and again, as atomic_dir saves any folder (a repair, or two
+    processes saving one version), until told to stop."""
+    from sage_pipeline import artifacts
+
+    src = {name: (s.versions_dir / vid / name).read_bytes() for name in ("SKILL.md", "MEMORY.md", "version.json")}
+    while not stop.is_set():
+        with artifacts.atomic_dir(s.versions_dir / vid) as tmp:
+            for name, data in src.items():
+                (tmp / name).write_bytes(data)
+    os._exit(0)
+
+
+@pytest.mark.parametrize("swap", ["exchange", "two-renames"])
+def test_a_version_read_while_its_folder_is_re_saved_is_whole_and_never_an_error(tmp_path, monkeypatch, swap):
+    """read_version opens the version's folder once and both documents inside it: never a document
+    of one folder with the other of the next, never a missing file while folders are swapped."""
+    import multiprocessing
+
+    from sage_pipeline import artifacts
+
+    if swap == "two-renames":  # a filesystem without RENAME_EXCHANGE: the folder is gone for a moment
+        monkeypatch.setattr(artifacts, "_exchange", lambda a, b: False)
+    s, v1 = _two_versions(tmp_path)
+    want = (s.versions_dir / v1 / "SKILL.md").read_bytes(), (s.versions_dir / v1 / "MEMORY.md").read_bytes()
+    mp = multiprocessing.get_context("fork")
+    stop = mp.Event()
+    writer = mp.Process(target=_resave_version, args=(s, v1, stop))
+    writer.start()
+    reads, problems = 0, []
+    try:
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            try:
+                snap = s.read_version(v1)
+                assert (snap.skill, snap.memory) == want
+                reads += 1
+            except StoreError as e:
+                problems.append(str(e))
+    finally:
+        stop.set()
+        writer.join(60)
+    assert writer.exitcode == 0
+    assert not problems, f"{len(problems)} of {reads + len(problems)} reads failed, e.g. {problems[:2]}"
+    assert reads > 100
+    assert sorted(p.name for p in s.versions_dir.iterdir() if p.name.startswith(".")) == []
