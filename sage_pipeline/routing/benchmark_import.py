@@ -48,6 +48,7 @@ tokens, estimated as characters / ``chars_per_token``, times per-token prices) o
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import logging
@@ -77,11 +78,13 @@ DEFAULT_PRICES = DATA_DIR / "benchmark_prices.yaml"
 AUTO_EXCLUDE = "contaminated_prompts.jsonl"  # looked for next to the table when exclude_prompts="auto"
 
 LAYOUTS = ("auto", "routellm", "routerbench", "long")
-DATA_SUFFIXES = (".csv", ".csv.gz", ".parquet")
+DATA_SUFFIXES = (".csv", ".csv.gz", ".parquet", ".jsonl", ".jsonl.gz")
 # where a cell's cost came from (BenchmarkTable.cost_source holds the index)
 COST_SOURCES = ("table", "price_table_tokens", "price_table_default_output", "default_cost_per_call")
 META_COLUMNS = {"prompt", "prompt_id", "sample_id", "eval_name", "oracle_model_to_route_to"}
 LONG_REQUIRED = ("prompt_id", "model", "quality")
+# judgement-style names of the long layout's columns (MT-Bench / FastChat: question_id, model, score, turn)
+LONG_ALIASES = {"prompt_id": "question_id", "quality": "score"}
 
 
 QUALITY_SCALES = {"routellm": "binary", "routerbench": "unit", "long": "unit"}  # what quality_scale="auto" means
@@ -250,6 +253,7 @@ class ImportReport:
     dropped_rows: Counter = field(default_factory=Counter)  # reason -> rows
     dropped_files: list[Dropped] = field(default_factory=list)
     ignored_columns: list[str] = field(default_factory=list)  # "file: column (why)"
+    aggregated: list[str] = field(default_factory=list)  # "file: what was averaged over turns"
     dropped_index_columns: list[str] = field(default_factory=list)  # "file: column N 'header' (what it held)"
     quality_scale: dict[str, str] = field(default_factory=dict)  # layout -> the scale its qualities were checked on
     cost_sources: dict[str, dict[str, int]] = field(default_factory=dict)  # model -> source -> cells
@@ -322,7 +326,8 @@ def data_files(path: Path) -> list[Path]:
     if not path.is_dir():
         raise BenchmarkImportError(path, "no such file or folder",
                                    fix="set the routing_benchmark config's path to a table file or folder")
-    files = sorted(p for p in path.iterdir() if p.is_file() and p.name.lower().endswith(DATA_SUFFIXES))
+    files = sorted(p for p in path.iterdir() if p.is_file() and p.name.lower().endswith(DATA_SUFFIXES)
+                   and p.name != AUTO_EXCLUDE)  # RouteLLM's exclusion list is JSON lines too
     if not files:
         raise BenchmarkImportError(path, f"no data files ({', '.join('*' + s for s in DATA_SUFFIXES)}) in the "
                                          "folder", fix="point path at a folder of benchmark tables")
@@ -335,6 +340,50 @@ def _stem(path: Path) -> str:
         if name.lower().endswith(suffix):
             return name[: -len(suffix)]
     return path.stem
+
+
+def read_jsonl(path: Path, on_bad: Callable[[int, str], None] | None = None) -> tuple[pa.Table, np.ndarray]:
+    """JSON lines (optionally gzip'd): one object per line, blank lines skipped; its scalar fields as
+    columns (numbers, booleans, text; a field mixing them is read as text), nested ones left out.
+    Returns the table and each record's line number. A line that is not a JSON object goes to
+    ``on_bad(line, reason)``; without one it stops the import naming the file and line."""
+    opener = gzip.open if path.name.lower().endswith(".gz") else open
+    records, lines = [], []
+    try:
+        with opener(path, "rt", encoding="utf-8") as fh:
+            for i, line in enumerate(fh, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                    problem = None if isinstance(obj, dict) else f"not a JSON object ({type(obj).__name__})"
+                except json.JSONDecodeError as exc:
+                    problem = f"not a JSON line ({exc.msg} at character {exc.pos})"
+                if problem is not None:
+                    if on_bad is None:
+                        raise BenchmarkImportError(path, problem, row=i,
+                                                   fix="one JSON object per line, e.g. {\"question_id\": 81, "
+                                                       "\"model\": \"gpt-4\", \"score\": 9}")
+                    on_bad(i, problem)
+                    continue
+                records.append(obj)
+                lines.append(i)
+    except UnicodeDecodeError as exc:
+        raise BenchmarkImportError(path, f"not UTF-8 text: {exc}", fix="save the file as UTF-8") from exc
+    keys = list(dict.fromkeys(k for r in records for k in r))
+    cols = {}
+    for k in keys:
+        vals = [r.get(k) for r in records]
+        present = [v for v in vals if v is not None]
+        if any(isinstance(v, (dict, list)) for v in present):
+            continue  # nested (judge prompts, message lists): not a table column
+        if present and all(isinstance(v, bool) for v in present):
+            cols[k] = pa.array(vals, pa.bool_())
+        elif present and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in present):
+            cols[k] = pa.array([None if v is None else float(v) for v in vals], pa.float64())
+        else:
+            cols[k] = pa.array([None if v is None else str(v) for v in vals], pa.string())
+    return pa.table(cols), np.asarray(lines, dtype=np.int64)
 
 
 def read_table_file(path: Path) -> pa.Table:
@@ -381,7 +430,7 @@ def drop_index_columns(tbl: pa.Table, file: str) -> tuple[pa.Table, list[str]]:
 
 
 def check_quality_scale(values: np.ndarray, valid: np.ndarray, scale: tuple[float, float, bool], file: str,
-                        column: str, layout: str, declared: str, wide: bool) -> None:
+                        column: str, layout: str, declared: str, wide: bool, rows: np.ndarray | None = None) -> None:
     """Refuse (:class:`QualityScaleError`) the first quality outside the declared scale."""
     low, high, binary = scale
     bad = valid & ((values < low) | (values > high) | ((values != low) & (values != high) if binary else False))
@@ -406,7 +455,8 @@ def check_quality_scale(values: np.ndarray, valid: np.ndarray, scale: tuple[floa
         fix = (f"{int(bad.sum())} of {int(valid.sum())} values lie outside, from {v.min():g} to {v.max():g}. If the "
                "table's qualities use another scale, declare it with quality_scale (e.g. 'LO..HI'); if these "
                "cells are wrong, fix or remove those rows")
-    raise QualityScaleError(file, f"quality {values[i]:g} is not {what} ({origin})", row=i + 1, column=column,
+    raise QualityScaleError(file, f"quality {values[i]:g} is not {what} ({origin})",
+                            row=int(rows[i]) if rows is not None else i + 1, column=column,
                             fix=fix)
 
 
@@ -419,10 +469,15 @@ class _Problems:
     strict: bool
     report: ImportReport
     max_listed: int
+    rows: np.ndarray | None = None  # the row (JSON lines: line) number of each record; None: 1, 2, ...
     bad: np.ndarray = field(init=False)
 
     def __post_init__(self) -> None:
         self.bad = np.zeros(self.n, dtype=bool)
+
+    def row(self, i: int | np.ndarray):
+        return (self.rows[i] if self.rows is not None else np.asarray(i) + 1).astype(np.int64) \
+            if isinstance(i, np.ndarray) else int(self.rows[i] if self.rows is not None else i + 1)
 
     def add(self, mask: np.ndarray, column: str | None, reason: str, values: np.ndarray | None = None) -> None:
         mask = mask & ~self.bad  # one reason per row: the first found
@@ -432,14 +487,14 @@ class _Problems:
         if self.strict:
             i = int(rows[0])
             raise BenchmarkImportError(self.file, reason + (f" (value {values[i]!r})" if values is not None else ""),
-                                       row=i + 1, column=column,
+                                       row=self.row(i), column=column,
                                        fix=f"{len(rows)} such rows; fix them or import with strict=False to "
                                            "drop them")
         self.bad |= mask
         self.report.dropped_rows[reason] += len(rows)
         room = self.max_listed - len(self.report.dropped)
         for i in rows[:max(room, 0)]:
-            self.report.dropped.append(Dropped(self.file, int(i) + 1, column, reason,
+            self.report.dropped.append(Dropped(self.file, self.row(int(i)), column, reason,
                                                None if values is None else repr(values[i])[:80]))
 
 
@@ -500,7 +555,7 @@ class _Chunk:
 
 def detect_layout(columns: list[str], file: str) -> str:
     cols = set(columns)
-    if set(LONG_REQUIRED) <= cols:
+    if all(c in cols or LONG_ALIASES.get(c) in cols for c in LONG_REQUIRED):
         return "long"
     if "sample_id" in cols or any("|" in c for c in columns):
         return "routerbench"
@@ -598,32 +653,38 @@ def _scale(declared: str, layout: str) -> tuple[float, float, bool]:
 def _read_long(tbl: pa.Table, file: str, stem: str, probs: _Problems, report: ImportReport,
                want: tuple[str, ...] = (), quality_scale: str = "auto") -> _Chunk:
     columns, n = tbl.column_names, tbl.num_rows
-    missing = [c for c in LONG_REQUIRED if c not in columns]
+    name = {c: c if c in columns or LONG_ALIASES.get(c) not in columns else LONG_ALIASES[c] for c in LONG_REQUIRED}
+    missing = [c for c in LONG_REQUIRED if name[c] not in columns]
     if missing:
         raise BenchmarkImportError(file, f"missing column(s) {missing} of the long layout", column=missing[0],
-                                   fix=f"columns found: {columns[:12]}")
-    ids = _strings(tbl.column("prompt_id"), n)
+                                   fix=f"columns found: {columns[:12]} (judgement tables may name them "
+                                       "question_id and score)")
+    pid_col, q_col = name["prompt_id"], name["quality"]
+    ids = _strings(tbl.column(pid_col), n)
     model = _strings(tbl.column("model"), n)
+    turn = _strings(tbl.column("turn"), n) if "turn" in columns else None
     if want:  # rows of other models are ignored (and reported), not validated
         keep_models = set(_ignored(list(pd.unique(model[model != ""])), want, file, report))
         other = np.array([m not in keep_models for m in model], dtype=bool)
         probs.bad |= other
-    probs.add(ids == "", "prompt_id", "empty prompt id")
+    probs.add(ids == "", pid_col, "empty prompt id")
     probs.add(model == "", "model", "empty model name")
-    q, qmiss, qnot = _numbers(tbl.column("quality"))
-    probs.add(qnot, "quality", "quality is not a number", _strings(tbl.column("quality"), n) if qnot.any() else None)
-    probs.add(qmiss, "quality", "quality is missing")
-    probs.add(~np.isfinite(q) & ~qmiss & ~qnot, "quality", "quality is not finite", q)
+    q, qmiss, qnot = _numbers(tbl.column(q_col))
+    probs.add(qnot, q_col, "quality is not a number", _strings(tbl.column(q_col), n) if qnot.any() else None)
+    probs.add(qmiss, q_col, "quality is missing")
+    probs.add(~np.isfinite(q) & ~qmiss & ~qnot, q_col, "quality is not finite", q)
     check_quality_scale(q, np.isfinite(q) & ~qmiss & ~qnot & ~probs.bad, _scale(quality_scale, "long"), file,
-                        "quality", "long", quality_scale, wide=False)
+                        q_col, "long", quality_scale, wide=False, rows=probs.rows)
     c = np.full(n, np.nan)
     if "cost" in columns:
         cv, cmiss, cnot = _numbers(tbl.column("cost"))
         probs.add(cnot, "cost", "cost is not a number", _strings(tbl.column("cost"), n) if cnot.any() else None)
         probs.add((cv < 0) | np.isinf(cv), "cost", "cost is negative or infinite", cv)
         c = np.where(cmiss, np.nan, cv)
-    dup = pd.DataFrame({"i": ids, "m": model}).duplicated(keep="first").to_numpy()
-    probs.add(dup, "prompt_id", "duplicate (prompt_id, model) row: the first one is kept", ids)
+    key = {"i": ids, "m": model} | ({"t": turn} if turn is not None else {})
+    dup = pd.DataFrame(key).duplicated(keep="first").to_numpy()
+    probs.add(dup, pid_col, f"duplicate ({', '.join([pid_col, 'model'] + (['turn'] if turn is not None else []))}) "
+                            "row: the first one is kept", ids)
     prompt = _strings(tbl.column("prompt"), n) if "prompt" in columns else np.full(n, "", dtype=object)
     pchars = _lengths(tbl.column("prompt"), n) if "prompt" in columns else np.full(n, -1, dtype=np.int64)
     resp = _lengths(tbl.column("response"), n) if "response" in columns else np.full(n, -1, dtype=np.int64)
@@ -635,29 +696,47 @@ def _read_long(tbl: pa.Table, file: str, stem: str, probs: _Problems, report: Im
     m_index = {m: k for k, m in enumerate(models)}
     mk = np.array([m_index[m] for m in model[ok]], dtype=np.int64)
     P, K = len(pid_uniq), len(models)
-    have = np.zeros((P, K), dtype=bool)
-    have[pid_codes, mk] = True
-    quality, cost = np.full((P, K), np.nan), np.full((P, K), np.nan)
-    resp_w = np.full((P, K), -1, dtype=np.int64)
-    quality[pid_codes, mk], cost[pid_codes, mk], resp_w[pid_codes, mk] = q[ok], c[ok], resp[ok]
+    # one cell per (prompt, model); with a turn column, a prompt's turns: quality averaged, cost and
+    # response length summed (RouteLLM scores an MT-Bench question by its mean over both turns)
+    turns = np.zeros((P, K), dtype=np.int64)
+    np.add.at(turns, (pid_codes, mk), 1)
+    have = turns > 0
+    qsum, csum = np.zeros((P, K)), np.zeros((P, K))
+    np.add.at(qsum, (pid_codes, mk), q[ok])
+    np.add.at(csum, (pid_codes, mk), c[ok])  # NaN (no cost) stays NaN
+    rsum = np.zeros((P, K), dtype=np.int64)
+    np.add.at(rsum, (pid_codes, mk), np.maximum(resp[ok], 0))
+    rknown = np.ones((P, K), dtype=bool)
+    np.logical_and.at(rknown, (pid_codes, mk), resp[ok] >= 0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        quality = np.where(have, qsum / np.maximum(turns, 1), np.nan)
+    cost = np.where(have, csum, np.nan)
+    resp_w = np.where(have & rknown, rsum, -1)
+    if turn is not None and (turns > 1).any():
+        report.aggregated.append(f"{file}: quality averaged over turns for {int((turns > 1).any(axis=1).sum())} "
+                                 f"prompts (up to {int(turns.max())} turns), costs summed")
     first = np.full(P, -1, dtype=np.int64)
     first[pid_codes[::-1]] = ok[::-1]  # the first row of each prompt
-    incomplete = ~have.all(axis=1)
-    for p in np.flatnonzero(incomplete):
-        absent = [models[k] for k in np.flatnonzero(~have[p])]
-        reason = "prompt lacks a row for some model"
+    lacking = ~have.all(axis=1)
+    uneven = ~lacking & (turns.min(axis=1) != turns.max(axis=1))
+    for p in np.flatnonzero(lacking | uneven):
+        if lacking[p]:
+            absent = [models[k] for k in np.flatnonzero(~have[p])]
+            reason, detail = "prompt lacks a row for some model", f"has no row for model(s) {absent}"
+        else:
+            absent = {models[k]: int(turns[p, k]) for k in range(K)}
+            reason, detail = "models have different numbers of turns", f"has turns per model {absent}"
         report.dropped_rows[reason] += 1
         if probs.strict:
-            raise BenchmarkImportError(file, f"prompt {pid_uniq[p]!r} has no row for model(s) {absent}",
-                                       row=int(first[p]) + 1, column="model",
-                                       fix="every prompt needs one row per model; import with strict=False to "
-                                           "drop such prompts")
+            raise BenchmarkImportError(file, f"prompt {pid_uniq[p]!r} {detail}", row=probs.row(int(first[p])),
+                                       column="model", fix="every prompt needs one row per model (and turn); import "
+                                                           "with strict=False to drop such prompts")
         if len(report.dropped) < probs.max_listed:
-            report.dropped.append(Dropped(file, int(first[p]) + 1, "model", reason, repr(absent)[:80]))
-    keep = np.flatnonzero(~incomplete)
+            report.dropped.append(Dropped(file, probs.row(int(first[p])), "model", reason, repr(absent)[:80]))
+    keep = np.flatnonzero(~(lacking | uneven))
     f = first[keep]
     return _Chunk(file, "long", models, np.asarray(pid_uniq, dtype=object)[keep], prompt[f], pchars[f], evn[f],
-                  quality[keep], cost[keep], resp_w[keep], f + 1, "id")
+                  quality[keep], cost[keep], resp_w[keep], probs.row(f), "id")
 
 
 def _load_exclusions(path: Path) -> set[str]:
@@ -701,17 +780,28 @@ def import_benchmark(cfg: ImportConfig = ImportConfig(), log: Callable[[str], No
     """Read, validate and assemble a benchmark table; see the module docstring."""
     t0 = time.perf_counter()
     root = Path(cfg.path)
-    files = data_files(root)
+    excl = _exclusion_file(cfg, root)
+    files = [f for f in data_files(root) if excl is None or f.resolve() != excl.resolve()]
     report = ImportReport(source=str(root))
     chunks: list[_Chunk] = []
     want = tuple(cfg.models)
     last_log = t0
     for j, path in enumerate(files, start=1):
         file = str(path)
+        lines = None
         try:
-            tbl = read_table_file(path)
-        except (pa.ArrowInvalid, OSError) as exc:
+            if path.name.lower().endswith((".jsonl", ".jsonl.gz")):
+                tbl, lines = read_jsonl(path, None if cfg.strict else
+                                        lambda i, why, f=file: _bad_line(report, cfg, f, i, why))
+            else:
+                tbl = read_table_file(path)
+        except (pa.ArrowInvalid, OSError, EOFError) as exc:
             _drop_file(report, cfg, file, f"cannot be read: {exc}".splitlines()[0][:200])
+            continue
+        except BenchmarkImportError as exc:
+            if cfg.strict:
+                raise
+            _drop_file(report, cfg, file, f"line {exc.row}: {exc.problem}" if exc.row else exc.problem)
             continue
         if tbl.num_rows == 0:
             _drop_file(report, cfg, file, "empty file (no data rows)")
@@ -719,7 +809,7 @@ def import_benchmark(cfg: ImportConfig = ImportConfig(), log: Callable[[str], No
         report.rows_read += tbl.num_rows
         tbl, index_cols = drop_index_columns(tbl, file)
         report.dropped_index_columns += index_cols
-        probs = _Problems(file, tbl.num_rows, cfg.strict, report, cfg.max_listed)
+        probs = _Problems(file, tbl.num_rows, cfg.strict, report, cfg.max_listed, lines)
         try:
             layout = cfg.layout if cfg.layout != "auto" else detect_layout(tbl.column_names, file)
             chunk = (_read_long(tbl, file, _stem(path), probs, report, want, cfg.quality_scale) if layout == "long"
@@ -766,6 +856,13 @@ def import_benchmark(cfg: ImportConfig = ImportConfig(), log: Callable[[str], No
         f"{report.seconds:.1f}s; {report.n_dropped:,} rows dropped, {report.excluded:,} excluded, "
         f"{len(report.dropped_files)} file(s) dropped")
     return table, report
+
+
+def _bad_line(report: ImportReport, cfg: ImportConfig, file: str, line: int, reason: str) -> None:
+    report.dropped_rows["not a JSON object"] += 1
+    report.rows_read += 1
+    if len(report.dropped) < cfg.max_listed:
+        report.dropped.append(Dropped(file, line, None, reason))
 
 
 def _drop_file(report: ImportReport, cfg: ImportConfig, file: str, reason: str, column: str | None = None) -> None:

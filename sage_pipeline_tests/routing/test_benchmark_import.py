@@ -333,3 +333,45 @@ def test_error_advice_never_leads_to_a_corrupted_table(tmp_path):
     # the cost error's advice covers a column that is not a model without forcing a price on it
     with pytest.raises(BenchmarkImportError, match="if 'm-a' is not a model, list the table's models"):
         _imp(tmp_path / "rb.csv", price_table=None)
+
+
+def test_json_lines_long_layout_as_judgement_records(tmp_path):
+    """MT-Bench-style judgements: {question_id, model, score, turn, ...}, two turns per question."""
+    import json
+
+    recs = []
+    for qid, scores in ((81, {"gpt-4": (9, 8), "mixtral": (6, 7)}), (82, {"gpt-4": (10, 10), "mixtral": (9, 8)})):
+        for m, (t1, t2) in scores.items():
+            for turn, sc in ((1, t1), (2, t2)):
+                recs.append({"question_id": qid, "model": m, "judge": ["gpt-4", "single-v1"], "score": sc,
+                             "turn": turn, "prompt": f"question {qid}", "tstamp": 1.7e9})
+    lines = [json.dumps(r) for r in recs]
+    lines.insert(3, "")  # blank lines are skipped, and line numbers still count them
+    lines.insert(6, "{not json")
+    p = tmp_path / "judgements.jsonl"
+    p.write_text("\n".join(lines) + "\n")
+    with pytest.raises(BenchmarkImportError, match=r"judgements\.jsonl: row 1: column 'score': quality 9 is not in "
+                                                   r"\[0, 1\]"):
+        _imp(p, price_table=None, default_cost_per_call=0.01)
+    # rows are line numbers: the first score of 10 is on line 6 (after a blank line)
+    with pytest.raises(BenchmarkImportError, match=r"judgements\.jsonl: row 6: column 'score': quality 10 is not"):
+        _imp(p, price_table=None, default_cost_per_call=0.01, quality_scale="1..9")
+    tab, rep = _imp(p, price_table=None, default_cost_per_call=0.01, quality_scale="1..10")
+    assert rep.layouts == {str(p): "long"} and tab.models == ("gpt-4", "mixtral")
+    assert list(tab.prompt_id) == ["81", "82"] and list(tab.prompt) == ["question 81", "question 82"]
+    assert tab.quality.tolist() == [[8.5, 6.5], [10.0, 8.5]]  # averaged over the two turns
+    assert rep.aggregated and "averaged over turns for 2 prompts" in rep.aggregated[0]
+    (d,) = rep.dropped
+    assert (d.file, d.row, d.reason) == (str(p), 7, "not a JSON line (Expecting property name enclosed in double "
+                                                    "quotes at character 1)")
+    with pytest.raises(BenchmarkImportError, match=r"judgements\.jsonl: row 7: not a JSON line"):
+        _imp(p, price_table=None, default_cost_per_call=0.01, quality_scale="1..10", strict=True)
+    # a missing turn for one model: the question is dropped, naming its first line
+    p.write_text("\n".join(json.dumps(r) for r in recs[:-1]) + "\n")
+    tab, rep = _imp(p, price_table=None, default_cost_per_call=0.01, quality_scale="1..10")
+    assert list(tab.prompt_id) == ["81"]
+    assert rep.dropped_rows == {"models have different numbers of turns": 1} and rep.dropped[0].row == 5
+    # the exclusion list next to a JSON-lines table is not read as a table
+    (tmp_path / "contaminated_prompts.jsonl").write_text('{"eval_prompt": "question 82"}\n')
+    tab, rep = _imp(tmp_path, price_table=None, default_cost_per_call=0.01, quality_scale="1..10")
+    assert list(tab.prompt_id) == ["81"] and list(rep.layouts) == [str(p)]
