@@ -54,8 +54,11 @@ SPACES_FIELD = Field(list(SPACES), description="action spaces to train: 'multi_m
 
 class BCPolicyConfig(dg.Config):
     action_spaces: list[str] = SPACES_FIELD
-    epochs: int = Field(100, description="maximum training epochs (early stopping on held-out train sessions)")
-    hidden: list[int] = Field([64, 64], description="hidden layer sizes")
+    epochs: int = Field(bc.BCConfig().epochs, description="maximum training epochs (early stopping on held-out "
+                        "train sessions)")
+    max_updates: int = Field(bc.BCConfig().max_updates, description="at most this many gradient updates in all "
+                             "(0: no budget), so large logs train in bounded time; does not bind at the default size")
+    hidden: list[int] = Field(list(bc.BCConfig().hidden), description="hidden layer sizes")
     seed: int = 0
 
 
@@ -66,14 +69,15 @@ class BCPolicyConfig(dg.Config):
                       "(primary or fallback, from the decisions that took one of them).")
 def bc_policy(context: dg.AssetExecutionContext, config: BCPolicyConfig, sage: SageResource) -> dg.MaterializeResult:
     path, df = _dataset(sage)
-    keys = ("temperature", "epochs", "best_epoch", "holdout_accuracy", "holdout_nll_before", "holdout_nll_after",
+    keys = ("temperature", "epochs", "best_epoch", "updates", "holdout_accuracy", "holdout_nll_before", "holdout_nll_after",
             "holdout_ece_before", "holdout_ece_after", "holdout_propensity_mae", "seconds")
     meta = {}
     for name in _check_spaces(config.action_spaces):
         space = _space(sage, name)
         data = from_dataset(df, space).split_rows("train").restrict(space)
         res = bc.train_bc(data, FeatureSpec(roles=space.roles), bc.BCConfig(
-            epochs=config.epochs, hidden=tuple(config.hidden), seed=config.seed), log=context.log.info)
+            epochs=config.epochs, max_updates=config.max_updates, hidden=tuple(config.hidden), seed=config.seed),
+            log=context.log.info)
         ck = res.save(_checkpoint_dir(sage, "bc", name), training_data_sha256=artifacts.file_sha256(path))
         m = res.metrics
         sfx = "" if name == "multi_model" else f"_{name}"

@@ -57,6 +57,10 @@ class BCConfig:
     weight_decay: float = 1e-4  # AdamW decoupled weight decay
     epochs: int = 100  # at most; early stopping usually ends sooner
     batch_size: int = 64
+    # At most this many gradient updates in all, so training time stops growing with the
+    # data: on large logs an epoch is long and one or two suffice. Does not bind at the
+    # default data size (about 290 updates per epoch); 0 = no budget.
+    max_updates: int = 40_000
     patience: int = 20  # epochs without a better held-out NLL before stopping; 0 = run every epoch
     holdout_fraction: float = 0.2  # of the train split's sessions: early stopping + temperature
     ece_bins: int = 10
@@ -76,6 +80,8 @@ class BCConfig:
         if self.epochs < 1 or self.batch_size < 1 or self.patience < 0 or self.ece_bins < 1:
             raise ValueError("epochs, batch_size and ece_bins must be >= 1 and patience >= 0, got "
                              f"{self.epochs}, {self.batch_size}, {self.ece_bins}, {self.patience}")
+        if self.max_updates < 0:
+            raise ValueError(f"max_updates must be >= 0 (0: no budget), got {self.max_updates}")
         if self.num_threads < 0:
             raise ValueError(f"num_threads must be >= 0 (0: torch's default), got {self.num_threads}")
         if not 0.0 < self.holdout_fraction <= 0.5:
@@ -266,12 +272,15 @@ def _train(data: LoggedDecisions, spec: FeatureSpec, config: BCConfig,
             return float(F.cross_entropy(masked_logits(net(x[hold_t]), mask[hold_t]), y[hold_t]))
 
     best = (math.inf, 0, {k: v.clone() for k, v in net.state_dict().items()})
-    last_log, seen, epoch = time.perf_counter(), 0, 0
+    last_log, seen, epoch, updates = time.perf_counter(), 0, 0, 0
     for epoch in range(1, config.epochs + 1):
         net.train()
         perm = fit_t[torch.randperm(len(fit_t), generator=gen).to(dev)]
-        total = 0.0
+        total, seen_before = 0.0, seen
         for start in range(0, len(perm), config.batch_size):
+            if config.max_updates and updates >= config.max_updates:
+                break
+            updates += 1
             b = perm[start:start + config.batch_size]
             loss = F.cross_entropy(masked_logits(net(x[b]), mask[b]), y[b])
             opt.zero_grad()
@@ -289,8 +298,11 @@ def _train(data: LoggedDecisions, spec: FeatureSpec, config: BCConfig,
         if improved:
             best = (h, epoch, {k: v.clone() for k, v in net.state_dict().items()})
         last_log = time.perf_counter()
-        log(f"bc: epoch {epoch}/{config.epochs} loss {total / len(perm):.4f} holdout_nll {h:.4f}"
+        log(f"bc: epoch {epoch}/{config.epochs} loss {total / max(seen - seen_before, 1):.4f} holdout_nll {h:.4f}"
             f"{' *' if improved else ''} {seen / (last_log - t0):,.0f} rows/s")
+        if config.max_updates and updates >= config.max_updates:
+            log(f"bc: update budget reached after {updates:,} updates (epoch {epoch}); best epoch {best[1]}")
+            break
         if config.patience and epoch - best[1] >= config.patience:
             log(f"bc: early stop after epoch {epoch}: no better held-out NLL since epoch {best[1]}")
             break
@@ -302,7 +314,7 @@ def _train(data: LoggedDecisions, spec: FeatureSpec, config: BCConfig,
         logits = net(x).double().cpu().numpy()
     m_np, y_np = data.mask, data.action
     T = fit_temperature(logits[hold_idx], m_np[hold_idx], y_np[hold_idx])
-    metrics: dict = {"temperature": T, "epochs": epoch, "best_epoch": best[1], "rows": len(data),
+    metrics: dict = {"temperature": T, "epochs": epoch, "best_epoch": best[1], "updates": updates, "rows": len(data),
                      "fit_rows": len(fit_idx), "holdout_rows": len(hold_idx),
                      "holdout_grouped_by": grouped_by}
     for part, rows in (("train", fit_idx), ("holdout", hold_idx)):

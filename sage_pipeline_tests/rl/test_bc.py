@@ -255,3 +255,22 @@ def test_fit_temperature_recovers_a_known_temperature():
 def test_config_validation(bad, match):
     with pytest.raises(ValueError, match=match):
         BCConfig(**bad)
+
+
+def test_update_budget_bounds_training_and_keeps_the_best_epoch(train):
+    small = train.subset(np.arange(min(3000, len(train))))
+    lines: list[str] = []
+    res = train_bc(small, FeatureSpec(), dataclasses.replace(FAST, epochs=50, patience=0, max_updates=70),
+                   log=lines.append)
+    fit = res.metrics["fit_rows"]
+    per_epoch = -(-fit // FAST.batch_size)
+    assert res.metrics["updates"] == 70
+    assert res.metrics["epochs"] == -(-70 // per_epoch)       # stopped in the epoch that used the budget
+    assert 1 <= res.metrics["best_epoch"] <= res.metrics["epochs"]
+    assert any(ln.startswith("bc: update budget reached after 70 updates") for ln in lines)
+    # no budget: every epoch runs in full
+    full = train_bc(small, FeatureSpec(), dataclasses.replace(FAST, epochs=2, patience=0, max_updates=0),
+                    log=lambda m: None)
+    assert full.metrics["updates"] == 2 * per_epoch and full.metrics["epochs"] == 2
+    with pytest.raises(ValueError, match=r"max_updates must be >= 0"):
+        dataclasses.replace(FAST, max_updates=-1)
