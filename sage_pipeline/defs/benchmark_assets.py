@@ -2,6 +2,7 @@
 or long layout) -> learned routers scored with the field's metrics against exact ground truth."""
 # No `from __future__ import annotations`: Dagster reads the real annotations.
 
+import dataclasses
 from pathlib import Path
 
 import dagster as dg
@@ -35,6 +36,14 @@ class RoutingBenchmarkConfig(dg.Config):
                                "RouterBench and long: [0, 1]), binary, unit or LO..HI (e.g. 1..10); a quality "
                                "outside it stops the import naming file, row and column")
     strict: bool = Field(False, description="fail at the first bad row or file instead of dropping and reporting it")
+    split: str = Field("hash", description="hash: hold out test_fraction of the prompts by a hash of their text; "
+                       "given: the table's own split, test_path's prompts or else the table's split column "
+                       "(train / test)")
+    test_path: str = Field("", description="split given: the test table (file or folder, same layout options; "
+                           "relative to the artifact root); path is then the train table")
+    embedding: str = Field("", description="precomputed prompt embeddings: a column holding a list of numbers, or "
+                           "a prefix ending in '*' (emb_*) naming one column per dimension; used by featurizer "
+                           "embedding")
     test_fraction: float = Field(0.25, description="share of prompts held out for testing (by prompt hash)")
     seed: int = 0
     featurizer: str = Field("tfidf_svd", description="prompt features: tfidf_svd or length (or one registered)")
@@ -67,9 +76,10 @@ def _benchmark_config(c: RoutingBenchmarkConfig, sage: SageResource) -> brun.Ben
         path=sage.root() / c.path if c.path else bi.DEFAULT_TABLE, layout=c.layout, models=tuple(c.models),
         exclude_prompts=c.exclude_prompts, price_table=sage.root() / c.price_table if c.price_table
         else bi.DEFAULT_PRICES, default_cost_per_call=c.default_cost_per_call, strict=c.strict,
-        quality_scale=c.quality_scale)
+        quality_scale=c.quality_scale, embedding=c.embedding)
+    test = dataclasses.replace(table, path=sage.root() / c.test_path) if c.test_path else None
     return brun.BenchmarkConfig(
-        table=table, test_fraction=c.test_fraction, seed=c.seed, featurizer=c.featurizer,
+        table=table, split=c.split, test_table=test, test_fraction=c.test_fraction, seed=c.seed, featurizer=c.featurizer,
         featurizer_params={"n_components": c.n_components} if c.featurizer == "tfidf_svd" else {},
         weight_points=c.cost_weight_points, sweep_points=c.sweep_points, bc=BCGridConfig(steps=c.bc_steps, seed=c.seed),
         cql=CQLConfig(mode="bandit", hidden=(16,), steps=c.cql_steps, alpha=c.cql_alpha, seed=c.seed),

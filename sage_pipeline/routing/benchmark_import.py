@@ -81,7 +81,7 @@ LAYOUTS = ("auto", "routellm", "routerbench", "long")
 DATA_SUFFIXES = (".csv", ".csv.gz", ".parquet", ".jsonl", ".jsonl.gz")
 # where a cell's cost came from (BenchmarkTable.cost_source holds the index)
 COST_SOURCES = ("table", "price_table_tokens", "price_table_default_output", "default_cost_per_call")
-META_COLUMNS = {"prompt", "prompt_id", "sample_id", "eval_name", "oracle_model_to_route_to"}
+META_COLUMNS = {"prompt", "prompt_id", "sample_id", "eval_name", "oracle_model_to_route_to", "split"}
 LONG_REQUIRED = ("prompt_id", "model", "quality")
 # judgement-style names of the long layout's columns (MT-Bench / FastChat: question_id, model, score, turn)
 LONG_ALIASES = {"prompt_id": "question_id", "quality": "score"}
@@ -193,6 +193,9 @@ class ImportConfig:
     # the quality's declared scale: "auto" (the layout's: QUALITY_SCALES), "binary" (0 or 1),
     # "unit" ([0, 1]) or "LO..HI" (e.g. "1..10" for MT-Bench judge scores); outside it: refused
     quality_scale: str = "auto"
+    # precomputed prompt embeddings: a column holding a list of numbers per prompt, or a prefix ending
+    # in "*" naming one column per dimension ("emb_*"); "": none. Never taken for models.
+    embedding: str = ""
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -293,6 +296,8 @@ class BenchmarkTable:
     file: np.ndarray  # int32 index into files
     row: np.ndarray  # int64 data record in its file
     files: tuple[str, ...]
+    split: np.ndarray | None = None  # object str: the table's own ``split`` column ("" where none)
+    embedding: np.ndarray | None = None  # (n, d) float32: precomputed prompt embeddings (ImportConfig.embedding)
 
     def __len__(self) -> int:
         return len(self.prompt_id)
@@ -300,7 +305,27 @@ class BenchmarkTable:
     def take(self, idx: np.ndarray) -> BenchmarkTable:
         return BenchmarkTable(self.prompt_id[idx], self.prompt[idx], self.eval_name[idx], self.models,
                               self.quality[idx], self.cost[idx], self.cost_source[idx], self.file[idx],
-                              self.row[idx], self.files)
+                              self.row[idx], self.files, None if self.split is None else self.split[idx],
+                              None if self.embedding is None else self.embedding[idx])
+
+    def concat(self, other: BenchmarkTable) -> BenchmarkTable:
+        """This table's prompts then ``other``'s (same models, in the same order)."""
+        if other.models != self.models:
+            raise ValueError(f"cannot join tables with models {list(self.models)} and {list(other.models)}")
+        if (self.embedding is None) != (other.embedding is None) or (
+                self.embedding is not None and self.embedding.shape[1] != other.embedding.shape[1]):
+            raise ValueError("cannot join tables whose embeddings differ (one has none, or other dimensions)")
+
+        def cat(name: str) -> np.ndarray | None:
+            a, b = getattr(self, name), getattr(other, name)
+            if name == "split":
+                a = a if a is not None else np.full(len(self), "", dtype=object)
+                b = b if b is not None else np.full(len(other), "", dtype=object)
+            return None if a is None else np.concatenate([a, b])
+
+        return BenchmarkTable(cat("prompt_id"), cat("prompt"), cat("eval_name"), self.models, cat("quality"),
+                              cat("cost"), cat("cost_source"), np.concatenate([self.file, other.file + len(self.files)]),
+                              cat("row"), self.files + other.files, cat("split"), cat("embedding"))
 
     @property
     def binary_quality(self) -> bool:
@@ -335,11 +360,14 @@ def data_files(path: Path) -> list[Path]:
 
 
 def _stem(path: Path) -> str:
+    """The file's name without its data suffix, and without a split suffix (``mmlu_train.csv`` and
+    ``mmlu_test.csv`` are both ``mmlu``): the eval_name where the table has none."""
     name = path.name
     for suffix in sorted(DATA_SUFFIXES, key=len, reverse=True):
         if name.lower().endswith(suffix):
-            return name[: -len(suffix)]
-    return path.stem
+            name = name[: -len(suffix)]
+            break
+    return re.sub(r"[_.-](train|test)$", "", name, flags=re.IGNORECASE) or name
 
 
 def read_jsonl(path: Path, on_bad: Callable[[int, str], None] | None = None) -> tuple[pa.Table, np.ndarray]:
@@ -375,6 +403,10 @@ def read_jsonl(path: Path, on_bad: Callable[[int, str], None] | None = None) -> 
     for k in keys:
         vals = [r.get(k) for r in records]
         present = [v for v in vals if v is not None]
+        if present and all(isinstance(v, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                        for x in v) for v in present):
+            cols[k] = pa.array(vals, pa.list_(pa.float64()))  # an embedding
+            continue
         if any(isinstance(v, (dict, list)) for v in present):
             continue  # nested (judge prompts, message lists): not a table column
         if present and all(isinstance(v, bool) for v in present):
@@ -551,6 +583,15 @@ class _Chunk:
     response_chars: np.ndarray  # (n, K_file), -1: unknown
     row: np.ndarray
     dedup_by: str  # "id" or "prompt"
+    split: np.ndarray | None = None  # object str ("" where the file has no split column)
+    embedding: np.ndarray | None = None  # (n, d) float32
+
+    def keep(self, mask: np.ndarray) -> _Chunk:
+        return _Chunk(self.file, self.layout, self.models, self.prompt_id[mask], self.prompt[mask],
+                      self.prompt_chars[mask], self.eval_name[mask], self.quality[mask], self.cost[mask],
+                      self.response_chars[mask], self.row[mask], self.dedup_by,
+                      None if self.split is None else self.split[mask],
+                      None if self.embedding is None else self.embedding[mask])
 
 
 def detect_layout(columns: list[str], file: str) -> str:
@@ -567,8 +608,50 @@ def detect_layout(columns: list[str], file: str) -> str:
                                    "model, quality, cost); or set layout")
 
 
-def _wide_models(columns: list[str], layout: str, file: str) -> tuple[list[str], dict[str, str], dict[str, str]]:
-    """(model quality columns, model -> cost column, model -> response column)."""
+def _embedding_columns(columns: list[str], spec: str) -> list[str]:
+    if not spec:
+        return []
+    if spec.endswith("*"):
+        return [c for c in columns if c.startswith(spec[:-1])]
+    return [spec] if spec in columns else []
+
+
+def _read_embedding(tbl: pa.Table, spec: str, file: str, probs: _Problems) -> np.ndarray | None:
+    """(n, d) float32 embeddings from a list column or one column per dimension; bad rows dropped."""
+    if not spec:
+        return None
+    cols, n = _embedding_columns(tbl.column_names, spec), tbl.num_rows
+    if not cols:
+        raise BenchmarkImportError(file, f"no embedding column matches {spec!r}", column=spec,
+                                   fix="set embedding to a column holding a list of numbers per prompt, or to a "
+                                       "prefix ending in '*' naming one column per dimension, or '' for none")
+    if len(cols) == 1 and (pa.types.is_list(tbl.column(cols[0]).type)
+                           or pa.types.is_large_list(tbl.column(cols[0]).type)):
+        col = tbl.column(cols[0])
+        lengths = pc.fill_null(pc.list_value_length(col), -1).to_numpy(zero_copy_only=False)
+        valid = lengths[lengths >= 0]
+        d = int(np.bincount(valid).argmax()) if len(valid) else 0
+        probs.add(lengths != d, cols[0], f"embedding does not hold {d} numbers (the most common length)",
+                  lengths)
+        out = np.zeros((n, d), dtype=np.float32)
+        ok = np.flatnonzero(lengths == d)
+        if len(ok) and d:
+            flat = pc.list_flatten(col.take(pa.array(ok))).cast(pa.float64()).to_numpy(zero_copy_only=False)
+            out[ok] = np.asarray(flat, dtype=np.float64).reshape(len(ok), d)
+    else:
+        out = np.zeros((n, len(cols)), dtype=np.float32)
+        for j, c in enumerate(cols):
+            vals, miss, notnum = _numbers(tbl.column(c))
+            probs.add(notnum | miss, c, "embedding value is missing or not a number")
+            out[:, j] = np.where(notnum | miss, 0.0, vals)
+    probs.add(~np.isfinite(out).all(axis=1), cols[0], "embedding is not finite")
+    return out
+
+
+def _wide_models(columns: list[str], layout: str, file: str,
+                 skip: frozenset[str] = frozenset()) -> tuple[list[str], dict[str, str], dict[str, str]]:
+    """(model quality columns, model -> cost column, model -> response column); ``skip``: not models."""
+    columns = [c for c in columns if c not in skip]
     cols = set(columns)
     cost_cols, resp_cols = {}, {}
     if layout == "routerbench":
@@ -606,7 +689,7 @@ def _ignored(models: list[str] | tuple[str, ...], want: tuple[str, ...], file: s
 
 
 def _read_wide(tbl: pa.Table, file: str, stem: str, layout: str, probs: _Problems,
-               want: tuple[str, ...] = (), quality_scale: str = "auto") -> _Chunk:
+               want: tuple[str, ...] = (), quality_scale: str = "auto", embedding: str = "") -> _Chunk:
     columns, n = tbl.column_names, tbl.num_rows
     id_col = "sample_id" if layout == "routerbench" else ("prompt_id" if "prompt_id" in columns else None)
     required = ["prompt"] + (["sample_id"] if layout == "routerbench" else [])
@@ -614,7 +697,8 @@ def _read_wide(tbl: pa.Table, file: str, stem: str, layout: str, probs: _Problem
     if missing:
         raise BenchmarkImportError(file, f"missing column(s) {missing} of the {layout} layout", column=missing[0],
                                    fix=f"columns found: {columns[:12]}")
-    models, cost_cols, resp_cols = _wide_models(columns, layout, file)
+    models, cost_cols, resp_cols = _wide_models(columns, layout, file,
+                                                frozenset(_embedding_columns(columns, embedding)))
     models = _ignored(models, want, file, probs.report)
     prompt = _strings(tbl.column("prompt"), n)
     probs.add(np.array([not p.strip() for p in prompt], dtype=bool), "prompt", "empty prompt")
@@ -642,8 +726,10 @@ def _read_wide(tbl: pa.Table, file: str, stem: str, layout: str, probs: _Problem
         if m in resp_cols:
             resp[:, k] = _lengths(tbl.column(resp_cols[m]), n)
     eval_name = _strings(tbl.column("eval_name"), n) if "eval_name" in columns else np.full(n, stem, dtype=object)
+    split = _strings(tbl.column("split"), n) if "split" in columns else None
     return _Chunk(file, layout, tuple(models), ids, prompt, _lengths(tbl.column("prompt"), n), eval_name,
-                  quality, cost, resp, np.arange(1, n + 1), "id" if id_col else "prompt")
+                  quality, cost, resp, np.arange(1, n + 1), "id" if id_col else "prompt", split,
+                  _read_embedding(tbl, embedding, file, probs))
 
 
 def _scale(declared: str, layout: str) -> tuple[float, float, bool]:
@@ -651,7 +737,7 @@ def _scale(declared: str, layout: str) -> tuple[float, float, bool]:
 
 
 def _read_long(tbl: pa.Table, file: str, stem: str, probs: _Problems, report: ImportReport,
-               want: tuple[str, ...] = (), quality_scale: str = "auto") -> _Chunk:
+               want: tuple[str, ...] = (), quality_scale: str = "auto", embedding: str = "") -> _Chunk:
     columns, n = tbl.column_names, tbl.num_rows
     name = {c: c if c in columns or LONG_ALIASES.get(c) not in columns else LONG_ALIASES[c] for c in LONG_REQUIRED}
     missing = [c for c in LONG_REQUIRED if name[c] not in columns]
@@ -689,6 +775,8 @@ def _read_long(tbl: pa.Table, file: str, stem: str, probs: _Problems, report: Im
     pchars = _lengths(tbl.column("prompt"), n) if "prompt" in columns else np.full(n, -1, dtype=np.int64)
     resp = _lengths(tbl.column("response"), n) if "response" in columns else np.full(n, -1, dtype=np.int64)
     evn = _strings(tbl.column("eval_name"), n) if "eval_name" in columns else np.full(n, stem, dtype=object)
+    split = _strings(tbl.column("split"), n) if "split" in columns else None
+    emb = _read_embedding(tbl, embedding, file, probs)
 
     ok = np.flatnonzero(~probs.bad)
     models = tuple(pd.unique(model[ok]))
@@ -736,7 +824,8 @@ def _read_long(tbl: pa.Table, file: str, stem: str, probs: _Problems, report: Im
     keep = np.flatnonzero(~(lacking | uneven))
     f = first[keep]
     return _Chunk(file, "long", models, np.asarray(pid_uniq, dtype=object)[keep], prompt[f], pchars[f], evn[f],
-                  quality[keep], cost[keep], resp_w[keep], probs.row(f), "id")
+                  quality[keep], cost[keep], resp_w[keep], probs.row(f), "id",
+                  None if split is None else split[f], None if emb is None else emb[f])
 
 
 def _load_exclusions(path: Path) -> set[str]:
@@ -812,8 +901,9 @@ def import_benchmark(cfg: ImportConfig = ImportConfig(), log: Callable[[str], No
         probs = _Problems(file, tbl.num_rows, cfg.strict, report, cfg.max_listed, lines)
         try:
             layout = cfg.layout if cfg.layout != "auto" else detect_layout(tbl.column_names, file)
-            chunk = (_read_long(tbl, file, _stem(path), probs, report, want, cfg.quality_scale) if layout == "long"
-                     else _read_wide(tbl, file, _stem(path), layout, probs, want, cfg.quality_scale))
+            chunk = (_read_long(tbl, file, _stem(path), probs, report, want, cfg.quality_scale, cfg.embedding)
+                     if layout == "long" else
+                     _read_wide(tbl, file, _stem(path), layout, probs, want, cfg.quality_scale, cfg.embedding))
             low, high, binary = _scale(cfg.quality_scale, layout)
             report.quality_scale[layout] = "binary (0 or 1)" if binary else f"[{low:g}, {high:g}]"
         except BenchmarkImportError as exc:
@@ -824,11 +914,14 @@ def import_benchmark(cfg: ImportConfig = ImportConfig(), log: Callable[[str], No
         report.layouts[file] = layout
         if layout != "long":
             keep = ~probs.bad
-            chunk = _Chunk(chunk.file, layout, chunk.models, chunk.prompt_id[keep], chunk.prompt[keep],
-                           chunk.prompt_chars[keep], chunk.eval_name[keep], chunk.quality[keep],
-                           chunk.cost[keep], chunk.response_chars[keep], chunk.row[keep], chunk.dedup_by)
+            chunk = chunk.keep(keep)
         if not want:
             want = chunk.models
+        if chunk.embedding is not None and chunks and chunk.embedding.shape[1] != chunks[0].embedding.shape[1]:
+            _drop_file(report, cfg, file, f"embeddings have {chunk.embedding.shape[1]} dimensions, "
+                                          f"{chunks[0].file}'s have {chunks[0].embedding.shape[1]}",
+                       column=cfg.embedding)
+            continue
         absent = [m for m in want if m not in chunk.models]
         if absent:
             _drop_file(report, cfg, file, f"model column(s) {absent} missing (the table's models are "
@@ -919,8 +1012,11 @@ def _assemble(chunks: list[_Chunk], models: tuple[str, ...], cfg: ImportConfig, 
 
     idx = np.flatnonzero(keep)
     cost, source = _fill_costs(cost[idx], pchars[idx], resp[idx], models, cfg, report)
+    split = (np.concatenate([c.split if c.split is not None else np.full(len(c.prompt_id), "", dtype=object)
+                             for c in chunks])[idx] if any(c.split is not None for c in chunks) else None)
+    emb = np.concatenate([c.embedding for c in chunks])[idx] if cfg.embedding else None
     return BenchmarkTable(prompt_id[idx].astype(str).astype(object), prompt[idx], eval_name[idx], models,
-                          quality[idx], cost, source, file_idx[idx], row[idx], files)
+                          quality[idx], cost, source, file_idx[idx], row[idx], files, split, emb)
 
 
 def _fill_costs(cost: np.ndarray, pchars: np.ndarray, resp: np.ndarray, models: tuple[str, ...],

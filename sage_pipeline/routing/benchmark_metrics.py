@@ -201,6 +201,35 @@ def bootstrap_aiq(curves: dict[str, Curve], quality: np.ndarray, cost: np.ndarra
     return out
 
 
+def aiq_by_group(curves: dict[str, Curve], quality: np.ndarray, cost: np.ndarray, groups: np.ndarray,
+                 min_prompts: int = 10, oracle: str | None = "oracle") -> dict[str, dict[str, float]]:
+    """Each router's AIQ on each group's prompts alone (RouterBench reports AIQ per ``eval_name`` and
+    averages them): the router's decisions held fixed, the cost range from the single models' mean
+    costs in the group; ``oracle`` names the exact optimal frontier recomputed per group. Groups
+    with fewer than ``min_prompts`` prompts, or whose models all cost the same, are left out."""
+    out: dict[str, dict[str, float]] = {}
+    for g in pd.unique(groups):
+        idx = np.flatnonzero(groups == g)
+        if len(idx) < min_prompts:
+            continue
+        q, c = quality[idx], cost[idx]
+        single = c.mean(axis=0)
+        c_min, c_max = float(single.min()), float(single.max())
+        if not c_max > c_min:
+            continue
+        rows = np.arange(len(idx))
+        res = {}
+        for name, curve in curves.items():
+            if curve.choice is not None:
+                ch = curve.choice[:, idx]
+                res[name] = aiq(c[rows, ch].mean(axis=1), q[rows, ch].mean(axis=1), c_min, c_max)
+        if oracle:
+            fr = optimal_frontier(q, c)
+            res[oracle] = aiq(fr.cost, fr.quality, c_min, c_max)
+        out[str(g)] = res
+    return out
+
+
 # ----------------------------------------------------------------------------- the oracle's frontier
 @dataclass(frozen=True)
 class Frontier:

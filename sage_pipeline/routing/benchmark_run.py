@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +35,7 @@ from sage_pipeline.routing import benchmark_metrics as bm
 from sage_pipeline.routing import benchmark_routers as br
 from sage_pipeline.routing import benchmark_train as bt
 from sage_pipeline.routing.benchmark_import import (
+    BenchmarkImportError,
     BenchmarkTable,
     ImportConfig,
     ImportReport,
@@ -44,6 +45,7 @@ from sage_pipeline.routing.benchmark_import import (
 logger = logging.getLogger(__name__)
 
 LEARNED = ("regression", "bc", "cql")
+SPLITS = ("hash", "given")
 REPORT_NAME = "routing_benchmark.json"
 PLOT_NAME = "routing_benchmark.png"
 
@@ -51,6 +53,10 @@ PLOT_NAME = "routing_benchmark.png"
 @dataclass(frozen=True)
 class BenchmarkConfig:
     table: ImportConfig = field(default_factory=ImportConfig)
+    # "hash": hold out test_fraction of the prompts by a stable hash of their text; "given": the table's
+    # own split, test_table's prompts (train: table's) or else the table's ``split`` column (train / test)
+    split: str = "hash"
+    test_table: ImportConfig | None = None
     test_fraction: float = 0.25  # share of prompts held out (by a stable hash of the prompt)
     seed: int = 0
     featurizer: str = "tfidf_svd"
@@ -77,6 +83,10 @@ class BenchmarkConfig:
     blas_threads: int = 1
 
     def __post_init__(self) -> None:
+        if self.split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, got {self.split!r}")
+        if self.test_table is not None and self.split != "given":
+            raise ValueError("a test table is only read with split='given' (set split: given, or drop test_path)")
         if not 0.0 < self.test_fraction < 1.0:
             raise ValueError(f"test_fraction must be in (0, 1), got {self.test_fraction}")
         if self.weight_points < 2 or self.sweep_points < 2:
@@ -108,6 +118,13 @@ class BenchmarkResult:
     timings: dict[str, float]
     config: BenchmarkConfig
     router_metrics: dict[str, dict] = field(default_factory=dict)
+    split_info: dict = field(default_factory=dict)
+    aiq_by_eval: dict[str, dict[str, float]] = field(default_factory=dict)  # eval_name -> router -> AIQ
+
+    def aiq_eval_mean(self, name: str) -> float | None:
+        """The mean of a router's per-eval_name AIQ (RouterBench's average), over the evals it has."""
+        vals = [v[name] for v in self.aiq_by_eval.values() if name in v]
+        return float(np.mean(vals)) if vals else None
     aiq_ci: dict[str, tuple[float, float]] = field(default_factory=dict)  # 95% bootstrap interval over test prompts
     margin_vs_random_ci: dict[str, tuple[float, float]] = field(default_factory=dict)  # paired: AIQ - random's
 
@@ -142,6 +159,7 @@ class BenchmarkResult:
                          "AIQ 95% interval": _fmt_ci(self.aiq_ci.get(name)),
                          "AIQ - random (95% interval)": _fmt_ci(self.margin_vs_random_ci.get(name)),
                          "AIQ (RouterBench code)": self.aiq_code[name],
+                         "AIQ mean over eval_name": self.aiq_eval_mean(name),
                          "APGR": m.apgr if m else None, "CPT(50%)": m.cpt50 if m else None,
                          "CPT(80%)": m.cpt80 if m else None, "points": len(c.cost),
                          "best quality": float(c.quality[best]), "its cost (USD/prompt)": float(c.cost[best])})
@@ -171,7 +189,8 @@ class BenchmarkResult:
                                          "area of the NDCH from the router's first point to x_max / x_max"},
             "results": self.results_rows(), "best_learned": self.best_learned,
             "beats_zero_router": self.beats_zero_router, "beats_random_router": self.beats_random_router,
-            "aiq_ci95": self.aiq_ci, "margin_vs_random_ci95": self.margin_vs_random_ci,
+            "aiq_ci95": self.aiq_ci, "aiq_by_eval_name": self.aiq_by_eval,
+            "aiq_mean_over_eval_name": {n: self.aiq_eval_mean(n) for n in self.curves}, "margin_vs_random_ci95": self.margin_vs_random_ci,
             "curves": {n: {"cost": c.cost, "quality": c.quality, "knob": c.knob, "share": c.share}
                        for n, c in self.curves.items()},
             "routellm": {"strong": self.strong_weak[0] if self.strong_weak else None,
@@ -182,7 +201,7 @@ class BenchmarkResult:
                          "published_mmlu": bm.ROUTELLM_MMLU_PUBLISHED},
             "ope": {"cost_weight": self.ope_weight, "rows": self.ope_rows, "table": self.ope_table()},
             "propensity_bc": self.propensity, "router_metrics": self.router_metrics,
-            "import": self.import_report.to_dict(), "timings_s": self.timings,
+            "import": self.import_report.to_dict(), "split": self.split_info, "timings_s": self.timings,
             "config": _config_dict(self.config),
         })
 
@@ -193,7 +212,9 @@ def _fmt_ci(ci: tuple[float, float] | None) -> str | None:
 
 def _config_dict(cfg: BenchmarkConfig) -> dict:
     d = asdict(cfg)
-    d["table"] = {k: str(v) if isinstance(v, Path) else v for k, v in d["table"].items()}
+    for key in ("table", "test_table"):
+        if d.get(key) is not None:
+            d[key] = {k: str(v) if isinstance(v, Path) else v for k, v in d[key].items()}
     return d
 
 
@@ -201,6 +222,43 @@ def split_test(table: BenchmarkTable, test_fraction: float, seed: int) -> np.nda
     """Boolean test mask from a stable, seeded hash of each prompt's text (ids where no text)."""
     h = pd.util.hash_array(table.group_key().astype(object), hash_key=f"{seed:016d}"[-16:])
     return (h % np.uint64(1_000_000)).astype(np.float64) / 1e6 < test_fraction
+
+
+def given_split(tab: BenchmarkTable, report: ImportReport, cfg: BenchmarkConfig,
+                log: Callable[[str], None]) -> tuple[BenchmarkTable, np.ndarray, dict]:
+    """The table's own train/test split: ``cfg.test_table`` (imported with the train table's models)
+    or the ``split`` column. Test prompts whose text is also a train prompt are dropped (reported)."""
+    info: dict = {"split": "given"}
+    if cfg.test_table is not None:
+        te, te_report = import_benchmark(replace(cfg.test_table, models=tab.models), log)
+        info |= {"train_source": report.source, "test_source": te_report.source, "test_import": te_report.to_dict()}
+        joined = tab.concat(te)
+        test = np.concatenate([np.zeros(len(tab), dtype=bool), np.ones(len(te), dtype=bool)])
+    else:
+        if tab.split is None:
+            raise BenchmarkImportError(report.source, "split: given needs a test table (test_path) or a 'split' "
+                                                      "column, and the table has neither", column="split",
+                                       fix="set test_path to the test file or folder, add a split column "
+                                           "(train / test), or use split: hash")
+        value = pd.Series(tab.split).str.strip().str.lower().to_numpy()
+        bad = ~np.isin(value, ["train", "test"])
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise BenchmarkImportError(tab.files[tab.file[i]], f"split {tab.split[i]!r} is neither train nor test "
+                                                               f"({int(bad.sum())} such rows)",
+                                       row=int(tab.row[i]), column="split",
+                                       fix="every row needs split train or test (map validation rows to one of "
+                                           "them), or use split: hash")
+        joined, test = tab, value == "test"
+        info["source"] = f"{report.source}: split column"
+    key = joined.group_key()
+    leaked = test & np.isin(key, key[~test])
+    info["test_prompts_also_in_train_dropped"] = int(leaked.sum())
+    if leaked.any():
+        log(f"routing benchmark: {int(leaked.sum())} test prompts are also train prompts: dropped from the test set")
+        keep = np.flatnonzero(~leaked)
+        joined, test = joined.take(keep), test[keep]
+    return joined, test, info
 
 
 def run_benchmark(cfg: BenchmarkConfig | None = None, log: Callable[[str], None] = logger.info,
@@ -226,10 +284,14 @@ def _run(cfg: BenchmarkConfig, log: Callable[[str], None],
     if len(tab.models) < 2:
         raise ValueError(f"{report.source}: a routing benchmark needs at least 2 models, got {list(tab.models)}")
     lap("import")
-    test = split_test(tab, cfg.test_fraction, cfg.seed)
+    if cfg.split == "hash":
+        test = split_test(tab, cfg.test_fraction, cfg.seed)
+        split_info = {"split": "hash", "test_fraction": cfg.test_fraction, "seed": cfg.seed}
+    else:
+        tab, test, split_info = given_split(tab, report, cfg, log)
     if test.sum() < 10 or (~test).sum() < 10:
         raise ValueError(f"{report.source}: {int((~test).sum())} train and {int(test.sum())} test prompts after the "
-                         f"split (test_fraction {cfg.test_fraction}); a benchmark needs at least 10 of each")
+                         f"split ({split_info}); a benchmark needs at least 10 of each")
     tr, te = tab.take(np.flatnonzero(~test)), tab.take(np.flatnonzero(test))
     log(f"routing benchmark: {len(tr):,} train / {len(te):,} test prompts, models {list(tab.models)}")
     feat = bfeat.make_featurizer(cfg.featurizer, **cfg.featurizer_params)
@@ -279,6 +341,7 @@ def _run(cfg: BenchmarkConfig, log: Callable[[str], None],
     aiq_ci = {n: tuple(np.percentile(v, [2.5, 97.5]).tolist()) for n, v in boot.items()}
     margin_ci = {n: tuple(np.percentile(v - boot["random"], [2.5, 97.5]).tolist()) for n, v in boot.items()
                  if n != "random"}
+    aiq_eval = bm.aiq_by_group(curves, Qt, Ct, te.eval_name)
 
     routellm, strong_weak = {}, None
     if len(tab.models) == 2:
@@ -308,10 +371,12 @@ def _run(cfg: BenchmarkConfig, log: Callable[[str], None],
         c_range=(c_min, c_max), curves=curves, kinds=kinds, aiq=aiq, aiq_code=aiq_code, routellm=routellm, strong_weak=strong_weak,
         ope_rows=ope_rows, ope_weight=w_ope, propensity=propensity, import_report=report,
         table_sha256=tab.sha256(), timings=timings, config=cfg,
-        router_metrics={"bc": bc.metrics, "cql": cql.metrics}, aiq_ci=aiq_ci, margin_vs_random_ci=margin_ci)
+        router_metrics={"bc": bc.metrics, "cql": cql.metrics}, aiq_ci=aiq_ci, margin_vs_random_ci=margin_ci,
+        split_info=split_info, aiq_by_eval=aiq_eval)
     bundle = br.RouterBundle(feat, tab.models, reg, {"bc": bc, "cql": cql}, {
         "kind": "routing_benchmark", "featurizer": feat.name, "training_data_sha256": result.table_sha256,
         "source": report.source, "test_fraction": cfg.test_fraction, "split_seed": cfg.seed,
+        "split": {k: v for k, v in split_info.items() if k != "test_import"},
         "cost_scale_usd": scale, "cost_weights": weights.tolist(),
         "aiq": {n: aiq[n] for n in (*LEARNED, "zero_router", "oracle")},
         "note": "route(prompts, cost_weight): cost_weight in quality units per USD; the grid routers use the "
@@ -441,7 +506,8 @@ def metadata_markdown(result: BenchmarkResult, max_dropped: int = 20) -> dict[st
                f"{result.aiq['random']:.4f}, paired margin {_fmt_ci(result.margin_vs_random_ci.get(best))}: it "
                f"{'beats' if result.beats_random_router else 'does NOT beat'} the random router (zero router "
                f"{z:.4f}; oracle {result.aiq['oracle']:.4f}). The best is picked on these test prompts, so its "
-               "interval is slightly optimistic. `cost_only` routes by predicted price with each model's mean "
+               "interval is slightly optimistic. `AIQ mean over eval_name`: RouterBench's average of the AIQ "
+               f"per dataset ({len(result.aiq_by_eval)} eval_name(s) with at least 10 test prompts). `cost_only` routes by predicted price with each model's mean "
                "quality: the learned routers' margin over it is what predicting quality adds. "
                f"AIQ: the NDCH's mean quality over [{result.c_range[0]:.3g}, {result.c_range[1]:.3g}] USD per "
                "prompt, from the cheapest to the dearest single model (RouterBench's paper); `AIQ (RouterBench "

@@ -199,3 +199,22 @@ def test_bootstrap_aiq_is_paired_and_centred_on_the_point_estimate():
     assert np.percentile(margin, 2.5) > 0  # paired: the same resamples for every router
     # the same router twice: every resample gives it the same AIQ
     assert np.array_equal(boot["good"], boot["copy"])
+
+
+def test_aiq_by_group_equals_the_aiq_of_each_groups_prompts_alone():
+    rng = np.random.default_rng(4)
+    n, K = 600, 3
+    q = (rng.random((n, K)) < [0.5, 0.7, 0.85]).astype(float)
+    c = np.tile([1.0, 3.0, 10.0], (n, 1)) * rng.lognormal(0, 0.2, (n, 1))
+    groups = np.where(np.arange(n) < 400, "mmlu", "gsm8k")
+    groups[-5:] = "tiny"  # fewer than min_prompts: left out
+    choice = np.stack([np.where(rng.random(n) < t, 2, 0) for t in np.linspace(0, 1, 5)])
+    curve = bm.Curve("r", np.zeros(5), np.zeros(5), np.zeros(5), np.zeros((5, K)), choice.astype(np.int16))
+    out = bm.aiq_by_group({"r": curve}, q, c, groups)
+    assert set(out) == {"mmlu", "gsm8k"} and set(out["mmlu"]) == {"r", "oracle"}
+    idx = np.flatnonzero(groups == "gsm8k")
+    sub = bm.sweep("r", lambda w: choice[int(w), idx], np.arange(5.0), q[idx], c[idx])
+    assert out["gsm8k"]["r"] == pytest.approx(sub.aiq(*bm.cost_range(c[idx].mean(axis=0))))
+    fr = bm.optimal_frontier(q[idx], c[idx])
+    assert out["gsm8k"]["oracle"] == pytest.approx(bm.aiq(fr.cost, fr.quality, *bm.cost_range(c[idx].mean(axis=0))))
+    assert out["gsm8k"]["oracle"] >= out["gsm8k"]["r"]

@@ -13,7 +13,7 @@ from sage_pipeline.rl.cql import CQLConfig
 from sage_pipeline.routing import benchmark_routers as br
 from sage_pipeline.routing import benchmark_run as brun
 from sage_pipeline.routing import benchmark_train as bt
-from sage_pipeline.routing.benchmark_import import ImportConfig, import_benchmark
+from sage_pipeline.routing.benchmark_import import BenchmarkImportError, ImportConfig, import_benchmark
 from sage_pipeline_tests.routing.test_benchmark_routers import synthetic_table
 
 SLICE = Path(__file__).parent / "fixtures" / "routellm_mmlu_slice"
@@ -126,3 +126,53 @@ def test_every_router_has_a_bootstrap_interval_and_the_verdict_is_against_random
                                           and result.margin_vs_random_ci[best][0] > 0)
     report = json.loads(paths["report"].read_text())
     assert report["beats_random_router"] == result.beats_random_router and best in report["aiq_ci95"]
+
+
+def _routellm_frame(prompts, rng) -> pd.DataFrame:
+    weak, strong = "mistralai/Mixtral-8x7B-Instruct-v0.1", "gpt-4-1106-preview"
+    return pd.DataFrame({"prompt": prompts, weak: rng.random(len(prompts)) < 0.6,
+                         strong: rng.random(len(prompts)) < 0.8})
+
+
+def test_given_split_from_train_and_test_files(tmp_path):
+    rng = np.random.default_rng(0)
+    train = [f"train question {i} about topic {i % 7}" for i in range(120)]
+    test = [f"test question {i} about topic {i % 7}" for i in range(40)] + [train[0]]  # one leaked prompt
+    (tmp_path / "tr").mkdir()
+    (tmp_path / "te").mkdir()
+    _routellm_frame(train, rng).to_csv(tmp_path / "tr" / "mmlu_train.csv")  # with pandas' index, as shipped
+    _routellm_frame(test, rng).to_csv(tmp_path / "te" / "mmlu_test.csv")
+    cfg = _fast(table=ImportConfig(path=tmp_path / "tr"), split="given", test_table=ImportConfig(path=tmp_path / "te"))
+    result, bundle = brun.run_benchmark(cfg, log=lambda s: None)
+    assert (result.n_train, result.n_test) == (120, 40)
+    assert result.split_info["test_prompts_also_in_train_dropped"] == 1
+    assert result.split_info["test_import"]["dropped_index_columns"]
+    assert bundle.manifest["split"]["split"] == "given"
+    assert set(result.aiq_by_eval) == {"mmlu"}  # the split suffix is not part of the eval_name
+    with pytest.raises(ValueError, match="only read with split='given'"):
+        _fast(table=ImportConfig(path=tmp_path / "tr"), test_table=ImportConfig(path=tmp_path / "te"))
+
+
+def test_given_split_from_a_split_column_and_its_errors(tmp_path):
+    tab = synthetic_table(400)
+    df = pd.DataFrame({"sample_id": tab.prompt_id, "prompt": tab.prompt, "eval_name": np.where(
+        np.arange(400) % 2 == 0, "algebra_set", "history_set"), "split": np.where(np.arange(400) < 300, "train", "Test")})
+    for k, m in enumerate(tab.models):
+        df[m] = tab.quality[:, k]
+        df[f"{m}|total_cost"] = tab.cost[:, k]
+    df.to_csv(tmp_path / "rb.csv", index=False)
+    result, _ = brun.run_benchmark(_fast(table=ImportConfig(path=tmp_path / "rb.csv"), split="given"),
+                                   log=lambda s: None)
+    assert (result.n_train, result.n_test) == (300, 100)
+    # per-eval_name AIQ next to the pooled one, and their mean
+    assert set(result.aiq_by_eval) == {"algebra_set", "history_set"}
+    mean = np.mean([result.aiq_by_eval[e]["regression"] for e in ("algebra_set", "history_set")])
+    row = {r["router"]: r for r in result.results_rows()}["regression"]
+    assert row["AIQ mean over eval_name"] == pytest.approx(mean)
+    df.loc[310, "split"] = "validation"
+    df.to_csv(tmp_path / "rb.csv", index=False)
+    with pytest.raises(BenchmarkImportError, match=r"rb\.csv: row 311: column 'split': split 'validation' is neither"):
+        brun.run_benchmark(_fast(table=ImportConfig(path=tmp_path / "rb.csv"), split="given"), log=lambda s: None)
+    df.drop(columns="split").to_csv(tmp_path / "rb.csv", index=False)
+    with pytest.raises(BenchmarkImportError, match="split: given needs a test table"):
+        brun.run_benchmark(_fast(table=ImportConfig(path=tmp_path / "rb.csv"), split="given"), log=lambda s: None)
