@@ -718,7 +718,7 @@ class _Damaged(Exception):
 
 
 _GZIP_MAGIC = b"\x1f\x8b"
-_SALVAGE_BYTES = 1024  # compressed bytes per step when salvaging what precedes corrupt data
+_SALVAGE_BYTES = 1024  # compressed bytes per step when salvaging what precedes corrupt data (then 1)
 
 
 def _plain_chunks(fh, chunk_bytes: int) -> Iterator[bytes]:
@@ -731,6 +731,31 @@ def _at_least(fh, raw: bytes, chunk_bytes: int, n: int = len(_GZIP_MAGIC)) -> by
     while raw and len(raw) < n and (more := fh.read(chunk_bytes)):
         raw += more
     return raw
+
+
+def _salvage(d, raw: bytes) -> Iterator[bytes]:
+    """Everything ``d`` decodes from ``raw`` before the byte where zlib finds the damage.
+
+    A ``decompress`` call that fails returns nothing of what it had decoded, so the input goes
+    again 1 KiB at a time, and the piece that fails one byte at a time: every byte of output
+    zlib produces before the error is kept (then the damage is one quarantined record)."""
+    for i in range(0, len(raw), _SALVAGE_BYTES):
+        piece = raw[i:i + _SALVAGE_BYTES]
+        before = d.copy()
+        try:
+            out = d.decompress(piece)
+        except zlib.error:
+            d = before
+            for j in range(len(piece)):
+                try:
+                    out = d.decompress(piece[j:j + 1])
+                except zlib.error:
+                    return
+                if out:
+                    yield out
+            return
+        if out:
+            yield out
 
 
 def _gzip_chunks(fh, chunk_bytes: int) -> Iterator[bytes]:
@@ -753,15 +778,7 @@ def _gzip_chunks(fh, chunk_bytes: int) -> Iterator[bytes]:
         try:
             out = d.decompress(raw, chunk_bytes)
         except zlib.error as exc:
-            # what decodes before the damage: the same input again, 1 KiB at a time
-            d = before
-            for i in range(0, len(raw), _SALVAGE_BYTES):
-                try:
-                    out = d.decompress(raw[i:i + _SALVAGE_BYTES])
-                except zlib.error:
-                    break
-                if out:
-                    yield out
+            yield from _salvage(before, raw)
             raise _Damaged(f"corrupt compressed data ({exc})") from None
         raw = d.unconsumed_tail
         if out:
