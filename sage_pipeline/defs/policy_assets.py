@@ -10,7 +10,7 @@ from sage_pipeline.defs.resources import SageResource
 from sage_pipeline.defs.routing_assets import GROUP, reward_report, routing_dataset
 from sage_pipeline.rl import bc, cql, offline_eval as oe, ope, sage_router
 from sage_pipeline.rl.checkpoint import load_policy, read_meta
-from sage_pipeline.rl.data import from_dataset
+from sage_pipeline.rl.data import REQUIRED, from_dataset
 from sage_pipeline.rl.policy import StaticTablePolicy
 from sage_pipeline.routing import routing_dataset as rd
 from sage_pipeline.routing.action_space import FILE_NAME as ACTION_SPACE_FILE, SPACES, ActionSpace
@@ -18,9 +18,13 @@ from sage_pipeline.routing.features import FeatureSpec
 from sage_pipeline.routing.reward import RewardSpec
 
 
+# What the learners and estimators read; the provenance columns stay on disk.
+POLICY_COLUMNS = (*REQUIRED, "decision_id", "data_source", "propensity_source")
+
+
 def _dataset(sage: SageResource):
     path = sage.path("routing", rd.PARQUET_NAME)
-    return path, rd.read_routing_dataset(path)
+    return path, rd.read_routing_dataset(path, POLICY_COLUMNS)
 
 
 def _space(sage: SageResource, name: str = "multi_model") -> ActionSpace:

@@ -327,8 +327,15 @@ def read_reward_spec(path: str | Path) -> RewardSpec | None:
     return RewardSpec(**json.loads(raw)) if raw else None
 
 
-def read_routing_dataset(path: str | Path) -> pd.DataFrame:
+def read_routing_dataset(path: str | Path, columns: list[str] | tuple[str, ...] | None = None) -> pd.DataFrame:
+    """The dataset as a frame; ``columns`` reads only those (what a learner needs: on large
+    logs the provenance columns, e.g. ``source_file`` and ``timestamp``, are most of the memory)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"routing dataset {path} not found: materialize routing_dataset first")
-    return pq.read_table(path).to_pandas()
+    if columns is not None:
+        missing = sorted(set(columns) - set(pq.read_schema(path).names))
+        if missing:
+            raise ValueError(f"routing dataset {path} lacks columns {missing}: rematerialize routing_dataset")
+        columns = list(dict.fromkeys(columns))
+    return pq.read_table(path, columns=columns).to_pandas()

@@ -330,6 +330,16 @@ def test_jsonl_writes_missing_values_as_null(trajectories, catalogue, table, tmp
     assert all(r["propensity_source"] == "missing" for r in rows)
 
 
+def test_read_only_the_columns_asked_for(ds, tmp_path):
+    files = write_routing_dataset(ds, tmp_path / "routing")
+    part = read_routing_dataset(files.parquet, ["reward", "decision_id", "reward"])
+    assert list(part.columns) == ["reward", "decision_id"]
+    pd.testing.assert_frame_equal(part, ds[["reward", "decision_id"]], check_dtype=False)
+    with pytest.raises(ValueError, match=r"routing dataset .*routing_v1\.parquet lacks columns \['nope'\]: "
+                                         r"rematerialize routing_dataset"):
+        read_routing_dataset(files.parquet, ["reward", "nope"])
+
+
 def test_read_missing_dataset(tmp_path):
     with pytest.raises(
         FileNotFoundError,
