@@ -46,7 +46,8 @@ class RoutingBenchmarkConfig(dg.Config):
                            "embedding")
     test_fraction: float = Field(0.25, description="share of prompts held out for testing (by prompt hash)")
     seed: int = 0
-    featurizer: str = Field("tfidf_svd", description="prompt features: tfidf_svd or length (or one registered)")
+    featurizer: str = Field("tfidf_svd", description="prompt features: tfidf_svd, length, embedding (the table's "
+                            "precomputed embeddings: set embedding) or one registered")
     n_components: int = Field(128, description="tfidf_svd: SVD dimensions")
     cost_weight_points: int = Field(DEFAULT_WEIGHT_POINTS, description="cost weights the BC and CQL routers "
                                     "are trained for: 0 to the weight that sends every train prompt to its cheapest "
@@ -90,7 +91,8 @@ def _benchmark_config(c: RoutingBenchmarkConfig, sage: SageResource) -> brun.Ben
 @dg.asset(group_name=GROUP, kinds={"scikitlearn", "pytorch", "json"},
           description="Imports a routing-benchmark outcome table (every prompt x every model's quality and cost; "
                       "default: RouteLLM's MMLU, contaminated prompts excluded), splits it by prompt, and scores "
-                      "learned routers (quality-and-cost regression, cost-sensitive BC, bandit CQL on simulated "
+                      "learned routers (quality-and-cost regression, predictive MLP and kNN routers, cost-sensitive "
+                      "BC, bandit CQL on simulated "
                       "logs) against single models, the zero router, random and the oracle on held-out prompts: "
                       "AIQ (RouterBench), APGR and CPT (RouteLLM), OPE estimates vs exact values. Report in "
                       "reports/routing_benchmark.json, routers in checkpoints/routing_benchmark/.",

@@ -1,6 +1,7 @@
 """Prompt features for benchmark routers: pluggable, fitted on the train split only, saved with the router.
 
-A featurizer turns prompt texts into a float32 matrix. The default, ``tfidf_svd``, is
+A featurizer turns prompt texts (or, for ``embedding``, the table's precomputed prompt
+embeddings) into a float32 matrix. The default, ``tfidf_svd``, is
 scikit-learn's ``TfidfVectorizer`` followed by ``TruncatedSVD`` (latent semantic
 analysis), standardised with the train split's mean and scale, plus the log of the prompt
 length. It is saved as plain arrays (vocabulary, idf, SVD components, scaling) and
@@ -187,7 +188,63 @@ class LengthFeaturizer:
         return cls(arrays["mean"], arrays["scale"])
 
 
-FEATURIZERS: dict[str, type] = {"tfidf_svd": TfidfSvdFeaturizer, "length": LengthFeaturizer}
+class EmbeddingFeaturizer:
+    """Precomputed prompt embeddings (the table's ``embedding`` columns: ImportConfig.embedding),
+    standardised with the train split's mean and scale. Its input is the (n, d) embedding matrix,
+    not the text (``takes_embeddings``)."""
+
+    name = "embedding"
+    input = "embedding"
+
+    def __init__(self, mean: np.ndarray | None = None, scale: np.ndarray | None = None) -> None:
+        self.mean, self.scale = mean, scale
+
+    @property
+    def dim(self) -> int:
+        if self.mean is None:
+            raise ValueError("embedding featurizer is not fitted: call fit(train embeddings) first")
+        return len(self.mean)
+
+    def fit(self, emb: np.ndarray) -> EmbeddingFeaturizer:
+        x = self._check(emb)
+        self.mean, sd = x.mean(axis=0), x.std(axis=0)
+        self.scale = np.where(sd > 1e-12, sd, 1.0)
+        return self
+
+    def fit_transform(self, emb: np.ndarray) -> np.ndarray:
+        return self.fit(emb).transform(emb)
+
+    def transform(self, emb: np.ndarray) -> np.ndarray:
+        if self.mean is None:
+            raise ValueError("embedding featurizer is not fitted: call fit(train embeddings) first")
+        x = self._check(emb)
+        if x.shape[1] != len(self.mean):
+            raise ValueError(f"embedding featurizer: expected {len(self.mean)} dimensions, got {x.shape[1]}")
+        return ((x - self.mean) / self.scale).astype(np.float32)
+
+    @staticmethod
+    def _check(emb) -> np.ndarray:
+        x = np.asarray(emb, dtype=np.float64)
+        if x.ndim != 2 or not np.isfinite(x).all():
+            raise ValueError(f"embedding featurizer: expected a finite (n, d) array of embeddings, got shape "
+                             f"{x.shape}")
+        return x
+
+    def state(self) -> tuple[dict, dict[str, np.ndarray]]:
+        return {"name": self.name}, {"mean": self.mean, "scale": self.scale}
+
+    @classmethod
+    def from_state(cls, meta: dict, arrays: dict[str, np.ndarray]) -> EmbeddingFeaturizer:
+        return cls(arrays["mean"], arrays["scale"])
+
+
+def takes_embeddings(featurizer: PromptFeaturizer) -> bool:
+    """Whether the featurizer reads precomputed embeddings instead of the prompt text."""
+    return getattr(featurizer, "input", "text") == "embedding"
+
+
+FEATURIZERS: dict[str, type] = {"tfidf_svd": TfidfSvdFeaturizer, "length": LengthFeaturizer,
+                                "embedding": EmbeddingFeaturizer}
 
 
 def register_featurizer(name: str, cls: type) -> None:

@@ -700,6 +700,7 @@ def _read_wide(tbl: pa.Table, file: str, stem: str, layout: str, probs: _Problem
     models, cost_cols, resp_cols = _wide_models(columns, layout, file,
                                                 frozenset(_embedding_columns(columns, embedding)))
     models = _ignored(models, want, file, probs.report)
+    emb = _read_embedding(tbl, embedding, file, probs)
     prompt = _strings(tbl.column("prompt"), n)
     probs.add(np.array([not p.strip() for p in prompt], dtype=bool), "prompt", "empty prompt")
     ids = _strings(tbl.column(id_col), n) if id_col else np.array([f"{stem}:{i}" for i in range(1, n + 1)],
@@ -728,8 +729,7 @@ def _read_wide(tbl: pa.Table, file: str, stem: str, layout: str, probs: _Problem
     eval_name = _strings(tbl.column("eval_name"), n) if "eval_name" in columns else np.full(n, stem, dtype=object)
     split = _strings(tbl.column("split"), n) if "split" in columns else None
     return _Chunk(file, layout, tuple(models), ids, prompt, _lengths(tbl.column("prompt"), n), eval_name,
-                  quality, cost, resp, np.arange(1, n + 1), "id" if id_col else "prompt", split,
-                  _read_embedding(tbl, embedding, file, probs))
+                  quality, cost, resp, np.arange(1, n + 1), "id" if id_col else "prompt", split, emb)
 
 
 def _scale(declared: str, layout: str) -> tuple[float, float, bool]:

@@ -190,6 +190,117 @@ def fit_regression(x: np.ndarray, quality: np.ndarray, cost: np.ndarray, prompt_
     return RegressionRouter(models, wq, bq, "logistic" if binary else "identity", wc, bc)
 
 
+# ----------------------------------------------------------------------------- predictive and kNN routers
+def _sigmoid(z: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-np.clip(z, -50, 50)))
+
+
+@dataclass(frozen=True)
+class PredictiveConfig:
+    hidden: tuple[int, ...] = (64,)  # one hidden layer shared by the per-LLM outputs
+    alpha: float = 1e-2  # L2 penalty
+    max_iter: int = 200
+    validation_fraction: float = 0.15  # early stopping on this share of the train prompts
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class PredictiveRouter:
+    """RouterBench's predictive router (Hu et al. 2024, sec. 4.1): a quality model for every LLM on
+    the prompt features, then ``argmax_k q_k(x) - w * c_k(x)``. The quality models are one
+    scikit-learn ``MLPRegressor`` with a shared hidden layer and one output per LLM, trained on
+    squared error (the Brier score for binary quality; it gave better-calibrated probabilities
+    than ``MLPClassifier``, whose early stopping watches subset accuracy) and early-stopped on
+    held-out train prompts; its outputs clipped to the train qualities' range; served by a numpy
+    forward pass. The cost of each call comes from the regression router's per-model cost model."""
+
+    models: tuple[str, ...]
+    layers: Layers  # (out, in) weights, as rl.checkpoint.mlp_forward takes them
+    low: float  # the train qualities' range: predictions are clipped to it
+    high: float
+    name: str = "predictive"
+
+    def quality(self, x: np.ndarray) -> np.ndarray:
+        return np.clip(mlp_forward(self.layers, x).astype(np.float64), self.low, self.high)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {f"{kind}{i}": arr for i, (w, b) in enumerate(self.layers) for kind, arr in (("w", w), ("b", b))} | {
+            "range": np.array([self.low, self.high])}
+
+    @classmethod
+    def from_arrays(cls, models: tuple[str, ...], z: dict) -> PredictiveRouter:
+        n = sum(1 for k in z if k.startswith("w"))
+        return cls(models, [(z[f"w{i}"], z[f"b{i}"]) for i in range(n)], float(z["range"][0]), float(z["range"][1]))
+
+
+def fit_predictive(x: np.ndarray, quality: np.ndarray, models: tuple[str, ...],
+                   cfg: PredictiveConfig = PredictiveConfig()) -> PredictiveRouter:
+    import warnings
+
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.neural_network import MLPRegressor
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)  # early stopping ends it; max_iter only bounds time
+        m = MLPRegressor(hidden_layer_sizes=tuple(cfg.hidden), alpha=cfg.alpha, max_iter=cfg.max_iter,
+                         early_stopping=True, validation_fraction=cfg.validation_fraction,
+                         random_state=cfg.seed).fit(x, quality)
+    layers = [(w.T.astype(np.float32), b.astype(np.float32)) for w, b in zip(m.coefs_, m.intercepts_)]
+    return PredictiveRouter(models, layers, float(quality.min()), float(quality.max()))
+
+
+@dataclass(frozen=True)
+class KNNConfig:
+    ks: tuple[int, ...] = (5, 10, 20, 40, 80)  # neighbourhood sizes tried (leave-one-out on the train prompts)
+    metric: str = "cosine"  # RouterBench's kNN router's distance
+
+
+@dataclass
+class KNNRouter:
+    """RouterBench's kNN router: an LLM's predicted quality on a prompt is its mean quality on the
+    ``k`` nearest train prompts (scikit-learn ``NearestNeighbors``); ``k`` chosen by leave-one-out
+    squared error on the train prompts; routes by ``q_k(x) - w * c_k(x)`` like the predictive one."""
+
+    models: tuple[str, ...]
+    x_train: np.ndarray  # (n, d) float32
+    q_train: np.ndarray  # (n, K) float32
+    k: int
+    metric: str = "cosine"
+    name: str = "knn"
+    _index: object = field(default=None, repr=False)
+
+    def _nn(self):
+        if self._index is None:
+            from sklearn.neighbors import NearestNeighbors
+
+            self._index = NearestNeighbors(n_neighbors=self.k, metric=self.metric).fit(self.x_train)
+        return self._index
+
+    def quality(self, x: np.ndarray) -> np.ndarray:
+        idx = self._nn().kneighbors(np.asarray(x, dtype=np.float32), return_distance=False)
+        return self.q_train[idx].mean(axis=1).astype(np.float64)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {"x_train": self.x_train, "q_train": self.q_train, "k": np.array(self.k)}
+
+
+def fit_knn(x: np.ndarray, quality: np.ndarray, models: tuple[str, ...], cfg: KNNConfig = KNNConfig()) -> KNNRouter:
+    from sklearn.neighbors import NearestNeighbors
+
+    x = np.asarray(x, dtype=np.float32)
+    ks = sorted(k for k in cfg.ks if 1 <= k < len(x))
+    if not ks:
+        raise ValueError(f"kNN router: no neighbourhood size in {cfg.ks} fits {len(x)} train prompts")
+    idx = NearestNeighbors(n_neighbors=ks[-1] + 1, metric=cfg.metric).fit(x).kneighbors(x, return_distance=False)
+    rows = np.arange(len(x))[:, None]
+    others = np.where(idx == rows, -1, idx)  # leave the prompt itself out (wherever it ranks)
+    others = np.array([r[r >= 0][: ks[-1]] for r in others])
+    cum = np.cumsum(quality[others], axis=1)  # (n, k_max, K)
+    err = {k: float(((cum[:, k - 1] / k - quality) ** 2).mean()) for k in ks}
+    best = min(ks, key=lambda k: (err[k], k))
+    return KNNRouter(models, x, quality.astype(np.float32), best, cfg.metric)
+
+
 # ----------------------------------------------------------------------------- grid-trained routers
 @dataclass(frozen=True)
 class GridRouter:
@@ -259,21 +370,31 @@ class RouterBundle:
     regression: RegressionRouter
     grids: dict[str, GridRouter]  # "bc", "cql"
     manifest: dict
+    predictors: dict[str, PredictiveRouter | KNNRouter] = field(default_factory=dict)  # "predictive", "knn"
 
-    def features(self, prompts) -> np.ndarray:
+    def features(self, prompts, embeddings=None) -> np.ndarray:
+        if bfeat.takes_embeddings(self.featurizer):
+            if embeddings is None:
+                raise ValueError(f"the {self.featurizer.name} featurizer reads precomputed prompt embeddings: pass "
+                                 "embeddings=(n, d) array")
+            return self.featurizer.transform(np.asarray(embeddings, dtype=np.float32))
         return self.featurizer.transform(np.asarray(prompts, dtype=object))
 
-    def route(self, prompts, cost_weight: float, router: str = "regression") -> list[str]:
-        """The model each prompt goes to at ``cost_weight`` (quality units per USD)."""
+    def route(self, prompts, cost_weight: float, router: str = "regression", embeddings=None) -> list[str]:
+        """The model each prompt goes to at ``cost_weight`` (quality units per USD); ``embeddings``:
+        the prompts' precomputed embeddings, for a bundle trained on them."""
         prompts = np.asarray(prompts, dtype=object)
-        x = self.features(prompts)
+        x = self.features(prompts, embeddings)
+        chars = np.fromiter((len(p) for p in prompts), dtype=np.float64, count=len(prompts))
         if router == "regression":
-            chars = np.fromiter((len(p) for p in prompts), dtype=np.float64, count=len(prompts))
             choice = self.regression.decide(x, chars, cost_weight)
+        elif router in self.predictors:
+            choice = bm.decide(self.predictors[router].quality(x), self.regression.cost(x, chars), cost_weight)
         elif router in self.grids:
             choice = self.grids[router].decide(x, cost_weight)
         else:
-            raise ValueError(f"unknown router {router!r}: use 'regression' or one of {sorted(self.grids)}")
+            raise ValueError(f"unknown router {router!r}: use one of "
+                             f"{sorted(['regression', *self.predictors, *self.grids])}")
         return [self.models[k] for k in choice]
 
 
@@ -287,8 +408,14 @@ def save_bundle(folder: str | Path, bundle: RouterBundle) -> Path:
         for name, grid in bundle.grids.items():
             with artifacts.atomic_open(tmp / f"{name}.npz", "wb") as fh:
                 np.savez(fh, **grid.arrays())
+        for name, pred in bundle.predictors.items():
+            with artifacts.atomic_open(tmp / f"{name}.npz", "wb") as fh:
+                np.savez(fh, **pred.arrays())
         manifest = dict(bundle.manifest) | {
             "models": list(bundle.models), "link": bundle.regression.link,
+            "predictors": {n: {"kind": type(p).__name__, "metric": getattr(p, "metric", None),
+                               "k": getattr(p, "k", None)}
+                           for n, p in bundle.predictors.items()},
             "grids": {n: {"weights": g.weights.tolist(), "metrics": _jsonable(g.metrics)}
                       for n, g in bundle.grids.items()}}
         artifacts.write_json(tmp / BUNDLE_JSON, manifest)
@@ -308,7 +435,16 @@ def load_bundle(folder: str | Path) -> RouterBundle:
     for name, spec in manifest.get("grids", {}).items():
         with np.load(folder / f"{name}.npz") as z:
             grids[name] = GridRouter.from_arrays(name, models, np.asarray(spec["weights"]), {k: z[k] for k in z.files})
-    return RouterBundle(bfeat.load_featurizer(folder), models, reg, grids, manifest)
+    predictors: dict[str, PredictiveRouter | KNNRouter] = {}
+    for name, spec in manifest.get("predictors", {}).items():
+        with np.load(folder / f"{name}.npz") as z:
+            arrays = {k: z[k] for k in z.files}
+        if spec["kind"] == "KNNRouter":
+            predictors[name] = KNNRouter(models, arrays["x_train"], arrays["q_train"], int(arrays["k"]),
+                                         spec["metric"], name)
+        else:
+            predictors[name] = PredictiveRouter.from_arrays(models, arrays)
+    return RouterBundle(bfeat.load_featurizer(folder), models, reg, grids, manifest, predictors)
 
 
 def _jsonable(obj):
@@ -325,6 +461,7 @@ def _jsonable(obj):
     return obj
 
 
-__all__ = ["GridRouter", "RegressionConfig", "RegressionRouter", "RouterBundle", "cost_weights", "fit_regression",
+__all__ = ["GridRouter", "KNNConfig", "KNNRouter", "PredictiveConfig", "PredictiveRouter", "RegressionConfig",
+           "RegressionRouter", "RouterBundle", "cost_weights", "fit_knn", "fit_predictive", "fit_regression",
            "load_bundle", "oracle_curve", "oracle_targets", "random_router_curve", "save_bundle",
            "single_model_curves", "zero_router_curve"]

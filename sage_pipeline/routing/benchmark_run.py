@@ -3,14 +3,16 @@
 :func:`run_benchmark` is what the ``routing_benchmark`` asset calls:
 
 1. import the table (:mod:`benchmark_import`), split it into train and test *by prompt*
-   (a stable hash of the prompt text, so a duplicated text never straddles the split);
+   (``split: hash``: a stable hash of the prompt text, so a duplicated text never straddles
+   the split; ``split: given``: the table's own split, from a test table or a split column);
 2. fit the prompt featurizer on the train prompts only (:mod:`benchmark_features`);
-3. baselines and routers (:mod:`benchmark_routers`) on the train split: the regression
-   router and BC on the full table, bandit CQL on logged feedback simulated from it
-   (:mod:`benchmark_bandit`, ``train_behaviour``);
-4. on the held-out test prompts, every router's cost-quality curve over the cost-weight
-   grid, its AIQ against the zero router's, and for two-model tables RouteLLM's APGR and
-   CPT(50%)/CPT(80%) (:mod:`benchmark_metrics`);
+3. baselines and routers (:mod:`benchmark_routers`) on the train split: the regression,
+   predictive (MLP) and kNN routers and BC on the full table, bandit CQL on logged feedback
+   simulated from it (:mod:`benchmark_bandit`, ``train_behaviour``);
+4. on the held-out test prompts, every router's cost-quality curve over cost weights from 0
+   to its cheap end, its AIQ with a 95% bootstrap interval and its paired margin over the
+   random router, AIQ per eval_name and their mean, and for two-model tables RouteLLM's APGR
+   and CPT(50%)/CPT(80%) (:mod:`benchmark_metrics`);
 5. logs simulated on the test prompts under each ``ope_behaviours`` policy, and every
    estimator of ``rl.ope`` for each learned router at one cost weight, next to its exact
    value (with logged propensities, and with propensities estimated by BC).
@@ -44,7 +46,7 @@ from sage_pipeline.routing.benchmark_import import (
 
 logger = logging.getLogger(__name__)
 
-LEARNED = ("regression", "bc", "cql")
+LEARNED = ("regression", "predictive", "knn", "bc", "cql")
 SPLITS = ("hash", "given")
 REPORT_NAME = "routing_benchmark.json"
 PLOT_NAME = "routing_benchmark.png"
@@ -64,6 +66,8 @@ class BenchmarkConfig:
     weight_points: int = br.DEFAULT_WEIGHT_POINTS  # BC / CQL members, cost weights 0 .. the cheap end
     sweep_points: int = br.DEFAULT_SWEEP_POINTS  # cost weights each prediction-based router is swept over
     regression: br.RegressionConfig = field(default_factory=br.RegressionConfig)
+    predictive: br.PredictiveConfig = field(default_factory=br.PredictiveConfig)
+    knn: br.KNNConfig = field(default_factory=br.KNNConfig)
     bc: bt.BCGridConfig = field(default_factory=bt.BCGridConfig)
     # small critics: (64, 64) x 1500 steps memorised the logged prompts (AIQ 0.741 vs 0.750)
     cql: CQLConfig = field(default_factory=lambda: CQLConfig(mode="bandit", hidden=(16,), steps=600, alpha=0.03,
@@ -295,8 +299,22 @@ def _run(cfg: BenchmarkConfig, log: Callable[[str], None],
     tr, te = tab.take(np.flatnonzero(~test)), tab.take(np.flatnonzero(test))
     log(f"routing benchmark: {len(tr):,} train / {len(te):,} test prompts, models {list(tab.models)}")
     feat = bfeat.make_featurizer(cfg.featurizer, **cfg.featurizer_params)
-    x_tr = feat.fit_transform(tr.prompt)  # fitted on the train prompts only
-    x_te = feat.transform(te.prompt)
+    if bfeat.takes_embeddings(feat):
+        if tab.embedding is None:
+            raise BenchmarkImportError(report.source, f"the {feat.name} featurizer needs the table's precomputed "
+                                                      "embeddings, and none were imported", column="embedding",
+                                       fix="set embedding to the table's embedding column (or 'emb_*' prefix), or "
+                                           "use featurizer tfidf_svd")
+        x_tr = feat.fit_transform(tr.embedding)  # fitted on the train prompts only
+        x_te = feat.transform(te.embedding)
+    else:
+        if not any(p.strip() for p in tr.prompt):
+            raise BenchmarkImportError(report.source, f"the {feat.name} featurizer reads prompt text and the table "
+                                                      "has none", column="prompt",
+                                       fix="add a prompt column, or import precomputed embeddings (embedding) and "
+                                           "use featurizer embedding")
+        x_tr = feat.fit_transform(tr.prompt)  # fitted on the train prompts only
+        x_te = feat.transform(te.prompt)
     chars_tr = np.array([len(p) for p in tr.prompt], dtype=np.float64)
     chars_te = np.array([len(p) for p in te.prompt], dtype=np.float64)
     lap("features")
@@ -313,6 +331,10 @@ def _run(cfg: BenchmarkConfig, log: Callable[[str], None],
 
     reg = br.fit_regression(x_tr, tr.quality, tr.cost, chars_tr, tab.models, cfg.regression)
     lap("regression")
+    pred = br.fit_predictive(x_tr, tr.quality, tab.models, cfg.predictive)
+    lap("predictive")
+    knn = br.fit_knn(x_tr, tr.quality, tab.models, cfg.knn)
+    lap("knn")
     bc = bt.train_bc_grid(x_tr, tr.quality, tr.cost, weights, tab.models, cfg.bc, log=log)
     lap("bc")
     train_log = bb.simulate_logs(tr.quality, tr.cost, tab.models, cfg.train_behaviour, seed=cfg.seed + 1)
@@ -329,6 +351,11 @@ def _run(cfg: BenchmarkConfig, log: Callable[[str], None],
     q_hat_te = reg.quality(x_te)
     curves["regression"] = bm.sweep("regression", lambda w: bm.decide(q_hat_te, c_hat_te, w),
                                     br.cost_weights(q_hat_te, c_hat_te, cfg.sweep_points), Qt, Ct)
+    predicted = {"regression": q_hat_te, "predictive": pred.quality(x_te), "knn": knn.quality(x_te)}
+    for name in ("predictive", "knn"):
+        q_hat = predicted[name]
+        curves[name] = bm.sweep(name, lambda w, q_hat=q_hat: bm.decide(q_hat, c_hat_te, w),
+                                br.cost_weights(q_hat, c_hat_te, cfg.sweep_points), Qt, Ct)
     curves["bc"] = bm.sweep("bc", lambda w: bc.decide(x_te, w), weights, Qt, Ct)
     curves["cql"] = bm.sweep("cql", lambda w: cql.decide(x_te, w), weights, Qt, Ct)
     kinds |= {n: "learned" for n in LEARNED}
@@ -351,7 +378,7 @@ def _run(cfg: BenchmarkConfig, log: Callable[[str], None],
         if Qt[:, s].mean() > Qt[:, wk].mean():
             rng = np.random.default_rng(cfg.seed)
             scores = {"random": rng.random(len(te)), "oracle": None,  # RouteLLM's optimal curve
-                      "regression": q_hat_te[:, s] - q_hat_te[:, wk],
+                      **{n: predicted[n][:, s] - predicted[n][:, wk] for n in ("regression", "predictive", "knn")},
                       "bc": _diff(bc.outputs(x_te, 0), s, wk), "cql": _diff(cql.outputs(x_te, 0), s, wk)}
             routellm = {n: bm.routellm_metrics(v, Qt[:, s], Qt[:, wk]) for n, v in scores.items()}
         else:
@@ -361,7 +388,8 @@ def _run(cfg: BenchmarkConfig, log: Callable[[str], None],
 
     w_ope = cfg.ope_multiplier / scale
     ope_rows, propensity = _run_ope(cfg, tab.models, tr, te, x_tr, x_te, w_ope,
-                                    {"regression": bm.decide(q_hat_te, c_hat_te, w_ope),
+                                    {**{n: bm.decide(predicted[n], c_hat_te, w_ope)
+                                        for n in ("regression", "predictive", "knn")},
                                      "cost_only": bm.decide(mean_q, c_hat_te, w_ope),
                                      "bc": bc.decide(x_te, w_ope), "cql": cql.decide(x_te, w_ope)}, log)
     lap("ope")
@@ -371,9 +399,10 @@ def _run(cfg: BenchmarkConfig, log: Callable[[str], None],
         c_range=(c_min, c_max), curves=curves, kinds=kinds, aiq=aiq, aiq_code=aiq_code, routellm=routellm, strong_weak=strong_weak,
         ope_rows=ope_rows, ope_weight=w_ope, propensity=propensity, import_report=report,
         table_sha256=tab.sha256(), timings=timings, config=cfg,
-        router_metrics={"bc": bc.metrics, "cql": cql.metrics}, aiq_ci=aiq_ci, margin_vs_random_ci=margin_ci,
+        router_metrics={"bc": bc.metrics, "cql": cql.metrics, "knn": {"k": knn.k, "metric": knn.metric}}, aiq_ci=aiq_ci, margin_vs_random_ci=margin_ci,
         split_info=split_info, aiq_by_eval=aiq_eval)
-    bundle = br.RouterBundle(feat, tab.models, reg, {"bc": bc, "cql": cql}, {
+    bundle = br.RouterBundle(feat, tab.models, reg, {"bc": bc, "cql": cql}, predictors={"predictive": pred, "knn": knn},
+                             manifest={
         "kind": "routing_benchmark", "featurizer": feat.name, "training_data_sha256": result.table_sha256,
         "source": report.source, "test_fraction": cfg.test_fraction, "split_seed": cfg.seed,
         "split": {k: v for k, v in split_info.items() if k != "test_import"},
@@ -451,7 +480,8 @@ def plot_benchmark(result: BenchmarkResult) -> bytes:
     fig, axes = plt.subplots(1, 2 if two else 1, figsize=(13 if two else 7.5, 5))
     ax = axes[0] if two else axes
     colors = {"zero_router": "0.4", "random": "0.7", "oracle": "tab:green", "cost_only": "tab:brown",
-              "regression": "tab:blue", "bc": "tab:orange", "cql": "tab:purple"}
+              "regression": "tab:blue", "predictive": "tab:cyan", "knn": "tab:olive", "bc": "tab:orange",
+              "cql": "tab:purple"}
     for name, c in result.curves.items():
         if result.kinds[name] == "single model":
             ax.scatter(c.cost, c.quality, s=70, marker="s", zorder=5, color="k")

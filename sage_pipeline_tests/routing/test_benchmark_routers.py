@@ -169,3 +169,41 @@ def test_serving_a_saved_router_imports_no_torch_or_dagster():
             "print(sorted(m for m in ('torch', 'dagster', 'great_expectations') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_predictive_and_knn_routers_learn_the_topic_and_serve_after_save_and_load(split, tmp_path):
+    tr, te, feat, x_tr, x_te = split
+    algebra = np.array(["algebra" in p for p in te.prompt])
+    pred = br.fit_predictive(x_tr, tr.quality, MODELS, br.PredictiveConfig(seed=0))
+    knn = br.fit_knn(x_tr, tr.quality, MODELS)
+    assert (pred.low, pred.high) == (0.0, 1.0) and knn.k in br.KNNConfig().ks
+    for router in (pred, knn):
+        q_hat = router.quality(x_te)
+        # the cheap model's predicted quality: low on algebra (20% right), high on history (88%)
+        assert q_hat[algebra, 0].mean() < 0.4 and q_hat[~algebra, 0].mean() > 0.75, router.name
+        assert np.abs(q_hat[:, 1] - 0.9).mean() < 0.1, router.name
+        curve = bm.sweep(router.name, lambda w, q=q_hat: bm.decide(q, te.cost, w), br.cost_weights(q_hat, te.cost),
+                         te.quality, te.cost)
+        zero = _aiq(br.zero_router_curve(te.quality, te.cost), te)
+        assert _aiq(curve, te) > zero + 0.05, router.name
+    # graded quality: predictions stay in the train qualities' range
+    graded = br.fit_predictive(x_tr, tr.quality * 0.5 + 0.25, MODELS).quality(x_te)
+    assert graded.shape == (len(te), 2) and graded.min() >= 0.25 and graded.max() <= 0.75
+    reg = br.fit_regression(x_tr, tr.quality, tr.cost, _chars(tr), MODELS)
+    bundle = br.RouterBundle(feat, MODELS, reg, {}, {"note": "test"}, {"predictive": pred, "knn": knn})
+    br.save_bundle(tmp_path / "ck", bundle)
+    loaded = br.load_bundle(tmp_path / "ck")
+    prompts = list(te.prompt[:60])
+    for name in ("predictive", "knn"):
+        assert loaded.route(prompts, 1e4, name) == bundle.route(prompts, 1e4, name)
+    assert np.allclose(loaded.predictors["predictive"].quality(x_te), pred.quality(x_te), atol=1e-5)
+
+
+def test_knn_picks_its_neighbourhood_by_leave_one_out():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(400, 4)).astype(np.float32)
+    q = (x[:, :1] > 0).astype(float) * np.ones((1, 2))  # quality is a function of the first feature
+    small = br.fit_knn(x, q, MODELS, br.KNNConfig(ks=(5, 200), metric="euclidean"))
+    assert small.k == 5  # a local rule: small neighbourhoods predict it better
+    noise = (rng.random((400, 2)) < 0.5).astype(float)  # nothing to learn: the largest neighbourhood averages best
+    assert br.fit_knn(x, noise, MODELS, br.KNNConfig(ks=(5, 200), metric="euclidean")).k == 200

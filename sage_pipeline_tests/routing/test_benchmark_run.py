@@ -20,9 +20,9 @@ SLICE = Path(__file__).parent / "fixtures" / "routellm_mmlu_slice"
 
 
 def _fast(**kw) -> brun.BenchmarkConfig:
-    return brun.BenchmarkConfig(featurizer_params={"n_components": 16}, bc=bt.BCGridConfig(steps=100),
-                                cql=CQLConfig(mode="bandit", hidden=(8,), steps=100, alpha=0.03),
-                                ope=brun.bb.BanditOPEConfig(n_boot=20), **kw)
+    return brun.BenchmarkConfig(**{"featurizer_params": {"n_components": 16}, "bc": bt.BCGridConfig(steps=100),
+                                   "cql": CQLConfig(mode="bandit", hidden=(8,), steps=100, alpha=0.03),
+                                   "ope": brun.bb.BanditOPEConfig(n_boot=20), "aiq_boot": 50} | kw)
 
 
 def test_split_is_by_prompt_text_stable_and_seeded():
@@ -47,11 +47,11 @@ def test_two_model_run_has_every_baseline_router_and_metric(mmlu_run):
     result, _, _, _ = mmlu_run
     assert result.n_train + result.n_test == 359
     assert set(result.curves) == {*result.models, "zero_router", "random", "oracle", "cost_only", "regression",
-                                  "bc", "cql"}
+                                  "predictive", "knn", "bc", "cql"}
     aiq = result.aiq
     assert aiq["oracle"] >= max(aiq[n] for n in ("zero_router", "regression", "bc", "cql", "cost_only"))
     assert aiq["gpt-4-1106-preview"] == 0.0  # a single point at the top of the cost range
-    assert set(result.routellm) == {"random", "oracle", "regression", "bc", "cql"}
+    assert set(result.routellm) == {"random", "oracle", "regression", "predictive", "knn", "bc", "cql"}
     assert result.strong_weak == ("gpt-4-1106-preview", "mistralai/Mixtral-8x7B-Instruct-v0.1")
     assert result.routellm["oracle"].apgr > result.routellm["random"].apgr
     rows = {r["router"]: r for r in result.results_rows()}
@@ -176,3 +176,46 @@ def test_given_split_from_a_split_column_and_its_errors(tmp_path):
     df.drop(columns="split").to_csv(tmp_path / "rb.csv", index=False)
     with pytest.raises(BenchmarkImportError, match="split: given needs a test table"):
         brun.run_benchmark(_fast(table=ImportConfig(path=tmp_path / "rb.csv"), split="given"), log=lambda s: None)
+
+
+def test_precomputed_embeddings_as_features(tmp_path):
+    """A table with embedding columns: imported by prefix or as a list column, never as models, and the
+    embedding featurizer routes on them (here they encode the topic, as a sentence encoder would)."""
+    tab = synthetic_table(400)
+    rng = np.random.default_rng(0)
+    topic = np.array(["algebra" in p for p in tab.prompt], dtype=float)
+    emb = np.column_stack([topic + 0.1 * rng.normal(size=400), rng.normal(size=(400, 3))])
+    df = pd.DataFrame({"prompt": tab.prompt, **{m: tab.quality[:, k].astype(bool) for k, m in enumerate(tab.models)},
+                       **{f"emb_{j}": emb[:, j] for j in range(4)}})
+    df.loc[7, "emb_2"] = np.nan  # an embedding with a hole: the row is dropped, named
+    df.to_csv(tmp_path / "t.csv")
+    prices = tmp_path / "prices.yaml"
+    prices.write_text("models:\n  cheap: {input_per_mtok: 0.5, output_per_mtok: 0.5}\n"
+                      "  strong: {input_per_mtok: 10, output_per_mtok: 30}\n")
+    imp = ImportConfig(path=tmp_path / "t.csv", embedding="emb_*", price_table=prices)
+    t, rep = import_benchmark(imp, log=lambda s: None)
+    assert t.models == ("cheap", "strong") and t.embedding.shape == (399, 4)
+    assert [(d.row, d.column, d.reason) for d in rep.dropped] == [(8, "emb_2", "embedding value is missing or not "
+                                                                               "a number")]
+    # a list column (Parquet), the same numbers
+    pq = df.drop(columns=[f"emb_{j}" for j in range(4)]).assign(embedding=list(np.nan_to_num(emb)))
+    pq.to_parquet(tmp_path / "t.parquet")
+    t2, _ = import_benchmark(ImportConfig(path=tmp_path / "t.parquet", embedding="embedding", price_table=prices),
+                             log=lambda s: None)
+    assert t2.embedding.shape == (400, 4) and np.allclose(t2.embedding[:7], emb[:7])
+    with pytest.raises(BenchmarkImportError, match=r"t\.csv: column 'vec': no embedding column matches 'vec'"):
+        import_benchmark(ImportConfig(path=tmp_path / "t.csv", embedding="vec", price_table=prices, strict=True),
+                         log=lambda s: None)
+    result, bundle = brun.run_benchmark(_fast(table=imp, featurizer="embedding", featurizer_params={}),
+                                        log=lambda s: None)
+    assert bundle.featurizer.name == "embedding" and result.aiq["knn"] > result.aiq["zero_router"]
+    te = emb[300:310]
+    assert bundle.route(list(tab.prompt[300:310]), 0.0, "knn", embeddings=te) == bundle.route(
+        list(tab.prompt[300:310]), 0.0, "knn", embeddings=te)
+    with pytest.raises(ValueError, match="pass embeddings"):
+        bundle.route(["a prompt"], 0.0, "knn")
+    # the embedding featurizer without imported embeddings: a clear error
+    with pytest.raises(BenchmarkImportError, match="needs the table's precomputed embeddings"):
+        brun.run_benchmark(_fast(table=ImportConfig(path=tmp_path / "t.csv", price_table=prices,
+                                                    models=("cheap", "strong")),
+                                 featurizer="embedding", featurizer_params={}), log=lambda s: None)
