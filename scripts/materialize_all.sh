@@ -6,7 +6,9 @@
 #      routing-benchmark import, sim_tasks), with their checks;
 #   2. sandbox_rollouts, all shards in one run (single-run backfill policy);
 #   3. what depends on the rollouts (ppo_policy);
-#   4. the sleep cycle, one night per partition, oldest first (SLEEP_NIGHTS, default 3).
+#   4. the sleep cycle, one night per partition, oldest first (SLEEP_NIGHTS, default 3);
+# then prints a summary read back from the instance (scripts/run_summary.py): the sandbox
+# really used (sandbox_isolated), the promotion gate's decisions, each skill's last night.
 # Uses DAGSTER_HOME and SAGE_DATA_DIR from the environment (the Makefile sets them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,3 +32,5 @@ for night in $nights; do
   step "4/4 sleep cycle, night $night"
   $DG --select 'group:sleep_cycle' --partition "$night"
 done
+
+$PY scripts/run_summary.py

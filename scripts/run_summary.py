@@ -1,0 +1,65 @@
+"""What `make run` produced, at a glance, read back from the Dagster instance (DAGSTER_HOME):
+each asset's latest materialization, the sandbox the simulator really used, the promotion
+gate's decision and the sleep cycle's nights. Exits 1 when an asset of the graph was never
+materialized. Called at the end of scripts/materialize_all.sh.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import dagster as dg
+
+from sage_pipeline.definitions import defs
+
+
+def _meta(instance: dg.DagsterInstance, key: dg.AssetKey) -> tuple[dg.EventLogRecord | None, dict]:
+    recs = instance.fetch_materializations(key, limit=1).records
+    if not recs:
+        return None, {}
+    mat = recs[0].asset_materialization
+    return recs[0], {k: v.value for k, v in mat.metadata.items()} if mat else {}
+
+
+def main() -> int:
+    instance = dg.DagsterInstance.get()
+    keys = sorted(defs.resolve_asset_graph().get_all_asset_keys(), key=lambda k: k.to_user_string())
+    missing = []
+    print("\n== summary (from the instance at $DAGSTER_HOME)")
+    for key in keys:
+        rec, _ = _meta(instance, key)
+        if rec is None:
+            missing.append(key.to_user_string())
+    _, sim = _meta(instance, dg.AssetKey("sim_tasks"))
+    _, roll = _meta(instance, dg.AssetKey("sandbox_rollouts"))
+    if sim or roll:
+        backend = roll.get("sandbox", {}).get("backend") if isinstance(roll.get("sandbox"), dict) else None
+        isolated = roll.get("sandbox_isolated", sim.get("sandbox_isolated"))
+        print(f"sandbox: {backend or sim.get('sandbox_backend')} (sandbox_isolated: {str(isolated).lower()})")
+        if isolated is not True:
+            print("WARNING: the simulator ran in unisolated local processes, not the Docker sandbox: "
+                  "run sim/setup_docker.sh (as root it installs and starts Docker) and make run again",
+                  file=sys.stderr)
+    _, ev = _meta(instance, dg.AssetKey("offline_eval"))
+    if ev:
+        print(f"offline_eval: {ev.get('promotion')}")
+        print(f"offline_eval, SAGE's router space: {ev.get('promotion_sage')}")
+    _, ck = _meta(instance, dg.AssetKey("sage_router_checkpoint"))
+    if ck:
+        print(f"sage_router_checkpoint: {ck.get('path') if ck.get('written') else 'not written'} "
+              f"(from {ck.get('source')}; point SAGE_RL_CHECKPOINT at it with SAGE_RL_POLICY=1)")
+    for key in keys:
+        if key.path[0] == "sleep_cycle":
+            rec, night = _meta(instance, key)
+            if night:
+                part = rec.asset_materialization.partition if rec and rec.asset_materialization else None
+                print(f"{key.to_user_string()}: night {part}, {night.get('status')}: {night.get('reason')}")
+    print(f"assets materialized: {len(keys) - len(missing)} of {len(keys)}")
+    if missing:
+        print(f"never materialized: {', '.join(missing)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
