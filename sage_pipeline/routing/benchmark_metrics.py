@@ -127,6 +127,16 @@ def aiq_routerbench_code(cost: np.ndarray, quality: np.ndarray, x_max: float) ->
     return float(np.trapezoid(hq, hc) / x_max)
 
 
+def gap_closed(cost: np.ndarray, quality: np.ndarray, best_cost: float, best_quality: float,
+               oracle_cost: np.ndarray, oracle_quality: np.ndarray) -> float:
+    """Share of the gap from the best single model to the oracle that a router closes at the best
+    model's cost: ``(router(c) - q_best) / (oracle(c) - q_best)`` with ``c`` the best model's
+    mean cost and each curve its NDCH (negative: below the best model there)."""
+    at = float(curve_at(*ndch(cost, quality), np.array([best_cost]))[0])
+    top = float(curve_at(*ndch(oracle_cost, oracle_quality), np.array([best_cost]))[0])
+    return (at - best_quality) / (top - best_quality) if top > best_quality else float("nan")
+
+
 def cost_range(single_cost: np.ndarray) -> tuple[float, float]:
     """The AIQ range: the cheapest and the most expensive single model's mean cost."""
     single_cost = np.asarray(single_cost, dtype=np.float64)

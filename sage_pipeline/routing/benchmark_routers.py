@@ -198,7 +198,10 @@ def _sigmoid(z: np.ndarray) -> np.ndarray:
 @dataclass(frozen=True)
 class PredictiveConfig:
     hidden: tuple[int, ...] = (64,)  # one hidden layer shared by the per-LLM outputs
-    alpha: float = 1e-2  # L2 penalty
+    # L2 penalty: on the synthetic 11-model table (128 SVD features, 4,500 train prompts) the mean squared
+    # error of the predicted success probability was 0.025 at 0.01, 0.017 at 1, 0.009 at 10 (logistic
+    # regression: 0.010)
+    alpha: float = 10.0
     max_iter: int = 200
     validation_fraction: float = 0.15  # early stopping on this share of the train prompts
     seed: int = 0

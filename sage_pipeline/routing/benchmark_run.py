@@ -125,6 +125,13 @@ class BenchmarkResult:
     split_info: dict = field(default_factory=dict)
     aiq_by_eval: dict[str, dict[str, float]] = field(default_factory=dict)  # eval_name -> router -> AIQ
 
+    def gap_closed(self, name: str) -> float:
+        """Share of the gap from the best single model (by test quality) to the oracle that ``name``
+        closes at that model's cost."""
+        best = max(self.models, key=lambda m: self.curves[m].quality[0])
+        b, o, c = self.curves[best], self.curves["oracle"], self.curves[name]
+        return bm.gap_closed(c.cost, c.quality, float(b.cost[0]), float(b.quality[0]), o.cost, o.quality)
+
     def aiq_eval_mean(self, name: str) -> float | None:
         """The mean of a router's per-eval_name AIQ (RouterBench's average), over the evals it has."""
         vals = [v[name] for v in self.aiq_by_eval.values() if name in v]
@@ -164,6 +171,7 @@ class BenchmarkResult:
                          "AIQ - random (95% interval)": _fmt_ci(self.margin_vs_random_ci.get(name)),
                          "AIQ (RouterBench code)": self.aiq_code[name],
                          "AIQ mean over eval_name": self.aiq_eval_mean(name),
+                         "gap closed at the best model's cost": self.gap_closed(name),
                          "APGR": m.apgr if m else None, "CPT(50%)": m.cpt50 if m else None,
                          "CPT(80%)": m.cpt80 if m else None, "points": len(c.cost),
                          "best quality": float(c.quality[best]), "its cost (USD/prompt)": float(c.cost[best])})

@@ -218,3 +218,11 @@ def test_aiq_by_group_equals_the_aiq_of_each_groups_prompts_alone():
     fr = bm.optimal_frontier(q[idx], c[idx])
     assert out["gsm8k"]["oracle"] == pytest.approx(bm.aiq(fr.cost, fr.quality, *bm.cost_range(c[idx].mean(axis=0))))
     assert out["gsm8k"]["oracle"] >= out["gsm8k"]["r"]
+
+
+def test_gap_closed_at_the_best_models_cost():
+    # best model at cost 2, quality 0.7; oracle's hull reaches 0.9 there; a router's hull 0.8
+    oracle = (np.array([1.0, 2.0]), np.array([0.5, 0.9]))
+    router = (np.array([1.0, 3.0]), np.array([0.5, 1.1]))  # at cost 2: 0.8 on the chord
+    assert bm.gap_closed(*router, 2.0, 0.7, *oracle) == pytest.approx(0.5)
+    assert bm.gap_closed(np.array([1.0]), np.array([0.5]), 2.0, 0.7, *oracle) == pytest.approx(-1.0)
