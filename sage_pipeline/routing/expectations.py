@@ -4,8 +4,9 @@
 columns exist with the right types, values lie in their ranges (NaN and inf rewards fail),
 every (role, model) pair is one the dataset's action space allows (roles from the routing
 table, models from the table and the logs), and decision ids are unique.
-``volume`` warns when a role has too few rows to learn from; a role absent from the data
-is reported with 0 rows. Both run on an ephemeral GX context (no files, no network, no
+``validate_contract_file`` runs the contract on the Parquet file in row batches, so its
+memory does not grow with the logs. ``volume`` warns when a role has too few rows to learn
+from; a role absent from the data is reported with 0 rows. Both run on an ephemeral GX context (no files, no network, no
 progress bars). GX is imported inside the functions, so importing this module is cheap.
 """
 
@@ -14,6 +15,8 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from sage_pipeline.routing.schema import DATA_SOURCES, DATASET_COLUMNS, REWARD_MAX, REWARD_MIN, SPLITS
@@ -83,6 +86,19 @@ def contract_suite(space: ActionSpace) -> Any:
 
     Like every GX suite it needs an active GX context (``validate_contract`` makes one).
     """
+    return _suite("contract", contract_expectations(space))
+
+
+def _suite(name: str, exps: list[Any]) -> Any:
+    suite = _gx().ExpectationSuite(name=name)
+    for e in exps:
+        suite.add_expectation(e)
+    return suite
+
+
+def contract_expectations(space: ActionSpace) -> list[Any]:
+    """The contract's expectations, fresh objects on every call (a GX expectation belongs
+    to one suite)."""
     gx = _gx()
     E = gx.expectations
     exps: list[Any] = [E.ExpectColumnToExist(column=c) for c in DATASET_COLUMNS]
@@ -107,10 +123,7 @@ def contract_suite(space: ActionSpace) -> Any:
             (r, m) for r in space.roles for m in space.candidates(r)]),
         E.ExpectColumnValuesToBeUnique(column="decision_id"),
     ]
-    suite = gx.ExpectationSuite(name="contract")
-    for e in exps:
-        suite.add_expectation(e)
-    return suite
+    return exps
 
 
 def volume_suite(roles: tuple[str, ...], min_rows_per_role: int = 500) -> Any:
@@ -137,7 +150,7 @@ def _context() -> Any:
 
 def _run(context: Any, df: pd.DataFrame, suite: Any) -> list[Any]:
     """Validate ``df`` against ``suite``; the GX results, in suite order."""
-    batch = (context.data_sources.add_pandas("routing").add_dataframe_asset("routing_dataset")
+    batch = (context.data_sources.add_or_update_pandas("routing").add_dataframe_asset("routing_dataset")
              .add_batch_definition_whole_dataframe("whole").get_batch(batch_parameters={"dataframe": df}))
     results = batch.validate(suite, result_format="SUMMARY").results
     order = {_key(e.configuration): i for i, e in enumerate(suite.expectations)}
@@ -203,6 +216,70 @@ def validate_contract(df: pd.DataFrame, space: ActionSpace) -> SuiteResult:
     """Run the blocking contract suite on the routing dataset."""
     context = _context()
     outcomes = _outcomes(_run(context, df, contract_suite(space)), df)
+    return SuiteResult("contract", all(o.success for o in outcomes), outcomes)
+
+
+BATCH_ROWS = 500_000  # rows per GX batch when validating a Parquet file: bounds the check's memory
+
+
+def _merge(per_batch: list[list[Any]]) -> list[Any]:
+    """One result per expectation from its results on every batch: success when every batch
+    succeeded, unexpected and element counts summed, examples from the failing batches."""
+    merged = []
+    for rs in zip(*per_batch, strict=True):
+        out = dict(rs[0].result)
+        failing = [r for r in rs if not r.success] or [rs[0]]
+        if "unexpected_count" in out:
+            out["unexpected_count"] = sum(int(r.result.get("unexpected_count") or 0) for r in rs)
+            out["element_count"] = sum(int(r.result.get("element_count") or 0) for r in rs)
+            counts: dict[Any, int] = {}
+            for r in failing:
+                for c in r.result.get("partial_unexpected_counts") or []:
+                    counts[c["value"]] = counts.get(c["value"], 0) + int(c["count"] or 0)
+            out["partial_unexpected_counts"] = [{"value": v, "count": n} for v, n in counts.items()][:_EXAMPLES]
+            out["partial_unexpected_list"] = [v for r in failing
+                                              for v in r.result.get("partial_unexpected_list") or []][:_EXAMPLES]
+        elif "observed_value" in out:
+            out["observed_value"] = failing[0].result.get("observed_value")
+        merged.append(SimpleNamespace(expectation_config=rs[0].expectation_config, result=out,
+                                      success=all(bool(r.success) for r in rs),
+                                      exception_info=next((r.exception_info for r in rs if _error(r)),
+                                                          rs[0].exception_info)))
+    return merged
+
+
+def validate_contract_file(path: str | Path, space: ActionSpace, batch_rows: int = BATCH_ROWS) -> SuiteResult:
+    """The contract on a Parquet file, ``batch_rows`` rows at a time, so memory stays bounded
+    on large logs: every expectation runs in GX on every batch and the results are merged
+    (a batch of a file has the whole file's dtypes); the uniqueness of ``decision_id``,
+    which spans batches, runs in GX on that one column read whole."""
+    import pyarrow.parquet as pq
+
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"routing dataset {path} not found: materialize routing_dataset first")
+    context = _context()
+    exps = contract_expectations(space)
+    is_unique = [isinstance(e, _gx().expectations.ExpectColumnValuesToBeUnique) for e in exps]
+    per_row = _suite("contract_rows", [e for e, u in zip(exps, is_unique) if not u])
+    unique = [e for e, u in zip(exps, is_unique) if u]
+    pf = pq.ParquetFile(path)
+    columns = pf.schema_arrow.names
+    frames = (b.to_pandas() for b in pf.iter_batches(batch_size=batch_rows))
+    per_batch, n_batches = [], 0
+    for df in frames:
+        per_batch.append(_run(context, df, per_row))
+        n_batches += 1
+    if not n_batches:  # an empty file: its empty frame, with the file's dtypes
+        per_batch.append(_run(context, pf.schema_arrow.empty_table().to_pandas(), per_row))
+    results = _merge(per_batch)
+    if unique:
+        id_cols = [e.column for e in unique if e.column in columns]
+        results += _run(context, pq.read_table(path, columns=id_cols).to_pandas(), _suite("contract_unique", unique))
+    order = {_key(e.configuration): i for i, e in enumerate(contract_suite(space).expectations)}
+    results.sort(key=lambda r: order.get(_key(r.expectation_config), len(order)))
+    cols = set(columns)
+    outcomes = [ExpectationOutcome(_name(r.expectation_config), bool(r.success), _details(r, cols))
+                for r in results]
     return SuiteResult("contract", all(o.success for o in outcomes), outcomes)
 
 

@@ -174,3 +174,56 @@ def test_importing_the_module_loads_neither_gx_nor_dagster() -> None:
     code = ("import sys, sage_pipeline.routing.expectations; "
             "bad = [m for m in ('great_expectations', 'dagster') if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _counts(result: SuiteResult) -> dict[str, tuple[bool, str]]:
+    """name -> (ok, "N of TOTAL unexpected" or the details when there is no count)."""
+    return {o.name: (o.success, o.details.split(", e.g.")[0]) for o in result.outcomes}
+
+
+@pytest.mark.parametrize("batch_rows", [97, 100_000])
+def test_the_file_contract_in_batches_agrees_with_the_whole_frame(
+        dataset: pd.DataFrame, catalogue: ModelCatalogue, forbidden_pair: tuple[str, str],
+        tmp_path: Path, batch_rows: int) -> None:
+    """Defects in different batches, and a duplicate id whose two rows fall in different
+    batches: every expectation gets the same verdict and the same counts as on the whole frame."""
+    from sage_pipeline.routing.expectations import validate_contract_file
+    from sage_pipeline.routing.routing_dataset import write_routing_dataset
+
+    df = dataset.copy()
+    n = len(df)
+    df.loc[3, "reward"] = np.inf
+    df.loc[n - 2, "reward"] = 9.0
+    df.loc[n // 2, "propensity"] = 0.0
+    df.loc[n - 5, ["role", "model"]] = list(forbidden_pair)
+    df.loc[n - 1, "decision_id"] = df.loc[1, "decision_id"]     # batch 0 and the last batch
+    files = write_routing_dataset(df, tmp_path)
+    whole, by_file = validate_contract(df, catalogue), validate_contract_file(files.parquet, catalogue, batch_rows)
+    assert not by_file.success
+    assert _counts(by_file) == _counts(whole)
+    failed = _failed(by_file)
+    assert failed["expect_column_values_to_be_between(reward)"].startswith(f"column reward: 2 of {n} unexpected")
+    assert "9.0" in failed["expect_column_values_to_be_between(reward)"]
+    assert failed["expect_column_values_to_be_unique(decision_id)"].startswith(f"column decision_id: 2 of {n}")
+    clean = validate_contract_file(write_routing_dataset(dataset, tmp_path / "clean").parquet, catalogue, batch_rows)
+    assert clean.success and clean.to_markdown() == validate_contract(dataset, catalogue).to_markdown()
+
+
+def test_the_file_contract_on_an_empty_file_and_a_missing_column(
+        dataset: pd.DataFrame, catalogue: ModelCatalogue, tmp_path: Path) -> None:
+    from sage_pipeline.routing.expectations import validate_contract_file
+
+    path = tmp_path / "empty.parquet"
+    pq.write_table(pa_table(dataset.iloc[:0]), path)
+    assert _counts(validate_contract_file(path, catalogue, 50)) == _counts(validate_contract(dataset.iloc[:0], catalogue))
+    path = tmp_path / "no_reward.parquet"
+    pq.write_table(pa_table(dataset.drop(columns=["reward"])), path)
+    failed = _failed(validate_contract_file(path, catalogue, 50))
+    assert failed["expect_column_to_exist(reward)"] == "column reward: missing"
+    assert all("reward" in name for name in failed), failed
+
+
+def pa_table(df: pd.DataFrame):
+    import pyarrow as pa
+
+    return pa.Table.from_pandas(df, preserve_index=False)
