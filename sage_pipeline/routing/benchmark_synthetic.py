@@ -2,8 +2,9 @@
 
 Each prompt is a task for one of SAGE's roles (its topic, the ``eval_name``) with a latent
 complexity ``c``; model ``k`` gets it right with the routing simulator's probability
-``p = sigmoid(sharpness * (capability[k, role] - c))`` (``sage_pipeline.routing.simulator``,
-sharpness 8 there and here). The models are the catalogue's six
+``p = sigmoid(sharpness * (skill[k, role] - c))`` (``sage_pipeline.routing.simulator``,
+sharpness 8 there and by default here), where ``skill`` is the catalogue's capability plus a
+fixed per-(model, role) deviation (``specialisation``), so the best model differs by role. The models are the catalogue's six
 (``data/model_catalogue.yaml``: capability per role, USD per call + per 1k prompt tokens) and
 :data:`EXTRA_MODELS`, five more in the same form with prices near public list prices, so a
 table has up to 11 models from $0.0002 to $0.06 per call. A model without a capability for a
@@ -80,6 +81,10 @@ class SyntheticConfig:
     sharpness: float = 8.0  # the routing simulator's slope of the success logit in capability - complexity
     hidden_noise: float = 0.05  # std of the complexity the prompt text does not show
     graded_concentration: float = 12.0  # Beta(p k, (1 - p) k)
+    # std of a fixed per-(model, role) deviation added to the catalogue's capabilities (drawn with
+    # world_seed, the same for every table): makes different models best at different roles
+    specialisation: float = 0.15
+    world_seed: int = 0
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -87,7 +92,7 @@ class SyntheticConfig:
             raise ValueError(f"n_models must be in [2, {6 + len(EXTRA_MODELS)}], got {self.n_models}")
         if self.quality not in ("binary", "graded"):
             raise ValueError(f"quality must be binary or graded, got {self.quality!r}")
-        if self.n_prompts < 20 or self.hidden_noise < 0 or self.sharpness <= 0:
+        if self.n_prompts < 20 or self.hidden_noise < 0 or self.sharpness <= 0 or self.specialisation < 0:
             raise ValueError(f"need n_prompts >= 20, hidden_noise >= 0, sharpness > 0; got {self}")
 
 
@@ -109,6 +114,8 @@ def make_synthetic(cfg: SyntheticConfig = SyntheticConfig(),
     models = cat.actions
     n, K = cfg.n_prompts, len(models)
     cap = np.nan_to_num(cat.capability_matrix(), nan=NO_SKILL)  # (roles, K)
+    world = np.random.default_rng(cfg.world_seed).normal(0.0, 1.0, (len(ROLES), 6 + len(EXTRA_MODELS)))[:, :K]
+    cap = np.clip(cap + cfg.specialisation * world, 0.0, 1.0)
     role = rng.integers(0, len(ROLES), n)
     c_seen = rng.uniform(0.15, 0.95, n)
     level = np.minimum((c_seen - 0.15) / 0.8 * len(LEVELS), len(LEVELS) - 1).astype(int)
@@ -138,10 +145,10 @@ def make_synthetic(cfg: SyntheticConfig = SyntheticConfig(),
 
 
 def write_synthetic(folder: str | Path, cfg: SyntheticConfig = SyntheticConfig()) -> tuple[Path, np.ndarray]:
-    """Write the table as ``folder/synthetic_<K>m_<quality>.csv`` (pandas' default index included)."""
+    """Write the table as ``folder/synthetic_<K>m_<quality>_sharpness<s>.csv`` (pandas' default index included)."""
     df, p = make_synthetic(cfg)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"synthetic_{cfg.n_models}m_{cfg.quality}.csv"
+    path = folder / f"synthetic_{cfg.n_models}m_{cfg.quality}_sharpness{cfg.sharpness:g}.csv"
     df.to_csv(path)
     return path, p
