@@ -324,8 +324,9 @@ class BenchmarkTable:
             return None if a is None else np.concatenate([a, b])
 
         return BenchmarkTable(cat("prompt_id"), cat("prompt"), cat("eval_name"), self.models, cat("quality"),
-                              cat("cost"), cat("cost_source"), np.concatenate([self.file, other.file + len(self.files)]),
-                              cat("row"), self.files + other.files, cat("split"), cat("embedding"))
+                              cat("cost"), cat("cost_source"),
+                              np.concatenate([self.file, other.file + len(self.files)]), cat("row"),
+                              self.files + other.files, cat("split"), cat("embedding"))
 
     @property
     def binary_quality(self) -> bool:

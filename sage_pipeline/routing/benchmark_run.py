@@ -202,7 +202,8 @@ class BenchmarkResult:
             "results": self.results_rows(), "best_learned": self.best_learned,
             "beats_zero_router": self.beats_zero_router, "beats_random_router": self.beats_random_router,
             "aiq_ci95": self.aiq_ci, "aiq_by_eval_name": self.aiq_by_eval,
-            "aiq_mean_over_eval_name": {n: self.aiq_eval_mean(n) for n in self.curves}, "margin_vs_random_ci95": self.margin_vs_random_ci,
+            "aiq_mean_over_eval_name": {n: self.aiq_eval_mean(n) for n in self.curves},
+            "margin_vs_random_ci95": self.margin_vs_random_ci,
             "curves": {n: {"cost": c.cost, "quality": c.quality, "knob": c.knob, "share": c.share}
                        for n, c in self.curves.items()},
             "routellm": {"strong": self.strong_weak[0] if self.strong_weak else None,
@@ -404,13 +405,13 @@ def _run(cfg: BenchmarkConfig, log: Callable[[str], None],
 
     result = BenchmarkResult(
         models=tab.models, n_train=len(tr), n_test=len(te), cost_scale=scale, weights=weights,
-        c_range=(c_min, c_max), curves=curves, kinds=kinds, aiq=aiq, aiq_code=aiq_code, routellm=routellm, strong_weak=strong_weak,
-        ope_rows=ope_rows, ope_weight=w_ope, propensity=propensity, import_report=report,
+        c_range=(c_min, c_max), curves=curves, kinds=kinds, aiq=aiq, aiq_code=aiq_code, routellm=routellm,
+        strong_weak=strong_weak, ope_rows=ope_rows, ope_weight=w_ope, propensity=propensity, import_report=report,
         table_sha256=tab.sha256(), timings=timings, config=cfg,
-        router_metrics={"bc": bc.metrics, "cql": cql.metrics, "knn": {"k": knn.k, "metric": knn.metric}}, aiq_ci=aiq_ci, margin_vs_random_ci=margin_ci,
-        split_info=split_info, aiq_by_eval=aiq_eval)
-    bundle = br.RouterBundle(feat, tab.models, reg, {"bc": bc, "cql": cql}, predictors={"predictive": pred, "knn": knn},
-                             manifest={
+        router_metrics={"bc": bc.metrics, "cql": cql.metrics, "knn": {"k": knn.k, "metric": knn.metric}},
+        aiq_ci=aiq_ci, margin_vs_random_ci=margin_ci, split_info=split_info, aiq_by_eval=aiq_eval)
+    bundle = br.RouterBundle(feat, tab.models, reg, {"bc": bc, "cql": cql},
+                             predictors={"predictive": pred, "knn": knn}, manifest={
         "kind": "routing_benchmark", "featurizer": feat.name, "training_data_sha256": result.table_sha256,
         "source": report.source, "test_fraction": cfg.test_fraction, "split_seed": cfg.seed,
         "split": {k: v for k, v in split_info.items() if k != "test_import"},
