@@ -127,15 +127,12 @@ def trajectories(context: dg.AssetExecutionContext, config: TrajectoriesConfig,
     )
 
 
-def _read_optional(path):
-    """A parquet file as a frame; None when an older ingest did not write it."""
-    return pq.read_table(path).to_pandas() if path.is_file() else None
-
-
 class RoutingDatasetConfig(dg.Config):
     reward_version: str = Field("reward_v1", description="reward_v1 (SAGE's reward) or reward_v2 (minus cost)")
     cost_weight: float = Field(5.0, description="reward_v2: reward units subtracted per USD of cost")
     eval_fraction: float = Field(0.2, description="share of sessions in the eval split (by session hash)")
+    chunk_rows: int = Field(rd.CHUNK_ROWS, description="decisions built at a time (whole sessions, in session "
+                            "order; the result does not depend on it): bounds memory on large logs")
 
 
 @dg.asset(group_name=GROUP, deps=[trajectories], kinds={"python", "parquet"},
@@ -144,22 +141,24 @@ class RoutingDatasetConfig(dg.Config):
                       "hash. Written as routing/routing_v1.parquet and routing_v1.jsonl.")
 def routing_dataset(context: dg.AssetExecutionContext, config: RoutingDatasetConfig,
                     sage: SageResource) -> dg.MaterializeResult:
-    traj = pq.read_table(sage.path("routing", "trajectories.parquet")).to_pandas()
-    mrd, tu = (_read_optional(sage.path("routing", f"{n}.parquet")) for n in ("routing_decisions", "token_usage"))
     cfg = rd.DatasetConfig(reward=RewardSpec(version=config.reward_version, cost_weight=config.cost_weight),
                            eval_fraction=config.eval_fraction)
-    df, space, built = rd.build_routing_dataset(traj, sage.table, sage.catalogue, cfg, mrd, tu,
-                                                price_source=str(sage.catalogue_path()))
-    files = rd.write_routing_dataset(df, sage.path("routing"), cfg.reward)
+    files, space, built = rd.build_routing_dataset_files(
+        sage.path("routing", "trajectories.parquet"), sage.table, sage.catalogue, cfg, sage.path("routing"),
+        sage.path("routing", "routing_decisions.parquet"), sage.path("routing", "token_usage.parquet"),
+        price_source=str(sage.catalogue_path()), chunk_rows=config.chunk_rows)
     space.save(sage.path("routing", ACTION_SPACE_FILE))
+    df = rd.read_routing_dataset(files.parquet, ["role", "split", "episode_id", "session_id", "episode_complete",
+                                                 "propensity_source", "schema_version"])
     context.log.info(f"routing dataset: {len(df):,} decisions, {df['episode_id'].nunique():,} episodes; "
                      f"{built.steps_derived:,} steps derived, {built.routing_decisions_joined:,} routing decisions "
                      f"joined; roles left out (not in the table): {built.excluded_roles or 'none'}")
+    dtypes = pq.read_schema(files.parquet).empty_table().to_pandas().dtypes  # the frame's dtypes, from the file
     per_role = df.groupby("role").size().reindex(list(space.roles), fill_value=0)
     return dg.MaterializeResult(metadata={
         "dagster/row_count": len(df),
         "dagster/column_schema": dg.TableSchema(columns=[
-            dg.TableColumn(c, str(df[c].dtype), description=d) for c, d in DATASET_COLUMNS.items()]),
+            dg.TableColumn(c, str(dtypes[c]), description=d) for c, d in DATASET_COLUMNS.items()]),
         "episodes": int(df["episode_id"].nunique()), "sessions": int(df["session_id"].nunique()),
         "rows_per_role": dg.MetadataValue.json({r: int(n) for r, n in per_role.items()}),
         "rows_per_split": dg.MetadataValue.json(df["split"].value_counts().to_dict()),

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -94,9 +96,30 @@ class BuildReport:
 
 
 class BuiltDataset(NamedTuple):
-    frame: pd.DataFrame  # one row per decision, DATASET_COLUMNS
-    space: ActionSpace  # the multi-model action space of the frame (its action_index order)
+    frame: pd.DataFrame | None  # one row per decision, DATASET_COLUMNS (None: an empty chunk, empty_ok)
+    space: ActionSpace | None  # the multi-model action space of the frame (its action_index order)
     report: BuildReport
+
+
+def _merge_reports(reports: list[BuildReport], extra_unattributed: int) -> BuildReport:
+    """The report of the whole dataset from its chunks' reports (sums, unions)."""
+    def add(dicts: list[dict[str, int]]) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for d in dicts:
+            for k, v in d.items():
+                out[k] = out.get(k, 0) + int(v)
+        return out
+
+    return BuildReport(
+        excluded_roles=add([r.excluded_roles for r in reports]),
+        dropped_no_complexity=sum(r.dropped_no_complexity for r in reports),
+        steps_derived=sum(r.steps_derived for r in reports),
+        routing_decisions_joined=sum(r.routing_decisions_joined for r in reports),
+        token_usage_joined=sum(r.token_usage_joined for r in reports),
+        token_usage_unattributed=sum(r.token_usage_unattributed for r in reports) + extra_unattributed,
+        propensity_source=add([r.propensity_source for r in reports]),
+        cost_source=add([r.cost_source for r in reports]),
+        models_without_price=sorted({m for r in reports for m in r.models_without_price}))
 
 
 def _join_routing_decisions(df: pd.DataFrame, mrd: pd.DataFrame | None) -> pd.DataFrame:
@@ -176,7 +199,7 @@ def _catalogue_cost(models: pd.Series, prompt_tokens: pd.Series, catalogue: Mode
 def build_routing_dataset(trajectories: pd.DataFrame, table: RoutingTable, catalogue: ModelCatalogue | None = None,
                           config: DatasetConfig = DatasetConfig(), routing_decisions: pd.DataFrame | None = None,
                           token_usage: pd.DataFrame | None = None,
-                          price_source: str = "the model catalogue") -> BuiltDataset:
+                          price_source: str = "the model catalogue", empty_ok: bool = False) -> BuiltDataset:
     """Turn validated trajectory rows into the routing dataset (pure, no I/O).
 
     Joins (each documented in docs/architecture.md): ``routing_decisions`` gives each
@@ -186,6 +209,8 @@ def build_routing_dataset(trajectories: pd.DataFrame, table: RoutingTable, catal
     tokens (and cost, when logged) where the step's state has none. Steps SAGE did not log
     are derived (timestamp, file, line). Returns the dataset, the action space it uses
     (roles from ``table``, models from the table and the logs) and what was derived.
+    ``empty_ok`` (a chunk of the logs, see :func:`build_routing_dataset_files`): no routable
+    decision gives ``frame=None`` and what was left out, not an error.
     """
     if trajectories.empty:
         raise ValueError("no trajectory rows to build the routing dataset from: the trajectories asset "
@@ -196,6 +221,9 @@ def build_routing_dataset(trajectories: pd.DataFrame, table: RoutingTable, catal
     routed = df["role"].isin(table.roles)
     excluded = df.loc[~routed, "role"].value_counts().to_dict()
     df = df[routed].reset_index(drop=True)
+    if df.empty and empty_ok:
+        return BuiltDataset(None, None, BuildReport({str(k): int(v) for k, v in excluded.items()}, 0, 0, 0, 0,
+                                                    0 if token_usage is None else len(token_usage), {}, {}, []))
     if df.empty:
         raise ValueError(f"no decision of the logs is for a role the routing table {table.source} routes "
                          f"(logged roles: {sorted(excluded)}; table roles: {', '.join(table.roles)}): "
@@ -210,6 +238,9 @@ def build_routing_dataset(trajectories: pd.DataFrame, table: RoutingTable, catal
     no_cx = df["task_complexity_score"].isna().groupby([df["session_id"], df["task_id"]]).transform("any")
     dropped = int(no_cx.sum())
     df = df[~no_cx].reset_index(drop=True)
+    if df.empty and empty_ok:
+        return BuiltDataset(None, None, BuildReport({str(k): int(v) for k, v in excluded.items()}, dropped, 0, 0, 0,
+                                                    tu_unattributed, {}, {}, []))
     if df.empty:
         raise ValueError("no decision has a task_complexity_score (in its state or its MODEL_ROUTING_DECISION): "
                          "the routing dataset needs it for every decision")
@@ -303,21 +334,135 @@ def write_routing_dataset(df: pd.DataFrame, out_dir: str | Path, reward: RewardS
     The Parquet file's metadata records the schema version and the full reward spec
     (``sage.reward_spec``), so a reader can rebuild exactly the reward that was used.
     """
+    table = pa.Table.from_pandas(df, preserve_index=False)
+    return write_routing_dataset_tables([table], table.schema, out_dir, reward)
+
+
+def write_routing_dataset_tables(tables, schema: pa.Schema, out_dir: str | Path,
+                                 reward: RewardSpec | None = None) -> DatasetFiles:
+    """Write Arrow tables of ``schema`` (consumed one at a time) as the dataset's Parquet
+    and JSON-lines files, each atomically."""
     out_dir = Path(out_dir)
     parquet, jsonl = out_dir / PARQUET_NAME, out_dir / JSONL_NAME
-    table = pa.Table.from_pandas(df, preserve_index=False)
-    table = table.replace_schema_metadata({**(table.schema.metadata or {}),
-                                           b"sage.schema_version": str(SCHEMA_VERSION).encode(),
-                                           b"sage.reward_version": str(df["reward_version"].iat[0]).encode(),
-                                           **({b"sage.reward_spec": json.dumps(asdict(reward)).encode()}
-                                              if reward is not None else {})})
-    with artifacts.atomic_path(parquet) as tmp:
-        pq.write_table(table, tmp, compression="zstd")
+    version = None
     enc = msgspec.json.Encoder()  # NaN and missing values are written as null
-    with artifacts.atomic_open(jsonl, "wb") as fh:
-        for batch in table.to_batches(max_chunksize=50_000):
-            fh.write(enc.encode_lines(batch.to_pylist()))
+    with artifacts.atomic_path(parquet) as tmp, artifacts.atomic_open(jsonl, "wb") as fh:
+        writer = None
+        try:
+            for table in tables:
+                if writer is None:
+                    version = str(table.column("reward_version")[0]) if table.num_rows else \
+                        (reward.version if reward is not None else "")
+                    meta = {**(schema.metadata or {}), b"sage.schema_version": str(SCHEMA_VERSION).encode(),
+                            b"sage.reward_version": str(version).encode(),
+                            **({b"sage.reward_spec": json.dumps(asdict(reward)).encode()}
+                               if reward is not None else {})}
+                    schema = schema.with_metadata(meta)
+                    writer = pq.ParquetWriter(tmp, schema, compression="zstd")
+                table = table.replace_schema_metadata(schema.metadata)
+                writer.write_table(table)
+                for batch in table.to_batches(max_chunksize=50_000):
+                    fh.write(enc.encode_lines(batch.to_pylist()))
+        finally:
+            if writer is not None:
+                writer.close()
+        if writer is None:
+            raise ValueError(f"no rows to write to {parquet}")
     return DatasetFiles(parquet, jsonl, artifacts.file_sha256(parquet))
+
+
+CHUNK_ROWS = 500_000  # decisions built at a time by build_routing_dataset_files
+
+
+def _session_chunks(sessions: pd.Series, chunk_rows: int) -> list[np.ndarray]:
+    """Sorted session ids cut into consecutive runs of about ``chunk_rows`` decisions (a
+    session is never cut): built in this order, the chunks concatenate to the dataset's
+    own order (session, task, step)."""
+    counts = sessions.value_counts(sort=False).sort_index()
+    ids, sizes = counts.index.to_numpy(dtype=object), counts.to_numpy()
+    cut = np.cumsum(sizes) // max(chunk_rows, 1)
+    return [ids[cut == c] for c in np.unique(cut)]
+
+
+def _read_sessions(path: Path | None, sessions: np.ndarray) -> pd.DataFrame | None:
+    if path is None or not Path(path).is_file():
+        return None
+    return pq.read_table(path, filters=[("session_id", "in", list(sessions))]).to_pandas()
+
+
+def build_routing_dataset_files(trajectories: str | Path, table: RoutingTable, catalogue: ModelCatalogue | None,
+                                config: DatasetConfig, out_dir: str | Path,
+                                routing_decisions: str | Path | None = None, token_usage: str | Path | None = None,
+                                price_source: str = "the model catalogue",
+                                chunk_rows: int = CHUNK_ROWS) -> tuple[DatasetFiles, ActionSpace, BuildReport]:
+    """:func:`build_routing_dataset` from the ingest's Parquet files to the dataset's files,
+    ``chunk_rows`` decisions at a time, so memory does not grow with the logs.
+
+    Every join and derivation is per session, so the logs are cut into runs of whole
+    sessions in session order and each run is built alone; the runs' rows, concatenated,
+    are the rows one build of everything gives, in the same order. The action space is
+    built from every run's (role, model) pairs, and ``action_index`` set from it. Logs of
+    at most ``chunk_rows`` decisions are built in one piece."""
+    trajectories, out_dir = Path(trajectories), Path(out_dir)
+    sessions = pq.read_table(trajectories, columns=["session_id"]).column(0).to_pandas()
+    chunks = _session_chunks(sessions, chunk_rows)
+    if len(chunks) <= 1:
+        read = lambda p: pq.read_table(p).to_pandas() if p is not None and Path(p).is_file() else None  # noqa: E731
+        built = build_routing_dataset(read(trajectories), table, catalogue, config, read(routing_decisions),
+                                      read(token_usage), price_source=price_source)
+        return write_routing_dataset(built.frame, out_dir, config.reward), built.space, built.report
+    # token usage of sessions with no decision at all: no chunk sees it, a build of everything leaves it unattributed
+    orphan_tu = 0
+    if token_usage is not None and Path(token_usage).is_file():
+        tu_sessions = pq.read_table(token_usage, columns=["session_id"]).column(0).to_pandas()
+        orphan_tu = int((~tu_sessions.isin(sessions.unique())).sum())
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for old in out_dir.glob(f".{PARQUET_NAME}.parts.*"):  # what a killed build left
+        if old.is_dir() and not artifacts.folder_in_use(old):
+            shutil.rmtree(old, ignore_errors=True)
+    parts_dir = Path(tempfile.mkdtemp(prefix=f".{PARQUET_NAME}.parts.", dir=out_dir))
+    hold = artifacts.hold_folder(parts_dir)
+    parts, reports, pairs = [], [], []
+    try:
+        for i, ids in enumerate(chunks):
+            built = build_routing_dataset(
+                pq.read_table(trajectories, filters=[("session_id", "in", list(ids))]).to_pandas(), table,
+                catalogue, config, _read_sessions(routing_decisions, ids), _read_sessions(token_usage, ids),
+                price_source=price_source, empty_ok=True)
+            reports.append(built.report)
+            if built.frame is None:
+                continue
+            pairs += list(built.frame[["role", "model"]].drop_duplicates().itertuples(index=False, name=None))
+            part = parts_dir / f"part-{i:05d}.parquet"
+            pq.write_table(pa.Table.from_pandas(built.frame, preserve_index=False), part)
+            parts.append(part)
+        if not parts:  # nothing routable anywhere: the one-piece build says why
+            build_routing_dataset(pq.read_table(trajectories).to_pandas(), table, catalogue, config,
+                                  price_source=price_source)
+        space = ActionSpace.build(table, pairs, catalogue)
+        files = _write_parts(parts, space, out_dir, config.reward)
+    finally:
+        artifacts.release_folder(hold)
+        shutil.rmtree(parts_dir, ignore_errors=True)
+    return files, space, _merge_reports(reports, orphan_tu)
+
+
+def _write_parts(parts: list[Path], space: ActionSpace, out_dir: Path, reward: RewardSpec) -> DatasetFiles:
+    """The chunks' part files as the dataset's Parquet and JSON-lines files, one part in
+    memory at a time: ``action_index`` from the whole dataset's action space, and one schema
+    (a column that is null in one part and typed in another takes the type)."""
+    schema = pa.unify_schemas([pq.read_schema(p) for p in parts], promote_options="permissive")
+    schema = schema.with_metadata(pq.read_schema(parts[0]).metadata)
+    index = {m: i for i, m in enumerate(space.actions)}
+
+    def tables():
+        for p in parts:
+            t = pq.read_table(p)
+            ai = pa.array(t.column("model").to_pandas().map(index).to_numpy(dtype=np.int64))
+            t = t.set_column(t.schema.get_field_index("action_index"), "action_index", ai)
+            yield t.cast(schema)
+
+    return write_routing_dataset_tables(tables(), schema, out_dir, reward)
 
 
 def read_reward_spec(path: str | Path) -> RewardSpec | None:

@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -516,3 +517,52 @@ def test_no_routed_role_is_an_error_naming_the_table(catalogue):
     with pytest.raises(ValueError, match=r"no decision of the logs is for a role the routing table models\.yaml "
                                          r"routes \(logged roles: \['ghost'\]"):
         build_routing_dataset(traj, table, catalogue)
+
+
+def test_a_build_in_session_chunks_writes_the_same_files(tmp_path, catalogue, table):
+    """The logs cut into runs of whole sessions and built one run at a time give the same
+    rows, order, dtypes, action space and report as one build of everything, with edge
+    cases spread over the runs: a session of a role the table does not route, an episode
+    with no complexity anywhere, token usage of a session with no decision, a model only
+    one run logs (its action_index is the whole space's)."""
+    from sage_pipeline.routing.collector import CollectorConfig, collect
+    from sage_pipeline.routing.ingest import IngestConfig, ingest
+    from sage_pipeline.routing.routing_dataset import DatasetConfig, build_routing_dataset_files
+    from sage_pipeline.routing.simulator import RoutingSimulator
+
+    collect(RoutingSimulator(catalogue, table), tmp_path / "sessions", CollectorConfig(episodes=400, seed=5))
+    res = ingest(IngestConfig((tmp_path / "sessions",)), tmp_path / "in")
+    traj = pq.read_table(res.trajectories).to_pandas()
+    sessions = sorted(traj["session_id"].unique())
+    traj.loc[traj["session_id"] == sessions[3], "role"] = "not_a_table_role"
+    first_task = traj.loc[traj["session_id"] == sessions[7], "task_id"].iloc[0]
+    traj.loc[(traj["session_id"] == sessions[7]) & (traj["task_id"] == first_task), "task_complexity_score"] = np.nan
+    late = traj["session_id"] == sessions[-2]
+    traj.loc[late & (traj["role"] == traj.loc[late, "role"].iloc[0]), "model"] = "a-model-only-one-run-logs"
+    pq.write_table(pa.Table.from_pandas(traj, preserve_index=False), res.trajectories)
+    tu_path = tmp_path / "in" / "token_usage.parquet"
+    tu = pq.read_table(tu_path).to_pandas()
+    extra = tu.iloc[:3].copy()
+    extra["session_id"] = "no-decisions-here"
+    pq.write_table(pa.Table.from_pandas(pd.concat([tu, extra], ignore_index=True), preserve_index=False), tu_path)
+    mrd_path = tmp_path / "in" / "routing_decisions.parquet"
+    mrd = pq.read_table(mrd_path).to_pandas()
+    mrd.loc[mrd["session_id"] == sessions[7], "task_complexity_score"] = np.nan
+    pq.write_table(pa.Table.from_pandas(mrd, preserve_index=False), mrd_path)
+
+    def build(out: str, chunk_rows: int):
+        return build_routing_dataset_files(res.trajectories, table, catalogue, DatasetConfig(), tmp_path / out,
+                                           mrd_path, tu_path, chunk_rows=chunk_rows)
+
+    (whole, space_w, rep_w), (parts, space_p, rep_p) = build("whole", 10**9), build("parts", 97)
+    assert rep_w.excluded_roles == {"not_a_table_role": int((traj["role"] == "not_a_table_role").sum())}
+    assert rep_w.dropped_no_complexity > 0 and rep_w.token_usage_unattributed >= 3
+    assert rep_p == rep_w
+    assert space_p.to_dict() == space_w.to_dict() and "a-model-only-one-run-logs" in space_w.actions
+    a, b = read_routing_dataset(whole.parquet), read_routing_dataset(parts.parquet)
+    assert len(b) > 5 * 97
+    pd.testing.assert_frame_equal(b, a)
+    assert parts.jsonl.read_bytes() == whole.jsonl.read_bytes()
+    assert pq.read_schema(parts.parquet).metadata[b"sage.reward_spec"] == \
+        pq.read_schema(whole.parquet).metadata[b"sage.reward_spec"]
+    assert not list((tmp_path / "parts").glob(".*parts*"))      # the chunks' folder is gone
