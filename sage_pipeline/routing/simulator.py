@@ -73,6 +73,12 @@ class Tasks:
     def __len__(self) -> int:
         return len(self.role)
 
+    def take(self, idx: np.ndarray) -> "Tasks":
+        return Tasks(self.role[idx], self.task_complexity_score[idx], self.prompt_tokens[idx])
+
+
+VALUE_CHUNK = 50_000  # tasks valued at a time by policy_value / optimal_value (bounds memory)
+
 
 @dataclass(frozen=True)
 class PolicyValue:
@@ -250,12 +256,21 @@ class RoutingSimulator:
             v_next = v_t
         return Q, v_next[:, 0]
 
+    def _values(self, tasks: Tasks, policy, mask: np.ndarray | None = None) -> np.ndarray:
+        """First-attempt values of every task, ``VALUE_CHUNK`` tasks at a time: each task's
+        backward induction is its own, and the (N, T, T+1, K) Q array of all tasks at once
+        would grow with the logs (3 GB at 2M tasks)."""
+        if len(tasks) <= VALUE_CHUNK:
+            return self._backward(tasks, policy, mask)[1]
+        return np.concatenate([self._backward(tasks.take(np.arange(i, min(i + VALUE_CHUNK, len(tasks)))),
+                                              policy, mask)[1] for i in range(0, len(tasks), VALUE_CHUNK)])
+
     def policy_value(self, policy, tasks: Tasks) -> PolicyValue:
         """Exact expected return of ``policy`` on each task (no sampling)."""
-        return PolicyValue(getattr(policy, "name", "policy"), self._backward(tasks, policy)[1])
+        return PolicyValue(getattr(policy, "name", "policy"), self._values(tasks, policy))
 
     def optimal_value(self, tasks: Tasks, mask: np.ndarray | None = None) -> PolicyValue:
-        return PolicyValue("oracle", self._backward(tasks, None, mask)[1])
+        return PolicyValue("oracle", self._values(tasks, None, mask))
 
     def q_star(self, tasks: Tasks, mask: np.ndarray | None = None) -> np.ndarray:
         """Optimal Q-values over the actions ``mask`` allows, (N, T, T+1, K)."""

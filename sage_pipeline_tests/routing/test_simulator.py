@@ -403,3 +403,20 @@ def test_simulator_refuses_a_table_with_other_roles(catalogue):
                                source="sage.yaml")
     with pytest.raises(ValueError, match="the table sage.yaml routes shell_chat"):
         RoutingSimulator(catalogue, t)
+
+
+def test_values_in_chunks_equal_one_backward_pass(sim, tasks, monkeypatch):
+    """policy_value / optimal_value value VALUE_CHUNK tasks at a time (bounded memory on
+    large logs); every task's induction is its own, so the values are the same."""
+    import sage_pipeline.routing.simulator as simulator
+
+    static = StaticTablePolicy(sim.table, sim.catalogue)
+    eps = EpsilonGreedyPolicy(static, 0.3)
+    whole = {"static": sim.policy_value(static, tasks).per_task, "eps": sim.policy_value(eps, tasks).per_task,
+             "oracle": sim.optimal_value(tasks).per_task, "q": sim._backward(tasks, None)[1]}
+    monkeypatch.setattr(simulator, "VALUE_CHUNK", 37)
+    np.testing.assert_array_equal(sim.policy_value(static, tasks).per_task, whole["static"])
+    np.testing.assert_array_equal(sim.policy_value(eps, tasks).per_task, whole["eps"])
+    np.testing.assert_array_equal(sim.optimal_value(tasks).per_task, whole["oracle"])
+    np.testing.assert_array_equal(whole["oracle"], whole["q"])
+    assert len(whole["static"]) == len(tasks) == 300
