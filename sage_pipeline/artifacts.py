@@ -358,6 +358,35 @@ def atomic_dir(dest: str | os.PathLike[str]) -> Iterator[Path]:
         release_folder(hold)
 
 
+LOCKS_DIR = ".locks"  # under the artifact root: one lock file per writer of several artifacts
+
+
+@contextlib.contextmanager
+def exclusive(root: str | os.PathLike[str], name: str, log: Any = None) -> Iterator[Path]:
+    """One run at a time of the writer ``name``: an exclusive ``flock`` on
+    ``<root>/.locks/<name>.lock``, held for the whole block.
+
+    Each atomic write keeps its one file whole, but an asset that writes several files (or
+    folders) would, run twice at once, leave some files of one run beside the others of the
+    other run. Holding this for the whole asset makes the second run wait for the first, so
+    the set is the last run's, whole. The lock goes with its holder: a run killed with -9 never
+    blocks the next one. ``log`` (a callable) is told when a run has to wait. Where the
+    filesystem has no ``flock``, runs go on unlocked."""
+    folder = Path(root) / LOCKS_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.lock"
+    with open(path, "a") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if log is not None:
+                log(f"another run of {name} is writing its artifacts (it holds {path}): waiting for it to finish")
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        except OSError:
+            pass
+        yield path
+
+
 def write_bytes(dest: str | os.PathLike[str], data: bytes) -> Path:
     with atomic_open(dest, "wb") as fh:
         fh.write(data)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -264,3 +265,45 @@ def test_a_write_nested_in_another_of_the_same_folder_keeps_the_outer_temporary_
         assert outer.exists()
     assert (tmp_path / "outer.parquet").read_bytes() == b"outer"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["inner.json", "outer.parquet"]
+
+
+# ---------------------------------------------------------------------------------------------
+# exclusive: one writer of an artifact set at a time; a killed holder's lock goes with it
+# ---------------------------------------------------------------------------------------------
+
+def _hold_exclusive(root: Path, ready, release) -> None:
+    with artifacts.exclusive(root, "offline_eval"):
+        ready.set()
+        release.wait(60)
+    os._exit(0)
+
+
+def test_a_second_writer_waits_for_the_first_and_says_so(tmp_path):
+    ready, release = MP.Event(), MP.Event()
+    holder = MP.Process(target=_hold_exclusive, args=(tmp_path, ready, release))
+    holder.start()
+    assert ready.wait(60)
+    said: list[str] = []
+    threading.Timer(0.5, release.set).start()
+    t0 = time.monotonic()
+    with artifacts.exclusive(tmp_path, "offline_eval", said.append):
+        waited = time.monotonic() - t0
+    holder.join(60)
+    assert waited >= 0.4, "the second writer did not wait for the first"
+    assert len(said) == 1 and "another run of offline_eval" in said[0] and ".locks" in said[0]
+    with artifacts.exclusive(tmp_path, "trajectories", said.append):  # another name: no wait, nothing said
+        pass
+    assert len(said) == 1
+
+
+def test_a_killed_writers_lock_is_free_at_once(tmp_path):
+    ready, release = MP.Event(), MP.Event()
+    holder = MP.Process(target=_hold_exclusive, args=(tmp_path, ready, release))
+    holder.start()
+    assert ready.wait(60)
+    os.kill(holder.pid, 9)
+    holder.join(60)
+    t0 = time.monotonic()
+    with artifacts.exclusive(tmp_path, "offline_eval"):
+        assert time.monotonic() - t0 < 5
+    assert sorted(p.name for p in (tmp_path / ".locks").iterdir()) == ["offline_eval.lock"]

@@ -76,20 +76,21 @@ def bc_policy(context: dg.AssetExecutionContext, config: BCPolicyConfig, sage: S
     keys = ("temperature", "epochs", "best_epoch", "updates", "holdout_accuracy", "holdout_nll_before", "holdout_nll_after",
             "holdout_ece_before", "holdout_ece_after", "holdout_propensity_mae", "seconds")
     meta = {}
-    for name in _check_spaces(config.action_spaces):
-        space = _space(sage, name)
-        data = from_dataset(df, space).split_rows("train").restrict(space)
-        res = bc.train_bc(data, FeatureSpec(roles=space.roles), bc.BCConfig(
-            epochs=config.epochs, max_updates=config.max_updates, hidden=tuple(config.hidden), seed=config.seed),
-            log=context.log.info)
-        ck = res.save(_checkpoint_dir(sage, "bc", name), training_data_sha256=artifacts.file_sha256(path))
-        m = res.metrics
-        sfx = "" if name == "multi_model" else f"_{name}"
-        meta |= {f"path{sfx}": dg.MetadataValue.path(str(ck)), f"train_rows{sfx}": len(data),
-                 f"calibration{sfx}": dg.MetadataValue.md(
-                     markdown.table([{"metric": k, "value": m.get(k)} for k in keys if k in m])),
-                 f"roles_with_one_action{sfx}": dg.MetadataValue.json(m.get("roles_with_one_action", [])),
-                 f"metrics{sfx}": dg.MetadataValue.json(m)}
+    with artifacts.exclusive(sage.root(), "bc_policy", context.log.info):  # its folders: one run's
+        for name in _check_spaces(config.action_spaces):
+            space = _space(sage, name)
+            data = from_dataset(df, space).split_rows("train").restrict(space)
+            res = bc.train_bc(data, FeatureSpec(roles=space.roles), bc.BCConfig(
+                epochs=config.epochs, max_updates=config.max_updates, hidden=tuple(config.hidden), seed=config.seed),
+                log=context.log.info)
+            ck = res.save(_checkpoint_dir(sage, "bc", name), training_data_sha256=artifacts.file_sha256(path))
+            m = res.metrics
+            sfx = "" if name == "multi_model" else f"_{name}"
+            meta |= {f"path{sfx}": dg.MetadataValue.path(str(ck)), f"train_rows{sfx}": len(data),
+                     f"calibration{sfx}": dg.MetadataValue.md(
+                         markdown.table([{"metric": k, "value": m.get(k)} for k in keys if k in m])),
+                     f"roles_with_one_action{sfx}": dg.MetadataValue.json(m.get("roles_with_one_action", [])),
+                     f"metrics{sfx}": dg.MetadataValue.json(m)}
     return dg.MaterializeResult(metadata=meta)
 
 
@@ -122,25 +123,26 @@ def cql_policy(context: dg.AssetExecutionContext, config: CQLPolicyConfig, sage:
     df, n_estimated = oe.fill_missing_propensities(df, bc_model)
     cfg = cql.CQLConfig(mode=config.mode, steps=config.steps, n_critics=config.n_critics, seed=config.seed)
     meta = {"mode": config.mode, "propensities_estimated_by_bc": n_estimated}
-    for name in _check_spaces(config.action_spaces):
-        sel = oe.train_select_cql(df, multi.of(name), cfg, config.alphas,
-                                  ope.OPEConfig(n_boot=config.n_boot, seed=config.seed), config.selection,
-                                  progress=context.log.info, behaviour=_behaviour(config.support, bc_model))
-        chosen, how, table = sel.result, sel.how, sel.table
-        ck = cql.save_cql(_checkpoint_dir(sage, "cql", name), chosen, artifacts.file_sha256(path),
-                          metrics={"alpha_selection": table, "selected_by": how})
-        sfx = "" if name == "multi_model" else f"_{name}"
-        meta |= {
-            f"path{sfx}": dg.MetadataValue.path(str(ck)), f"alpha{sfx}": chosen.config.alpha,
-            f"selected_by{sfx}": how, f"select_episodes{sfx}": sel.n_episodes,
-            f"sample_size_warning{sfx}": sel.warning or "none",
-            f"alpha_selection{sfx}": dg.MetadataValue.md(
-                f"Chosen by {how}. These estimates are optimistic for the winner (it was chosen on "
-                "them); offline_eval re-estimates every policy on the eval split's other half.\n\n"
-                + markdown.table(table)),
-            f"training{sfx}": dg.MetadataValue.json(
-                {k: v for k, v in chosen.metrics.items() if not isinstance(v, list)}),
-        }
+    with artifacts.exclusive(sage.root(), "cql_policy", context.log.info):  # its folders: one run's
+        for name in _check_spaces(config.action_spaces):
+            sel = oe.train_select_cql(df, multi.of(name), cfg, config.alphas,
+                                      ope.OPEConfig(n_boot=config.n_boot, seed=config.seed), config.selection,
+                                      progress=context.log.info, behaviour=_behaviour(config.support, bc_model))
+            chosen, how, table = sel.result, sel.how, sel.table
+            ck = cql.save_cql(_checkpoint_dir(sage, "cql", name), chosen, artifacts.file_sha256(path),
+                              metrics={"alpha_selection": table, "selected_by": how})
+            sfx = "" if name == "multi_model" else f"_{name}"
+            meta |= {
+                f"path{sfx}": dg.MetadataValue.path(str(ck)), f"alpha{sfx}": chosen.config.alpha,
+                f"selected_by{sfx}": how, f"select_episodes{sfx}": sel.n_episodes,
+                f"sample_size_warning{sfx}": sel.warning or "none",
+                f"alpha_selection{sfx}": dg.MetadataValue.md(
+                    f"Chosen by {how}. These estimates are optimistic for the winner (it was chosen on "
+                    "them); offline_eval re-estimates every policy on the eval split's other half.\n\n"
+                    + markdown.table(table)),
+                f"training{sfx}": dg.MetadataValue.json(
+                    {k: v for k, v in chosen.metrics.items() if not isinstance(v, list)}),
+            }
     return dg.MaterializeResult(metadata=meta)
 
 
@@ -188,35 +190,36 @@ def offline_eval(context: dg.AssetExecutionContext, config: OfflineEvalConfig, s
                 "cql": load_policy(ckpts["cql"], spec, multi.actions)}
     rep = reports["multi_model"] = oe.run_offline_eval(df_eval, policies, multi, ope_cfg, sim=sim,
                                                        progress=context.log.info, behaviour=behaviour)
-    promoted = oe.promote(rep.gate, ckpts, sage.path("checkpoints", "promoted"),
-                          evidence | {"summary": rep.summary()})
-    meta |= {"promoted": rep.gate.promoted or "none", "promotion": rep.gate.reason,
-             "promoted_path": dg.MetadataValue.path(str(promoted)) if promoted else "none"}
-    # SAGE's binary space, when trained on this dataset: judge what SAGE's router would run
-    binary = multi.binary()
-    trained = {k: _checkpoint_dir(sage, k, "sage_binary") for k in ("bc", "cql")}
-    fresh = all((p / "policy.json").is_file() and read_meta(p).training_data_sha256 == evidence["dataset_sha256"]
-                for p in trained.values())
-    if not fresh:
-        context.log.info("sage_binary: no BC and CQL checkpoints trained on this dataset (add 'sage_binary' to "
-                         "bc_policy's and cql_policy's action_spaces); only the multi-model space is evaluated")
-    else:
-        rep, served = oe.run_sage_binary_eval(
-            oe.fill_missing_propensities(df, bc_model)[0], df_eval, binary, table,
-            {k: load_policy(p, spec, binary.actions) for k, p in trained.items()}, ope_cfg, sim,
-            context.log.info, behaviour, config.floor_selection)
-        reports["sage_binary"] = rep
-        promoted_sage = oe.promote_served(rep.gate, served, sage.path("checkpoints", "promoted_sage"),
-                                          evidence | {"summary": rep.summary()})
-        meta |= {"promoted_sage": rep.gate.promoted or "none", "promotion_sage": rep.gate.reason,
-                 "promoted_sage_path": dg.MetadataValue.path(str(promoted_sage)) if promoted_sage else "none",
-                 "served_floor_selection": dg.MetadataValue.md("\n\n".join(
-                     f"**{n}** (from {s.source}; floor chosen by {s.how}; agreement with the network on eval "
-                     f"states: {s.agreement_eval})\n\n{markdown.table(s.table)}" for n, s in served.items()))}
-    out = artifacts.write_json(sage.path("reports", "offline_eval.json"),
-                               {k: r.to_dict() for k, r in reports.items()} | {"propensities_estimated_by_bc": n_estimated})
-    png = oe.plot_offline_eval(reports["multi_model"])
-    artifacts.write_bytes(sage.path("reports", "offline_eval.png"), png)
+    with artifacts.exclusive(sage.root(), "offline_eval", context.log.info):  # report, promoted/: one run's
+        promoted = oe.promote(rep.gate, ckpts, sage.path("checkpoints", "promoted"),
+                              evidence | {"summary": rep.summary()})
+        meta |= {"promoted": rep.gate.promoted or "none", "promotion": rep.gate.reason,
+                 "promoted_path": dg.MetadataValue.path(str(promoted)) if promoted else "none"}
+        # SAGE's binary space, when trained on this dataset: judge what SAGE's router would run
+        binary = multi.binary()
+        trained = {k: _checkpoint_dir(sage, k, "sage_binary") for k in ("bc", "cql")}
+        fresh = all((p / "policy.json").is_file() and read_meta(p).training_data_sha256 == evidence["dataset_sha256"]
+                    for p in trained.values())
+        if not fresh:
+            context.log.info("sage_binary: no BC and CQL checkpoints trained on this dataset (add 'sage_binary' to "
+                             "bc_policy's and cql_policy's action_spaces); only the multi-model space is evaluated")
+        else:
+            rep, served = oe.run_sage_binary_eval(
+                oe.fill_missing_propensities(df, bc_model)[0], df_eval, binary, table,
+                {k: load_policy(p, spec, binary.actions) for k, p in trained.items()}, ope_cfg, sim,
+                context.log.info, behaviour, config.floor_selection)
+            reports["sage_binary"] = rep
+            promoted_sage = oe.promote_served(rep.gate, served, sage.path("checkpoints", "promoted_sage"),
+                                              evidence | {"summary": rep.summary()})
+            meta |= {"promoted_sage": rep.gate.promoted or "none", "promotion_sage": rep.gate.reason,
+                     "promoted_sage_path": dg.MetadataValue.path(str(promoted_sage)) if promoted_sage else "none",
+                     "served_floor_selection": dg.MetadataValue.md("\n\n".join(
+                         f"**{n}** (from {s.source}; floor chosen by {s.how}; agreement with the network on eval "
+                         f"states: {s.agreement_eval})\n\n{markdown.table(s.table)}" for n, s in served.items()))}
+        out = artifacts.write_json(sage.path("reports", "offline_eval.json"),
+                                   {k: r.to_dict() for k, r in reports.items()} | {"propensities_estimated_by_bc": n_estimated})
+        png = oe.plot_offline_eval(reports["multi_model"])
+        artifacts.write_bytes(sage.path("reports", "offline_eval.png"), png)
     for name, r in reports.items():
         context.log.info(f"{name}: {r.gate.reason}")
         sfx = "" if name == "multi_model" else f"_{name}"
@@ -246,14 +249,16 @@ def sage_router_checkpoint(context: dg.AssetExecutionContext, sage: SageResource
                                               "(see offline_eval's promotion_sage)"})
     served = sage_router.load_sage_checkpoint(src, sage.table, binary)
     manifest = sage_router.read_manifest(src)
-    paths = sage_router.write_sage_checkpoint(dest, served, {k: v for k, v in manifest.items()
-                                                             if k in sage_router.CARRIED_MANIFEST_KEYS})
-    checked = sage_router.check_loads_as_sage(paths[0], served, binary)
-    env = sage_router.read_manifest(dest)["sage_env"]
+    with artifacts.exclusive(sage.root(), "sage_router_checkpoint", context.log.info):  # both files: one run's
+        paths = sage_router.write_sage_checkpoint(dest, served, {k: v for k, v in manifest.items()
+                                                                 if k in sage_router.CARRIED_MANIFEST_KEYS})
+        checked = sage_router.check_loads_as_sage(paths[0], served, binary)
+        env = sage_router.read_manifest(dest)["sage_env"]
+        sha256 = artifacts.file_sha256(paths[0])
     context.log.info(f"SAGE router checkpoint {paths[0]}: {checked} decisions checked as SAGE makes them")
     return dg.MaterializeResult(metadata={
         "written": True, "path": dg.MetadataValue.path(str(paths[0])),
-        "manifest": dg.MetadataValue.path(str(paths[1])), "sha256": artifacts.file_sha256(paths[0]),
+        "manifest": dg.MetadataValue.path(str(paths[1])), "sha256": sha256,
         "min_confidence": served.min_confidence, "roles": sorted(served.models),
         "source": manifest.get("source", "unknown"),
         "agreement_on_eval_states": dg.MetadataValue.json(manifest.get("agreement_eval", {})),

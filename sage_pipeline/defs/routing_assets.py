@@ -11,7 +11,7 @@ import dagster as dg
 import pyarrow.parquet as pq
 from pydantic import Field
 
-from sage_pipeline import markdown
+from sage_pipeline import artifacts, markdown
 from sage_pipeline.defs.resources import SageResource
 from sage_pipeline.routing import collector, ingest, reward_report as rr, routing_dataset as rd
 from sage_pipeline.routing.reward import RewardSpec
@@ -86,9 +86,10 @@ class TrajectoriesConfig(dg.Config):
 def trajectories(context: dg.AssetExecutionContext, config: TrajectoriesConfig,
                  sage: SageResource) -> dg.MaterializeResult:
     dirs = tuple(sage.root() / d for d in config.log_dirs)  # absolute entries stay absolute
-    res = ingest.ingest(ingest.IngestConfig(dirs, max_line_bytes=config.max_line_bytes,
-                                            setting="trajectories config log_dirs"),
-                        sage.path("routing"), progress=context.log.info)
+    with artifacts.exclusive(sage.root(), "trajectories", context.log.info):  # its four files: one run's
+        res = ingest.ingest(ingest.IngestConfig(dirs, max_line_bytes=config.max_line_bytes,
+                                                setting="trajectories config log_dirs"),
+                            sage.path("routing"), progress=context.log.info)
     s = res.stats
     if s.steps_accepted == 0:
         raise ingest.NoTrajectorySteps(
@@ -143,13 +144,14 @@ def routing_dataset(context: dg.AssetExecutionContext, config: RoutingDatasetCon
                     sage: SageResource) -> dg.MaterializeResult:
     cfg = rd.DatasetConfig(reward=RewardSpec(version=config.reward_version, cost_weight=config.cost_weight),
                            eval_fraction=config.eval_fraction)
-    files, space, built = rd.build_routing_dataset_files(
-        sage.path("routing", "trajectories.parquet"), sage.table, sage.catalogue, cfg, sage.path("routing"),
-        sage.path("routing", "routing_decisions.parquet"), sage.path("routing", "token_usage.parquet"),
-        price_source=str(sage.catalogue_path()), chunk_rows=config.chunk_rows)
-    space.save(sage.path("routing", ACTION_SPACE_FILE))
-    df = rd.read_routing_dataset(files.parquet, ["role", "split", "episode_id", "session_id", "episode_complete",
-                                                 "propensity_source", "schema_version"])
+    with artifacts.exclusive(sage.root(), "routing_dataset", context.log.info):  # its files: one run's
+        files, space, built = rd.build_routing_dataset_files(
+            sage.path("routing", "trajectories.parquet"), sage.table, sage.catalogue, cfg, sage.path("routing"),
+            sage.path("routing", "routing_decisions.parquet"), sage.path("routing", "token_usage.parquet"),
+            price_source=str(sage.catalogue_path()), chunk_rows=config.chunk_rows)
+        space.save(sage.path("routing", ACTION_SPACE_FILE))
+        df = rd.read_routing_dataset(files.parquet, ["role", "split", "episode_id", "session_id",
+                                                     "episode_complete", "propensity_source", "schema_version"])
     context.log.info(f"routing dataset: {len(df):,} decisions, {df['episode_id'].nunique():,} episodes; "
                      f"{built.steps_derived:,} steps derived, {built.routing_decisions_joined:,} routing decisions "
                      f"joined; roles left out (not in the table): {built.excluded_roles or 'none'}")
@@ -180,7 +182,8 @@ def reward_report(context: dg.AssetExecutionContext, sage: SageResource) -> dg.M
     df = rd.read_routing_dataset(sage.path("routing", rd.PARQUET_NAME))
     report = rr.compute_reward_report(df)
     pngs = {"reward_by_role": rr.plot_reward_by_role(df), "reward_vs_complexity": rr.plot_reward_vs_complexity(report)}
-    paths = rr.write_reward_report(report, pngs, sage.path("reports"))
+    with artifacts.exclusive(sage.root(), "reward_report", context.log.info):  # its files: one run's
+        paths = rr.write_reward_report(report, pngs, sage.path("reports"))
     context.log.info(f"reward report over {len(df):,} decisions written to {paths['reward_report']}")
     return dg.MaterializeResult(metadata={
         "report": dg.MetadataValue.md(rr.report_markdown(report)),

@@ -251,3 +251,52 @@ def test_multi_model_only_skips_sages_space_and_writes_no_sage_checkpoint(tmp_pa
     failed = _run(tmp_path, bad, raise_on_error=False)
     err = str(failed.get_step_failure_events()[0].event_specific_data.error)
     assert "list 'multi_model'" in err
+
+
+WRITERS = ["trajectories", "routing_dataset", "reward_report", "bc_policy", "cql_policy", "offline_eval",
+           "sage_router_checkpoint"]
+
+
+@pytest.mark.parametrize("asset", WRITERS)
+def test_a_writer_asset_writes_only_while_it_holds_its_lock(chain, monkeypatch, asset):
+    """Each of these assets writes several files (or folders). Two runs of one at once must leave one
+    run's whole set, not files of both (found by benchmarks/fault_injection.py: offline_eval's report
+    from one run beside the other's promoted checkpoint): every atomic write of a run happens while it
+    holds the asset's lock (artifacts.exclusive), so a second run waits for the first."""
+    import contextlib
+
+    from sage_pipeline import artifacts
+
+    root, _ = chain
+    held: list[str] = []
+    writes: list[tuple[str, list[str]]] = []
+    real_exclusive = artifacts.exclusive
+
+    @contextlib.contextmanager
+    def exclusive(where, name, *args, **kwargs):
+        with real_exclusive(where, name, *args, **kwargs) as path:
+            held.append(name)
+            try:
+                yield path
+            finally:
+                held.pop()
+
+    def tracked(real):
+        @contextlib.contextmanager
+        def write(dest):
+            writes.append((str(dest), list(held)))
+            with real(dest) as tmp:
+                yield tmp
+        return write
+
+    monkeypatch.setattr(artifacts, "exclusive", exclusive)
+    monkeypatch.setattr(artifacts, "atomic_path", tracked(artifacts.atomic_path))
+    monkeypatch.setattr(artifacts, "atomic_dir", tracked(artifacts.atomic_dir))
+    test_defs = dg.Definitions(assets=ROUTING_ASSETS, resources={"sage": SageResource(data_dir=str(root))})
+    job = test_defs.resolve_implicit_global_asset_job_def().get_subset(asset_selection={dg.AssetKey(asset)})
+    ops = {k: v for k, v in SMALL["ops"].items() if k == asset}
+    result = job.execute_in_process(run_config={"ops": ops}, instance=dg.DagsterInstance.ephemeral())
+    assert result.success
+    assert writes, f"{asset} wrote nothing"
+    outside = [dest for dest, locks in writes if asset not in locks]
+    assert not outside, f"{asset} wrote {outside[:3]} without holding its lock"
