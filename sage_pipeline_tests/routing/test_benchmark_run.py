@@ -136,8 +136,10 @@ def _routellm_frame(prompts, rng) -> pd.DataFrame:
 
 def test_given_split_from_train_and_test_files(tmp_path):
     rng = np.random.default_rng(0)
-    train = [f"train question {i} about topic {i % 7}" for i in range(120)]
-    test = [f"test question {i} about topic {i % 7}" for i in range(40)] + [train[0]]  # one leaked prompt
+    words = "algebra history chemistry poetry law biology music geology economics physics astronomy".split()
+    train = [f"question {i} about {words[i % 11]} and {words[(i * 7) % 11]} in {words[(i * 3) % 11]}"
+             for i in range(120)]
+    test = [f"exam item {i} on {words[i % 11]} with {words[(i * 5) % 11]}" for i in range(40)] + [train[0]]
     (tmp_path / "tr").mkdir()
     (tmp_path / "te").mkdir()
     _routellm_frame(train, rng).to_csv(tmp_path / "tr" / "mmlu_train.csv")  # with pandas' index, as shipped
