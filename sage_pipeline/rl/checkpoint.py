@@ -70,9 +70,21 @@ class CheckpointMeta:
     created_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
 
 
+FORWARD_ROWS = 32_768  # rows per block of mlp_forward: hidden activations stay a few MB on any data size
+
+
 def mlp_forward(layers: list[tuple[np.ndarray, np.ndarray]], x: np.ndarray) -> np.ndarray:
-    """ReLU MLP forward pass in numpy (weights stored as (out, in) like torch.nn.Linear)."""
-    h = x.astype(np.float32, copy=False)
+    """ReLU MLP forward pass in numpy (weights stored as (out, in) like torch.nn.Linear),
+    ``FORWARD_ROWS`` rows at a time (rows are independent)."""
+    x = x.astype(np.float32, copy=False)
+    if len(x) > FORWARD_ROWS:
+        first = mlp_forward(layers, x[:FORWARD_ROWS])
+        out = np.empty((len(x), first.shape[1]), dtype=first.dtype)
+        out[:FORWARD_ROWS] = first
+        for i in range(FORWARD_ROWS, len(x), FORWARD_ROWS):
+            out[i:i + FORWARD_ROWS] = mlp_forward(layers, x[i:i + FORWARD_ROWS])
+        return out
+    h = x
     for i, (w, b) in enumerate(layers):
         h = h @ w.T + b
         if i < len(layers) - 1:

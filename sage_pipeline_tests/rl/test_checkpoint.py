@@ -148,3 +148,20 @@ def test_load_policy_imports_no_torch_dagster_or_gx(tmp_path, catalogue):
             "bad = [m for m in ('torch', 'dagster', 'great_expectations', 'docker') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_forward_pass_in_row_blocks_matches_one_pass(monkeypatch):
+    """mlp_forward runs FORWARD_ROWS rows at a time so memory stays flat on large logs;
+    rows are independent, so the outputs are those of one pass (to float32 rounding)."""
+    import sage_pipeline.rl.checkpoint as ck
+
+    rng = np.random.default_rng(0)
+    layers = [(rng.normal(size=(16, 7)).astype(np.float32), rng.normal(size=16).astype(np.float32)),
+              (rng.normal(size=(5, 16)).astype(np.float32), rng.normal(size=5).astype(np.float32))]
+    x = rng.normal(size=(1000, 7))
+    whole = ck.mlp_forward(layers, x)
+    monkeypatch.setattr(ck, "FORWARD_ROWS", 64)
+    blocks = ck.mlp_forward(layers, x)
+    assert blocks.shape == whole.shape == (1000, 5) and blocks.dtype == whole.dtype
+    np.testing.assert_allclose(blocks, whole, rtol=1e-6, atol=1e-6)
+    assert ck.mlp_forward(layers, x[:64]).shape == (64, 5)
