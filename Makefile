@@ -12,7 +12,7 @@ export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 export GX_ANALYTICS_ENABLED := false
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install sysdeps run test dev validate bench clean
+.PHONY: install sysdeps run test dev validate bench clean cluster-demo
 
 install: $(VENV)/.installed
 
@@ -47,6 +47,12 @@ test: install sysdeps
 dev: install
 	@mkdir -p $(DAGSTER_HOME)
 	$(BIN)/dagster dev -w workspace.yaml
+
+# Redis, a throwaway PostgreSQL and two Celery workers on loopback, the whole graph through the
+# Celery executor, then everything stopped by PID (docs/scaling.md, section 2). CLUSTER_WORKERS=1
+# for one worker; CLUSTER_DEMO_DIR keeps the artifacts and logs somewhere else than /tmp.
+cluster-demo: install sysdeps
+	scripts/cluster_demo.sh
 
 validate: install
 	$(BIN)/dagster definitions validate -w workspace.yaml

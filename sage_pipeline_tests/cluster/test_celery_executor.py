@@ -5,9 +5,10 @@ share SAGE_DATA_DIR and Dagster's storage folder, as docs/scaling.md says for a 
 
 A slice is materialized with the Dagster CLI through ``sage_pipeline.defs.celery_definitions``:
 the offline chain up to ``offline_eval`` (with ``sim_tasks``), the four ``sandbox_rollouts``
-shards as four concurrent runs, and both sleep skills of one night. The run's events must
-show steps executed on both workers, and the artifacts must equal an in-process run's with
-the same seeds, written to the same path.
+shards as four concurrent runs, and both sleep skills of one night, with docs/scaling.md's
+pool limits set first. The runs' events must show steps executed on both workers (and the
+two nights one after the other, as the sleep_cycle pool's limit of 1 says), and the
+artifacts must equal an in-process run's with the same seeds, written to the same path.
 
 Missing redis-server or PostgreSQL binaries FAIL (never skip): run `.ci/system_deps.sh` as root.
 """
@@ -59,6 +60,12 @@ SHARD_CONFIG = {"resources": RUN_CONFIG["resources"]}
 # allowed to differ between the Celery run and the in-process run.
 CLOCK_KEYS = {"created_at", "started_at", "finished_at", "seconds", "steps_per_s"}
 LIMIT_OUTCOMES = {"timeout", "oom", "killed"}
+
+
+def worker_command(name: str) -> list[str]:
+    """The worker command docs/scaling.md shows (one pool process: a worker runs one step at a
+    time; the project imported before the pool forks, so a step does not pay for it)."""
+    return ["celery", "-A", "dagster_celery.app", "worker", "-l", "INFO", "-n", f"{name}@%h", "-c", "1", "-I", MODULE]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -137,8 +144,8 @@ class Cluster:
         env = {**self.env, "DAGSTER_HOME": str(wd), "PYTHONPATH": str(wd)}
         log = open(self.logs / f"{name}.log", "wb")  # noqa: SIM115 - closed by the exit stack
         self.stack.callback(log.close)
-        proc = subprocess.Popen([str(BIN / "celery"), "-A", "dagster_celery.app", "worker", "-l", "INFO",
-                                 "-n", f"{name}@%h", "-c", "1", "-I", MODULE],
+        cmd = worker_command(name)
+        proc = subprocess.Popen([str(BIN / cmd[0]), *cmd[1:]],
                                 cwd=wd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self.stack.callback(sup.stop_process_group, proc, 60.0)
         self.workers[name], self.workdirs[name] = proc, wd
@@ -166,26 +173,32 @@ class Cluster:
         path = self.logs / f"{name}.log"
         return f"--- {path} ---\n" + (path.read_text(errors="replace")[-n:] if path.is_file() else "(no log)")
 
-    def materialize(self, label: str, select: str, partition: str | None = None,
-                    run_config: dict | None = None) -> float:
-        """``dagster asset materialize -m sage_pipeline.defs.celery_definitions`` from the coordinator's
-        DAGSTER_HOME; its output goes to the test's log folder. Returns the wall time."""
-        cmd = [str(BIN / "dagster"), "asset", "materialize", "-m", MODULE, "--select", select]
-        if partition:
-            cmd += ["--partition", partition]
-        if run_config:
-            cmd += ["--config-json", json.dumps(run_config)]
-        t0 = time.monotonic()
-        with open(self.logs / f"run-{label}.log", "wb") as log:
+    def dagster(self, label: str, *args: str) -> str:
+        """A ``dagster`` command from the coordinator's DAGSTER_HOME; fails with its output."""
+        cmd = [str(BIN / "dagster"), *args]
+        with open(self.logs / f"{label}.log", "wb") as log:
             proc = subprocess.Popen(cmd, cwd=sup.REPO, env={**self.env, "DAGSTER_HOME": str(self.home)},
                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             try:
                 rc = proc.wait(timeout=300)
             finally:
                 sup.stop_process_group(proc, grace_s=10)
-        out = (self.logs / f"run-{label}.log").read_text(errors="replace")
+        out = (self.logs / f"{label}.log").read_text(errors="replace")
         assert rc == 0, (f"{' '.join(cmd)} failed ({rc}):\n{out[-6000:]}\n"
                          + "\n".join(map(self.log_tail, WORKERS)))
+        return out
+
+    def materialize(self, label: str, select: str, partition: str | None = None,
+                    run_config: dict | None = None) -> float:
+        """``dagster asset materialize -m sage_pipeline.defs.celery_definitions`` from the coordinator's
+        DAGSTER_HOME; its output goes to the test's log folder. Returns the wall time."""
+        args = ["asset", "materialize", "-m", MODULE, "--select", select]
+        if partition:
+            args += ["--partition", partition]
+        if run_config:
+            args += ["--config-json", json.dumps(run_config)]
+        t0 = time.monotonic()
+        self.dagster(f"run-{label}", *args)
         return time.monotonic() - t0
 
     def worker_of_pid(self, pid: int) -> str | None:
@@ -312,6 +325,18 @@ def _step_workers(instance: dg.DagsterInstance, run_id: str, cluster: Cluster) -
     return by_pid
 
 
+def _step_spans(instance: dg.DagsterInstance, run_id: str) -> dict[str, tuple[float, float]]:
+    """step key -> (STEP_START, STEP_SUCCESS) timestamps, as the workers recorded them."""
+    start, end = {}, {}
+    for e in instance.all_logs(run_id):
+        if e.dagster_event is not None and e.dagster_event.event_type_value == "STEP_START":
+            start[e.step_key] = e.timestamp
+        elif e.dagster_event is not None and e.dagster_event.event_type_value == "STEP_SUCCESS":
+            end[e.step_key] = e.timestamp
+    assert set(start) == set(end), f"run {run_id}: started {set(start)}, succeeded {set(end)}"
+    return {k: (start[k], end[k]) for k in start}
+
+
 def test_slice_runs_on_two_celery_workers_with_in_process_results(tmp_path, monkeypatch):
     t_start = time.monotonic()
     logs = sup.artifacts_dir("celery")
@@ -331,6 +356,10 @@ def test_slice_runs_on_two_celery_workers_with_in_process_results(tmp_path, monk
         assert Path(cluster.env["SAGE_DATA_DIR"]) == data
         for k in ("DAGSTER_PG_HOST", "DAGSTER_PG_PORT", "DAGSTER_PG_PASSWORD", "DAGSTER_SHARED_STORAGE"):
             monkeypatch.setenv(k, cluster.env[k])
+        # the pool limits of docs/scaling.md, set once for every machine before runs use the pools
+        # (runs that meet a pool first all at once race to create its default limit in Postgres)
+        cluster.dagster("pool-sandbox", "instance", "concurrency", "set", "sage_sandbox", "4")
+        cluster.dagster("pool-sleep", "instance", "concurrency", "set", "sleep_cycle", "1")
         timings = {"offline": cluster.materialize("offline", ",".join(OFFLINE), run_config=RUN_CONFIG)}
         t0 = time.monotonic()
         shards = SHARDS.get_partition_keys()
@@ -352,6 +381,8 @@ def test_slice_runs_on_two_celery_workers_with_in_process_results(tmp_path, monk
                 phase = "offline" if part is None else ("night" if part == NIGHT else "rollouts")
                 steps = _step_workers(instance, r.run_id, cluster)
                 phases[phase] |= {f"{s}[{part}]" if part else s: w for s, w in steps.items()}
+                if phase == "night":
+                    night_spans = _step_spans(instance, r.run_id)
         # the pool processes are alive until here: worker_of_pid read /proc above
 
     expected_steps = {
@@ -360,10 +391,14 @@ def test_slice_runs_on_two_celery_workers_with_in_process_results(tmp_path, monk
         "night": {"sleep_cycle__coder[2026-11-01]", "sleep_cycle__reviewer[2026-11-01]"},
     }
     assert {p: set(s) for p, s in phases.items()} == expected_steps
-    for phase, steps in phases.items():
-        # each phase puts two steps on the queue at once while both workers are idle, and a
+    for phase in ("offline", "rollouts"):
+        # these put two or more steps on the queue at once while both workers are idle, and a
         # worker holds only the step it runs (dagster_celery_config.py): both must take one
-        assert set(steps.values()) == set(WORKERS), f"{phase}: steps ran on {sorted(set(steps.values()))}: {steps}"
+        used = sorted(set(phases[phase].values()))
+        assert used == sorted(WORKERS), f"{phase}: steps ran on {used}: {phases[phase]}"
+    # the sleep_cycle pool's limit of 1 held across the workers: the two skills' nights did not overlap
+    (a_start, a_end), (b_start, b_end) = sorted(night_spans.values())
+    assert a_end <= b_start, f"the two nights overlapped although the sleep_cycle pool allows one: {night_spans}"
 
     diffs, compared = compare_artifacts(reference, data)
     assert not diffs, "the Celery run's artifacts differ from the in-process run's:\n" + "\n".join(diffs)
@@ -383,3 +418,25 @@ def test_slice_runs_on_two_celery_workers_with_in_process_results(tmp_path, monk
           + ", ".join(f"{k} {v:.1f} s" for k, v in timings.items())
           + f"; artifacts compared: {compared}; steps per worker: {dict(by_worker)}; "
           f"total {time.monotonic() - t_start:.1f} s")
+
+
+DOC = sup.REPO / "docs" / "scaling.md"
+DOC_MARKER = "<!-- tested: sage_pipeline_tests/cluster/test_celery_executor.py"
+
+
+def test_scaling_docs_show_the_files_and_commands_tested_here():
+    """docs/scaling.md section 2 shows deploy/celery/dagster.yaml and dagster_celery_config.py as
+    they are, and the worker and pool commands this test runs."""
+    text = DOC.read_text()
+    assert DOC_MARKER in text, f"{DOC}: the marker {DOC_MARKER!r} before the Celery deployment is gone"
+    after = text[text.index(DOC_MARKER):]
+    yaml_block = re.search(r"```yaml\n(.*?)```", after, re.DOTALL)
+    py_block = re.search(r"```python\n# deploy/celery/dagster_celery_config.py\n(.*?)```", after, re.DOTALL)
+    assert yaml_block and yaml_block.group(1) == (DEPLOY / "dagster.yaml").read_text(), \
+        "docs/scaling.md's Celery dagster.yaml is not deploy/celery/dagster.yaml"
+    assert py_block and py_block.group(1) == (DEPLOY / "dagster_celery_config.py").read_text(), \
+        "docs/scaling.md's worker settings are not deploy/celery/dagster_celery_config.py"
+    assert " ".join(worker_command("worker-a")) in after
+    for pool, limit in (("sage_sandbox", 4), ("sleep_cycle", 1)):
+        assert f"dagster instance concurrency set {pool} {limit}" in after
+    assert f"-m {MODULE}" in after
