@@ -1,0 +1,1547 @@
+"""Fault injection: bad lines and files, kill -9, concurrent runs, a misbehaving LLM server.
+
+Issue 17's acceptance run. Five categories of trials, each checked against what must hold:
+
+1. ``fuzz``: sets of SAGE-shaped session journals (``TRAJECTORY_STEP``,
+   ``MODEL_ROUTING_DECISION``, ``TOKEN_USAGE``, ``SESSION_START``/``END``, other types, blank
+   and CRLF lines) with poison lines (integers past 2**63, escaped lone surrogates, 10,000
+   levels of nesting, 5,000-digit numbers, non-UTF-8 bytes, truncated lines, NaN, over-long
+   lines, duplicates, wrong types), ``.jsonl.gz`` files that are intact, truncated, corrupt,
+   not gzip or followed by garbage, a symlinked folder, a link loop and an unreadable folder
+   (when run as root, the ingest runs as ``nobody`` so the folder really is unreadable).
+   Through ``sage_pipeline.routing.ingest``: it must not raise; ``accepted + quarantined ==
+   read``; ``read`` equals the lines an exact reader finds (a damaged gzip: the complete
+   lines a byte-by-byte decompressor recovers, plus one record for the rest); every valid
+   line written (and recoverable) is accepted and every poison line quarantined; damaged
+   files and the unreadable folder are named.
+2. ``kill``: ``kill -9`` of a materialization's process group at a random delay, per writer
+   asset (synthetic_sessions, trajectories, routing_dataset, reward_report, bc_policy,
+   cql_policy, offline_eval, sage_router_checkpoint and one night of sleep_cycle/reviewer),
+   on a temporary ``SAGE_DATA_DIR`` and ``DAGSTER_HOME``. Each run is the real asset
+   materialized by ``dagster.materialize`` on that instance, in a process forked from a
+   runner that imported the definitions once (so a trial takes the asset's time, not
+   Dagster's import time); the fork calls ``setsid`` first, exactly as
+   ``start_new_session=True`` does, and the kill is ``os.killpg(pid, SIGKILL)``, at a delay
+   drawn uniformly from 30-100% of the asset's last complete run (every other trial from
+   80-100%, where the artifacts are written). For the assets named in
+   ``--cli-assets`` the last trial kills the ``dagster asset materialize`` CLI itself, started
+   with ``start_new_session=True``, and re-runs with the CLI. After the kill every artifact
+   must read completely (Parquet, JSON, JSON lines, PNG, npz, joblib; checkpoints through
+   ``rl.load_policy``; the synthetic set against its ``simulator.json``; the sleep store's
+   index, versions and live pair) and be the old version or the new one (what a plain
+   re-run with the same config writes); the plain re-run must succeed with no clean-up,
+   and afterwards no temporary file or folder may be left anywhere under the root.
+3. ``concurrent``: two materializations of the same asset at once (two configs where the
+   asset has one): both must succeed, and every artifact must then be one run's complete
+   version, with no temporary files left.
+4. ``backend``: nights against an OpenAI-compatible server on 127.0.0.1 that trickles its
+   body or its headers, answers 500, 429 with a day-long Retry-After, non-JSON, non-UTF-8,
+   an empty body, a cut-off body, resets the connection, never answers, or replies with
+   ``"usage": 5``, no ``choices``, a non-string ``content`` or 100,000 levels of nesting,
+   and a port nobody listens on: each night must end ``backend_error`` within its bound
+   (``(max_retries + 1) * timeout_s`` plus the capped waits, plus 1.5 s), the night's folder
+   must say so (not an earlier night's result), and the skill's lock must be free.
+5. ``pool``: a ``sleep_cycle/reviewer`` night launched through a ``dagster-daemon`` (run
+   monitoring as shipped in ``.dagster_home/dagster.yaml``, its poll interval and slot
+   delay shortened) holds the ``sleep_cycle`` pool's only slot while its LLM call hangs; its
+   run worker is killed with -9; the dead run must be marked failed and the night queued
+   behind it must then get the slot and succeed. Only with ``--pool`` (a minute or two: the
+   daemon, its code server and two run workers each load the definitions); the same case with
+   a toy pooled job runs in the test suite (``sage_pipeline_tests/defs/test_run_monitoring.py``).
+   Not covered anywhere: a pooled run executed inside the CLI (``dagster asset materialize``)
+   and killed with -9 has no code server to notice, stays STARTED and keeps its slot
+   (docs/scaling.md); the kill trials therefore use an instance without the pool limit.
+
+Results: the table is printed and written with every trial to
+``benchmarks/.scratch/fault_injection.json``.
+
+    .venv/bin/python benchmarks/fault_injection.py [--trials-per-asset 5] [--concurrent-per-asset 2]
+        [--fuzz-trials 120] [--backend-rounds 2] [--cli-assets A,B|all] [--no-cli] [--pool]
+        [--quick] [--seed 0] [--keep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import gzip
+import hashlib
+import json
+import os
+import platform
+import random
+import re
+import select
+import shutil
+import signal
+import socket
+import socketserver
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+
+SCRATCH = ROOT / "benchmarks" / ".scratch"
+BIN = Path(sys.executable).parent
+NOBODY = 65534
+
+
+@dataclasses.dataclass
+class Trial:
+    """One trial: what was done, whether everything checked held, and what did not."""
+
+    category: str
+    name: str
+    ok: bool
+    detail: str = ""
+    seconds: float = 0.0
+    facts: dict = dataclasses.field(default_factory=dict)
+
+
+# =============================================================================================
+# 1. fuzzed journals
+# =============================================================================================
+
+MAX_LINE = 4096  # the fuzz ingest's max_line_bytes: an over-long line costs 5 KB, not 1 MB
+MODELS = ("gpt-4.1-mini", "claude-sonnet-4", "qwen2.5-coder:32b", "llama3.1:8b")
+ROLES = ("planner", "architect", "coder", "debugger", "reviewer", "test_engineer")
+POISONS = ("int_past_2_63", "lone_surrogate", "nesting_10000", "digits_5000", "non_utf8", "truncated",
+           "nan", "infinity", "over_long", "duplicate", "not_an_object", "no_type", "bad_timestamp",
+           "reward_out_of_range", "wrong_type", "missing_field", "side_event_non_utf8", "side_event_truncated")
+GZ_DAMAGE = ("intact", "truncated", "corrupt", "not_gzip", "trailing_garbage")
+
+
+def _ts(rng: random.Random, i: int) -> str:
+    sec = i % 60
+    forms = (f"2026-11-01T00:{i // 60 % 60:02d}:{sec:02d}.{i % 1000:03d}Z",
+             f"2026-11-01T02:{i // 60 % 60:02d}:{sec:02d}.{i % 1000:03d}+02:00",
+             f"2026-11-01T00:{i // 60 % 60:02d}:{sec:02d}.{i % 1000:06d}")
+    return rng.choice(forms)
+
+
+class Journal:
+    """The lines of one fuzzed journal and what each must become: ``valid`` (accepted),
+    ``poison`` (quarantined) or ``blank``; TRAJECTORY_STEP ids are unique per trial."""
+
+    def __init__(self, rng: random.Random, trial: int, tag: str, models: tuple[str, ...] = MODELS) -> None:
+        self.rng, self.trial, self.tag, self.models = rng, trial, tag, models
+        self.lines: list[tuple[bytes, str, str]] = []  # (bytes, kind, task id of a valid step or "")
+        self.n = 0
+
+    def _id(self) -> str:
+        self.n += 1
+        return f"fz{self.trial}-{self.tag}-{self.n}"
+
+    def step(self, **over) -> dict:
+        rng = self.rng
+        ev = {"type": "TRAJECTORY_STEP", "timestamp": _ts(rng, self.n), "task_id": self._id(),
+              "agent": rng.choice(ROLES), "action": {"model_chosen": rng.choice(self.models)},
+              "state": {"task_complexity_score": round(rng.random(), 3), "primary_failure_count": rng.randint(0, 3),
+                        "verification_passed": rng.random() < 0.6, "failed_reason": None},
+              "reward": round(rng.uniform(-2, 2), 4), "terminal": rng.random() < 0.5,
+              "extra": {"synthetic": False}}
+        if rng.random() < 0.5:
+            ev["session_id"] = f"sess-{self.trial}-{self.tag}-{rng.randint(0, 9)}"
+        if rng.random() < 0.2:
+            ev["step"] = rng.randint(0, 5)
+            ev["task_id"] += f"-s{ev['step']}"
+        if rng.random() < 0.2:
+            ev["propensity"] = round(rng.uniform(0.05, 1.0), 3)
+        if rng.random() < 0.1:
+            ev["trace_id"] = "trace-" + ev["task_id"]
+        if rng.random() < 0.1:  # keys the ingest does not read, of any type
+            ev["extra"]["notes"] = {"deep": [[[1, 2, {"x": None}]]], "big": 2 ** 70, "s": "\U0001f600"}
+        ev.update(over)
+        return ev
+
+    def add_valid(self) -> None:
+        rng = self.rng
+        r = rng.random()
+        if r < 0.55:
+            ev = self.step()
+            if rng.random() < 0.15:  # non-ASCII ids, raw or as escapes (a valid surrogate pair included)
+                ev["task_id"] += rng.choice(["-tâche-é", "-\U0001f600", "-日本"])
+            text = json.dumps(ev, ensure_ascii=rng.random() < 0.5).encode("utf-8")
+            if rng.random() < 0.05:
+                text += b"\r"  # a CRLF journal
+            self.lines.append((text, "valid", ev["task_id"]))
+            return
+        ts = _ts(rng, self.n)
+        if r < 0.70:
+            ev = {"type": "MODEL_ROUTING_DECISION", "timestamp": ts, "agent_role": rng.choice(ROLES),
+                  "selected_model": rng.choice(self.models), "primary": self.models[0], "fallback": self.models[-1],
+                  "matched_triggers": ["task_complexity_score > 0.8"], "policy_source": "yaml"}
+        elif r < 0.82:
+            ev = {"type": "TOKEN_USAGE", "timestamp": ts, "model": rng.choice(self.models),
+                  "prompt_tokens": rng.randint(10, 9000), "completion_tokens": rng.randint(1, 900)}
+        elif r < 0.90:
+            ev = {"type": rng.choice(["SESSION_START", "SESSION_END", "AGENT_MESSAGE", "TOOL_CALL"]), "timestamp": ts}
+        elif r < 0.95:  # a side event the dataset cannot use is still a valid SAGE line
+            ev = {"type": "TOKEN_USAGE", "timestamp": ts, "model": 5}
+        else:
+            self.lines.append((b"", "blank", ""))
+            return
+        self.lines.append((json.dumps(ev).encode("utf-8"), "valid", ""))
+
+    def add_poison(self, what: str) -> None:
+        rng = self.rng
+        good = json.dumps(self.step()).encode()
+        if what == "int_past_2_63":
+            field = rng.choice(["reward", "step", "primary_failure_count"])
+            big = str(2 ** rng.randint(63, 200) + rng.randint(0, 10 ** 6))
+            ev = self.step()
+            if field == "primary_failure_count":
+                ev["state"]["primary_failure_count"] = 0
+                line = json.dumps(ev).replace('"primary_failure_count": 0', '"primary_failure_count": ' + big)
+            else:
+                ev[field] = 0
+                line = json.dumps(ev).replace(f'"{field}": 0', f'"{field}": {big}', 1)
+            text = line.encode()
+        elif what == "lone_surrogate":
+            field = rng.choice(["task_id", "agent", "failed_reason"])
+            ev = self.step()
+            if field == "failed_reason":
+                ev["state"]["failed_reason"] = "@@"
+            else:
+                ev[field] = "@@"
+            text = json.dumps(ev).replace('"@@"', '"x\\ud800y"' if rng.random() < 0.5 else '"\\udfff"').encode()
+        elif what == "nesting_10000":
+            deep = "[" * 10_000 + "]" * 10_000
+            text = (json.dumps(self.step(state="@@")).replace('"@@"', deep) if rng.random() < 0.5 else deep).encode()
+        elif what == "digits_5000":
+            field = rng.choice(["reward", "step"])
+            text = json.dumps(self.step(**{field: "@@"})).replace('"@@"', "9" * 5000).encode()
+        elif what == "non_utf8":
+            cut = rng.randint(1, len(good) - 2)
+            text = good[:cut] + rng.choice([b"\xff", b"\xc3\x28", b"\xed\xa0\x80", b"\x80"]) + good[cut:]
+        elif what == "truncated":
+            text = good[:rng.randint(1, len(good) - 1)].rstrip(b" ")
+        elif what in ("nan", "infinity"):
+            token = "NaN" if what == "nan" else rng.choice(["Infinity", "-Infinity", "1e400"])
+            text = json.dumps(self.step(reward="@@")).replace('"@@"', token).encode()
+        elif what == "over_long":
+            text = json.dumps(self.step(extra={"synthetic": False, "pad": "p" * (MAX_LINE + 100)})).encode()
+        elif what == "duplicate":
+            prior = [(t, tid) for t, k, tid in self.lines if k == "valid" and tid]
+            if not prior:
+                return self.add_poison("wrong_type")
+            text, tid = rng.choice(prior)
+            self.lines.append((text.rstrip(b"\r"), "poison", f"duplicate:{tid}"))  # the same step again
+            return
+        elif what == "not_an_object":
+            text = rng.choice([b"[1, 2, 3]", b'"TRAJECTORY_STEP"', b"42", b"null", b"true"])
+        elif what == "no_type":
+            ev = self.step()
+            del ev["type"]
+            text = json.dumps(ev if rng.random() < 0.5 else {**ev, "type": 7}).encode()
+        elif what == "bad_timestamp":
+            text = json.dumps(self.step(timestamp=rng.choice(["yesterday", "2026-13-45T99:00:00Z", "", 17]))).encode()
+        elif what == "reward_out_of_range":
+            text = json.dumps(self.step(reward=rng.choice([2.5, -3.0, 1e9]))).encode()
+        elif what == "wrong_type":
+            field, value = rng.choice([("task_id", 5), ("agent", ["coder"]), ("terminal", "yes"), ("reward", "1.0"),
+                                       ("action", "gpt-4.1-mini"), ("state", [0.5])])
+            text = json.dumps(self.step(**{field: value})).encode()
+        elif what == "missing_field":
+            ev = self.step()
+            del ev[rng.choice(["task_id", "agent", "action", "reward", "terminal", "timestamp"])]
+            text = json.dumps(ev).encode()
+        elif what == "side_event_non_utf8":
+            text = b'{"type": "TOKEN_USAGE", "timestamp": "2026-11-01T00:00:00Z", "model": "gpt\xff"}'
+        elif what == "side_event_truncated":
+            text = b'{"type": "MODEL_ROUTING_DECISION", "timestamp": "2026-11-01T00:00:00Z", "agent_role": "co'
+        else:
+            raise ValueError(what)
+        self.lines.append((text, "poison", what))
+
+    def data(self, final_newline: bool) -> bytes:
+        body = b"\n".join(t for t, _, _ in self.lines)
+        return body + b"\n" if final_newline else body
+
+
+def _gz_recoverable(data: bytes) -> tuple[bytes, bool]:
+    """What an exact reader recovers from a gzip file: the data a byte-by-byte decompressor
+    yields up to the first error (every member), and whether the file ends cleanly there."""
+    out: list[bytes] = []
+    if data[:2] != b"\x1f\x8b":
+        return b"", False
+    d, i = zlib.decompressobj(wbits=31), 0
+    while i < len(data):
+        try:
+            out.append(d.decompress(data[i:i + 1]))
+        except zlib.error:
+            return b"".join(out), False
+        i += 1
+        if d.eof:
+            rest = d.unused_data + data[i:]
+            stripped = rest.lstrip(b"\x00")
+            if not stripped:
+                return b"".join(out), True
+            if stripped[:2] != b"\x1f\x8b":
+                return b"".join(out), False
+            i = len(data) - len(stripped)
+            d = zlib.decompressobj(wbits=31)
+    return b"".join(out), d.eof and not d.unconsumed_tail
+
+
+def _damage(rng: random.Random, raw: bytes, how: str) -> bytes:
+    gz = gzip.compress(raw, mtime=0)
+    if how == "intact":
+        return gz
+    if how == "truncated":
+        return gz[:rng.randint(12, len(gz) - 1)]
+    if how == "corrupt":
+        b = bytearray(gz)
+        at = rng.randint(12, len(b) - 9)
+        for j in range(at, min(len(b) - 8, at + rng.randint(1, 64))):
+            b[j] ^= rng.randint(1, 255)
+        return bytes(b)
+    if how == "not_gzip":
+        return raw
+    if how == "trailing_garbage":
+        return gz + rng.choice([b"garbage after the stream", b"\x00" * 7 + b"PK\x03\x04", b"\x1f"])
+    raise ValueError(how)
+
+
+def _expect_file(lines: list[tuple[bytes, str, str]], data_read: bytes, damaged: bool) -> dict:
+    """What the ingest must report for one file whose readable data is ``data_read`` (all of
+    it for a plain file): lines read, the valid and poison lines among them (a line that differs
+    from what was written, in a corrupt gzip, may go either way), and the step ids it must keep.
+    A duplicate counts as poison only if the step it repeats was itself read as written."""
+    if damaged:  # the complete lines before the damage, then one record for the unreadable rest
+        complete = data_read.split(b"\n")[:-1]
+    elif not data_read:
+        complete = []
+    else:  # the final newline ends the last line; a last line without one is a line all the same
+        complete = data_read.split(b"\n")
+        if data_read.endswith(b"\n"):
+            complete = complete[:-1]
+    want_valid, want_poison, either, ids = 0, 0, 0, []
+    for j, got in enumerate(complete):
+        if j >= len(lines) or got != lines[j][0]:
+            either += 1  # damaged data that decompressed into something else
+            continue
+        _, kind, what = lines[j]
+        if kind == "poison" and what.startswith("duplicate:") and what.split(":", 1)[1] not in ids:
+            kind, what = "valid", what.split(":", 1)[1]  # what it repeats was not read: it is the first
+        if kind == "poison":
+            want_poison += 1
+        else:
+            want_valid += 1
+            if what:
+                ids.append(what)
+    if damaged:
+        want_poison += 1
+    return {"read": len(complete) + damaged, "valid": want_valid, "poison": want_poison, "either": either, "ids": ids}
+
+
+def build_fuzz_set(base: Path, seed: int, unreadable: bool) -> dict:
+    """Write one trial's journals under ``base`` and return what the ingest must find."""
+    rng = random.Random(seed)
+    logs, elsewhere = base / "logs", base / "elsewhere"
+    for d in (logs / "sub", elsewhere / "deep"):
+        d.mkdir(parents=True, exist_ok=True)
+    (logs / "linked").symlink_to(elsewhere, target_is_directory=True)  # a symlinked folder
+    (logs / "sub" / "loop").symlink_to(logs, target_is_directory=True)  # and a loop back up
+    folders = [logs, logs / "sub", elsewhere, elsewhere / "deep"]
+    expect = {"read": 0, "valid": 0, "poison": 0, "either": 0, "ids": [], "damaged": [], "files": [],
+              "skipped": [], "poisons": {}, "gz": {}, "valid_written": 0}
+    n_files = rng.randint(4, 8)
+    for f in range(n_files):
+        j = Journal(rng, seed, f"f{f}")
+        for _ in range(rng.randint(20, 120)):
+            if rng.random() < 0.25:
+                what = rng.choice(POISONS)
+                j.add_poison(what)
+            else:
+                j.add_valid()
+        for _, kind, what in j.lines:
+            if kind == "poison":
+                what = what.split(":")[0]
+                expect["poisons"][what] = expect["poisons"].get(what, 0) + 1
+        expect["valid_written"] += sum(1 for _, k, _ in j.lines if k != "poison")
+        folder = rng.choice(folders)
+        gz = rng.random() < 0.4
+        name = f"2026-11-{f + 1:02d}" + rng.choice([".log", ".jsonl"]) + (".gz" if gz else "")
+        path = folder / name
+        final_nl = rng.random() < 0.85
+        raw = j.data(final_nl)
+        if gz:
+            how = rng.choice(GZ_DAMAGE)
+            data = _damage(rng, raw, how)
+            path.write_bytes(data)
+            readable, clean = _gz_recoverable(data)
+            if clean and readable != raw:  # a damage zlib cannot see (it never happens with CRC32): say so
+                raise AssertionError(f"{path}: damaged data decompressed cleanly")
+            e = _expect_file(j.lines, readable, damaged=not clean)
+            expect["gz"][how] = expect["gz"].get(how, 0) + 1
+            if not clean:
+                expect["damaged"].append(str(_listed(path, logs, elsewhere)))
+        else:
+            path.write_bytes(raw)
+            e = _expect_file(j.lines, raw, damaged=False)
+        expect["files"].append(str(_listed(path, logs, elsewhere)))
+        for k in ("read", "valid", "poison", "either"):
+            expect[k] += e[k]
+        expect["ids"] += e["ids"]
+    if unreadable:
+        locked = logs / "locked"
+        j = Journal(rng, seed, "locked")
+        for _ in range(30):
+            j.add_valid()
+        locked.mkdir()
+        (locked / "2026-11-30.log").write_bytes(j.data(True))
+        locked.chmod(0)
+        expect["skipped"].append(str(locked))
+    (logs / "2026-12-01.log").symlink_to(base / "gone.log")  # a broken link named like a journal
+    expect["skipped"].append(str(logs / "2026-12-01.log"))
+    return expect
+
+
+def _listed(path: Path, logs: Path, elsewhere: Path) -> Path:
+    """The path the ingest names a file by: files under the symlinked folder are found through it."""
+    try:
+        return logs / "linked" / path.relative_to(elsewhere)
+    except ValueError:
+        return path
+
+
+def fuzz_trial(workdir: Path, seed: int, unreadable: bool = True) -> Trial:
+    """One fuzzed set of journals through the ingest, in this process (see :func:`fuzz_trials`)."""
+    import pyarrow.parquet as pq
+
+    from sage_pipeline.routing import ingest
+
+    base = Path(tempfile.mkdtemp(prefix=f"fuzz-{seed}-", dir=workdir))
+    t0 = time.perf_counter()
+    expect = build_fuzz_set(base, seed, unreadable)
+    problems: list[str] = []
+    facts = {k: expect[k] for k in ("read", "valid", "poison", "either", "valid_written")}
+    facts.update(poisons=expect["poisons"], gz=expect["gz"])
+    try:
+        res = ingest.ingest(ingest.IngestConfig((base / "logs",), max_line_bytes=MAX_LINE, read_chunk_bytes=1 << 14),
+                            base / "out", progress=lambda m: None)
+    except BaseException as exc:  # noqa: BLE001 - a crash of the ingest is what this trial looks for
+        _unlock(base)
+        return Trial("fuzz", f"seed {seed}", False, f"the ingest raised {type(exc).__name__}: {str(exc)[:300]}",
+                     time.perf_counter() - t0, facts)
+    s = res.stats
+    facts.update(lines_read=s.lines_read, accepted=s.accepted_lines, quarantined=s.quarantined)
+    if s.lines_read != s.accepted_lines + s.quarantined:
+        problems.append(f"accepted {s.accepted_lines} + quarantined {s.quarantined} != read {s.lines_read}")
+    if s.lines_read != expect["read"]:
+        problems.append(f"read {s.lines_read} lines, an exact reader finds {expect['read']}")
+    lo_acc, hi_acc = expect["valid"], expect["valid"] + expect["either"]
+    if not lo_acc <= s.accepted_lines <= hi_acc:
+        problems.append(f"accepted {s.accepted_lines} lines, expected {lo_acc}" + (f"..{hi_acc}" if hi_acc > lo_acc else ""))
+    lo_q, hi_q = expect["poison"], expect["poison"] + expect["either"]
+    if not lo_q <= s.quarantined <= hi_q:
+        problems.append(f"quarantined {s.quarantined} lines, expected {lo_q}" + (f"..{hi_q}" if hi_q > lo_q else ""))
+    kept = set(pq.read_table(res.trajectories, columns=["task_id"]).column("task_id").to_pylist())
+    lost = [t for t in expect["ids"] if t not in kept]
+    facts["valid_steps_lost"] = len(lost)
+    if lost:
+        problems.append(f"{len(lost)} valid steps lost, e.g. {lost[:3]}")
+    quarantined = [json.loads(x) for x in res.quarantine.read_bytes().splitlines()]
+    if len(quarantined) != s.quarantined or any(not q.get("reason") or not q.get("file") or not q.get("line")
+                                                for q in quarantined):
+        problems.append("a quarantine record lacks its file, line or reason")
+    damaged = sorted(d["file"] for d in s.damaged_files)
+    if damaged != sorted(expect["damaged"]):
+        problems.append(f"damaged files reported {damaged}, expected {sorted(expect['damaged'])}")
+    if sorted(s.files) != sorted(expect["files"]):
+        problems.append(f"files read {len(s.files)} ({sorted(set(s.files) ^ set(expect['files']))[:3]} differ)")
+    skipped = sorted(d["path"] for d in s.skipped_paths)
+    if skipped != sorted(expect["skipped"]):
+        problems.append(f"skipped paths reported {skipped}, expected {sorted(expect['skipped'])}")
+    _unlock(base)
+    shutil.rmtree(base, ignore_errors=True)
+    return Trial("fuzz", f"seed {seed}", not problems, "; ".join(problems), time.perf_counter() - t0, facts)
+
+
+def _unlock(base: Path) -> None:
+    with contextlib.suppress(OSError):
+        (base / "logs" / "locked").chmod(0o755)
+
+
+def fuzz_trials(workdir: Path, seeds: list[int]) -> list[Trial]:
+    """Fuzz trials. As root they run in a fresh worker process that gives up root (uid
+    ``nobody``) once it has imported what it needs, since root reads a folder with mode 000 and
+    the unreadable folder would not be unreadable."""
+    if os.geteuid() != 0:
+        return [fuzz_trial(workdir, s) for s in seeds]
+    # a folder nobody can reach: the system's temporary folder (``workdir`` may sit in a private one)
+    sub = Path(tempfile.mkdtemp(prefix="fault_injection-fuzz-"))
+    try:
+        sub.chmod(0o777)
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--fuzz-worker", str(sub), ",".join(map(str, seeds))]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, start_new_session=True, cwd=ROOT)
+        out = sub / "results.json"
+        if proc.returncode != 0 or not out.is_file():
+            return [Trial("fuzz", f"seeds {seeds[0]}..{seeds[-1]}", False,
+                          f"the fuzz worker exited {proc.returncode}: {proc.stderr[-800:]}")]
+        return [Trial(**t) for t in json.loads(out.read_text())]
+    finally:
+        shutil.rmtree(sub, ignore_errors=True)
+
+
+def _fuzz_worker(workdir: str, seeds: str) -> None:
+    work = Path(workdir)
+    if os.geteuid() == 0:
+        warm = fuzz_trial(work, -1, unreadable=False)  # every lazy import happens now, as root
+        if not warm.ok:
+            raise SystemExit(f"the warm-up fuzz trial failed: {warm.detail}")
+        os.setgroups([])
+        os.setgid(NOBODY)
+        os.setuid(NOBODY)
+    out = [dataclasses.asdict(fuzz_trial(work, int(s))) for s in seeds.split(",")]
+    (work / "results.json").write_text(json.dumps(out))
+
+
+# =============================================================================================
+# 2-3. kill -9 and concurrent materializations
+# =============================================================================================
+
+class Broken(Exception):
+    """An artifact that does not read completely, or a set that is not consistent."""
+
+
+_TEMP_FILE = re.compile(r"\..+\.[a-z0-9_]{8}\.tmp")  # artifacts.atomic_path
+_TEMP_DIR = re.compile(r"\..+\.(?:tmp-[a-z0-9_]{8}|old(?:-[a-z0-9_]{8})?)")  # artifacts.atomic_dir
+VOLATILE = {"seconds", "created_at", "started_at", "finished_at", "at"}  # times inside otherwise equal JSON
+
+
+def _volatile(key: str) -> bool:
+    return key in VOLATILE or key.endswith(("_per_s", "_seconds"))
+
+
+def leftovers(root: Path) -> list[str]:
+    """Temporary files and folders anywhere under ``root`` (none may survive a completed run)."""
+    found = []
+    for dirpath, dirs, files in os.walk(root):
+        for name in list(dirs) + files:
+            p = Path(dirpath) / name
+            if ((_TEMP_FILE.fullmatch(name) and name in files) or (_TEMP_DIR.fullmatch(name) and name in dirs)
+                    or name.endswith(".partial") or name.startswith(".switch-")):
+                found.append(str(p.relative_to(root)))
+        dirs[:] = [d for d in dirs if not _TEMP_DIR.fullmatch(d)]
+    versions = root / ".synthetic_versions"
+    if versions.is_dir():
+        sets = [p for p in versions.iterdir() if p.is_dir()]
+        if len(sets) > 2:  # the current set and the one it replaced
+            found.append(f".synthetic_versions holds {len(sets)} sets")
+    return sorted(found)
+
+
+def _strip(obj):
+    if isinstance(obj, dict):
+        return {k: _strip(v) for k, v in obj.items() if not _volatile(k)}
+    if isinstance(obj, list):
+        return [_strip(v) for v in obj]
+    return obj
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def read_artifact(path: Path) -> str:
+    """Read ``path`` completely in its format; its content hash (JSON without run times); Broken if it does not read."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise Broken(f"{path}: {e}") from None
+    name = path.name
+    try:
+        if name.endswith(".parquet"):
+            import pyarrow.parquet as pq
+
+            pq.read_table(path)
+        elif name.endswith(".json"):
+            return _sha(json.dumps(_strip(json.loads(data)), sort_keys=True).encode())
+        elif name.endswith((".jsonl", ".log")):
+            if data and not data.endswith(b"\n"):
+                raise Broken(f"{path}: the last line has no newline (cut short)")
+            for line in data.splitlines():
+                if line.strip():
+                    json.loads(line)
+        elif name.endswith(".png"):
+            if not data.startswith(b"\x89PNG\r\n\x1a\n") or not data.endswith(b"IEND\xaeB`\x82"):
+                raise Broken(f"{path}: not a complete PNG")
+        elif name.endswith(".npz"):
+            import numpy as np
+
+            with np.load(path) as z:
+                for k in z.files:
+                    z[k]
+        elif name.endswith(".joblib"):
+            import joblib
+
+            joblib.load(path)
+        elif name.endswith(".md"):
+            data.decode("utf-8")
+    except Broken:
+        raise
+    except Exception as e:  # noqa: BLE001 - any reader's error means the file is not complete
+        raise Broken(f"{path}: does not read: {type(e).__name__}: {str(e)[:200]}") from None
+    return _sha(data)
+
+
+def _files(root: Path, rels: list[str]) -> dict[str, str]:
+    return {rel: read_artifact(root / rel) if (root / rel).exists() else "absent" for rel in rels}
+
+
+def _checkpoint(root: Path, rel: str) -> dict[str, str]:
+    from sage_pipeline.rl.checkpoint import CheckpointError, load_policy
+
+    folder = root / rel
+    if not folder.exists():
+        return {rel: "absent"}
+    try:
+        load_policy(folder)
+    except CheckpointError as e:
+        raise Broken(f"{folder}: load_policy: {e}") from None
+    return {f"{rel}/{p.name}": read_artifact(p) for p in sorted(folder.iterdir())}
+
+
+def _sage_checkpoint(root: Path, rel: str) -> dict[str, str]:
+    """SAGE's folder: policy.joblib and the manifest.json that carries its sha256."""
+    folder = root / rel
+    if not folder.exists():
+        return {rel: "absent"}
+    out = {f"{rel}/{p.name}": read_artifact(p) for p in sorted(folder.iterdir())}
+    manifest = json.loads((folder / "manifest.json").read_bytes())
+    if manifest.get("sha256") != hashlib.sha256((folder / "policy.joblib").read_bytes()).hexdigest():
+        raise Broken(f"{folder}: manifest.json's sha256 is not policy.joblib's (files of two saves)")
+    return out
+
+
+def fp_synthetic(root: Path) -> dict[str, str]:
+    link = root / "sessions" / "synthetic"
+    if not os.path.lexists(link):
+        return {"sessions/synthetic": "absent"}
+    folder = link.resolve()
+    if not folder.is_dir():
+        raise Broken(f"{link} points at {folder}, which is not a folder")
+    try:
+        manifest = json.loads((folder / "simulator.json").read_bytes())
+    except (OSError, ValueError) as e:
+        raise Broken(f"{folder}/simulator.json: {e}") from None
+    logs = sorted(p.name for p in folder.iterdir() if p.name.endswith(".log"))
+    if logs != sorted(manifest["files"]):
+        raise Broken(f"{folder}: journals {logs} are not the manifest's {manifest['files']}")
+    steps, sessions, h = 0, set(), hashlib.sha256()
+    for name in logs:
+        data = (folder / name).read_bytes()
+        read_artifact(folder / name)
+        h.update(name.encode() + data)
+        for line in data.splitlines():
+            ev = json.loads(line)
+            if ev["type"] == "TRAJECTORY_STEP":
+                steps += 1
+            elif ev["type"] == "SESSION_START":
+                sessions.add(ev.get("session_id"))
+    if steps != manifest["decisions"] or len(sessions) != manifest["sessions"]:
+        raise Broken(f"{folder}: {steps} steps in {len(sessions)} sessions, simulator.json says "
+                     f"{manifest['decisions']} in {manifest['sessions']} (logs of another seed)")
+    return {"sessions/synthetic": h.hexdigest()[:16] + f"/seed{manifest['collector']['seed']}",
+            "simulator.json": read_artifact(folder / "simulator.json")}
+
+
+def fp_sleep(root: Path, skill: str = "reviewer") -> dict[str, str]:
+    """The skill store must be whole: every index line valid, every version folder's content
+    matching its id, the live pair one of the stored versions; the night's files complete."""
+    from sage_pipeline.sleep.store import SkillStore, StoreError, version_id
+
+    sroot = root / "sleep" / skill
+    if not sroot.exists():
+        return {"sleep": "absent"}
+    store = SkillStore(root / "sleep", skill)
+    try:
+        entries = store.versions()
+        stored = {p.name for p in store.versions_dir.iterdir() if p.is_dir() and not p.name.startswith(".")}
+        for vid in stored:
+            store.read_version(vid)
+    except StoreError as e:
+        raise Broken(str(e)) from None
+    if any(v.version not in stored for v in entries):
+        raise Broken(f"{store.index}: names a version with no folder")
+    live = {}
+    if store.skill_path.exists() or store.memory_path.exists():
+        snap = store.read()
+        if snap.id not in stored:
+            raise Broken(f"{sroot}: the live SKILL.md and MEMORY.md ({snap.id}) are no stored version (a mixed pair)")
+        live = {"live": version_id(snap.skill, snap.memory)}
+    nights = {}
+    for p in sorted((sroot / "nights").rglob("*")) if (sroot / "nights").is_dir() else []:
+        if p.is_file():
+            nights[str(p.relative_to(root))] = read_artifact(p)
+    return {**live, "versions": ",".join(sorted(stored)), "index_entries": str(len(entries)), **nights}
+
+
+@dataclasses.dataclass
+class AssetSpec:
+    """A writer asset: how to run it (key, op name, config variants, partitions) and how to read
+    what it writes (``fingerprint``: artifact -> content hash, Broken if anything is partial)."""
+
+    name: str
+    key: str
+    op: str
+    configs: tuple[dict, ...]
+    fingerprint: Callable[[Path], dict[str, str]]
+    partitions: tuple[str, ...] = ()
+    prepare: Callable[[Path, int], None] | None = None
+    exact: bool = True  # "old or new" compares content; False: the sleep store is checked for consistency
+
+    def variant(self, i: int) -> int:
+        """Which version trial ``i`` writes: its config, or (``prepare``) its input."""
+        return i % (2 if self.prepare else len(self.configs))
+
+    def config(self, i: int) -> dict:
+        return self.configs[i % len(self.configs)]
+
+    def partition(self, i: int) -> str | None:
+        return self.partitions[i % len(self.partitions)] if self.partitions else None
+
+    def run_config(self, i: int) -> dict | None:
+        cfg = self.config(i)
+        return {"ops": {self.op: {"config": cfg}}} if cfg else None
+
+
+def _extra_journal(root: Path, i: int) -> None:
+    """trajectories' input alternates: an extra real journal present on odd trials."""
+    extra = root / "sessions" / "real" / "2026-11-01.log"
+    if i % 2:
+        j = Journal(random.Random(1000 + i), 9000, "extra", models=("gpt-4.1-mini", "claude-sonnet-4"))
+        for _ in range(40):
+            j.add_valid()
+        extra.parent.mkdir(parents=True, exist_ok=True)
+        extra.write_bytes(j.data(True))
+    elif extra.exists():
+        extra.unlink()
+
+
+EPISODES = 600
+ASSETS = [
+    AssetSpec("synthetic_sessions", "synthetic_sessions", "synthetic_sessions",
+              ({"episodes": EPISODES, "seed": 1, "sessions_per_day": 50},
+               {"episodes": EPISODES, "seed": 2, "sessions_per_day": 50}), fp_synthetic),
+    AssetSpec("trajectories", "trajectories", "trajectories", ({},),
+              lambda r: _files(r, [f"routing/{n}" for n in ("trajectories.parquet", "routing_decisions.parquet",
+                                                             "token_usage.parquet", "quarantine.jsonl")]),
+              prepare=_extra_journal),
+    AssetSpec("routing_dataset", "routing_dataset", "routing_dataset",
+              ({"eval_fraction": 0.3}, {"eval_fraction": 0.35}),
+              lambda r: _files(r, ["routing/routing_v1.parquet", "routing/routing_v1.jsonl", "routing/action_space.json"])),
+    AssetSpec("reward_report", "reward_report", "reward_report", ({},),
+              lambda r: _files(r, ["reports/reward_report.json", "reports/reward_by_role.png",
+                                   "reports/reward_vs_complexity.png"])),
+    AssetSpec("bc_policy", "bc_policy", "bc_policy", ({"epochs": 5, "seed": 0}, {"epochs": 5, "seed": 1}),
+              lambda r: {**_checkpoint(r, "checkpoints/bc"), **_checkpoint(r, "checkpoints/bc_sage_binary")}),
+    AssetSpec("cql_policy", "cql_policy", "cql_policy",
+              ({"steps": 200, "n_boot": 30, "seed": 0}, {"steps": 200, "n_boot": 30, "seed": 1}),
+              lambda r: {**_checkpoint(r, "checkpoints/cql"), **_checkpoint(r, "checkpoints/cql_sage_binary")}),
+    AssetSpec("offline_eval", "offline_eval", "offline_eval", ({"n_boot": 100, "seed": 0}, {"n_boot": 100, "seed": 1}),
+              lambda r: {**_files(r, ["reports/offline_eval.json", "reports/offline_eval.png"]),
+                         **_checkpoint(r, "checkpoints/promoted"), **_sage_checkpoint(r, "checkpoints/promoted_sage")}),
+    AssetSpec("sage_router_checkpoint", "sage_router_checkpoint", "sage_router_checkpoint", ({},),
+              lambda r: _sage_checkpoint(r, "checkpoints/sage")),
+    AssetSpec("sleep_cycle/reviewer", "sleep_cycle/reviewer", "sleep_cycle__reviewer", ({},), fp_sleep,
+              partitions=("2026-11-01", "2026-11-02", "2026-11-03"), exact=False),
+]
+
+
+class Runner:
+    """Materializations in processes forked from one that imported the definitions once.
+
+    Protocol on the runner's stdin/stdout, one JSON object a line: ``start`` (asset, run
+    config, partition, log file) answers the child's pid once the child has called
+    ``setsid`` (its process group id is its pid); ``wait`` (pid, timeout) answers how it
+    ended. Children are reaped only on ``wait``, so a pid is never reused before the
+    benchmark's ``killpg`` of it."""
+
+    def __init__(self, env: dict, log: Path) -> None:
+        self._err = open(log, "ab")  # noqa: SIM115 - closed in close()
+        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--runner"], env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err, text=True,
+                                     start_new_session=True, cwd=ROOT)
+        ready = self._read(600)
+        if ready.get("ready") is not True:
+            raise RuntimeError(f"the runner did not start: {ready}")
+        self.children: set[int] = set()
+
+    def _read(self, timeout: float) -> dict:
+        r, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        if not r:
+            raise TimeoutError("the runner did not answer")
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the runner exited ({self.proc.poll()}); see its log")
+        return json.loads(line)
+
+    def _ask(self, req: dict, timeout: float) -> dict:
+        self.proc.stdin.write(json.dumps(req) + "\n")
+        self.proc.stdin.flush()
+        return self._read(timeout)
+
+    def start(self, spec: AssetSpec, i: int, log: Path) -> int:
+        pid = self._ask({"op": "start", "key": spec.key, "run_config": spec.run_config(i),
+                         "partition": spec.partition(i), "log": str(log)}, 120)["pid"]
+        self.children.add(pid)
+        return pid
+
+    def wait(self, pid: int, timeout: float) -> tuple[str, int | None]:
+        ans = self._ask({"op": "wait", "pid": pid, "timeout": timeout}, timeout + 60)
+        if ans["status"] != "running":
+            self.children.discard(pid)
+        return ans["status"], ans.get("code")
+
+    def close(self) -> None:
+        for pid in list(self.children):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+            with contextlib.suppress(Exception):
+                self.wait(pid, 10)
+        with contextlib.suppress(Exception):
+            self._ask({"op": "exit"}, 10)
+        with contextlib.suppress(Exception):
+            self.proc.wait(10)
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self._err.close()
+
+
+def _runner_main() -> None:
+    """The runner: import once, then fork one child per materialization."""
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    proto = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # stray prints must not reach the protocol
+    import dagster as dg
+
+    from sage_pipeline.definitions import defs
+
+    assets = {"/".join(k.path): defs.resolve_assets_def(k) for k in defs.resolve_asset_graph().get_all_asset_keys()}
+    proto.write(json.dumps({"ready": True}) + "\n")
+    proto.flush()
+    for line in sys.stdin:
+        req = json.loads(line)
+        if req["op"] == "exit":
+            break
+        if req["op"] == "start":
+            sys.stdout.flush()
+            sys.stderr.flush()
+            r, w = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # the child: a process group of its own, then the run
+                code = 70
+                try:
+                    os.setsid()
+                    os.close(r)
+                    os.write(w, b"1")
+                    os.close(w)
+                    fd = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                    os.dup2(fd, 1)
+                    os.dup2(fd, 2)
+                    null = os.open(os.devnull, os.O_RDONLY)
+                    os.dup2(null, 0)
+                    res = dg.materialize([assets[req["key"]]], instance=dg.DagsterInstance.get(),
+                                         run_config=req["run_config"], partition_key=req["partition"],
+                                         raise_on_error=False)
+                    code = 0 if res.success else 1
+                    if not res.success:
+                        for ev in res.all_events:
+                            if ev.event_type_value == "STEP_FAILURE":
+                                print("STEP_FAILURE:", ev.event_specific_data.error.to_string(), flush=True)
+                except BaseException:  # noqa: BLE001 - the child reports and exits, never returns
+                    traceback.print_exc()
+                finally:
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                    os._exit(code)
+            os.close(w)
+            os.read(r, 1)  # the child has its own process group now
+            os.close(r)
+            proto.write(json.dumps({"pid": pid}) + "\n")
+        elif req["op"] == "wait":
+            deadline = time.monotonic() + req["timeout"]
+            while True:
+                done, status = os.waitpid(req["pid"], os.WNOHANG)
+                if done:
+                    ans = ({"status": "signal", "code": os.WTERMSIG(status)} if os.WIFSIGNALED(status)
+                           else {"status": "exit", "code": os.WEXITSTATUS(status)})
+                    break
+                if time.monotonic() >= deadline:
+                    ans = {"status": "running"}
+                    break
+                time.sleep(0.005)
+            proto.write(json.dumps(ans) + "\n")
+        proto.flush()
+
+
+class Bench:
+    """The temporary instance and artifact root the kill and concurrency trials share."""
+
+    def __init__(self, workdir: Path, seed: int) -> None:
+        self.work = workdir
+        self.root = workdir / "data"
+        self.home = workdir / "dagster_home"
+        self.logs = workdir / "logs"
+        for d in (self.root, self.home, self.logs):
+            d.mkdir(parents=True, exist_ok=True)
+        # the shipped instance settings, without the pool limit (a pooled run killed in-process is
+        # the pool trial's subject, see pool_trial; here it would only stall the next trial)
+        import yaml
+
+        shipped = yaml.safe_load((ROOT / ".dagster_home" / "dagster.yaml").read_text())
+        shipped.pop("concurrency", None)
+        (self.home / "dagster.yaml").write_text(yaml.safe_dump(shipped, sort_keys=False))
+        self.env = {**os.environ, "DAGSTER_HOME": str(self.home), "SAGE_DATA_DIR": str(self.root),
+                    "GX_ANALYTICS_ENABLED": "false", "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+        self.rng = random.Random(seed)
+        self.seconds: dict[str, float] = {}  # each asset's last full run, for the kill delays
+        self.versions: dict[tuple[str, int], dict] = {}  # (asset, config variant) -> its complete artifacts
+        self.runner = Runner(self.env, self.logs / "runner.log")
+        self.n = 0
+        self.cli_overhead = 0.0
+
+    def close(self) -> None:
+        self.runner.close()
+
+    def log(self, label: str) -> Path:
+        self.n += 1
+        return self.logs / f"{self.n:04d}-{label.replace('/', '_')}.log"
+
+    def run(self, spec: AssetSpec, i: int, timeout: float = 600) -> tuple[bool, str]:
+        """One complete materialization through the runner; (succeeded, why not)."""
+        log = self.log(spec.name)
+        t0 = time.perf_counter()
+        pid = self.runner.start(spec, i, log)
+        status, code = self.runner.wait(pid, timeout)
+        if status == "running":
+            os.killpg(pid, signal.SIGKILL)
+            self.runner.wait(pid, 30)
+            return False, f"did not finish in {timeout:.0f} s (killed); log {log}"
+        self.seconds[spec.name] = time.perf_counter() - t0
+        if (status, code) != ("exit", 0):
+            return False, f"{status} {code}: {_failure(log)}"
+        self.versions[(spec.name, spec.variant(i))] = spec.fingerprint(self.root)
+        return True, ""
+
+    def calibrate_cli(self, spec: AssetSpec) -> None:
+        """How much longer the CLI takes than the runner for the same run (its imports): the CLI
+        kill trials add it to their delay, so the kill lands in the run, not in the imports."""
+        t0 = time.perf_counter()
+        proc = self.cli(spec, 0)
+        if proc.wait(timeout=600) != 0:
+            raise RuntimeError(f"dagster asset materialize --select {spec.key} failed; see {self.logs}")
+        wall = time.perf_counter() - t0
+        ok, why = self.run(spec, 0)
+        if not ok:
+            raise RuntimeError(why)
+        self.cli_overhead = max(0.0, wall - self.seconds[spec.name])
+
+    def cli(self, spec: AssetSpec, i: int) -> subprocess.Popen:
+        """``dagster asset materialize`` for ``spec``, in its own session (killable as a group)."""
+        cmd = [str(BIN / "dagster"), "asset", "materialize", "-m", "sage_pipeline", "--select", spec.key]
+        if spec.run_config(i):
+            cmd += ["--config-json", json.dumps(spec.run_config(i))]
+        if spec.partition(i):
+            cmd += ["--partition", spec.partition(i)]
+        log = open(self.log(spec.name + "-cli"), "wb")  # noqa: SIM115 - the child holds it
+        try:
+            return subprocess.Popen(cmd, env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        finally:
+            log.close()
+
+
+def _failure(log: Path) -> str:
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    m = [ln for ln in text.splitlines() if "Error" in ln or "error" in ln or "STEP_FAILURE" in ln]
+    return (m[-1] if m else text[-300:])[:400] + f" (log {log})"
+
+
+def _compare(spec: AssetSpec, after: dict, old: dict, new: dict) -> list[str]:
+    """Every artifact must be the old or the new version; sleep: the store was checked whole."""
+    if not spec.exact:
+        return []
+    bad = [f"{a} is neither the old nor the new version" for a in sorted(after)
+           if after[a] not in (old.get(a, "absent"), new.get(a, "absent"))]
+    return bad
+
+
+def _set_of(after: dict, versions: list[dict]) -> bool:
+    """Whether all of an asset's artifacts come from one of the given complete versions."""
+    return any(after == v for v in versions)
+
+
+def kill_trial(bench: Bench, spec: AssetSpec, i: int, cli: bool = False) -> Trial:
+    """Start ``spec`` with config variant ``i``, SIGKILL its process group at a random delay,
+    check what is left, re-run it plainly and check again."""
+    t0 = time.perf_counter()
+    if spec.prepare:
+        spec.prepare(bench.root, i)
+    try:
+        old = spec.fingerprint(bench.root)
+    except Broken as e:
+        return Trial("kill", f"{spec.name} #{i}", False, f"the state before the trial is broken: {e}")
+    full = bench.seconds.get(spec.name, 1.0)  # the asset's last complete run, start to exit
+    # past the first 30%, mostly process and Dagster start-up, so the kill lands in the asset's work;
+    # every other trial in the last 20%, where the artifacts are written
+    low = 0.8 if i % 2 else 0.3
+    delay = bench.rng.uniform(low * full, full) + (bench.cli_overhead if cli else 0.0)
+    if cli:
+        proc = bench.cli(spec, i)
+        pid = proc.pid
+        try:
+            proc.wait(timeout=delay)
+            killed = False
+        except subprocess.TimeoutExpired:
+            os.killpg(pid, signal.SIGKILL)
+            proc.wait()
+            killed = True
+    else:
+        pid = bench.runner.start(spec, i, bench.log(spec.name + "-killed"))
+        status, _ = bench.runner.wait(pid, delay)
+        killed = status == "running"
+        if killed:
+            os.killpg(pid, signal.SIGKILL)
+            bench.runner.wait(pid, 60)
+    left_by_kill = leftovers(bench.root)
+    facts = {"delay_s": round(delay, 3), "killed": killed, "left_by_kill": left_by_kill, "cli": cli}
+    problems = []
+    try:
+        after = spec.fingerprint(bench.root)
+    except Broken as e:
+        after = None
+        problems.append(f"after the kill: {e}")
+    # a plain re-run, same config: it must succeed with no clean-up, and leave no temporary file
+    if cli:
+        rerun = bench.cli(spec, i)
+        t1 = time.perf_counter()
+        try:
+            rc = rerun.wait(timeout=600)
+        except subprocess.TimeoutExpired:
+            os.killpg(rerun.pid, signal.SIGKILL)
+            rc = rerun.wait()
+        bench.cli_overhead = max(0.0, time.perf_counter() - t1 - bench.seconds.get(spec.name, 0.0))
+        ok, why = rc == 0, f"dagster asset materialize exited {rc}"
+        if ok:
+            bench.versions[(spec.name, spec.variant(i))] = spec.fingerprint(bench.root)
+    else:
+        ok, why = bench.run(spec, i)
+    if not ok:
+        problems.append(f"the re-run failed: {why}")
+    try:
+        new = spec.fingerprint(bench.root)
+    except Broken as e:
+        new = {}
+        problems.append(f"after the re-run: {e}")
+    if after is not None and new:
+        problems += _compare(spec, after, old, new)
+        facts["one_version"] = (not spec.exact) or _set_of(after, [old, new])
+    left = leftovers(bench.root)
+    if left:
+        problems.append(f"left after the re-run: {left[:4]}")
+    facts["left_after_rerun"] = left
+    return Trial("kill", f"{spec.name} #{i}" + (" (CLI)" if cli else ""), not problems, "; ".join(problems),
+                 time.perf_counter() - t0, facts)
+
+
+def concurrent_trial(bench: Bench, spec: AssetSpec, i: int) -> Trial:
+    """Two materializations of ``spec`` at once (variants i and i+1): both succeed, and the
+    artifacts are one run's complete version."""
+    t0 = time.perf_counter()
+    if spec.prepare:
+        spec.prepare(bench.root, 0)
+    logs = [bench.log(f"{spec.name}-concurrent{k}") for k in (0, 1)]
+    pids = [bench.runner.start(spec, i + k, logs[k]) for k in (0, 1)]
+    problems = []
+    for k, pid in enumerate(pids):
+        status, code = bench.runner.wait(pid, 600)
+        if status == "running":
+            os.killpg(pid, signal.SIGKILL)
+            bench.runner.wait(pid, 30)
+        if (status, code) != ("exit", 0):
+            problems.append(f"run {k + 1} failed ({status} {code}): {_failure(logs[k])}")
+    try:
+        after = spec.fingerprint(bench.root)
+    except Broken as e:
+        after = None
+        problems.append(str(e))
+    facts = {}
+    if after is not None and spec.exact:  # (an asset whose input varies sees input 0 in both runs)
+        both = [bench.versions.get((spec.name, spec.variant(i + k) if not spec.prepare else 0)) for k in (0, 1)]
+        both = [v for v in both if v is not None]
+        bad = [a for a in sorted(after) if all(after[a] != v.get(a, "absent") for v in both)]
+        if bad:
+            problems.append(f"{bad[:3]}: neither run's complete version")
+        facts["one_version"] = _set_of(after, both)
+        if not facts["one_version"] and not bad:
+            problems.append("its files come from both runs (each file whole, the set mixed)")
+    left = leftovers(bench.root)
+    if left:
+        problems.append(f"left: {left[:4]}")
+    return Trial("concurrent", f"{spec.name} #{i}", not problems, "; ".join(problems), time.perf_counter() - t0, facts)
+
+
+# =============================================================================================
+# 4. a misbehaving LLM server
+# =============================================================================================
+
+OK_CHOICES = [{"index": 0, "message": {"role": "assistant", "content": "4"}, "finish_reason": "stop"}]
+BACKEND_MODES = ("trickle_body", "trickle_headers", "http_500", "http_429_day_retry_after", "non_json", "non_utf8",
+                 "empty_body", "cut_body", "reset", "never_answers", "usage_5", "no_choices",
+                 "content_not_string", "nesting_100000", "refused")
+
+
+def _json_reply(obj) -> bytes:
+    body = json.dumps(obj).encode() if not isinstance(obj, bytes) else obj
+    return (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: " + str(len(body)).encode()
+            + b"\r\nConnection: close\r\n\r\n" + body)
+
+
+class FaultServer(socketserver.ThreadingTCPServer):
+    """An OpenAI-compatible endpoint on 127.0.0.1 that fails in one way (``mode``)."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, mode: str) -> None:
+        self.mode, self.stop, self.requests = mode, threading.Event(), 0
+        super().__init__(("127.0.0.1", 0), _FaultHandler)
+        self.thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
+        self.thread.start()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/v1"
+
+    def close(self) -> None:
+        self.stop.set()
+        self.shutdown()
+        self.server_close()
+
+
+class _FaultHandler(socketserver.BaseRequestHandler):
+    def handle(self) -> None:
+        srv: FaultServer = self.server
+        sock: socket.socket = self.request
+        sock.settimeout(5)
+        try:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    return
+                data += chunk
+            head, body = data.split(b"\r\n\r\n", 1)
+            n = int(re.search(rb"(?i)content-length:\s*(\d+)", head).group(1))
+            while len(body) < n:
+                body += sock.recv(65536)
+            srv.requests += 1
+            self._act(srv, sock)
+        except OSError:
+            return
+
+    def _trickle(self, srv: FaultServer, sock: socket.socket, data: bytes, every: float) -> None:
+        for b in data:
+            sock.sendall(bytes([b]))
+            if srv.stop.wait(every):
+                return
+
+    def _act(self, srv: FaultServer, sock: socket.socket) -> None:
+        m = srv.mode
+        if m == "trickle_body":
+            sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n")
+            self._trickle(srv, sock, b'{"choices": [{"message": {"content": "' + b"x" * 900, 0.25)
+        elif m == "trickle_headers":
+            self._trickle(srv, sock, b"HTTP/1.1 200 OK\r\nX-Slow: " + b"y" * 900, 0.25)
+        elif m == "http_500":
+            body = b'{"error": {"message": "internal error"}}'
+            sock.sendall(b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json\r\nContent-Length: "
+                         + str(len(body)).encode() + b"\r\n\r\n" + body)
+        elif m == "http_429_day_retry_after":
+            sock.sendall(b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: 86400\r\nContent-Length: 0\r\n\r\n")
+        elif m == "non_json":
+            body = b"<html><body>502 Bad Gateway</body></html>"
+            sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: " + str(len(body)).encode()
+                         + b"\r\n\r\n" + body)
+        elif m == "non_utf8":
+            sock.sendall(_json_reply(b'{"choices": [{"message": {"content": "\xff\xfe"}}]}'))
+        elif m == "empty_body":
+            sock.sendall(_json_reply(b""))
+        elif m == "cut_body":
+            sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 5000\r\n\r\n"
+                         + b'{"choices": [{"message": {"cont')
+        elif m == "reset":  # linger 0: close sends RST, not FIN
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            sock.close()
+        elif m == "never_answers":
+            srv.stop.wait(120)
+        elif m == "usage_5":
+            sock.sendall(_json_reply({"choices": OK_CHOICES, "usage": 5}))
+        elif m == "no_choices":
+            sock.sendall(_json_reply({"id": "x", "object": "chat.completion", "usage": {}}))
+        elif m == "content_not_string":
+            sock.sendall(_json_reply({"choices": [{"message": {"content": {"text": "4"}}}]}))
+        elif m == "nesting_100000":
+            sock.sendall(_json_reply(b"[" * 100_000 + b"]" * 100_000))
+        else:
+            raise ValueError(m)
+
+
+def backend_trial(workdir: Path, mode: str, timeout_s: float, max_retries: int) -> Trial:
+    """One night of sleep_cycle/reviewer against a server failing in ``mode``: backend_error
+    within the bound, said so on disk (over an earlier result of the same night), lock free."""
+    from sage_pipeline.sleep.backends import OpenAIConfig
+    from sage_pipeline.sleep.nightly import NightSettings, run_night
+    from sage_pipeline.sleep.store import SkillStore
+
+    root = Path(tempfile.mkdtemp(prefix=f"backend-{mode}-", dir=workdir))
+    night = "2026-11-05"
+    run_night(root, "reviewer", night, None, NightSettings(log_dirs=()))  # an earlier, healthy result on disk
+    server = None if mode == "refused" else FaultServer(mode)
+    if server is None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            url = f"http://127.0.0.1:{s.getsockname()[1]}/v1"  # closed again: nobody listens there
+    else:
+        url = server.base_url
+    cfg = OpenAIConfig(base_url=url, model="m", timeout_s=timeout_s, max_retries=max_retries, backoff_s=0.05,
+                       backoff_max_s=0.2, max_retry_after_s=0.5)
+    bound = (max_retries + 1) * timeout_s + max_retries * max(cfg.backoff_max_s, cfg.max_retry_after_s) + 1.5
+    t0 = time.monotonic()
+    problems = []
+    try:
+        r, files = run_night(root, "reviewer", night, None, NightSettings(backend="openai", openai=cfg, log_dirs=(),
+                                                                           sandbox="local"))
+    except BaseException as e:  # noqa: BLE001 - a night must end with a status, never raise
+        took = time.monotonic() - t0
+        if server:
+            server.close()
+        return Trial("backend", f"{mode} (timeout {timeout_s:g} s, {max_retries} retries)", False,
+                     f"the night raised {type(e).__name__}: {e}", took)
+    took = time.monotonic() - t0
+    if server:
+        server.close()
+    if r.status != "backend_error":
+        problems.append(f"ended {r.status!r}, not backend_error ({r.cause})")
+    if took > bound:
+        problems.append(f"took {took:.2f} s, past its bound {bound:.2f} s")
+    on_disk = json.loads(files.diagnostics.read_text())
+    if on_disk.get("status") != "backend_error":
+        problems.append(f"the night's diagnostics.json says {on_disk.get('status')!r}")
+    try:
+        with SkillStore(root / "sleep", "reviewer").night_lock(timeout_s=0.5):
+            pass
+    except Exception as e:  # noqa: BLE001
+        problems.append(f"the skill's night lock is still held: {e}")
+    shutil.rmtree(root, ignore_errors=True)
+    return Trial("backend", f"{mode} (timeout {timeout_s:g} s, {max_retries} retries)", not problems,
+                 "; ".join(problems), took, {"bound_s": round(bound, 2), "cause": (r.cause or "")[:160],
+                                              "requests": server.requests if server else 0})
+
+
+# =============================================================================================
+# 5. a killed night holding the pool's only slot (dagster-daemon, run monitoring)
+# =============================================================================================
+
+def _engine_pid(instance, run_id: str) -> int | None:
+    """The pid of the process executing a run's steps (its ENGINE_EVENT says so)."""
+    from dagster import DagsterEventType
+
+    for rec in instance.all_logs(run_id, of_type=DagsterEventType.ENGINE_EVENT):
+        md = rec.dagster_event.event_specific_data.metadata or {}
+        if "pid" in md:
+            return int(md["pid"].value)
+    return None
+
+
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            with contextlib.suppress(OSError):
+                kids = [int(x) for x in (task / "children").read_text().split()]
+                out += kids
+                todo += kids
+    return out
+
+
+def pool_trial(workdir: Path) -> Trial:
+    """A night launched by the daemon hangs on its LLM call while holding the sleep_cycle pool's
+    only slot; its run worker (and what it started) is killed with -9; the next night must run."""
+    import yaml
+    from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
+
+    t0 = time.monotonic()
+    home = workdir / "pool_home"
+    home.mkdir()
+    data = workdir / "pool_data"
+    cfg = yaml.safe_load((ROOT / ".dagster_home" / "dagster.yaml").read_text())
+    assert cfg["concurrency"]["pools"]["default_limit"] == 1 and cfg["run_monitoring"]["enabled"]
+    cfg["run_monitoring"].update(poll_interval_seconds=2, free_slots_after_run_end_seconds=1)
+    (home / "dagster.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    server = FaultServer("never_answers")
+    env = {**os.environ, "DAGSTER_HOME": str(home), "SAGE_DATA_DIR": str(data), "SAGE_SLEEP_SKILLS": "reviewer",
+           "GX_ANALYTICS_ENABLED": "false", "PYTHONWARNINGS": "ignore"}
+    instance = DagsterInstance.from_config(str(home))
+    log = open(workdir / "pool_daemon.log", "wb")  # noqa: SIM115
+    daemon = subprocess.Popen([str(BIN / "dagster-daemon"), "run", "-w", str(ROOT / "workspace.yaml")], cwd=ROOT,
+                              env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    problems, facts = [], {}
+
+    def wait(what, pred, timeout):
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            v = pred()
+            if v:
+                return v
+            if daemon.poll() is not None:
+                raise RuntimeError(f"dagster-daemon exited {daemon.returncode} while waiting for {what}")
+            time.sleep(0.5)
+        raise TimeoutError(f"waited {timeout:.0f} s for {what}")
+
+    def launch(tag: str, config: dict) -> None:
+        run_config = {"ops": {"sleep_cycle__reviewer": {"config": config}}}
+        subprocess.run([str(BIN / "dagster"), "job", "launch", "-w", str(ROOT / "workspace.yaml"), "-j", "nightly_sleep",
+                        "--config-json", json.dumps(run_config),
+                        "--tags", json.dumps({"dagster/partition": "2026-11-01", "fault_injection": tag})],
+                       env=env, cwd=ROOT, check=True, capture_output=True, timeout=120, start_new_session=True)
+
+    def run_of(tag):
+        runs = instance.get_runs(filters=RunsFilter(tags={"fault_injection": tag}))
+        return runs[0] if runs else None
+
+    try:
+        wait("the daemon's heartbeats", lambda: {"MONITORING", "QUEUED_RUN_COORDINATOR"}
+             <= set(instance.get_daemon_heartbeats()), 90)
+        launch("hung", {"backend": "openai", "base_url": server.base_url, "model": "m", "timeout_s": 600,
+                        "max_retries": 0, "sandbox": "local"})
+        wait("the first night to call the LLM server", lambda: server.requests > 0, 120)
+        first = run_of("hung")
+        claimed = instance.event_log_storage.get_concurrency_info("sleep_cycle").claimed_slots
+        facts["slot_holder_is_first"] = [s.run_id for s in claimed] == [first.run_id]
+        launch("next", {})
+        time.sleep(3)
+        facts["second_waited"] = run_of("next").status != DagsterRunStatus.SUCCESS
+        pid = _engine_pid(instance, first.run_id)
+        if pid is None:
+            raise RuntimeError("no engine pid recorded for the first run")
+        victims = [pid, *_descendants(pid)]
+        facts["killed_pids"] = len(victims)
+        for p in victims:  # the run worker and its step process: by pid (the daemon shares their group)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGKILL)
+        killed_at = time.monotonic()
+        wait("the dead run to be marked failed", lambda: run_of("hung").status == DagsterRunStatus.FAILURE, 120)
+        wait("the next night to get the slot and succeed", lambda: run_of("next").status == DagsterRunStatus.SUCCESS, 120)
+        facts["freed_after_s"] = round(time.monotonic() - killed_at, 1)
+        if instance.event_log_storage.get_concurrency_info("sleep_cycle").claimed_slots:
+            problems.append("a slot is still claimed after both runs ended")
+        if not facts["slot_holder_is_first"] or not facts["second_waited"]:
+            problems.append(f"the setup did not hold the slot as meant: {facts}")
+    except Exception as e:  # noqa: BLE001 - reported as the trial's failure
+        problems.append(f"{type(e).__name__}: {e}")
+    finally:
+        server.close()
+        instance.dispose()
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            if daemon.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(daemon.pid, sig)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    daemon.wait(20)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(daemon.pid, signal.SIGKILL)
+        log.close()
+    return Trial("pool", "sleep_cycle night killed holding the pool slot", not problems, "; ".join(problems),
+                 time.monotonic() - t0, facts)
+
+
+# =============================================================================================
+# the run
+# =============================================================================================
+
+CHECKED = {
+    "fuzz": "ingest never raises; accepted + quarantined == read == an exact reader's count; every valid "
+            "(recoverable) line accepted, every poison line quarantined; damaged .gz files, the unreadable "
+            "folder and a broken link named; files behind a symlinked folder (and a loop) read once",
+    "kill": "after kill -9 of the run's process group: every artifact reads completely and is the old or the "
+            "new version (sleep: index, versions, live pair whole); a plain re-run succeeds; no temp "
+            "file/folder left",
+    "concurrent": "both runs succeed; every artifact one run's complete version; no temp file/folder left",
+    "backend": "the night ends backend_error within (retries+1)*timeout + capped waits + 1.5 s; its "
+               "diagnostics.json says so; the skill's lock is free",
+    "pool": "the dead run is marked failed; the night queued behind it gets the slot and succeeds",
+}
+
+
+def summarize(trials: list[Trial]) -> list[dict]:
+    rows = []
+    for cat in CHECKED:
+        ts = [t for t in trials if t.category == cat]
+        if not ts:
+            continue
+        groups: dict[str, list[Trial]] = {}
+        for t in ts:
+            key = (t.name.split(" #")[0].split(" (")[0] if cat in ("kill", "concurrent", "backend")
+                   else "SAGE journal sets" if cat == "fuzz" else t.name)
+            groups.setdefault(key, []).append(t)
+        for key, g in groups.items():
+            extra = ""
+            if cat == "kill":
+                hit = sum(1 for t in g if t.facts.get("left_by_kill"))
+                mixed = sum(1 for t in g if t.facts.get("one_version") is False)
+                cli = sum(1 for t in g if t.facts.get("cli"))
+                extra = (f"; {sum(t.facts.get('killed', False) for t in g)} killed mid-run, {hit} of them mid-write "
+                         f"(temporary files left, all swept by the re-run)"
+                         + (f", {mixed} left some files old and some new (each whole)" if mixed else "")
+                         + (f"; {cli} through the dagster CLI" if cli else ""))
+            elif cat == "fuzz":
+                extra = (f"; {sum(t.facts.get('lines_read', 0) for t in g):,} lines read, "
+                         f"{sum(sum(t.facts.get('poisons', {}).values()) for t in g):,} poison lines, "
+                         f"{sum(sum(t.facts.get('gz', {}).values()) for t in g)} .gz files")
+            elif cat == "backend":
+                extra = f"; slowest {max(t.seconds for t in g):.2f} s of bound {max(t.facts.get('bound_s', 0) for t in g):.2f} s"
+            rows.append({"category": cat, "what": key, "trials": len(g), "failures": sum(not t.ok for t in g),
+                         "notes": extra.lstrip("; ")})
+    return rows
+
+
+def print_table(rows: list[dict], trials: list[Trial]) -> str:
+    lines = ["| category | what | trials | failures | notes |", "|---|---|---:|---:|---|"]
+    for r in rows:
+        lines.append(f"| {r['category']} | {r['what']} | {r['trials']} | {r['failures']} | {r['notes']} |")
+    total, failed = len(trials), sum(not t.ok for t in trials)
+    lines.append(f"| **total** | | **{total}** | **{failed}** | |")
+    out = "\n".join(lines)
+    out += "\n\nChecked per category:\n" + "\n".join(f"- {k}: {v}" for k, v in CHECKED.items()
+                                                       if any(t.category == k for t in trials))
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--trials-per-asset", type=int, default=5, help="kill -9 trials per writer asset")
+    ap.add_argument("--concurrent-per-asset", type=int, default=2, help="pairs of concurrent runs per asset")
+    ap.add_argument("--fuzz-trials", type=int, default=120, help="fuzzed journal sets")
+    ap.add_argument("--backend-rounds", type=int, default=2, help="rounds over every LLM-server failure mode")
+    ap.add_argument("--quick", action="store_true", help="a few trials of each, no CLI trials")
+    ap.add_argument("--cli-assets", default="synthetic_sessions,offline_eval,sleep_cycle/reviewer",
+                    help="assets whose last kill trial kills `dagster asset materialize` and re-runs with it "
+                         "('all', or a comma list; each CLI call pays Dagster's import, seconds)")
+    ap.add_argument("--no-cli", action="store_true", help="no trial through the dagster asset materialize CLI")
+    ap.add_argument("--pool", action="store_true", help="also the dagster-daemon pool trial (1-2 minutes; the "
+                    "same case with a toy job is sage_pipeline_tests/defs/test_run_monitoring.py)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--keep", action="store_true", help="keep the temporary folders (printed)")
+    args = ap.parse_args()
+    if args.quick:
+        args.trials_per_asset, args.concurrent_per_asset, args.fuzz_trials, args.backend_rounds = 2, 1, 20, 1
+        args.no_cli = True
+    cli_assets = {s.name for s in ASSETS} if args.cli_assets == "all" else set(args.cli_assets.split(","))
+    unknown = cli_assets - {s.name for s in ASSETS}
+    if unknown:
+        ap.error(f"--cli-assets: unknown {sorted(unknown)}; use asset names from {[s.name for s in ASSETS]}")
+    SCRATCH.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="fault_injection-"))
+    work.chmod(0o755)
+    print(f"fault injection on {platform.node()} ({os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}), "
+          f"work folder {work}", flush=True)
+    trials: list[Trial] = []
+    t_start = time.monotonic()
+
+    def report(t: Trial) -> None:
+        trials.append(t)
+        if not t.ok:
+            print(f"  FAILED {t.category} {t.name}: {t.detail}", flush=True)
+
+    # 1. fuzz
+    t0 = time.monotonic()
+    for t in fuzz_trials(work, list(range(args.seed * 10_000, args.seed * 10_000 + args.fuzz_trials))):
+        report(t)
+    print(f"fuzz: {args.fuzz_trials} sets in {time.monotonic() - t0:.0f} s", flush=True)
+
+    # 2-3. kills and concurrent runs, asset by asset in lineage order
+    bench = Bench(work / "kill", args.seed)
+    try:
+        for spec in ASSETS:
+            t0 = time.monotonic()
+            for i in (0, 1):  # both config variants once, complete: the versions the trials compare with
+                if spec.prepare:
+                    spec.prepare(bench.root, i)
+                ok, why = bench.run(spec, i)
+                if not ok:
+                    raise RuntimeError(f"{spec.name} does not materialize: {why}")
+            if not args.no_cli and spec.name in cli_assets and not bench.cli_overhead:
+                bench.calibrate_cli(spec)
+                print(f"dagster asset materialize takes {bench.cli_overhead:.1f} s more than a forked run", flush=True)
+            for i in range(args.trials_per_asset):
+                last = i == args.trials_per_asset - 1
+                report(kill_trial(bench, spec, i, cli=last and not args.no_cli and spec.name in cli_assets))
+            for i in range(args.concurrent_per_asset):
+                report(concurrent_trial(bench, spec, 2 * i))
+            if spec.prepare:  # leave the inputs of the next asset as variant 0 had them
+                spec.prepare(bench.root, 0)
+                bench.run(spec, 0)
+            print(f"{spec.name}: {args.trials_per_asset} kills, {args.concurrent_per_asset} concurrent pairs in "
+                  f"{time.monotonic() - t0:.0f} s (full run {bench.seconds.get(spec.name, 0):.2f} s)", flush=True)
+    finally:
+        bench.close()
+
+    # 4. the LLM server
+    t0 = time.monotonic()
+    for rnd in range(args.backend_rounds):
+        for mode in BACKEND_MODES:
+            report(backend_trial(work, mode, timeout_s=1.0, max_retries=rnd % 2))
+    print(f"backend: {args.backend_rounds * len(BACKEND_MODES)} nights in {time.monotonic() - t0:.0f} s", flush=True)
+
+    # 5. the pool slot
+    if args.pool:
+        t0 = time.monotonic()
+        report(pool_trial(work))
+        print(f"pool: 1 trial in {time.monotonic() - t0:.0f} s", flush=True)
+
+    rows = summarize(trials)
+    table = print_table(rows, trials)
+    took = time.monotonic() - t_start
+    print(f"\n{len(trials)} trials in {took:.0f} s, {sum(not t.ok for t in trials)} failed\n")
+    print(table)
+    (SCRATCH / "fault_injection.json").write_text(json.dumps({
+        "machine": {"node": platform.node(), "cores": os.cpu_count(), "python": platform.python_version()},
+        "args": vars(args), "seconds": round(took, 1), "rows": rows,
+        "trials": [dataclasses.asdict(t) for t in trials]}, indent=1, default=str))
+    if args.keep:
+        print(f"\nkept {work}")
+    else:
+        subprocess.run(["chmod", "-R", "u+rwx", str(work)], check=False)
+        shutil.rmtree(work, ignore_errors=True)
+    return 1 if any(not t.ok for t in trials) else 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--runner":
+        _runner_main()
+    elif len(sys.argv) > 1 and sys.argv[1] == "--fuzz-worker":
+        _fuzz_worker(sys.argv[2], sys.argv[3])
+    else:
+        sys.exit(main())

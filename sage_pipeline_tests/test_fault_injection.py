@@ -1,0 +1,98 @@
+"""A few trials of each category of benchmarks/fault_injection.py (issue 17's acceptance run), so
+the test suite covers them: fuzzed journals through the ingest, kill -9 of materializations at
+random delays and a plain re-run, two materializations at once, and the sleep backend against a
+failing server. The benchmark itself runs hundreds (docs/benchmarks.md, "Fault injection")."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def fi():
+    spec = importlib.util.spec_from_file_location("fault_injection", REPO / "benchmarks" / "fault_injection.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("fault_injection", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _failures(trials) -> list[str]:
+    return [f"{t.category} {t.name}: {t.detail}" for t in trials if not t.ok]
+
+
+def test_fuzzed_journals_lose_no_valid_line_and_crash_nothing(fi, tmp_path):
+    trials = fi.fuzz_trials(tmp_path, [1, 2, 3])
+    assert len(trials) == 3 and not _failures(trials), _failures(trials)
+    facts = [t.facts for t in trials]
+    assert sum(f["poison"] for f in facts) > 20 and sum(f["valid"] for f in facts) > 100
+    assert all(f["lines_read"] == f["accepted"] + f["quarantined"] for f in facts)
+
+
+def test_a_damaged_gzip_oracle_is_exact(fi):
+    """The fuzz's own yardstick: what a byte-by-byte reader recovers from each kind of damage."""
+    import gzip
+    import random
+
+    raw = b"\n".join(b'{"type": "X", "n": %d}' % i for i in range(500)) + b"\n"
+    gz = gzip.compress(raw, mtime=0)
+    assert fi._gz_recoverable(gz) == (raw, True)
+    assert fi._gz_recoverable(gz + gz) == (raw + raw, True)
+    assert fi._gz_recoverable(gz + b"\x00" * 5) == (raw, True)  # zero padding is not damage
+    assert fi._gz_recoverable(gz + b"junk") == (raw, False)
+    assert fi._gz_recoverable(raw) == (b"", False)
+    cut, clean = fi._gz_recoverable(gz[: len(gz) // 2])
+    assert not clean and 0 < len(cut) < len(raw) and raw.startswith(cut)
+    damaged = fi._damage(random.Random(0), raw, "corrupt")
+    got, clean = fi._gz_recoverable(damaged)
+    assert not clean
+
+
+def test_kills_at_random_delays_leave_old_or_new_artifacts_and_a_plain_rerun_works(fi, tmp_path):
+    """Two kill -9 trials each of synthetic_sessions, trajectories and a sleep night, then two runs
+    at once of each: complete artifacts, old or new, no temporary file left, no failed run."""
+    bench = fi.Bench(tmp_path / "kill", seed=7)
+    trials = []
+    try:
+        for spec in (s for s in fi.ASSETS if s.name in ("synthetic_sessions", "trajectories",
+                                                          "sleep_cycle/reviewer")):
+            for i in (0, 1):
+                if spec.prepare:
+                    spec.prepare(bench.root, i)
+                ok, why = bench.run(spec, i)
+                assert ok, f"{spec.name}: {why}"
+            trials += [fi.kill_trial(bench, spec, i) for i in (0, 1)]
+            trials.append(fi.concurrent_trial(bench, spec, 0))
+    finally:
+        bench.close()
+    assert len(trials) == 9 and not _failures(trials), _failures(trials)
+    assert any(t.facts.get("killed") for t in trials if t.category == "kill"), "no kill landed inside a run"
+
+
+@pytest.mark.parametrize("mode", ["trickle_body", "trickle_headers", "reset", "usage_5", "nesting_100000",
+                                  "http_500"])
+def test_each_backend_failure_ends_the_night_in_backend_error_within_its_deadline(fi, tmp_path, mode):
+    t = fi.backend_trial(tmp_path, mode, timeout_s=0.5, max_retries=1)
+    assert t.ok, t.detail
+    assert t.seconds <= t.facts["bound_s"]
+
+
+def test_leftover_scan_finds_what_killed_writers_leave(fi, tmp_path):
+    """The kill trials' check for temporary files: it must see each kind a killed writer leaves."""
+    (tmp_path / "reports").mkdir()
+    (tmp_path / "reports" / ".offline_eval.json.k3j5h2g1.tmp").write_text("{")
+    (tmp_path / "checkpoints" / ".bc.tmp-ab12cd34").mkdir(parents=True)
+    (tmp_path / "checkpoints" / ".cql.old-ab12cd34").mkdir()
+    (tmp_path / ".synthetic_versions" / "20261124T000000Z-seed1-abcdefgh.partial").mkdir(parents=True)
+    (tmp_path / "reports" / "kept.json").write_text("{}")
+    (tmp_path / ".locks").mkdir()
+    (tmp_path / ".locks" / "trajectories.lock").write_text("")
+    assert fi.leftovers(tmp_path) == [".synthetic_versions/20261124T000000Z-seed1-abcdefgh.partial",
+                                      "checkpoints/.bc.tmp-ab12cd34", "checkpoints/.cql.old-ab12cd34",
+                                      "reports/.offline_eval.json.k3j5h2g1.tmp"]
