@@ -7,6 +7,7 @@ Per skill, under ``<artifact root>/sleep/<skill>/``::
                                  accepted, rollback), oldest first
     versions/<id>/               SKILL.md, MEMORY.md, version.json of one version
     store.json                   where the live documents are (so a rollback finds them)
+    pending.json                 only while the live documents are being replaced (see below)
 
 A version's id is the first 12 hex digits of the SHA-256 of its two documents, so the
 same content is the same version. The live files are replaced atomically (temporary
@@ -14,7 +15,11 @@ file, fsync, rename), under a lock, and only if they still hold what the night s
 from: a live file edited meanwhile is left alone (:class:`LiveChanged`). The whole index
 is checked (every line a UTF-8 JSON object with the fields and types of a :class:`Version`)
 before anything is written, so a damaged index stops a commit or a rollback with an error
-naming the line and the field, and the live files stay as they were.
+naming the line and the field, and the live files stay as they were. The two live files
+are replaced one after the other, so the switch is written to ``pending.json`` first; a run
+killed between the two leaves it, and the next night (or commit, or rollback) finishes the
+switch to the stored version before reading anything (:meth:`SkillStore.recover`), unless the
+files were edited by hand since.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from sage_pipeline.sleep.block import BEGIN_LINE, END_LINE
 
 PACKAGED_SKILLS = Path(__file__).with_name("data") / "skills"
 SKILL_FILE, MEMORY_FILE = "SKILL.md", "MEMORY.md"
+PENDING_FILE = "pending.json"  # a switch of the live documents in progress, or cut short by a kill
 ACTIONS = ("initial", "external", "block_created", "accepted", "rollback")
 
 
@@ -206,8 +212,9 @@ class SkillStore:
 
     # live files ---------------------------------------------------------------------------
     def ensure_live(self) -> list[str]:
-        """Create missing live documents from the packaged defaults; a configured path must exist."""
-        notes = []
+        """Finish a switch of the live documents a killed run left half done (:meth:`recover`), then
+        create missing live documents from the packaged defaults; a configured path must exist."""
+        notes = [n for n in [self.recover()] if n]
         for which, path in self.paths().items():
             if path.is_file():
                 continue
@@ -371,6 +378,61 @@ class SkillStore:
                     "the live documents were edited outside the cycle since the last recorded version")
             return self._append(vid, action, night, entries[-1].version if entries else "", note)
 
+    @property
+    def pending(self) -> Path:
+        """Written before the two live documents are replaced, removed once the version is recorded."""
+        return self.root / PENDING_FILE
+
+    def _switch_live(self, target: Snapshot, action: str, night: str, parent: str, note: str) -> Version:
+        """Make the stored version ``target`` live and record it; call under the lock.
+
+        The two live documents are replaced one after the other, so the switch is written down
+        first: a run killed between them leaves ``pending.json``, and the next one (``recover``)
+        finishes the switch instead of learning from a pair that was never a version."""
+        artifacts.write_json(self.pending, {"version": target.id, "parent": parent, "action": action,
+                                            "night": night, "note": note})
+        self._write_live(target)
+        v = self._append(target.id, action, night, parent, note)
+        self.pending.unlink()
+        return v
+
+    def recover(self) -> str:
+        """Finish a switch of the live documents that a killed run left half done; a note saying
+        what was done, or "" when there was nothing to do."""
+        with self.lock():
+            return self._recover()
+
+    def _recover(self) -> str:
+        if not self.pending.is_file():
+            return ""
+        try:
+            p = json.loads(self.pending.read_bytes().decode("utf-8"))
+            vid, parent = p["version"], p["parent"]
+            target = self.read_version(vid)
+        except (ValueError, KeyError, TypeError, StoreError) as e:
+            raise StoreError(f"{self.pending}: a switch of the live documents was cut short, and this record of it "
+                             f"cannot be used ({e}); compare {self.skill_path} and {self.memory_path} with the "
+                             f"versions under {self.versions_dir}, then delete it") from e
+        try:
+            old = self.read_version(parent) if parent else None
+        except StoreError:
+            old = None
+        now = self.read()
+        halves = all(getattr(now, k) in {getattr(target, k)} | ({getattr(old, k)} if old else set())
+                     for k in ("skill", "memory"))
+        if now.id != vid and not halves:  # edited by hand since: theirs to keep
+            self.pending.unlink()
+            return (f"a switch of the live documents to version {vid} was cut short, and they were edited since: "
+                    "left as they are")
+        if now.id != vid:
+            self._write_live(target)
+        entries = self.versions()
+        if not entries or entries[-1].version != vid:
+            self._append(vid, p.get("action", "accepted"), p.get("night", ""), parent,
+                         ((p.get("note") or "") + " (finished after the run that started it was killed)").strip())
+        self.pending.unlink()
+        return f"finished the switch of the live documents to version {vid} that a killed run had left half done"
+
     def _write_live(self, snap: Snapshot) -> None:
         for path, data in ((self.memory_path, snap.memory), (self.skill_path, snap.skill)):
             target = path.resolve()  # a symlinked live file: replace its target, keep the link
@@ -387,6 +449,7 @@ class SkillStore:
         new = Snapshot(skill.encode("utf-8"), memory.encode("utf-8"))
         with self.lock():
             self.versions()  # a damaged index is refused before the live files are touched
+            self._recover()
             now = self.read()
             changed = [w for w, (a, b) in {"skill": (expected.skill, now.skill),
                                           "memory": (expected.memory, now.memory)}.items() if a != b]
@@ -396,22 +459,22 @@ class SkillStore:
                     + ": the live files were left alone (the candidate is staged with the night's report); "
                     "run the night again to learn from the new text")
             self._save_version(new, night)
-            self._write_live(new)
-            return self._append(new.id, action, night, expected.id, note)
+            return self._switch_live(new, action, night, expected.id, note)
 
     def restore(self, ref: str, note: str = "") -> Version:
         """Make a stored version live again (the current live content is stored first)."""
         vid = self.find(ref)
         target = self.read_version(vid)
         with self.lock():
+            self.versions()  # a damaged index is refused before the live files are touched
+            self._recover()
             now = self.read()
             entries = self.versions()
             self._save_version(now, "")
             if not entries or entries[-1].version != now.id:
                 self._append(now.id, "external", "", entries[-1].version if entries else "",
                              "live documents as found before a rollback")
-            self._write_live(target)
-            return self._append(vid, "rollback", "", now.id, note or f"rolled back from {now.id} to {vid}")
+            return self._switch_live(target, "rollback", "", now.id, note or f"rolled back from {now.id} to {vid}")
 
     def current(self) -> str:
         return self.read().id

@@ -8,6 +8,7 @@ import os
 import threading
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
@@ -308,3 +309,79 @@ def test_a_version_read_while_its_folder_is_re_saved_is_whole_and_never_an_error
     assert not problems, f"{len(problems)} of {reads + len(problems)} reads failed, e.g. {problems[:2]}"
     assert reads > 100
     assert sorted(p.name for p in s.versions_dir.iterdir() if p.name.startswith(".")) == []
+
+
+# a switch of the live documents cut short by a kill ---------------------------------------------
+
+KILLED = 77
+
+
+def _commit_and_die(s: SkillStore, after_writes: int) -> None:
+    """Commit v3, but die (os._exit: no clean-up, as kill -9) once ``after_writes`` of the two live
+    documents are written (2: before the version is recorded in the index)."""
+    from sage_pipeline import artifacts
+
+    real_bytes, real_text, done = artifacts.write_bytes, artifacts.write_text, []
+
+    def write_bytes(dest, data):
+        if len(done) == after_writes:
+            os._exit(KILLED)
+        done.append(dest)
+        return real_bytes(dest, data)
+
+    def write_text(dest, text):
+        if Path(dest).name == "index.jsonl" and len(done) == after_writes:
+            os._exit(KILLED)
+        return real_text(dest, text)
+
+    artifacts.write_bytes, artifacts.write_text = write_bytes, write_text
+    s.commit("skill v3\n", "memory v3\n", s.read(), "accepted", "2026-11-02", "the night's edit")
+    os._exit(0)
+
+
+def _killed_commit(tmp_path, after_writes: int) -> tuple[SkillStore, str, str]:
+    import multiprocessing
+
+    s, _ = _two_versions(tmp_path)
+    v2 = s.read().id
+    child = multiprocessing.get_context("fork").Process(target=_commit_and_die, args=(s, after_writes))
+    child.start()
+    child.join(60)
+    assert child.exitcode == KILLED, "the commit was not cut short where the test meant to"
+    return s, v2, version_id(b"skill v3\n", b"memory v3\n")
+
+
+@pytest.mark.parametrize("after_writes", [0, 1, 2])
+def test_a_commit_killed_between_the_live_documents_is_finished_by_the_next_run(tmp_path, after_writes):
+    """The two live documents are replaced one after the other: a kill between them left a pair that
+    was never a version (the new MEMORY.md beside the old SKILL.md), and the next night learned from
+    it and recorded it as an outside edit. Now the next run finishes the switch first."""
+    s, v2, v3 = _killed_commit(tmp_path, after_writes)
+    if after_writes == 1:
+        assert (s.read().skill, s.read().memory) == (b"skill v2\n", b"memory v3\n")  # the mixed pair
+    assert (s.root / "pending.json").is_file()
+    notes = SkillStore(tmp_path / "sleep", "coder").ensure_live()  # what the next night does first
+    assert any("finished the switch" in n and v3 in n for n in notes)
+    assert s.read().id == v3
+    last = s.versions()[-1]
+    assert (last.version, last.action, last.parent) == (v3, "accepted", v2) and "killed" in last.note
+    assert not (s.root / "pending.json").exists()
+    assert s.register(s.read()).version == v3  # nothing recorded as an outside edit
+
+
+def test_a_killed_switch_whose_documents_were_edited_since_is_left_to_the_editor(tmp_path):
+    s, v2, v3 = _killed_commit(tmp_path, 1)
+    s.skill_path.write_text("edited by hand after the crash\n")
+    notes = s.ensure_live()
+    assert any("edited since" in n for n in notes)
+    assert s.skill_path.read_text() == "edited by hand after the crash\n" and s.memory_path.read_text() == "memory v3\n"
+    assert not (s.root / "pending.json").exists()
+    assert s.register(s.read()).action == "external"
+
+
+def test_a_rollback_finishes_a_killed_switch_before_it_reads_the_live_documents(tmp_path):
+    s, v2, v3 = _killed_commit(tmp_path, 1)
+    v1 = s.versions()[0].version
+    v = s.restore(v1)
+    assert s.read().id == v1 and v.action == "rollback"
+    assert [e.version for e in s.versions()][-2:] == [v3, v1]  # the finished switch, then the rollback
