@@ -210,23 +210,28 @@ def to_sage_dict(served: ServedSagePolicy) -> dict:
 
 
 def write_sage_checkpoint(directory: str | Path, served: ServedSagePolicy, manifest: dict) -> tuple[Path, Path]:
-    """``policy.joblib`` (:func:`to_sage_dict`, atomic: temp file in the folder, fsync,
-    ``os.replace``) and ``manifest.json`` (every other fact, ``manifest``'s keys included;
-    the computed keys win over a caller's key of the same name)."""
+    """``policy.joblib`` (:func:`to_sage_dict`) and ``manifest.json`` (every other fact,
+    ``manifest``'s keys included; the computed keys win over a caller's key of the same name),
+    written as one: the folder is filled beside ``directory`` and swapped in
+    (``artifacts.atomic_dir``), so a killed write never leaves a file the manifest does not
+    describe."""
     directory = Path(directory)
     path = directory / JOBLIB_NAME
-    with artifacts.atomic_open(path, "wb") as fh:
-        joblib.dump(to_sage_dict(served), fh)
     routes = {r: [served.table.routes[r].primary, served.table.routes[r].fallback] for r in served.models}
-    full = {**manifest, "format": FORMAT, "feature_keys": list(FEATURE_KEYS), "inputs_from": list(CONTEXT_FIELDS),
-            "min_confidence": served.min_confidence, "roles": sorted(served.models), "routes": routes,
-            "agreement": served.agreement, "rows": served.rows, "table": str(getattr(served.table, "source", "")),
-            "versions": {"python": platform.python_version(), "numpy": np.__version__,
-                         "scikit-learn": sklearn.__version__, "joblib": joblib.__version__},
-            "sha256": artifacts.file_sha256(path),
-            "sage_env": {"SAGE_RL_POLICY": "1", "SAGE_RL_CHECKPOINT": str(path.resolve()),
-                         "SAGE_RL_MIN_CONFIDENCE": str(float(served.min_confidence))}}
-    return path, artifacts.write_json(directory / MANIFEST_NAME, full)
+    with artifacts.atomic_dir(directory) as tmp:
+        with artifacts.atomic_open(tmp / JOBLIB_NAME, "wb") as fh:
+            joblib.dump(to_sage_dict(served), fh)
+        full = {**manifest, "format": FORMAT, "feature_keys": list(FEATURE_KEYS),
+                "inputs_from": list(CONTEXT_FIELDS), "min_confidence": served.min_confidence,
+                "roles": sorted(served.models), "routes": routes, "agreement": served.agreement,
+                "rows": served.rows, "table": str(getattr(served.table, "source", "")),
+                "versions": {"python": platform.python_version(), "numpy": np.__version__,
+                             "scikit-learn": sklearn.__version__, "joblib": joblib.__version__},
+                "sha256": artifacts.file_sha256(tmp / JOBLIB_NAME),
+                "sage_env": {"SAGE_RL_POLICY": "1", "SAGE_RL_CHECKPOINT": str(path.resolve()),
+                             "SAGE_RL_MIN_CONFIDENCE": str(float(served.min_confidence))}}
+        artifacts.write_json(tmp / MANIFEST_NAME, full)
+    return path, directory / MANIFEST_NAME
 
 
 def _folder(path: str | Path) -> Path:

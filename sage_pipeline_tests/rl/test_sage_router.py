@@ -355,3 +355,37 @@ def test_a_changed_file_is_refused(served, space, tmp_path):
 def test_config_validation(kwargs):
     with pytest.raises(ValueError):
         sr.SageRouterConfig(**kwargs)
+
+
+def _write_and_die_before_the_manifest(directory, served) -> None:
+    import os
+
+    def die(*args, **kwargs):
+        os._exit(77)
+
+    artifacts.write_json = die  # killed (no clean-up) once policy.joblib is written, before manifest.json
+    sr.write_sage_checkpoint(directory, served, {"source": "the second save"})
+    os._exit(0)
+
+
+def test_a_save_killed_between_its_two_files_leaves_the_old_checkpoint_whole(served, noisy, space, tmp_path):
+    """policy.joblib and manifest.json are one checkpoint: a kill after the first file left the new
+    policy.joblib beside the old manifest, which then refused it (found by reading after the
+    fault-injection run; the window is too short for its random kills)."""
+    import multiprocessing
+
+    sr.write_sage_checkpoint(tmp_path / "sage", served.with_min_confidence(0.7), {"source": "the first save"})
+    (tmp_path / "first.joblib").write_bytes((tmp_path / "sage" / "policy.joblib").read_bytes())
+    child = multiprocessing.get_context("fork").Process(target=_write_and_die_before_the_manifest,
+                                                        args=(tmp_path / "sage", noisy))  # other trees
+    child.start()
+    child.join(60)
+    assert child.exitcode == 77
+    back = sr.load_sage_checkpoint(tmp_path / "sage", served.table, space)  # the sha256 matches
+    assert back.min_confidence == 0.7 and sr.read_manifest(tmp_path / "sage")["source"] == "the first save"
+    assert joblib.load(tmp_path / "sage" / "policy.joblib")["models"].keys() == served.models.keys()
+    assert artifacts.file_sha256(tmp_path / "sage" / "policy.joblib") == artifacts.file_sha256(
+        tmp_path / "first.joblib")
+    sr.write_sage_checkpoint(tmp_path / "sage", served, {"source": "the third save"})
+    assert sr.load_sage_checkpoint(tmp_path / "sage", served.table, space).min_confidence == 0.55
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["first.joblib", "sage"]  # the killed save's temp: swept
