@@ -178,8 +178,8 @@ def offline_eval(context: dg.AssetExecutionContext, config: OfflineEvalConfig, s
     bc_model = load_policy(sage.path("checkpoints", "bc"), spec, multi.actions)
     df_eval, n_estimated = oe.fill_missing_propensities(oe.eval_part(df, "report"), bc_model)
     manifest = sage.path("sessions", "synthetic", "simulator.json")
-    sim = (oe.simulator_from_manifest(manifest, sage.catalogue, table, rd.read_reward_spec(path) or RewardSpec())
-           if manifest.is_file() and (df_eval["data_source"] == "synthetic").all() else None)
+    sim, truth = oe.ground_truth_simulator(manifest, sage.catalogue, table, rd.read_reward_spec(path) or RewardSpec(),
+                                           df_eval, multi.actions)
     ope_cfg = ope.OPEConfig(n_boot=config.n_boot, seed=config.seed, clip_factor=config.clip_factor)
     behaviour = _behaviour(config.support, bc_model)
     evidence = {"dataset_sha256": artifacts.file_sha256(path)}
@@ -229,7 +229,7 @@ def offline_eval(context: dg.AssetExecutionContext, config: OfflineEvalConfig, s
     return dg.MaterializeResult(metadata=meta | {
         "action_spaces": list(reports),
         "plot": dg.MetadataValue.md(markdown.image(png, "OPE estimates with 95% intervals; ground truth dashed")),
-        "ground_truth": "simulator" if sim is not None else "none (not simulated data)",
+        "ground_truth": "simulator" if sim is not None else f"none ({truth})",
         "propensities_estimated_by_bc": n_estimated,
         "path": dg.MetadataValue.path(str(out)),
     })

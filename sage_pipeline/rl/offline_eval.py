@@ -50,6 +50,26 @@ def simulator_from_manifest(manifest: str | Path, catalogue: ModelCatalogue, tab
     return RoutingSimulator(catalogue, table, SimulatorConfig(**raw))
 
 
+def ground_truth_simulator(manifest: str | Path, catalogue: ModelCatalogue, table: RoutingTable,
+                           reward: RewardSpec, df_eval: pd.DataFrame,
+                           actions: tuple[str, ...]) -> tuple[RoutingSimulator | None, str]:
+    """The simulator that knows the true values of the policies judged on ``df_eval``, or None
+    and why there is none: every judged decision must come from the synthetic collector (whose
+    manifest holds the simulator's config), and the dataset's models (``actions``) must be the
+    simulator's; real journals beside the synthetic ones can add models the simulator does not
+    know, and the judged half can still hold synthetic sessions only."""
+    if not (df_eval["data_source"] == "synthetic").all():
+        return None, "not simulated data"
+    if not Path(manifest).is_file():
+        return None, f"no simulator manifest at {manifest}"
+    sim = simulator_from_manifest(manifest, catalogue, table, reward)
+    if tuple(sim.actions) != tuple(actions):
+        extra = [a for a in actions if a not in sim.actions]
+        return None, (f"the dataset's models are not the simulator's (the logs add {extra or 'a different order'}): "
+                      "the simulator cannot value policies that choose them")
+    return sim, "simulator"
+
+
 def eval_tasks(data: ope.LoggedData) -> Tasks:
     """The tasks of the logged episodes: their contexts at the first attempt."""
     first = np.flatnonzero(data.contexts.step == 0)

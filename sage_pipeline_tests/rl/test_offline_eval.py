@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from sage_pipeline.rl import offline_eval as oe, ope
+from sage_pipeline.routing.reward import RewardSpec
 
 
 def _eval(name: str, value: float | None, lo: float | None, hi: float | None, reason: str | None = None):
@@ -163,3 +164,27 @@ def test_sample_size_warning_names_the_count_and_what_to_do():
     w = oe.sample_size_warning(480, "select")
     assert "select half has 480 episodes" in w and "alpha chosen" in w and "eval_fraction" in w
     assert "estimates" in oe.sample_size_warning(10, "report")
+
+
+def test_ground_truth_only_where_the_simulator_knows_every_judged_decision_and_model(tmp_path, sim):
+    """Real journals beside the synthetic ones can add models the simulator does not know; when the judged
+    half happened to hold synthetic sessions only, offline_eval handed the simulator policies over those
+    models and crashed ("policy 'static_table' orders its actions ..."; found while building
+    benchmarks/fault_injection.py). Now there is no ground truth, and the reason says why."""
+    import pandas as pd
+
+    from sage_pipeline.routing.collector import CollectorConfig, collect
+
+    res = collect(sim, tmp_path / "sessions" / "synthetic", CollectorConfig(episodes=20), versions_dir=tmp_path / "v")
+    synthetic = pd.DataFrame({"data_source": ["synthetic"] * 3})
+    got, why = oe.ground_truth_simulator(res.manifest, sim.catalogue, sim.table, RewardSpec(), synthetic, sim.actions)
+    assert got is not None and got.actions == sim.actions and why == "simulator"
+    got, why = oe.ground_truth_simulator(res.manifest, sim.catalogue, sim.table, RewardSpec(), synthetic,
+                                         (*sim.actions, "llama3.1:8b"))
+    assert got is None and "the logs add ['llama3.1:8b']" in why
+    mixed = pd.DataFrame({"data_source": ["synthetic", "real"]})
+    assert oe.ground_truth_simulator(res.manifest, sim.catalogue, sim.table, RewardSpec(), mixed,
+                                     sim.actions)[0] is None
+    got, why = oe.ground_truth_simulator(tmp_path / "none.json", sim.catalogue, sim.table, RewardSpec(), synthetic,
+                                         sim.actions)
+    assert got is None and "no simulator manifest" in why
