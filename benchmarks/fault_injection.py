@@ -21,9 +21,10 @@ Issue 17's acceptance run. Five categories of trials, each checked against what 
    materialized by ``dagster.materialize`` on that instance, in a process forked from a
    runner that imported the definitions once (so a trial takes the asset's time, not
    Dagster's import time); the fork calls ``setsid`` first, exactly as
-   ``start_new_session=True`` does, and the kill is ``os.killpg(pid, SIGKILL)``, at a delay
-   drawn uniformly from 30-100% of the asset's last complete run (every other trial from
-   80-100%, where the artifacts are written). For the assets named in
+   ``start_new_session=True`` does, and the kill is ``os.killpg(pid, SIGKILL)``: on even trials
+   at a delay drawn uniformly from 30-100% of the asset's last complete run, on odd trials
+   0-20 ms after the run's first temporary file or folder appears (a write has begun). For the
+   assets named in
    ``--cli-assets`` the last trial kills the ``dagster asset materialize`` CLI itself, started
    with ``start_new_session=True``, and re-runs with the CLI. After the kill every artifact
    must read completely (Parquet, JSON, JSON lines, PNG, npz, joblib; checkpoints through
@@ -517,7 +518,8 @@ class Broken(Exception):
 
 
 _TEMP_FILE = re.compile(r"\..+\.[a-z0-9_]{8}\.tmp")  # artifacts.atomic_path
-_TEMP_DIR = re.compile(r"\..+\.(?:tmp-[a-z0-9_]{8}|old(?:-[a-z0-9_]{8})?)")  # artifacts.atomic_dir
+# artifacts.atomic_dir's temporary and moved-aside folders; routing_dataset's part folders
+_TEMP_DIR = re.compile(r"\..+\.(?:tmp-[a-z0-9_]{8}|old(?:-[a-z0-9_]{8})?|parts\.[a-z0-9_]{8})")
 VOLATILE = {"seconds", "created_at", "started_at", "finished_at", "at"}  # times inside otherwise equal JSON
 
 
@@ -532,7 +534,8 @@ def leftovers(root: Path) -> list[str]:
         for name in list(dirs) + files:
             p = Path(dirpath) / name
             if ((_TEMP_FILE.fullmatch(name) and name in files) or (_TEMP_DIR.fullmatch(name) and name in dirs)
-                    or name.endswith(".partial") or name.startswith(".switch-")):
+                    or name.endswith(".partial") or name.startswith(".switch-")
+                    or (name == "pending.json" and name in files)):  # a sleep-store switch not finished
                 found.append(str(p.relative_to(root)))
         dirs[:] = [d for d in dirs if not _TEMP_DIR.fullmatch(d)]
     versions = root / ".synthetic_versions"
@@ -541,6 +544,22 @@ def leftovers(root: Path) -> list[str]:
         if len(sets) > 2:  # the current set and the one it replaced
             found.append(f".synthetic_versions holds {len(sets)} sets")
     return sorted(found)
+
+
+def _writing(root: Path) -> bool:
+    """Whether a temporary file or folder of an atomic write (or a synthetic set being written) exists."""
+    stack = [root]
+    while stack:
+        try:
+            entries = list(os.scandir(stack.pop()))
+        except OSError:
+            continue
+        for e in entries:
+            if _TEMP_FILE.fullmatch(e.name) or _TEMP_DIR.fullmatch(e.name) or e.name.endswith(".partial"):
+                return True
+            if e.is_dir(follow_symlinks=False) and e.name != ".locks":
+                stack.append(Path(e.path))
+    return False
 
 
 def _strip(obj):
@@ -679,7 +698,7 @@ def fp_sleep(root: Path, skill: str = "reviewer") -> dict[str, str]:
     live = {}
     if store.skill_path.exists() or store.memory_path.exists():
         snap = store.read()
-        if snap.id not in stored:
+        if snap.id not in stored and not _switch_cut_short(store, snap):
             raise Broken(f"{sroot}: the live SKILL.md and MEMORY.md ({snap.id}) are no stored version (a mixed pair)")
         live = {"live": version_id(snap.skill, snap.memory)}
     nights = {}
@@ -687,6 +706,17 @@ def fp_sleep(root: Path, skill: str = "reviewer") -> dict[str, str]:
         if p.is_file():
             nights[str(p.relative_to(root))] = read_artifact(p)
     return {**live, "versions": ",".join(sorted(stored)), "index_entries": str(len(entries)), **nights}
+
+
+def _switch_cut_short(store, snap) -> bool:
+    """A kill between the two live documents' replacements: pending.json names the version being
+    switched to and each document is that version's or the one before (the next run finishes it)."""
+    try:
+        p = json.loads(store.pending.read_bytes())
+        ends = [store.read_version(v) for v in (p["version"], p["parent"])]
+    except Exception:  # noqa: BLE001 - no usable record of a switch: not a cut-short switch
+        return False
+    return all(getattr(snap, k) in {getattr(e, k) for e in ends} for k in ("skill", "memory"))
 
 
 @dataclasses.dataclass
@@ -1002,29 +1032,41 @@ def kill_trial(bench: Bench, spec: AssetSpec, i: int, cli: bool = False) -> Tria
     except Broken as e:
         return Trial("kill", f"{spec.name} #{i}", False, f"the state before the trial is broken: {e}")
     full = bench.seconds.get(spec.name, 1.0)  # the asset's last complete run, start to exit
-    # past the first 30%, mostly process and Dagster start-up, so the kill lands in the asset's work;
-    # every other trial in the last 20%, where the artifacts are written
-    low = 0.8 if i % 2 else 0.3
-    delay = bench.rng.uniform(low * full, full) + (bench.cli_overhead if cli else 0.0)
+    at_write = i % 2 == 1
     if cli:
         proc = bench.cli(spec, i)
         pid = proc.pid
-        try:
-            proc.wait(timeout=delay)
-            killed = False
-        except subprocess.TimeoutExpired:
-            os.killpg(pid, signal.SIGKILL)
-            proc.wait()
-            killed = True
+
+        def finished() -> bool:
+            return proc.poll() is not None
     else:
         pid = bench.runner.start(spec, i, bench.log(spec.name + "-killed"))
-        status, _ = bench.runner.wait(pid, delay)
-        killed = status == "running"
-        if killed:
-            os.killpg(pid, signal.SIGKILL)
+
+        def finished() -> bool:
+            return bench.runner.wait(pid, 0.0)[0] != "running"
+    start = time.monotonic() + (bench.cli_overhead if cli else 0.0)
+    if at_write:  # the moment the run's first temporary file or folder appears, plus 0-20 ms
+        end = start + 3 * full + 30
+        while time.monotonic() < end and not _writing(bench.root):
+            if finished():
+                break
+            time.sleep(0.001)
+        time.sleep(bench.rng.uniform(0.0, 0.02))
+    else:  # past the first 30% (mostly process and Dagster start-up), so the kill lands in the asset's work
+        time.sleep(max(0.0, start + bench.rng.uniform(0.3 * full, full) - time.monotonic()))
+    killed = not finished()
+    if killed:
+        os.killpg(pid, signal.SIGKILL)
+        if cli:
+            proc.wait()
+        else:
             bench.runner.wait(pid, 60)
+    elif cli:
+        proc.wait()
+    delay = time.monotonic() - start + (bench.cli_overhead if cli else 0.0)
     left_by_kill = leftovers(bench.root)
-    facts = {"delay_s": round(delay, 3), "killed": killed, "left_by_kill": left_by_kill, "cli": cli}
+    facts = {"delay_s": round(delay, 3), "killed": killed, "left_by_kill": left_by_kill, "cli": cli,
+             "at_write": at_write}
     problems = []
     try:
         after = spec.fingerprint(bench.root)
@@ -1412,8 +1454,9 @@ def summarize(trials: list[Trial]) -> list[dict]:
                 hit = sum(1 for t in g if t.facts.get("left_by_kill"))
                 mixed = sum(1 for t in g if t.facts.get("one_version") is False)
                 cli = sum(1 for t in g if t.facts.get("cli"))
-                extra = (f"; {sum(t.facts.get('killed', False) for t in g)} killed mid-run, {hit} of them mid-write "
-                         f"(temporary files left, all swept by the re-run)"
+                aimed = sum(1 for t in g if t.facts.get("at_write") and t.facts.get("killed"))
+                extra = (f"; {sum(t.facts.get('killed', False) for t in g)} killed mid-run ({aimed} as a write began), "
+                         f"{hit} left temporary files (all swept by the re-run)"
                          + (f", {mixed} left some files old and some new (each whole)" if mixed else "")
                          + (f"; {cli} through the dagster CLI" if cli else ""))
             elif cat == "fuzz":

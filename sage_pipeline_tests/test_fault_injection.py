@@ -89,10 +89,15 @@ def test_leftover_scan_finds_what_killed_writers_leave(fi, tmp_path):
     (tmp_path / "reports" / ".offline_eval.json.k3j5h2g1.tmp").write_text("{")
     (tmp_path / "checkpoints" / ".bc.tmp-ab12cd34").mkdir(parents=True)
     (tmp_path / "checkpoints" / ".cql.old-ab12cd34").mkdir()
+    (tmp_path / "routing").mkdir()
+    (tmp_path / "routing" / ".routing_v1.parquet.parts.x1y2z3w4").mkdir()
     (tmp_path / ".synthetic_versions" / "20261124T000000Z-seed1-abcdefgh.partial").mkdir(parents=True)
     (tmp_path / "reports" / "kept.json").write_text("{}")
     (tmp_path / ".locks").mkdir()
     (tmp_path / ".locks" / "trajectories.lock").write_text("")
     assert fi.leftovers(tmp_path) == [".synthetic_versions/20261124T000000Z-seed1-abcdefgh.partial",
                                       "checkpoints/.bc.tmp-ab12cd34", "checkpoints/.cql.old-ab12cd34",
-                                      "reports/.offline_eval.json.k3j5h2g1.tmp"]
+                                      "reports/.offline_eval.json.k3j5h2g1.tmp",
+                                      "routing/.routing_v1.parquet.parts.x1y2z3w4"]
+    assert fi._writing(tmp_path)
+    assert not fi._writing(tmp_path / ".locks")
