@@ -126,7 +126,7 @@ for i in $(seq "$n_workers"); do
   names+=("$name")
 done
 log "workers ${names[*]} started (pids ${worker_pids[*]}); waiting for them to answer"
-"$PY" - "$n_workers" <<'EOF' || die "the workers did not answer (logs in $demo/logs)"
+"$PY" - "$n_workers" <<'EOF' &   # in the background: a signal to this script runs the trap at once
 import os, sys, time
 from celery import Celery
 app = Celery("ping", broker=os.environ["SAGE_CELERY_BROKER"], backend=os.environ["SAGE_CELERY_BACKEND"])
@@ -136,6 +136,7 @@ while len(seen) < want and time.monotonic() < deadline:
 print("cluster-demo: answering:", ", ".join(sorted(seen)))
 sys.exit(0 if len(seen) >= want else 1)
 EOF
+wait $! || die "the workers did not answer (logs in $demo/logs)"
 
 # ---- the graph ---------------------------------------------------------------------------
 mkdir -p "$demo/coordinator"
@@ -146,6 +147,11 @@ timings=()
 now() { date +%s.%N; }
 since() { "$PY" -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.1f}')" "$1" "$(now)"; }
 step() { echo; echo "== $*"; }
+# start LOG ARGS...: one `dagster asset materialize` in its own process group, in the background
+# (so that a signal to this script runs the trap at once, and the trap can stop the run by PID)
+start() { local out=$1; shift; setsid "${DG[@]}" "$@" >"$out" 2>&1 & run_pids+=($!); }
+# finish PID...: wait for runs started with start; returns 1 if any failed
+finish() { local pid rc=0; for pid in "$@"; do wait "$pid" || rc=1; done; run_pids=(); return $rc; }
 
 # docs/scaling.md's pool limits, set once for every machine before runs use the pools (runs that
 # meet a pool first, all at once, race to create its default limit in Postgres and fail)
@@ -155,8 +161,9 @@ log "pool limits set: sage_sandbox 4, sleep_cycle 1"
 
 step "1/4 unpartitioned assets"
 t0=$(now)
-"${DG[@]}" --select 'not key:sandbox_rollouts and not key:ppo_policy and not group:sleep_cycle' \
-  >"$demo/logs/run-1-unpartitioned.log" 2>&1 || die "step 1 failed: see $demo/logs/run-1-unpartitioned.log"
+start "$demo/logs/run-1-unpartitioned.log" \
+  --select 'not key:sandbox_rollouts and not key:ppo_policy and not group:sleep_cycle'
+finish "${run_pids[@]}" || die "step 1 failed: see $demo/logs/run-1-unpartitioned.log"
 timings+=("1/4 unpartitioned assets: $(since "$t0") s")
 
 shards=$("$PY" -c 'from sage_pipeline.defs.sim_assets import SHARDS; print(" ".join(SHARDS.get_partition_keys()))')
@@ -169,9 +176,8 @@ if [ -n "${SANDBOX_WORKERS:-}" ]; then
   shard_config=(--config-json "{\"resources\": {\"sandbox\": {\"config\": {\"workers\": $SANDBOX_WORKERS}}}}")
 fi
 for s in $shards; do
-  setsid "${DG[@]}" --select sandbox_rollouts --partition "$s" "${shard_config[@]}" >"$demo/logs/run-2-$s.log" 2>&1 &
+  start "$demo/logs/run-2-$s.log" --select sandbox_rollouts --partition "$s" "${shard_config[@]}"
   shard_pid[$s]=$!
-  run_pids+=($!)
 done
 failed=()
 for s in $shards; do wait "${shard_pid[$s]}" || failed+=("$s"); done
@@ -182,16 +188,16 @@ timings+=("2/4 sandbox_rollouts, $(echo "$shards" | wc -w) shard runs on $n_work
 
 step "3/4 ppo_policy"
 t0=$(now)
-"${DG[@]}" --select ppo_policy >"$demo/logs/run-3-ppo_policy.log" 2>&1 \
-  || die "step 3 failed: see $demo/logs/run-3-ppo_policy.log"
+start "$demo/logs/run-3-ppo_policy.log" --select ppo_policy
+finish "${run_pids[@]}" || die "step 3 failed: see $demo/logs/run-3-ppo_policy.log"
 timings+=("3/4 ppo_policy: $(since "$t0") s")
 
 nights=$("$PY" -c "from sage_pipeline.defs.sleep_assets import default_nights; print(' '.join(default_nights($nights_n)))")
 for night in $nights; do
   step "4/4 sleep cycle, night $night"
   t0=$(now)
-  "${DG[@]}" --select 'group:sleep_cycle' --partition "$night" >"$demo/logs/run-4-$night.log" 2>&1 \
-    || die "night $night failed: see $demo/logs/run-4-$night.log"
+  start "$demo/logs/run-4-$night.log" --select 'group:sleep_cycle' --partition "$night"
+  finish "${run_pids[@]}" || die "night $night failed: see $demo/logs/run-4-$night.log"
   timings+=("4/4 night $night: $(since "$t0") s")
 done
 
