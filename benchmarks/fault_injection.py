@@ -21,12 +21,12 @@ Issue 17's acceptance run. Five categories of trials, each checked against what 
    materialized by ``dagster.materialize`` on that instance, in a process forked from a
    runner that imported the definitions once (so a trial takes the asset's time, not
    Dagster's import time); the fork calls ``setsid`` first, exactly as
-   ``start_new_session=True`` does, and the kill is ``os.killpg(pid, SIGKILL)``: on even trials
-   at a delay drawn uniformly from 30-100% of the asset's last complete run, on odd trials
-   0-20 ms after the run's first temporary file or folder appears (a write has begun). For the
-   assets named in
-   ``--cli-assets`` the last trial kills the ``dagster asset materialize`` CLI itself, started
-   with ``start_new_session=True``, and re-runs with the CLI. After the kill every artifact
+   ``start_new_session=True`` does, and the kill is ``os.killpg(pid, SIGKILL)``: on even
+   trials at a delay drawn uniformly from 30-100% of the asset's last complete run, on odd
+   trials 0-20 ms after the run's first temporary file or folder appears (a write has
+   begun). For the assets named in ``--cli-assets`` the last trial kills the ``dagster asset
+   materialize`` CLI itself, started with ``start_new_session=True``, and re-runs with the
+   CLI. After the kill every artifact
    must read completely (Parquet, JSON, JSON lines, PNG, npz, joblib; checkpoints through
    ``rl.load_policy``; the synthetic set against its ``simulator.json``; the sleep store's
    index, versions and live pair) and be the old version or the new one (what a plain
@@ -634,15 +634,29 @@ def _checkpoint(root: Path, rel: str) -> dict[str, str]:
 
 
 def _sage_checkpoint(root: Path, rel: str) -> dict[str, str]:
-    """SAGE's folder: policy.joblib and the manifest.json that carries its sha256."""
+    """SAGE's folder: policy.joblib and the manifest.json that carries its sha256 (checked here).
+
+    The old-or-new comparison reads the policy by what it decides (each role's classifier on a
+    grid of SAGE's two inputs), not by its bytes: a pickled scikit-learn tree carries the
+    uninitialised padding of its node records, so two saves of one policy differ in a few bytes,
+    and with them the manifest's sha256."""
+    import joblib
+
     folder = root / rel
     if not folder.exists():
         return {rel: "absent"}
-    out = {f"{rel}/{p.name}": read_artifact(p) for p in sorted(folder.iterdir())}
+    for p in sorted(folder.iterdir()):
+        read_artifact(p)
     manifest = json.loads((folder / "manifest.json").read_bytes())
     if manifest.get("sha256") != hashlib.sha256((folder / "policy.joblib").read_bytes()).hexdigest():
         raise Broken(f"{folder}: manifest.json's sha256 is not policy.joblib's (files of two saves)")
-    return out
+    obj = joblib.load(folder / "policy.joblib")
+    grid = [[c / 20, f] for c in range(21) for f in range(5)]
+    decided = {role: [round(float(x), 9) for x in clf.predict_proba(grid).ravel()]
+               for role, clf in sorted(obj["models"].items())}
+    return {f"{rel}/policy.joblib": _sha(json.dumps([obj["feature_keys"], decided]).encode()),
+            f"{rel}/manifest.json": _sha(json.dumps(_strip({k: v for k, v in manifest.items() if k != "sha256"}),
+                                                    sort_keys=True).encode())}
 
 
 def fp_synthetic(root: Path) -> dict[str, str]:
@@ -908,7 +922,11 @@ def _runner_main() -> None:
         elif req["op"] == "wait":
             deadline = time.monotonic() + req["timeout"]
             while True:
-                done, status = os.waitpid(req["pid"], os.WNOHANG)
+                try:
+                    done, status = os.waitpid(req["pid"], os.WNOHANG)
+                except ChildProcessError:  # reaped by an earlier wait: say so rather than die
+                    ans = {"status": "gone"}
+                    break
                 if done:
                     ans = ({"status": "signal", "code": os.WTERMSIG(status)} if os.WIFSIGNALED(status)
                            else {"status": "exit", "code": os.WEXITSTATUS(status)})
@@ -1041,9 +1059,12 @@ def kill_trial(bench: Bench, spec: AssetSpec, i: int, cli: bool = False) -> Tria
             return proc.poll() is not None
     else:
         pid = bench.runner.start(spec, i, bench.log(spec.name + "-killed"))
+        ended: list[tuple] = []  # the runner reaps a child on the first wait that sees it end
 
         def finished() -> bool:
-            return bench.runner.wait(pid, 0.0)[0] != "running"
+            if not ended and (status := bench.runner.wait(pid, 0.0))[0] != "running":
+                ended.append(status)
+            return bool(ended)
     start = time.monotonic() + (bench.cli_overhead if cli else 0.0)
     if at_write:  # the moment the run's first temporary file or folder appears, plus 0-20 ms
         end = start + 3 * full + 30
