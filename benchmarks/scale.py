@@ -1,0 +1,145 @@
+"""The offline routing chain at growing data sizes: each asset's wall time and peak RSS.
+
+    .venv/bin/python benchmarks/scale.py                        # 20k, 200k and 2M episodes
+    .venv/bin/python benchmarks/scale.py --episodes 20000 200000
+
+For each size, a fresh artifact root gets the whole offline chain in lineage order:
+synthetic_sessions -> trajectories -> routing_dataset -> its GX checks -> reward_report ->
+bc_policy -> cql_policy -> offline_eval -> sage_router_checkpoint. Every step is materialized
+by Dagster in-process (``execute_in_process``, the asset's own code and metadata) in its OWN
+child process, so its peak RSS is that child's ``ru_maxrss`` (read with ``os.wait4``), not
+the benchmark's. Prints a table per asset and size, the growth exponent of each asset's time
+and memory between consecutive sizes (log-log slope: 1.0 is linear), and CQL's served
+regret closure from offline_eval, which must hold as the data grows.
+"""
+
+from __future__ import annotations
+
+import argparse, json, math, os, subprocess, sys, tempfile, time
+from pathlib import Path
+
+# (label, asset selection, with checks?) in lineage order.
+STEPS = [
+    ("synthetic_sessions", ["synthetic_sessions"], False),
+    ("trajectories", ["trajectories"], True),
+    ("routing_dataset", ["routing_dataset"], False),
+    ("routing_dataset checks", ["routing_dataset"], "only"),
+    ("reward_report", ["reward_report"], False),
+    ("bc_policy", ["bc_policy"], False),
+    ("cql_policy", ["cql_policy"], False),
+    ("offline_eval", ["offline_eval"], False),
+    ("sage_router_checkpoint", ["sage_router_checkpoint"], False),
+]
+
+
+def _child(root: str, label: str, episodes: int, out: str) -> None:
+    """Materialize one step of the chain in this process and write its metadata to ``out``."""
+    import dagster as dg
+
+    from sage_pipeline.defs import policy_assets as pa, routing_assets as ra, routing_checks as rc
+    from sage_pipeline.defs.resources import SageResource
+
+    keys, checks = next((k, c) for lab, k, c in STEPS if lab == label)
+    sel = dg.AssetSelection.assets(*keys)
+    sel = sel.without_checks() if checks is False else sel
+    sel = dg.AssetSelection.checks_for_assets(*keys) if checks == "only" else sel
+    assets = [ra.synthetic_sessions, ra.trajectories, ra.routing_dataset, ra.reward_report, pa.bc_policy,
+              pa.cql_policy, pa.offline_eval, pa.sage_router_checkpoint]
+    defs = dg.Definitions(assets=assets, asset_checks=[rc.routing_dataset_contract, rc.routing_dataset_volume],
+                          resources={"sage": SageResource(data_dir=root)})
+    job = dg.define_asset_job("scale_step", selection=sel)
+    defs = dg.Definitions.merge(defs, dg.Definitions(jobs=[job]))
+    config = {"ops": {"synthetic_sessions": {"config": {"episodes": episodes, "seed": 0}}}}
+    config = config if label == "synthetic_sessions" else {}
+    result = defs.get_job_def("scale_step").execute_in_process(
+        run_config=config, instance=dg.DagsterInstance.ephemeral(), raise_on_error=False)
+    meta: dict = {}
+    for node in keys:
+        for m in result.asset_materializations_for_node(node):
+            meta.update({k: v.value for k, v in m.metadata.items()
+                         if isinstance(v.value, (int, float, str, bool))})
+    checks = {e.event_specific_data.check_name: e.event_specific_data.passed for e in result.all_events
+              if e.event_type_value == "ASSET_CHECK_EVALUATION"}
+    Path(out).write_text(json.dumps({"success": result.success, "checks": checks, "meta": meta},
+                                    default=str))
+
+
+def run_step(root: Path, label: str, episodes: int) -> dict:
+    out = root / f".scale_{label.replace(' ', '_')}.json"
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, __file__, "--child", str(root), label, str(episodes), str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    stderr = proc.stderr.read() if proc.stderr else ""
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0 or not out.exists():
+        sys.exit(f"scale: {label} at {episodes} episodes failed (exit {proc.returncode}):\n{stderr[-3000:]}")
+    res = json.loads(out.read_text())
+    # the blocking checks must pass; the volume check is a warning (few rows at small sizes)
+    blocking_failed = [c for c, ok in res["checks"].items() if not ok and c != "routing_dataset_volume"]
+    if not res["success"] or blocking_failed:
+        sys.exit(f"scale: {label} at {episodes} episodes did not succeed:\n{stderr[-3000:]}")
+    return {"wall_s": wall, "rss_mb": usage.ru_maxrss / 1024, "meta": res["meta"]}
+
+
+def served_closures(root: Path) -> dict[str, float]:
+    """CQL's regret closure (V - V_static) / (V_oracle - V_static) from offline_eval's report:
+    the multi-model policy, and the composite SAGE's router serves in the binary space."""
+    report = json.loads((root / "reports" / "offline_eval.json").read_text())
+    out = {}
+    for space, key in (("multi_model", "cql"), ("sage_binary", "cql_served")):
+        v = report.get(space, {}).get("ground_truth", {}).get("episode_value", {})
+        if key in v:
+            out[f"{space} {key}"] = (v[key] - v["static_table"]) / (v["oracle"] - v["static_table"])
+    return out
+
+
+def slope(x0: float, x1: float, y0: float, y1: float) -> float:
+    return math.log(y1 / y0) / math.log(x1 / x0) if min(x0, x1, y0, y1) > 0 and x0 != x1 else float("nan")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--episodes", type=int, nargs="+", default=[20_000, 200_000, 2_000_000])
+    ap.add_argument("--keep", action="store_true", help="keep each size's artifact root")
+    args = ap.parse_args()
+    sizes = sorted(args.episodes)
+    results: dict[int, dict[str, dict]] = {}
+    closures: dict[int, dict[str, float]] = {}
+    for n in sizes:
+        root = Path(tempfile.mkdtemp(prefix=f"sage_scale_{n}_"))
+        results[n] = {}
+        print(f"== {n:,} episodes (artifact root {root})", flush=True)
+        for label, _, _ in STEPS:
+            r = results[n][label] = run_step(root, label, n)
+            print(f"  {label:24s} {r['wall_s']:8.1f} s  {r['rss_mb']:8.0f} MB", flush=True)
+        closures[n] = served_closures(root)
+        if not args.keep:
+            subprocess.run(["rm", "-rf", str(root)], check=True)
+    decisions = {n: results[n]["routing_dataset"]["meta"].get("dagster/row_count") for n in sizes}
+    print("\n| asset | " + " | ".join(f"{n:,} ep: s / peak MB" for n in sizes) +
+          "".join(f" | slope {a:,}->{b:,} time / RSS" for a, b in zip(sizes, sizes[1:])) + " |")
+    print("|---|" + "---|" * (len(sizes) + len(sizes) - 1))
+    for label, _, _ in [*STEPS, ("whole chain", None, None)]:
+        def get(n: int, key: str) -> float:
+            if label == "whole chain":
+                vals = [results[n][lab][key] for lab, _, _ in STEPS]
+                return sum(vals) if key == "wall_s" else max(vals)
+            return results[n][label][key]
+        cells = [f"{get(n, 'wall_s'):.1f} / {get(n, 'rss_mb'):.0f}" for n in sizes]
+        cells += [f"{slope(a, b, get(a, 'wall_s'), get(b, 'wall_s')):.2f} / "
+                  f"{slope(a, b, get(a, 'rss_mb'), get(b, 'rss_mb')):.2f}" for a, b in zip(sizes, sizes[1:])]
+        print(f"| {label} | " + " | ".join(cells) + " |")
+    print("\ndecisions: " + ", ".join(f"{n:,} ep -> {decisions[n]:,}" for n in sizes if decisions[n]))
+    for n in sizes:
+        print(f"regret closure at {n:,} episodes (ground truth): "
+              + ", ".join(f"{k} {v:.3f}" for k, v in closures[n].items())
+              + f"; promoted: {results[n]['offline_eval']['meta'].get('promoted')}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        _child(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5])
+    else:
+        main()
