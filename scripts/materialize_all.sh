@@ -17,6 +17,10 @@ PY="${PYTHON_BIN:-.venv/bin/python}"
 
 step() { echo; echo "== $*"; }
 
+# a run of this instance killed earlier (kill -9, a closed laptop) would hold its pool slot
+# and leave the pooled steps below waiting forever: mark it failed and free its slots
+$PY -m sage_pipeline.defs.run_reaper
+
 step "1/4 unpartitioned assets"
 $DG --select 'not key:sandbox_rollouts and not key:ppo_policy and not group:sleep_cycle'
 
