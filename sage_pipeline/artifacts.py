@@ -316,6 +316,35 @@ def _swap_in(tmp: Path, dest: Path) -> Path | None:
     return old
 
 
+def read_at(dir_fd: int, name: str) -> bytes | None:
+    """The bytes of the regular file ``name`` inside the open folder ``dir_fd`` (not through
+    a path, which may name a newer copy of the folder by now: see :func:`atomic_dir`); None
+    when it is missing, a folder or a symlink."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dir_fd)
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return None
+    except OSError as e:
+        if e.errno == errno.ELOOP:  # a symlink where a file should be
+            return None
+        raise
+    with open(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            return None
+        return fh.read()
+
+
+def folder_replaced(path: Path, dir_fd: int) -> bool:
+    """Whether ``path`` names another folder than the open ``dir_fd`` now (or none): an
+    :func:`atomic_dir` save swapped a new copy in, so a reader should start again."""
+    mine = os.fstat(dir_fd)
+    try:
+        now = os.stat(path)
+    except OSError:
+        return True
+    return (now.st_dev, now.st_ino) != (mine.st_dev, mine.st_ino)
+
+
 @contextlib.contextmanager
 def atomic_dir(dest: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary sibling folder to fill; on success it replaces ``dest`` atomically.

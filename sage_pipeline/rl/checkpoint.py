@@ -19,10 +19,10 @@ kind is an error naming both kinds.
 from __future__ import annotations
 
 import importlib
+import io
 import json
 import os
 import re
-import stat
 import zipfile
 import zlib
 from dataclasses import asdict, dataclass, field
@@ -183,29 +183,6 @@ def save_checkpoint(path: str | Path, meta: CheckpointMeta, nets: list[Layers]) 
 _READ_ATTEMPTS = 10  # each retry means a newer save of the folder was swapped in meanwhile
 
 
-def _open_at(dir_fd: int, name: str, mode: str = "rb"):
-    """Open ``name`` inside the folder ``dir_fd`` (not through the path, which may point to
-    a newer version of the folder by now); None unless it is a regular file."""
-    try:
-        fh = open(name, mode, opener=lambda n, flags: os.open(n, flags, dir_fd=dir_fd))
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-        return None
-    if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-        fh.close()
-        return None
-    return fh
-
-
-def _replaced(path: Path, dir_fd: int) -> bool:
-    """Whether ``path`` names another folder than ``dir_fd`` now (a save swapped a new one in)."""
-    mine = os.fstat(dir_fd)
-    try:
-        now = os.stat(path)
-    except OSError:
-        return True
-    return (now.st_dev, now.st_ino) != (mine.st_dev, mine.st_ino)
-
-
 def _read_checkpoint(path: Path, read):
     """``read(dir_fd)`` on one open folder, so every file comes from the same saved version.
 
@@ -221,7 +198,7 @@ def _read_checkpoint(path: Path, read):
         try:
             return read(dir_fd)
         except CheckpointError:
-            if attempt == _READ_ATTEMPTS - 1 or not _replaced(path, dir_fd):
+            if attempt == _READ_ATTEMPTS - 1 or not artifacts.folder_replaced(path, dir_fd):
                 raise
         finally:
             os.close(dir_fd)
@@ -230,12 +207,10 @@ def _read_checkpoint(path: Path, read):
 
 def _read_meta_at(path: Path, dir_fd: int) -> CheckpointMeta:
     pj = path / POLICY_FILE
-    fh = _open_at(dir_fd, POLICY_FILE)
-    if fh is None:
+    data = artifacts.read_at(dir_fd, POLICY_FILE)
+    if data is None:
         raise CheckpointError(f"{path} is not a policy checkpoint: {POLICY_FILE} not found "
                               "(materialize the policy asset that writes it first)")
-    with fh:
-        data = fh.read()
     try:
         raw = json.loads(data.decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -289,11 +264,10 @@ def load_policy(path: str | Path, spec=None,
         meta = _read_meta_at(path, dir_fd)
         check_compatible(meta, str(path), spec, actions)
         wf = path / WEIGHTS_FILE
-        fh = _open_at(dir_fd, WEIGHTS_FILE)
-        if fh is None:
+        data = artifacts.read_at(dir_fd, WEIGHTS_FILE)
+        if data is None:
             raise CheckpointError(f"{path}: {WEIGHTS_FILE} not found; {_RETRAIN}")
-        with fh:
-            return MLPPolicy(meta, _read_weights(fh, wf), name=meta.kind)
+        return MLPPolicy(meta, _read_weights(io.BytesIO(data), wf), name=meta.kind)
 
     return _read_checkpoint(path, read)
 

@@ -25,12 +25,10 @@ files were edited by hand since.
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import hashlib
 import json
 import os
-import stat
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import MISSING, asdict, dataclass, fields
@@ -136,32 +134,6 @@ def _index_entry(raw: bytes) -> Version:
 
 
 _READ_ATTEMPTS = 10  # each retry means the version folder was swapped or missing while it was read
-
-
-def _read_at(dir_fd: int, name: str) -> bytes | None:
-    """The bytes of the regular file ``name`` inside the open folder ``dir_fd``; None if it is not there."""
-    try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dir_fd)
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-        return None
-    except OSError as e:
-        if e.errno == errno.ELOOP:  # a symlink where a document should be
-            return None
-        raise
-    with open(fd, "rb") as fh:
-        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-            return None
-        return fh.read()
-
-
-def _replaced(path: Path, dir_fd: int) -> bool:
-    """Whether ``path`` names another folder than ``dir_fd`` now (or none)."""
-    mine = os.fstat(dir_fd)
-    try:
-        now = os.stat(path)
-    except OSError:
-        return True
-    return (now.st_dev, now.st_ino) != (mine.st_dev, mine.st_ino)
 
 
 def _now() -> str:
@@ -328,7 +300,7 @@ class SkillStore:
                            f"`python -m sage_pipeline.sleep versions --skill {self.skill}`")
                 continue
             try:
-                parts = [_read_at(dir_fd, name) for name in (SKILL_FILE, MEMORY_FILE)]
+                parts = [artifacts.read_at(dir_fd, name) for name in (SKILL_FILE, MEMORY_FILE)]
                 if None in parts:
                     missing = [n for n, b in zip((SKILL_FILE, MEMORY_FILE), parts, strict=True) if b is None]
                     problem = f"{d}: version folder incomplete ({d / missing[0]} missing)"
@@ -338,7 +310,7 @@ class SkillStore:
                         return snap
                     problem = (f"{d}: content hash {snap.id} does not match the version id {vid}: the folder "
                                "was edited; restore it from a backup or pick another version")
-                if not _replaced(d, dir_fd):
+                if not artifacts.folder_replaced(d, dir_fd):
                     raise StoreError(problem)
                 swapped = True
             finally:
