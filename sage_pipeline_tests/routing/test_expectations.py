@@ -213,6 +213,9 @@ def test_the_file_contract_on_an_empty_file_and_a_missing_column(
         dataset: pd.DataFrame, catalogue: ModelCatalogue, tmp_path: Path) -> None:
     from sage_pipeline.routing.expectations import validate_contract_file
 
+    with pytest.raises(FileNotFoundError, match=r"routing dataset .*nope\.parquet not found: materialize "
+                                                 r"routing_dataset first"):
+        validate_contract_file(tmp_path / "nope.parquet", catalogue)
     path = tmp_path / "empty.parquet"
     pq.write_table(pa_table(dataset.iloc[:0]), path)
     assert _counts(validate_contract_file(path, catalogue, 50)) == _counts(validate_contract(dataset.iloc[:0], catalogue))
