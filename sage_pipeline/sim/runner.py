@@ -21,21 +21,27 @@ Processes, per container:
   test with the return value. It never sees an expected value, so it cannot forge a pass:
   the runner compares.
 
+Set-up failures of the child travel on a third pipe (descriptor 4 in the child) that is
+closed before candidate code runs: only the sandbox can report one, never the candidate.
+
 After each request the runner kills the child's process group and, with a dedicated
 unprivileged uid, every process of that uid (daemonised grandchildren included), then
-empties the work root. A wall-clock timeout kills a hanging candidate.
+empties the work root (whatever the modes, however deep). If anything is left (a process,
+a file, an IPC object), the answer carries ``"dirty"`` and the host replaces this runner
+before the next task. A wall-clock timeout kills a hanging candidate.
 
 Python 3.9+, standard library only: this file is executed inside the sandbox image.
 """
 
 import errno
+import fcntl
 import json
 import math
 import os
 import resource
 import selectors
-import shutil
 import signal
+import stat
 import sys
 import time
 
@@ -99,10 +105,35 @@ def _limits(cfg, timeout_s):
             resource.setrlimit(which, (hard, hard))
 
 
-def run_child(cfg, msg, res_w, out_w):
-    """In the forked child: isolate, then run the candidate on every test's args. Never returns."""
+SETUP_FD = 4  # the set-up channel's descriptor in the child, closed before candidate code runs
+
+
+def run_child(cfg, msg, res_w, out_w, setup_w):
+    """In the forked child: isolate, then run the candidate on every test's args. Never returns.
+
+    A set-up failure is reported on ``setup_w`` (descriptor 4 once set up), a pipe of its
+    own that is closed before the candidate's code runs: the candidate can write anything to
+    the result pipe (descriptor 3), but it cannot claim an infrastructure failure and so
+    abort the batch."""
+    channel = setup_w
     try:
+        # Out of the way of the dup2s below (descriptors 0-4 are about to be overwritten).
+        res_w, out_w, setup_w = (fcntl.fcntl(fd, fcntl.F_DUPFD, 100) for fd in (res_w, out_w, setup_w))
+        channel = setup_w
         os.setsid()
+        try:  # the kernel's OOM killer takes the task's processes first, never the runner
+            with open("/proc/self/oom_score_adj", "w") as fh:
+                fh.write("1000")
+        except OSError:
+            pass
+        devnull = os.open(os.devnull, os.O_RDWR)
+        os.dup2(devnull, 0)
+        os.dup2(out_w, 1)
+        os.dup2(out_w, 2)
+        os.dup2(res_w, 3)
+        os.dup2(setup_w, SETUP_FD)
+        channel = SETUP_FD
+        os.closerange(SETUP_FD + 1, 1 << 16)
         _limits(cfg, msg["timeout_s"])
         uid = cfg.get("drop_uid")
         if uid is not None:
@@ -112,21 +143,16 @@ def run_child(cfg, msg, res_w, out_w):
         os.umask(0o077)
         work = cfg["workroot"]  # emptied after every task; nothing to clean when nothing was written
         os.chdir(work)
-        devnull = os.open(os.devnull, os.O_RDWR)
-        os.dup2(devnull, 0)
-        os.dup2(out_w, 1)
-        os.dup2(out_w, 2)
-        os.dup2(res_w, 3)
-        os.closerange(4, 1 << 16)
         os.environ.clear()
         os.environ.update({"PATH": "/usr/bin:/bin", "HOME": work, "TMPDIR": work, "LANG": "C.UTF-8"})
         sys.stdout = os.fdopen(1, "w", buffering=1)
         sys.stderr = os.fdopen(2, "w", buffering=1)
     except BaseException as e:  # the sandbox could not be set up: an infrastructure error
         try:
-            os.write(res_w, (json.dumps({"setup_error": repr(e)[:EXCERPT]}) + "\n").encode())
+            os.write(channel, (json.dumps({"setup_error": repr(e)[:EXCERPT]}) + "\n").encode())
         finally:
             os._exit(3)
+    os.close(SETUP_FD)
     out = os.fdopen(3, "w", buffering=1)
     try:
         ns = {"__name__": "__candidate__", "__builtins__": __builtins__}
@@ -166,26 +192,26 @@ def zygote(cfg, cmd_r, evt_w):
             os._exit(0)
         res_r, res_w = os.pipe()
         out_r, out_w = os.pipe()
+        setup_r, setup_w = os.pipe()
         pid = os.fork()
         if pid == 0:
-            os.close(res_r)
-            os.close(out_r)
-            os.close(cmd_r)
-            os.close(evt_w)
-            run_child(cfg, msg, res_w, out_w)
-        os.close(res_w)
-        os.close(out_w)
+            for fd in (res_r, out_r, setup_r, cmd_r, evt_w):
+                os.close(fd)
+            run_child(cfg, msg, res_w, out_w, setup_w)
+        for fd in (res_w, out_w, setup_w):
+            os.close(fd)
         write_line(evt_w, {"pid": pid})
-        result, output, status = _drain(pid, res_r, out_r)
+        result, output, setup, status = _drain(pid, res_r, out_r, setup_r)
         write_line(evt_w, {"status": status, "result": result.decode("utf-8", "replace"),
-                           "output": output.decode("utf-8", "replace")})
+                           "output": output.decode("utf-8", "replace"),
+                           "setup": setup.decode("utf-8", "replace")})
 
 
-def _drain(pid, res_r, out_r):
+def _drain(pid, res_r, out_r, setup_r):
     """Read the child's pipes until it has exited (a daemonised grandchild holding them
     open does not keep us waiting)."""
-    bufs = {res_r: bytearray(), out_r: bytearray()}
-    caps = {res_r: MAX_RESULT_BYTES, out_r: MAX_CAPTURE_BYTES}
+    bufs = {res_r: bytearray(), out_r: bytearray(), setup_r: bytearray()}
+    caps = {res_r: MAX_RESULT_BYTES, out_r: MAX_CAPTURE_BYTES, setup_r: MAX_CAPTURE_BYTES}
     sel = selectors.DefaultSelector()
     for fd in bufs:
         os.set_blocking(fd, False)
@@ -216,7 +242,7 @@ def _drain(pid, res_r, out_r):
         _, status = os.waitpid(pid, 0)
     for fd in bufs:
         os.close(fd)
-    return bytes(bufs[res_r]), bytes(bufs[out_r]), status
+    return bytes(bufs[res_r]), bytes(bufs[out_r]), bytes(bufs[setup_r]), status
 
 
 # -- the runner -------------------------------------------------------------------------
@@ -275,43 +301,125 @@ def _kill_everything(cfg, pid):
     return len(_procs_of(uid))
 
 
-def _clean_workroot(cfg):
-    """Empty the work root. With a dedicated uid the files belong to it, and the runner has
-    no CAP_DAC_OVERRIDE: remove them in a forked process running as that uid."""
-    root, uid = cfg["workroot"], cfg.get("drop_uid")
-    if not os.listdir(root):
-        return
-
-    def clean():
-        for name in os.listdir(root):
-            path = os.path.join(root, name)
-            if os.path.isdir(path) and not os.path.islink(path):
-                for dirpath, dirnames, _ in os.walk(path):
-                    for d in dirnames:
-                        try:
-                            os.chmod(os.path.join(dirpath, d), 0o700)
-                        except OSError:
-                            pass
-                shutil.rmtree(path, ignore_errors=True)
-            else:
+def _empty_dir(root):
+    """Remove everything below ``root``, whatever the modes (a directory made 000 or 0500 by
+    its owner is made 0700 first) and however deep (descriptor-relative, no recursion)."""
+    top = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    stack = [(top, None, None, iter(os.listdir(top)))]
+    seen = set()
+    while stack:
+        fd, parent, name, entries = stack[-1]
+        descended = False
+        for entry in entries:
+            try:
+                st = os.lstat(entry, dir_fd=fd)
+            except OSError:
+                continue
+            if not stat.S_ISDIR(st.st_mode):
                 try:
-                    os.unlink(path)
+                    os.unlink(entry, dir_fd=fd)
                 except OSError:
                     pass
+                continue
+            if (st.st_dev, st.st_ino) in seen:
+                continue
+            seen.add((st.st_dev, st.st_ino))
+            try:
+                os.chmod(entry, 0o700, dir_fd=fd, follow_symlinks=True)
+                child = os.open(entry, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            except OSError:
+                continue
+            try:
+                listing = iter(os.listdir(child))
+            except OSError:
+                listing = iter(())
+            stack.append((child, fd, entry, listing))
+            descended = True
+            break
+        if descended:
+            continue
+        stack.pop()
+        os.close(fd)
+        if parent is not None:
+            try:
+                os.rmdir(name, dir_fd=parent)
+            except OSError:
+                pass
 
+
+CLEAN_TIMEOUT_S = 10.0
+
+
+def _clean_workroot(cfg):
+    """Empty the work root; returns what is left in it (nothing, normally). With a dedicated
+    uid the files belong to it, and the runner has no CAP_DAC_OVERRIDE: remove them in a
+    forked process running as that uid (killed if it takes longer than CLEAN_TIMEOUT_S)."""
+    root, uid = cfg["workroot"], cfg.get("drop_uid")
+    if not os.listdir(root):
+        return []
     if uid is None:
-        clean()
-        return
+        _empty_dir(root)
+        return sorted(os.listdir(root))
     pid = os.fork()
     if pid == 0:
         try:
             os.setgroups([])
             os.setgid(uid)
             os.setuid(uid)
-            clean()
+            _empty_dir(root)
         finally:
             os._exit(0)
-    os.waitpid(pid, 0)
+    deadline = time.monotonic() + CLEAN_TIMEOUT_S
+    while not os.waitpid(pid, os.WNOHANG)[0]:
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            break
+        time.sleep(0.002)
+    return sorted(os.listdir(root))
+
+
+def _ipc_left():
+    """SysV IPC objects and POSIX message queues that exist in this IPC namespace (the
+    container's sysctls make them impossible to create; this checks that they are none)."""
+    left = []
+    for kind in ("shm", "msg", "sem"):
+        try:
+            with open("/proc/sysvipc/" + kind) as fh:
+                n = sum(1 for _ in fh) - 1
+        except OSError:
+            continue
+        if n > 0:
+            left.append("%d SysV %s" % (n, kind))
+    try:
+        queues = os.listdir("/dev/mqueue")
+    except OSError:
+        queues = []
+    if queues:
+        left.append("%d POSIX message queues" % len(queues))
+    return left
+
+
+def _judge_line(rec, expected, total, seen, first):
+    """One output line of the child: 1 if it is a passing test not seen before, else 0."""
+    if "load_error" in rec:
+        first.setdefault("oom" if rec.get("oom") is True else "exception",
+                         "load: " + str(rec["load_error"])[:EXCERPT])
+        return 0
+    i = rec.get("i")
+    if type(i) is not int or not 0 <= i < total or i in seen:
+        return 0
+    seen.add(i)
+    if "out" in rec and _same(rec["out"], expected[i]):
+        return 1
+    if rec.get("oom") is True:
+        first.setdefault("oom", "test %d: MemoryError" % i)
+    elif "exc" in rec:
+        first.setdefault("exception", "test %d: %s" % (i, str(rec["exc"])[:EXCERPT]))
+    else:
+        detail = rec.get("bad_type") or "returned %s" % json.dumps(rec.get("out"))[:120]
+        first.setdefault("wrong_answer", "test %d: %s" % (i, str(detail)[:EXCERPT]))
+    return 0
 
 
 def _judge(tests, result_text, status, timed_out):
@@ -320,30 +428,16 @@ def _judge(tests, result_text, status, timed_out):
     expected = [t["expected"] for t in tests]
     total, passed, seen, first = len(expected), 0, set(), {}
     for raw in result_text.splitlines():
-        try:
+        try:  # whatever the bytes (deeply nested JSON included): a bad line counts for nothing
             rec = json.loads(raw)
-        except ValueError:
+        except Exception:
             continue
         if not isinstance(rec, dict):
             continue
-        if "setup_error" in rec:
-            return {"infra_error": "sandbox child set-up failed: " + str(rec["setup_error"])}
-        if "load_error" in rec:
-            first.setdefault("oom" if rec.get("oom") else "exception", "load: " + str(rec["load_error"]))
+        try:
+            passed += _judge_line(rec, expected, total, seen, first)
+        except Exception:
             continue
-        i = rec.get("i")
-        if not isinstance(i, int) or not 0 <= i < total or i in seen:
-            continue
-        seen.add(i)
-        if "out" in rec and _same(rec["out"], expected[i]):
-            passed += 1
-        elif rec.get("oom"):
-            first.setdefault("oom", "test %d: MemoryError" % i)
-        elif "exc" in rec:
-            first.setdefault("exception", "test %d: %s" % (i, rec["exc"]))
-        else:
-            detail = rec.get("bad_type") or "returned %s" % json.dumps(rec.get("out"))[:120]
-            first.setdefault("wrong_answer", "test %d: %s" % (i, detail))
     if timed_out:
         outcome = "timeout"
     elif os.WIFSIGNALED(status) and len(seen) < total:
@@ -429,17 +523,28 @@ def main(argv):
                                    "output": "the task killed the sandbox's process supervisor"})
             break
         left = _kill_everything(cfg, pid)
-        _clean_workroot(cfg)
-        verdict = _judge(tests, done["result"], done["status"], timed_out)
-        if "infra_error" in verdict:
-            write_line(proto_out, {"id": req.get("id"), "infra_error": verdict["infra_error"]})
+        files_left = _clean_workroot(cfg)
+        # Anything the task leaves that the next task could see makes this runner unfit for
+        # another task: the host replaces it after taking this answer.
+        dirty = []
+        if left:
+            dirty.append("%d processes survived the sweep" % left)
+        if files_left:
+            dirty.append("%d entries left in %s (%s)" % (len(files_left), cfg["workroot"],
+                                                        ", ".join(files_left[:3])[:100]))
+        if cfg.get("drop_uid") is not None:
+            dirty += _ipc_left()
+        if done.get("setup"):  # written before the candidate's code ran: the sandbox's failure
+            write_line(proto_out, {"id": req.get("id"), "infra_error": "sandbox child set-up failed: "
+                                   + done["setup"][:EXCERPT], "dirty": "; ".join(dirty)})
             continue
+        verdict = _judge(tests, done["result"], done["status"], timed_out)
         output = verdict.pop("first_fail")
         if done["output"]:
             output = (output + " | output: " if output else "output: ") + done["output"]
-        if left:
-            output += " | %d processes survived the sweep" % left
         verdict.update({"id": req.get("id"), "runtime_s": runtime, "output": output[:EXCERPT]})
+        if dirty:
+            verdict["dirty"] = "; ".join(dirty)
         write_line(proto_out, verdict)
     try:
         os.close(cmd_w)

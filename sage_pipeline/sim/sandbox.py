@@ -50,6 +50,12 @@ RUNNER_SOURCE = (Path(__file__).with_name("runner.py")).read_text(encoding="utf-
 BACKENDS = ("docker", "local")
 DEFAULT_IMAGE = "sage-sim:latest"
 LABEL_KEY = "sage.sandbox"
+# The container's own IPC namespace, made unusable: no SysV shared memory, message queue or
+# semaphore set and no POSIX message queue can be created, so no task can leave one for the
+# next task to read (a channel between tasks) or hold memory after it ends. Docker accepts
+# these namespaced sysctls with a private IPC namespace (`--ipc none`); all five are tested.
+IPC_SYSCTLS = {"kernel.shmmni": "0", "kernel.shmall": "0", "kernel.msgmni": "0", "kernel.sem": "0 0 0 0",
+               "fs.mqueue.queues_max": "0"}
 
 
 class SandboxError(RuntimeError):
@@ -97,7 +103,7 @@ def docker_run_args(cfg: SandboxConfig, name: str, label: str) -> list[str]:
         cfg.docker, "run", "-i", "--rm", "--name", name, "--label", f"{LABEL_KEY}={label}",
         "--network", "none", "--read-only",
         "--tmpfs", f"/tmp:rw,nosuid,nodev,noexec,size={cfg.tmpfs_mb}m,mode=1777",
-        "--ipc", "none",
+        "--ipc", "none", *[a for k, v in IPC_SYSCTLS.items() for a in ("--sysctl", f"{k}={v}")],
         "--memory", f"{cfg.memory_mb}m", "--memory-swap", f"{cfg.memory_mb}m",
         "--pids-limit", str(cfg.pids_limit), "--cpus", str(cfg.cpus),
         # The runner keeps only what it needs: drop to the task uid (SETUID, SETGID) and kill
@@ -257,7 +263,8 @@ class Sandbox:
         self.cfg = cfg
         self.label = cfg.label or f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.workers = [_Worker(cfg, self.label, i) for i in range(cfg.workers)]
-        self.stats = {"requests": 0, "replaced_unresponsive": 0, "replaced_dead": 0, "recycled": 0}
+        self.stats = {"requests": 0, "replaced_unresponsive": 0, "replaced_dead": 0, "replaced_dirty": 0,
+                      "recycled": 0}
         self._closed = False
         self._lock = threading.Lock()
 
@@ -349,6 +356,8 @@ class Sandbox:
                 continue
             if not w.alive():  # answered, then exited (its supervisor was killed): fresh worker next
                 self._restart(w, "replaced_dead")
+            elif answer.get("dirty"):  # the task left something behind: no next task in this worker
+                self._restart(w, "replaced_dirty")
             return _result(answer)
         if all(f in ("stopped answering", "died") for f in failures):
             # Two fresh workers went down on this task: its doing, not the infrastructure's.

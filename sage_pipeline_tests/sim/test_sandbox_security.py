@@ -7,13 +7,14 @@ import textwrap
 
 import pytest
 
+from sage_pipeline.sim.sandbox import open_sandbox
 from sage_pipeline.sim.schema import ExecJob
 
 TESTS = [{"args": [3], "expected": 6}, {"args": [0], "expected": 0}, {"args": [-2], "expected": -4}]
 GOOD = ExecJob("def f(x):\n    return 2 * x\n", "f", TESTS, 2.0)
 
 # A probe run after each attack: how many processes of the task uid exist besides itself,
-# and what is left in /tmp. A contained attack leaves nothing behind.
+# what is left in /tmp and which IPC objects exist. A contained attack leaves nothing behind.
 PROBE = ExecJob(textwrap.dedent("""
     import os
     def f(x):
@@ -29,8 +30,10 @@ PROBE = ExecJob(textwrap.dedent("""
                 if uid == '65534':
                     others.append(p)
         leftovers = sorted(os.listdir('/tmp'))
-        return [len(others), leftovers, os.getuid()]
-"""), "f", [{"args": [0], "expected": [0, [], 65534]}], 5.0)
+        ipc = [l for kind in ('shm', 'msg', 'sem') for l in open('/proc/sysvipc/' + kind).readlines()[1:]]
+        ipc += os.listdir('/dev/mqueue')
+        return [len(others), leftovers, os.getuid(), ipc]
+"""), "f", [{"args": [0], "expected": [0, [], 65534, []]}], 5.0)
 
 
 def code(src: str) -> str:
@@ -203,3 +206,116 @@ def test_the_container_runs_hardened(docker_sandbox):
     """), "f", [{"args": [0], "expected": ["0000000000000000", 65534, ["lo"], "ro", "rw", "1"]}], 2.0)
     r = docker_sandbox.run([job])[0]
     assert r.outcome == "pass", r
+
+
+# -- issue 15: the red-team findings ----------------------------------------------------------
+
+def test_a_forged_setup_error_does_not_abort_the_batch(docker_sandbox):
+    # The set-up channel is closed before candidate code runs: a "setup_error" written to
+    # the result pipe is one more junk line, not an infrastructure failure for the batch.
+    forger = attack("""
+        import os
+        def f(x):
+            os.write(3, b'{"setup_error":"x"}\\n')
+            return 2 * x
+    """)
+    before, forged, probe, after = docker_sandbox.run([GOOD, forger, PROBE, GOOD])
+    assert before.outcome == "pass" and after.outcome == "pass"
+    assert forged.outcome == "pass", forged  # a correct function: the junk line counts for nothing
+    assert probe.outcome == "pass", probe
+
+
+@pytest.mark.parametrize("junk", [b"[" * 100_000, b'{"i": 0, "out": ' + b"[" * 100_000, b"\xff\xfe{" * 1000])
+def test_the_judge_survives_any_bytes_on_the_result_pipe(docker_sandbox, junk):
+    replaced = dict(docker_sandbox.stats)
+    name = docker_sandbox.workers[0].name
+    r = run_then_probe(docker_sandbox, attack(f"""
+        import os
+        def f(x):
+            os.write(3, {junk!r} + b"\\n")
+            return 2 * x
+    """, timeout_s=3.0))
+    assert r.outcome == "pass", r
+    assert docker_sandbox.workers[0].name == name  # the runner did not crash: no replacement
+    assert {k: docker_sandbox.stats[k] for k in ("replaced_dead", "replaced_unresponsive")} == \
+        {k: replaced[k] for k in ("replaced_dead", "replaced_unresponsive")}
+
+
+@pytest.mark.parametrize("mode", [0o500, 0o000, 0o100])
+def test_tmp_is_emptied_whatever_the_directory_modes(docker_sandbox, mode):
+    r = run_then_probe(docker_sandbox, attack(f"""
+        import os
+        def f(x):
+            if x == 3:
+                os.makedirs('/tmp/keep/inner')
+                with open('/tmp/keep/inner/planted', 'w') as fh:
+                    fh.write('secret')
+                with open('/tmp/keep/planted', 'w') as fh:
+                    fh.write('secret')
+                os.chmod('/tmp/keep/inner', {mode})
+                os.chmod('/tmp/keep', {mode})
+            return 2 * x
+    """))
+    assert r.outcome == "pass", r
+
+
+def test_tmp_is_emptied_however_deep(docker_sandbox):
+    r = run_then_probe(docker_sandbox, attack("""
+        import os
+        def f(x):
+            if x == 3:
+                os.chdir('/tmp')
+                for _ in range(3000):
+                    os.mkdir('d')
+                    os.chdir('d')
+                with open('planted', 'w') as fh:
+                    fh.write('secret')
+                os.chmod('.', 0)
+            return 2 * x
+    """, timeout_s=5.0))
+    assert r.outcome == "pass", r
+
+
+def test_ipc_objects_cannot_outlive_a_task(docker_sandbox):
+    # SysV shared memory, message queues, semaphores and POSIX message queues: a channel to
+    # the next task (and shared memory that outlives the task holds the container's memory).
+    r = run_then_probe(docker_sandbox, attack("""
+        import ctypes, os
+        libc = ctypes.CDLL(None, use_errno=True)
+        IPC_CREAT = 0o1000
+        def f(x):
+            made = []
+            shm = libc.shmget(0x5A6E, 1 << 20, IPC_CREAT | 0o666)
+            if shm >= 0:
+                addr = libc.shmat(shm, None, 0)
+                made.append('shm')
+            if libc.msgget(0x5A6F, IPC_CREAT | 0o666) >= 0:
+                made.append('msg')
+            if libc.semget(0x5A70, 1, IPC_CREAT | 0o666) >= 0:
+                made.append('sem')
+            try:
+                os.close(os.open('/dev/mqueue/leak', os.O_CREAT | os.O_WRONLY, 0o666))
+                made.append('mqueue')
+            except OSError:
+                pass
+            return made
+    """, timeout_s=3.0))
+    # every attempt refused: the function returns [] (a wrong answer), nothing is left
+    assert r.outcome == "wrong_answer" and "returned []" in r.output_excerpt, r
+
+
+def test_a_worker_whose_sweep_leaves_something_is_replaced(docker_ready, monkeypatch):
+    # Nothing a task does survives the sweep today (the tests above), so this runner is told
+    # that one process survived: the host must take the verdict and replace the worker.
+    from sage_pipeline.sim import sandbox as sandbox_mod
+
+    src = sandbox_mod.RUNNER_SOURCE
+    marker = "left = _kill_everything(cfg, pid)"
+    assert src.count(marker) == 1
+    monkeypatch.setattr(sandbox_mod, "RUNNER_SOURCE", src.replace(marker, marker + " + 1"))
+    with open_sandbox("docker", workers=1) as sb:
+        name = sb.workers[0].name
+        first, second = sb.run([GOOD, GOOD])
+        assert first.outcome == second.outcome == "pass"
+        assert sb.stats["replaced_dirty"] == 2
+        assert sb.workers[0].name != name
