@@ -92,6 +92,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 
+from sage_pipeline import artifacts  # noqa: E402 - after the path is set; no heavy imports
+
 SCRATCH = ROOT / "benchmarks" / ".scratch"
 BIN = Path(sys.executable).parent
 NOBODY = 65534
@@ -520,6 +522,8 @@ class Broken(Exception):
 _TEMP_FILE = re.compile(r"\..+\.[a-z0-9_]{8}\.tmp")  # artifacts.atomic_path
 # artifacts.atomic_dir's temporary and moved-aside folders; routing_dataset's part folders
 _TEMP_DIR = re.compile(r"\..+\.(?:tmp-[a-z0-9_]{8}|old(?:-[a-z0-9_]{8})?|parts\.[a-z0-9_]{8})")
+# artifacts.atomic_set's links made and not yet renamed into place
+_TEMP_LINK = re.compile(r"\..+\.link-[0-9a-f]{8}|\.(?:current|previous)\.[0-9a-f]{8}")
 VOLATILE = {"seconds", "created_at", "started_at", "finished_at", "at"}  # times inside otherwise equal JSON
 
 
@@ -534,15 +538,18 @@ def leftovers(root: Path) -> list[str]:
         for name in list(dirs) + files:
             p = Path(dirpath) / name
             if ((_TEMP_FILE.fullmatch(name) and name in files) or (_TEMP_DIR.fullmatch(name) and name in dirs)
-                    or name.endswith(".partial") or name.startswith(".switch-")
+                    or name.endswith(".partial") or name.startswith(".switch-") or _TEMP_LINK.fullmatch(name)
                     or (name == "pending.json" and name in files)):  # a sleep-store switch not finished
                 found.append(str(p.relative_to(root)))
         dirs[:] = [d for d in dirs if not _TEMP_DIR.fullmatch(d)]
-    versions = root / ".synthetic_versions"
-    if versions.is_dir():
-        sets = [p for p in versions.iterdir() if p.is_dir()]
-        if len(sets) > 2:  # the current set and the one it replaced
-            found.append(f".synthetic_versions holds {len(sets)} sets")
+    homes = [root / ".synthetic_versions"]
+    if (root / artifacts.SETS_DIR).is_dir():
+        homes += [p for p in (root / artifacts.SETS_DIR).iterdir() if p.is_dir()]
+    for versions in homes:
+        if versions.is_dir():
+            sets = [p for p in versions.iterdir() if p.is_dir() and not p.is_symlink()]
+            if len(sets) > 2:  # the current set and the one it replaced
+                found.append(f"{versions.relative_to(root)} holds {len(sets)} sets")
     return sorted(found)
 
 
@@ -555,8 +562,10 @@ def _writing(root: Path) -> bool:
         except OSError:
             continue
         for e in entries:
-            if _TEMP_FILE.fullmatch(e.name) or _TEMP_DIR.fullmatch(e.name) or e.name.endswith(".partial"):
+            if _TEMP_FILE.fullmatch(e.name) or _TEMP_DIR.fullmatch(e.name):
                 return True
+            if e.name.endswith(".partial") and Path(e.path).parent.parent.name != artifacts.SETS_DIR:
+                return True  # a synthetic set being written (an asset's set: its files' writes count)
             if e.is_dir(follow_symlinks=False) and e.name != ".locks":
                 stack.append(Path(e.path))
     return False
@@ -1119,6 +1128,8 @@ def kill_trial(bench: Bench, spec: AssetSpec, i: int, cli: bool = False) -> Tria
     if after is not None and new:
         problems += _compare(spec, after, old, new)
         facts["one_version"] = (not spec.exact) or _set_of(after, [old, new])
+        if not facts["one_version"] and not problems:
+            problems.append("its files come from both runs (each file whole, the set mixed)")
     left = leftovers(bench.root)
     if left:
         problems.append(f"left after the re-run: {left[:4]}")

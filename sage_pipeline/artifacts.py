@@ -25,7 +25,7 @@ import shutil
 import stat
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -414,6 +414,220 @@ def exclusive(root: str | os.PathLike[str], name: str, log: Any = None) -> Itera
         except OSError:
             pass
         yield path
+
+
+# ---------------------------------------------------------------------------------------------
+# atomic_set: an asset's several files and folders, switched together
+#
+#   <root>/.sets/<name>/<time>-XXXXXXXX.partial   a run's version being written (locked by its run)
+#   <root>/.sets/<name>/<time>-XXXXXXXX           a complete version
+#   <root>/.sets/<name>/current, previous         links to the version readers see, and the one before
+#   <root>/<member>  ->  .sets/<name>/current/<member>   one link per member, made once
+#
+# Switching ``current`` (a new link renamed over it) changes every member at once: readers see
+# the old set or the new one, never some files of each.
+# ---------------------------------------------------------------------------------------------
+
+SETS_DIR = ".sets"
+_PARTIAL = ".partial"
+
+
+class SetStage:
+    """Where a run of an :func:`atomic_set` writes: ``path(member)`` in its fresh version, laid
+    out like the artifact root; ``public(p)`` is where a staged path is read from after the switch."""
+
+    def __init__(self, root: Path, stage: Path) -> None:
+        self.root, self.dir = root, stage
+
+    def path(self, *parts: str) -> Path:
+        return self.dir.joinpath(*parts)
+
+    def public(self, path: str | os.PathLike[str]) -> Path:
+        return self.root / Path(path).relative_to(self.dir)
+
+
+def _link_target(home: Path) -> Path | None:
+    """The version folder ``home/current`` names, or None."""
+    try:
+        return home / os.readlink(home / "current")
+    except OSError:
+        return None
+
+
+def _point(home: Path, link: str, version: Path) -> None:
+    """Point ``home/link`` at ``version`` in one step (a fresh link renamed over it)."""
+    tmp = home / f".{link}.{secrets.token_hex(4)}"
+    os.symlink(version.name, tmp)
+    os.replace(tmp, home / link)
+
+
+def _copy_member(src: Path, dest: Path) -> None:
+    """Copy a member file or folder into a version: hard links where possible (artifacts are
+    replaced by rename, never changed in place), else a copy."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+
+    def link(s: str, d: str) -> None:
+        try:
+            os.link(s, d)
+        except OSError:
+            shutil.copy2(s, d)
+
+    if src.is_dir():
+        shutil.copytree(src, dest, copy_function=link, symlinks=False)
+    else:
+        link(str(src), str(dest))
+
+
+def _is_link_of(root: Path, home: Path, member: str) -> bool:
+    path = root / member
+    try:
+        return os.readlink(path) == os.path.relpath(home / "current" / member, path.parent)
+    except OSError:
+        return False
+
+
+def _link_member(root: Path, home: Path, member: str) -> None:
+    """Make ``root/member`` the link into ``home/current`` (a real file or folder there is
+    swapped for it in one step; call after :func:`_adopt` has copied it into a version)."""
+    if _is_link_of(root, home, member):
+        return
+    path = root / member
+    target = os.path.relpath(home / "current" / member, path.parent)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.link-{secrets.token_hex(4)}")
+    os.symlink(target, tmp)
+    if path.is_dir() and not path.is_symlink():
+        if _exchange(tmp, path):
+            _remove(tmp)  # the real folder, now under the temporary name
+        else:
+            aside = path.with_name(f".{path.name}.old-{secrets.token_hex(4)}")
+            os.rename(path, aside)
+            os.rename(tmp, path)
+            _remove(aside)
+    else:
+        os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def _adopt(root: Path, home: Path, members: tuple[str, ...]) -> None:
+    """Under home's lock: where a member is a real file or folder (written before this layout,
+    or by another writer since), rebuild the current version from those real paths and the
+    current version's other members, then swap each real path for its link. What a reader
+    finds at every path is the same before and after."""
+    real = [m for m in members if os.path.lexists(root / m) and not _is_link_of(root, home, m)]
+    if not real:
+        return
+    adopted = Path(tempfile.mkdtemp(prefix=f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-", dir=home))
+    os.chmod(adopted, 0o777 & ~current_umask())
+    current = _link_target(home)
+    for m in members:
+        src = root / m if m in real else (current / m if current is not None else None)
+        if src is not None and src.exists():
+            _copy_member(src, adopted / m)
+    _fsync_tree(adopted)
+    if current is not None:
+        _point(home, "previous", current)
+    _point(home, "current", adopted)
+    fsync_dir(home)
+    for m in real:
+        _link_member(root, home, m)
+
+
+def _sweep_set(home: Path) -> None:
+    """Under home's lock: remove every version but ``current``, ``previous`` and those a live
+    run holds, and links a killed switch left."""
+    keep = set()
+    for link in ("current", "previous"):
+        with contextlib.suppress(OSError):
+            keep.add(os.readlink(home / link))
+    for entry in os.scandir(home):
+        path = Path(entry.path)
+        if entry.is_symlink():
+            if entry.name.startswith("."):
+                with contextlib.suppress(OSError):
+                    path.unlink()
+        elif entry.is_dir() and entry.name not in keep and not folder_in_use(path):
+            _remove(path)
+
+
+def _sweep_member_leftovers(root: Path, members: tuple[str, ...]) -> None:
+    """Under home's lock: the links and moved-aside folders a run killed inside
+    :func:`_link_member` left beside the members (each member is in a version by then)."""
+    for m in members:
+        path = root / m
+        leftover = re.compile(rf"\.{re.escape(path.name)}\.(?:link|old)-[0-9a-f]{{8}}")
+        with contextlib.suppress(OSError):
+            for name in os.listdir(path.parent):
+                if leftover.fullmatch(name):
+                    _remove(path.parent / name)
+
+
+@contextlib.contextmanager
+def atomic_set(root: str | os.PathLike[str], name: str, members: Sequence[str],
+               log: Any = None) -> Iterator[SetStage]:
+    """Write the files and folders ``members`` (paths relative to ``root``) of one asset as one
+    set: the run writes them into a fresh version (``stage.path(member)``, with any atomic
+    writer), and on success all of them switch at once. Readers of ``root/<member>`` see the
+    old set or the new one, never a mix, also after a ``kill -9`` at any moment; the next run
+    removes what a killed run left.
+
+    A member the run does not write keeps its current content (it is carried into the new
+    version), as it would if the files were written one by one. Each member's path becomes a
+    link into ``root/.sets/<name>/current/`` (a real file or folder there is adopted first).
+    The version replaced is kept until the next switch, for readers still inside it.
+    Concurrent runs each write their own version; the last switch wins, whole."""
+    root, members = Path(root), tuple(dict.fromkeys(members))
+    bad = [m for m in members if not m or Path(m).is_absolute() or ".." in Path(m).parts]
+    if bad:
+        raise ValueError(f"atomic_set {name!r}: members {bad} must be paths inside the artifact root")
+    home = root / SETS_DIR / name
+    home.mkdir(parents=True, exist_ok=True)
+    with _folder_lock(home):
+        _sweep_set(home)
+        _sweep_member_leftovers(root, members)
+        stage = Path(tempfile.mkdtemp(prefix=f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-",
+                                      suffix=_PARTIAL, dir=home))
+        hold = hold_folder(stage)
+    version, switched = None, False
+    try:
+        os.chmod(stage, 0o777 & ~current_umask())
+        yield SetStage(root, stage)
+        written = {str(p.relative_to(stage)) for p in stage.rglob("*")}
+        stray = sorted(w for w in written if not any(w == m or w.startswith(m + "/") or m.startswith(w + "/")
+                                                     for m in members))
+        if stray:
+            raise ValueError(f"atomic_set {name!r}: wrote {stray[:5]}, which are not among its members {list(members)}")
+        with _folder_lock(home):
+            _adopt(root, home, members)
+            current = _link_target(home)
+            for m in members:  # what this run did not write keeps its content
+                if not os.path.lexists(stage / m) and current is not None and os.path.lexists(current / m):
+                    _copy_member(current / m, stage / m)
+            _fsync_tree(stage)
+            version = stage.with_name(stage.name.removesuffix(_PARTIAL))
+            os.rename(stage, version)  # the same folder: this run's lock on it holds
+            present = [m for m in members if os.path.lexists(version / m)]
+            for m in present:  # before the switch they show the current version (or nothing)
+                _link_member(root, home, m)
+            if current is not None:
+                _point(home, "previous", current)
+            _point(home, "current", version)
+            fsync_dir(home)
+            switched = True
+            for m in members:  # in no version: no link pointing nowhere
+                if m not in present and (root / m).is_symlink():
+                    (root / m).unlink()
+            _sweep_set(home)
+        if log is not None:
+            log(f"{name}: switched {len(members)} artifacts to {version.relative_to(root)} in one step")
+    except BaseException:
+        if not switched:
+            shutil.rmtree(stage, ignore_errors=True)
+            if version is not None:
+                shutil.rmtree(version, ignore_errors=True)
+        raise
+    finally:
+        release_folder(hold)
 
 
 def write_bytes(dest: str | os.PathLike[str], data: bytes) -> Path:

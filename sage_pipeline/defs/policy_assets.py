@@ -32,9 +32,13 @@ def _space(sage: SageResource, name: str = "multi_model") -> ActionSpace:
     return ActionSpace.load(sage.path("routing", ACTION_SPACE_FILE), name)
 
 
+def _checkpoint_rel(kind: str, space: str) -> str:
+    """checkpoints/<kind> for the multi-model space, checkpoints/<kind>_sage_binary for SAGE's."""
+    return f"checkpoints/{kind if space == 'multi_model' else f'{kind}_{space}'}"
+
+
 def _checkpoint_dir(sage: SageResource, kind: str, space: str):
-    """checkpoints/<kind>/ for the multi-model space, checkpoints/<kind>_sage_binary/ for SAGE's."""
-    return sage.path("checkpoints", kind if space == "multi_model" else f"{kind}_{space}")
+    return sage.root() / _checkpoint_rel(kind, space)
 
 
 def _check_spaces(spaces: list[str]) -> list[str]:
@@ -51,6 +55,10 @@ def _behaviour(support: str, bc_model):
         raise ValueError(f"support {support!r}: use one of {', '.join(oe.SUPPORT_RULES)}")
     return bc_model if support == "behaviour" else None
 
+
+# offline_eval's files, switched together: a report never names a promotion the folders lack
+OFFLINE_EVAL_FILES = ("reports/offline_eval.json", "reports/offline_eval.png", "checkpoints/promoted",
+                      "checkpoints/promoted_sage")
 
 SPACES_FIELD = Field(list(SPACES), description="action spaces to train: 'multi_model' (any logged model per "
                      "role) and 'sage_binary' (the table's primary or fallback, what SAGE's router executes)")
@@ -76,14 +84,15 @@ def bc_policy(context: dg.AssetExecutionContext, config: BCPolicyConfig, sage: S
     keys = ("temperature", "epochs", "best_epoch", "updates", "holdout_accuracy", "holdout_nll_before", "holdout_nll_after",
             "holdout_ece_before", "holdout_ece_after", "holdout_propensity_mae", "seconds")
     meta = {}
-    with artifacts.exclusive(sage.root(), "bc_policy", context.log.info):  # its folders: one run's
+    with sage.writing("bc_policy", [_checkpoint_rel("bc", s) for s in SPACES], context.log.info) as stage:
         for name in _check_spaces(config.action_spaces):
             space = _space(sage, name)
             data = from_dataset(df, space).split_rows("train").restrict(space)
             res = bc.train_bc(data, FeatureSpec(roles=space.roles), bc.BCConfig(
                 epochs=config.epochs, max_updates=config.max_updates, hidden=tuple(config.hidden), seed=config.seed),
                 log=context.log.info)
-            ck = res.save(_checkpoint_dir(sage, "bc", name), training_data_sha256=artifacts.file_sha256(path))
+            ck = stage.public(res.save(stage.path(_checkpoint_rel("bc", name)),
+                                       training_data_sha256=artifacts.file_sha256(path)))
             m = res.metrics
             sfx = "" if name == "multi_model" else f"_{name}"
             meta |= {f"path{sfx}": dg.MetadataValue.path(str(ck)), f"train_rows{sfx}": len(data),
@@ -123,14 +132,15 @@ def cql_policy(context: dg.AssetExecutionContext, config: CQLPolicyConfig, sage:
     df, n_estimated = oe.fill_missing_propensities(df, bc_model)
     cfg = cql.CQLConfig(mode=config.mode, steps=config.steps, n_critics=config.n_critics, seed=config.seed)
     meta = {"mode": config.mode, "propensities_estimated_by_bc": n_estimated}
-    with artifacts.exclusive(sage.root(), "cql_policy", context.log.info):  # its folders: one run's
+    with sage.writing("cql_policy", [_checkpoint_rel("cql", s) for s in SPACES], context.log.info) as stage:
         for name in _check_spaces(config.action_spaces):
             sel = oe.train_select_cql(df, multi.of(name), cfg, config.alphas,
                                       ope.OPEConfig(n_boot=config.n_boot, seed=config.seed), config.selection,
                                       progress=context.log.info, behaviour=_behaviour(config.support, bc_model))
             chosen, how, table = sel.result, sel.how, sel.table
-            ck = cql.save_cql(_checkpoint_dir(sage, "cql", name), chosen, artifacts.file_sha256(path),
-                              metrics={"alpha_selection": table, "selected_by": how})
+            ck = stage.public(cql.save_cql(stage.path(_checkpoint_rel("cql", name)), chosen,
+                                           artifacts.file_sha256(path),
+                                           metrics={"alpha_selection": table, "selected_by": how}))
             sfx = "" if name == "multi_model" else f"_{name}"
             meta |= {
                 f"path{sfx}": dg.MetadataValue.path(str(ck)), f"alpha{sfx}": chosen.config.alpha,
@@ -190,11 +200,11 @@ def offline_eval(context: dg.AssetExecutionContext, config: OfflineEvalConfig, s
                 "cql": load_policy(ckpts["cql"], spec, multi.actions)}
     rep = reports["multi_model"] = oe.run_offline_eval(df_eval, policies, multi, ope_cfg, sim=sim,
                                                        progress=context.log.info, behaviour=behaviour)
-    with artifacts.exclusive(sage.root(), "offline_eval", context.log.info):  # report, promoted/: one run's
-        promoted = oe.promote(rep.gate, ckpts, sage.path("checkpoints", "promoted"),
+    with sage.writing("offline_eval", list(OFFLINE_EVAL_FILES), context.log.info) as stage:
+        promoted = oe.promote(rep.gate, ckpts, stage.path("checkpoints", "promoted"),
                               evidence | {"summary": rep.summary()})
         meta |= {"promoted": rep.gate.promoted or "none", "promotion": rep.gate.reason,
-                 "promoted_path": dg.MetadataValue.path(str(promoted)) if promoted else "none"}
+                 "promoted_path": dg.MetadataValue.path(str(stage.public(promoted))) if promoted else "none"}
         # SAGE's binary space, when trained on this dataset: judge what SAGE's router would run
         binary = multi.binary()
         trained = {k: _checkpoint_dir(sage, k, "sage_binary") for k in ("bc", "cql")}
@@ -209,17 +219,19 @@ def offline_eval(context: dg.AssetExecutionContext, config: OfflineEvalConfig, s
                 {k: load_policy(p, spec, binary.actions) for k, p in trained.items()}, ope_cfg, sim,
                 context.log.info, behaviour, config.floor_selection)
             reports["sage_binary"] = rep
-            promoted_sage = oe.promote_served(rep.gate, served, sage.path("checkpoints", "promoted_sage"),
+            promoted_sage = oe.promote_served(rep.gate, served, stage.path("checkpoints", "promoted_sage"),
                                               evidence | {"summary": rep.summary()})
             meta |= {"promoted_sage": rep.gate.promoted or "none", "promotion_sage": rep.gate.reason,
-                     "promoted_sage_path": dg.MetadataValue.path(str(promoted_sage)) if promoted_sage else "none",
+                     "promoted_sage_path": (dg.MetadataValue.path(str(stage.public(promoted_sage)))
+                                            if promoted_sage else "none"),
                      "served_floor_selection": dg.MetadataValue.md("\n\n".join(
                          f"**{n}** (from {s.source}; floor chosen by {s.how}; agreement with the network on eval "
                          f"states: {s.agreement_eval})\n\n{markdown.table(s.table)}" for n, s in served.items()))}
-        out = artifacts.write_json(sage.path("reports", "offline_eval.json"),
-                                   {k: r.to_dict() for k, r in reports.items()} | {"propensities_estimated_by_bc": n_estimated})
+        out = stage.public(artifacts.write_json(
+            stage.path("reports", "offline_eval.json"),
+            {k: r.to_dict() for k, r in reports.items()} | {"propensities_estimated_by_bc": n_estimated}))
         png = oe.plot_offline_eval(reports["multi_model"])
-        artifacts.write_bytes(sage.path("reports", "offline_eval.png"), png)
+        artifacts.write_bytes(stage.path("reports", "offline_eval.png"), png)
     for name, r in reports.items():
         context.log.info(f"{name}: {r.gate.reason}")
         sfx = "" if name == "multi_model" else f"_{name}"

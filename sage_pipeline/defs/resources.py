@@ -1,7 +1,9 @@
 """Resources: where artifacts live and which routing configuration the pipeline uses."""
 
 
+import contextlib
 import os
+from collections.abc import Callable, Iterator, Sequence
 from functools import cached_property
 from pathlib import Path
 
@@ -29,6 +31,15 @@ class SageResource(dg.ConfigurableResource):
 
     def path(self, *parts: str) -> Path:
         return self.root().joinpath(*parts)
+
+    @contextlib.contextmanager
+    def writing(self, name: str, members: Sequence[str], log: Callable[[str], None]) -> Iterator[artifacts.SetStage]:
+        """Write the asset ``name``'s files (``members``, relative to the root) as one set:
+        one run at a time (artifacts.exclusive), switched together (artifacts.atomic_set), so
+        a kill at any moment leaves one run's set whole."""
+        with artifacts.exclusive(self.root(), name, log), \
+                artifacts.atomic_set(self.root(), name, members, log) as stage:
+            yield stage
 
     def catalogue_path(self) -> Path:
         return Path(self.model_catalogue or os.environ.get("SAGE_MODEL_CATALOGUE") or DEFAULT_CATALOGUE)

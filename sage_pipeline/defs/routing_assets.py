@@ -11,7 +11,7 @@ import dagster as dg
 import pyarrow.parquet as pq
 from pydantic import Field
 
-from sage_pipeline import artifacts, markdown
+from sage_pipeline import markdown
 from sage_pipeline.defs.resources import SageResource
 from sage_pipeline.routing import collector, ingest, reward_report as rr, routing_dataset as rd
 from sage_pipeline.routing.reward import RewardSpec
@@ -86,10 +86,11 @@ class TrajectoriesConfig(dg.Config):
 def trajectories(context: dg.AssetExecutionContext, config: TrajectoriesConfig,
                  sage: SageResource) -> dg.MaterializeResult:
     dirs = tuple(sage.root() / d for d in config.log_dirs)  # absolute entries stay absolute
-    with artifacts.exclusive(sage.root(), "trajectories", context.log.info):  # its four files: one run's
+    with sage.writing("trajectories", [f"routing/{n}" for n in ingest.OUTPUT_FILES], context.log.info) as stage:
         res = ingest.ingest(ingest.IngestConfig(dirs, max_line_bytes=config.max_line_bytes,
                                                 setting="trajectories config log_dirs"),
-                            sage.path("routing"), progress=context.log.info)
+                            stage.path("routing"), progress=context.log.info)
+        res = res.published(stage.public)
     s = res.stats
     if s.steps_accepted == 0:
         raise ingest.NoTrajectorySteps(
@@ -144,18 +145,21 @@ def routing_dataset(context: dg.AssetExecutionContext, config: RoutingDatasetCon
                     sage: SageResource) -> dg.MaterializeResult:
     cfg = rd.DatasetConfig(reward=RewardSpec(version=config.reward_version, cost_weight=config.cost_weight),
                            eval_fraction=config.eval_fraction)
-    with artifacts.exclusive(sage.root(), "routing_dataset", context.log.info):  # its files: one run's
+    members = [f"routing/{n}" for n in (rd.PARQUET_NAME, rd.JSONL_NAME, ACTION_SPACE_FILE)]
+    with sage.writing("routing_dataset", members, context.log.info) as stage:
         files, space, built = rd.build_routing_dataset_files(
-            sage.path("routing", "trajectories.parquet"), sage.table, sage.catalogue, cfg, sage.path("routing"),
+            sage.path("routing", "trajectories.parquet"), sage.table, sage.catalogue, cfg, stage.path("routing"),
             sage.path("routing", "routing_decisions.parquet"), sage.path("routing", "token_usage.parquet"),
             price_source=str(sage.catalogue_path()), chunk_rows=config.chunk_rows)
-        space.save(sage.path("routing", ACTION_SPACE_FILE))
+        space.save(stage.path("routing", ACTION_SPACE_FILE))
         df = rd.read_routing_dataset(files.parquet, ["role", "split", "episode_id", "session_id",
                                                      "episode_complete", "propensity_source", "schema_version"])
+        schema = pq.read_schema(files.parquet)
+        parquet, jsonl = stage.public(files.parquet), stage.public(files.jsonl)
     context.log.info(f"routing dataset: {len(df):,} decisions, {df['episode_id'].nunique():,} episodes; "
                      f"{built.steps_derived:,} steps derived, {built.routing_decisions_joined:,} routing decisions "
                      f"joined; roles left out (not in the table): {built.excluded_roles or 'none'}")
-    dtypes = pq.read_schema(files.parquet).empty_table().to_pandas().dtypes  # the frame's dtypes, from the file
+    dtypes = schema.empty_table().to_pandas().dtypes  # the frame's dtypes, from the file
     per_role = df.groupby("role").size().reindex(list(space.roles), fill_value=0)
     return dg.MaterializeResult(metadata={
         "dagster/row_count": len(df),
@@ -169,7 +173,7 @@ def routing_dataset(context: dg.AssetExecutionContext, config: RoutingDatasetCon
         "propensities_logged": float((df["propensity_source"] != "missing").mean()),
         "joins_and_derivations": dg.MetadataValue.json(built.to_dict()),
         "action_space": dg.MetadataValue.json(space.describe()),
-        "path": dg.MetadataValue.path(str(files.parquet)), "jsonl": dg.MetadataValue.path(str(files.jsonl)),
+        "path": dg.MetadataValue.path(str(parquet)), "jsonl": dg.MetadataValue.path(str(jsonl)),
         "sha256": files.parquet_sha256,
     })
 
@@ -182,8 +186,9 @@ def reward_report(context: dg.AssetExecutionContext, sage: SageResource) -> dg.M
     df = rd.read_routing_dataset(sage.path("routing", rd.PARQUET_NAME))
     report = rr.compute_reward_report(df)
     pngs = {"reward_by_role": rr.plot_reward_by_role(df), "reward_vs_complexity": rr.plot_reward_vs_complexity(report)}
-    with artifacts.exclusive(sage.root(), "reward_report", context.log.info):  # its files: one run's
-        paths = rr.write_reward_report(report, pngs, sage.path("reports"))
+    members = [f"reports/{n}" for n in (rr.REPORT_NAME, *(f"{k}.png" for k in pngs))]
+    with sage.writing("reward_report", members, context.log.info) as stage:
+        paths = {k: stage.public(p) for k, p in rr.write_reward_report(report, pngs, stage.path("reports")).items()}
     context.log.info(f"reward report over {len(df):,} decisions written to {paths['reward_report']}")
     return dg.MaterializeResult(metadata={
         "report": dg.MetadataValue.md(rr.report_markdown(report)),

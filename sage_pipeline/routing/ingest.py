@@ -58,6 +58,7 @@ that works out a precise reason. Parquet row groups are written on a second thre
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fnmatch
 import json
 import logging
@@ -369,6 +370,10 @@ class IngestStats:
         }
 
 
+# what the ingest writes into its output folder
+OUTPUT_FILES = ("trajectories.parquet", "routing_decisions.parquet", "token_usage.parquet", "quarantine.jsonl")
+
+
 @dataclass(frozen=True)
 class IngestResult:
     trajectories: Path
@@ -376,6 +381,12 @@ class IngestResult:
     routing_decisions: Path
     token_usage: Path
     stats: IngestStats
+
+    def published(self, where: Callable[[Path], Path]) -> IngestResult:
+        """The same result with each path mapped by ``where`` (a staged path to where readers find it)."""
+        return dataclasses.replace(self, trajectories=where(self.trajectories), quarantine=where(self.quarantine),
+                                   routing_decisions=where(self.routing_decisions),
+                                   token_usage=where(self.token_usage))
 
 
 class LogFolderMissing(FileNotFoundError):
@@ -1048,8 +1059,7 @@ def ingest(config: IngestConfig, out_dir: str | Path, progress: Callable[[str], 
         progress(f"WARNING: skipped {sk['path']}: {sk['reason']}")
     seen = _SeenKeys()
     t_start = last_report = time.perf_counter()
-    traj_path, quar_path = out_dir / "trajectories.parquet", out_dir / "quarantine.jsonl"
-    mrd_path, tu_path = out_dir / "routing_decisions.parquet", out_dir / "token_usage.parquet"
+    traj_path, mrd_path, tu_path, quar_path = (out_dir / n for n in OUTPUT_FILES)
     q_enc = msgspec.json.Encoder()
 
     def blocks() -> Iterator[_Block]:
