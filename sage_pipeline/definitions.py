@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from sage_pipeline.defs import policy_assets, routing_assets, routing_checks, sim_assets
+from sage_pipeline.defs import online_ab, policy_assets, routing_assets, routing_checks, sim_assets
 from sage_pipeline.defs.benchmark_assets import routing_benchmark_defs
 from sage_pipeline.defs.resources import SageResource, SandboxResource
 from sage_pipeline.defs.sim_policy_assets import sim_policy_defs
@@ -24,7 +24,8 @@ ROUTING_ASSETS = [routing_assets.synthetic_sessions, routing_assets.trajectories
 offline_routing_job = dg.define_asset_job(
     "offline_routing", selection=dg.AssetSelection.groups(routing_assets.GROUP),
     description="The offline routing chain: logs -> trajectories -> routing_dataset -> reward_report "
-                "-> bc_policy, cql_policy -> offline_eval (with the promotion gate) -> sage_router_checkpoint.")
+                "-> bc_policy, cql_policy -> offline_eval (with the promotion gate) -> sage_router_checkpoint "
+                "-> online_ab (the served policy against the table, online in the simulator).")
 
 offline_routing_defs = dg.Definitions(
     assets=ROUTING_ASSETS,
@@ -40,10 +41,14 @@ sage_main_job = dg.define_asset_job(
                 "sandbox_rollouts (shards), ppo_policy and the sleep cycle (nights) follow in "
                 "scripts/materialize_all.sh, which is what the README's `make run` calls.")
 
+# The promoted policy against the table, online in the simulator (in the offline_routing group and job)
+online_ab_defs = dg.Definitions(assets=[online_ab.online_ab], asset_checks=online_ab.ONLINE_AB_CHECKS)
+
 # One fragment per chain; add a chain's fragment here and nowhere else.
 FRAGMENTS: list[dg.Definitions] = [
     sleep_defs,
     offline_routing_defs,
+    online_ab_defs,
     sim_assets.simulator_rollout_defs,
     sim_policy_defs,
     routing_benchmark_defs,
