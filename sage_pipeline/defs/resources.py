@@ -60,7 +60,9 @@ class SandboxResource(dg.ConfigurableResource):
     """Where candidate code runs. ``backend``: 'docker' (hardened containers; an error that says
     how to start the daemon when it does not answer), 'local' (unisolated processes, for the
     project's own generated tasks only) or 'auto' (Docker when its daemon answers and the
-    image is there, else local — logged as a warning and marked unisolated in metadata)."""
+    image is there, else local — logged as a warning and marked unisolated in metadata). Code the
+    project did not write (an external suite's candidates: ``untrusted=True``) runs in Docker
+    only: 'auto' then never falls back, and 'local' is refused."""
 
     backend: str = "auto"
     workers: int = 2
@@ -70,7 +72,7 @@ class SandboxResource(dg.ConfigurableResource):
     cpus: float = 1.0
     recycle_every: int = 2000
 
-    def resolve_backend(self, log=None) -> str:
+    def resolve_backend(self, log=None, untrusted: bool = False) -> str:
         from sage_pipeline.sim.sandbox import SandboxConfig, SandboxError, check_docker
 
         if self.backend != "auto":
@@ -79,14 +81,17 @@ class SandboxResource(dg.ConfigurableResource):
             check_docker(SandboxConfig(image=self.image))
             return "docker"
         except SandboxError as e:
+            if untrusted:
+                raise SandboxError(f"sandbox backend 'auto': Docker is not usable ({e}), and this code was not "
+                                   "written by the project: it never runs in the unisolated local backend") from e
             if log is not None:
                 log.warning(f"sandbox backend 'auto': Docker is not usable ({e}); running the project's own "
                             "generated tasks in UNISOLATED local processes. Set backend='docker' to require it.")
             return "local"
 
-    def open(self, log=None):
+    def open(self, log=None, untrusted: bool = False):
         from sage_pipeline.sim.sandbox import open_sandbox
 
-        return open_sandbox(self.resolve_backend(log), workers=self.workers, image=self.image,
+        return open_sandbox(self.resolve_backend(log, untrusted), workers=self.workers, image=self.image,
                             memory_mb=self.memory_mb, pids_limit=self.pids_limit, cpus=self.cpus,
-                            recycle_every=self.recycle_every)
+                            recycle_every=self.recycle_every, untrusted=untrusted)

@@ -8,15 +8,23 @@ runs in a fresh process inside the runner; see runner.py for the isolation insid
 
 Host side:
 
-- a watchdog gives every request its timeout plus ``answer_grace_s``; a worker that does
-  not answer (or dies) is replaced and the request is run once more on a fresh worker. A
-  request that takes down two fresh workers is the task's doing and is recorded as
-  ``killed``; a worker that cannot be started is an infrastructure error
-  (:class:`SandboxError`), never a task failure;
-- workers are recycled every ``recycle_every`` requests;
+- containers are created, started, inspected and removed through the ``docker`` Python SDK
+  (the daemon at ``DOCKER_HOST``, else the local socket); requests and answers travel on the
+  container's raw attach socket (see :class:`_Channel` for why not the SDK's ``attach()``);
+- a watchdog gives every request its timeout plus ``answer_grace_s``. A worker that does not
+  answer, dies, or replies with something that is not an answer to the request (another
+  id, counts out of range, not JSON, a line over 1 MiB) is replaced and the request run once
+  more on a fresh worker. Before the task is blamed, Docker is asked why the container died:
+  only its memory limit (``OOMKilled``, an ``oom`` event) twice makes the verdict ``oom``;
+  anything else twice (killed or paused from outside, a runner crash, bad replies) is a
+  :class:`SandboxError`, never a verdict and so never cached;
+- a runner whose task left something behind (a process, a file, an IPC object) answers
+  ``dirty`` and is replaced after its verdict; workers are recycled every ``recycle_every``
+  requests;
 - containers carry a label unique to the sandbox and are removed on close, on error, on
-  interrupt and at interpreter exit; a killed host process leaves none behind either
-  (``docker run -i --rm``: the runner exits when its stdin closes).
+  interrupt and at interpreter exit; a killed host process leaves none behind either (stdin
+  attached once and ``auto_remove``: the runner exits when the host's stream closes);
+- ``untrusted=True`` (code the project did not write) refuses any backend but Docker.
 
 Usage::
 
@@ -34,6 +42,7 @@ import queue
 import selectors
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -77,14 +86,18 @@ class SandboxConfig:
     recycle_every: int = 2000  # requests per worker before it is replaced
     answer_grace_s: float = 10.0  # watchdog: time past a request's timeout before replacing
     start_timeout_s: float = 60.0  # a worker must say it is ready within this
-    docker: str = "docker"  # the docker CLI (honours DOCKER_HOST)
     label: str = ""  # owner label for the containers; default: unique per sandbox
+    untrusted: bool = False  # code the project did not write (an external suite's candidates): Docker only
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ValueError(f"sandbox backend {self.backend!r}: use one of {', '.join(BACKENDS)}")
         if self.workers < 1:
             raise ValueError(f"sandbox workers must be >= 1, got {self.workers}")
+        if self.untrusted and self.backend != "docker":
+            raise SandboxError(f"sandbox backend {self.backend!r} is UNISOLATED and this sandbox is for code the "
+                               "project did not write (untrusted=True): it runs only in the Docker backend. "
+                               "Start Docker (`bash sim/setup_docker.sh`) and use backend='docker'.")
 
     @property
     def isolated(self) -> bool:
@@ -95,93 +108,247 @@ class _Unresponsive(Exception):
     pass
 
 
-def docker_run_args(cfg: SandboxConfig, name: str, label: str) -> list[str]:
-    """The hardened ``docker run`` command line of one worker."""
-    runner_cfg = {"workroot": "/tmp", "memory_bytes": cfg.task_memory_mb << 20, "nproc": cfg.task_nproc,
-                  "drop_uid": 65534}
+class _BadReply(Exception):
+    """The runner's reply is not a well-formed answer to the request sent (too long, not JSON,
+    another request's id, counts out of range): the worker is replaced, the request re-run."""
+
+
+MAX_REPLY_BYTES = 1 << 20  # an answer is a few hundred bytes; anything longer is not an answer
+STDERR_TAIL_BYTES = 4096
+
+
+def _runner_cfg(cfg: SandboxConfig) -> dict:
+    return {"workroot": "/tmp", "memory_bytes": cfg.task_memory_mb << 20, "nproc": cfg.task_nproc,
+            "drop_uid": 65534}
+
+
+def docker_run_args(cfg: SandboxConfig, name: str, label: str, docker: str = "docker") -> list[str]:
+    """The same hardened container as a ``docker run`` command line: what the pool creates
+    through the SDK (:func:`container_options`), for the container-per-execution baseline of
+    the benchmarks and for running a worker by hand."""
     return [
-        cfg.docker, "run", "-i", "--rm", "--name", name, "--label", f"{LABEL_KEY}={label}",
+        docker, "run", "-i", "--rm", "--name", name, "--label", f"{LABEL_KEY}={label}",
         "--network", "none", "--read-only",
         "--tmpfs", f"/tmp:rw,nosuid,nodev,noexec,size={cfg.tmpfs_mb}m,mode=1777",
         "--ipc", "none", *[a for k, v in IPC_SYSCTLS.items() for a in ("--sysctl", f"{k}={v}")],
         "--memory", f"{cfg.memory_mb}m", "--memory-swap", f"{cfg.memory_mb}m",
         "--pids-limit", str(cfg.pids_limit), "--cpus", str(cfg.cpus),
-        # The runner keeps only what it needs: drop to the task uid (SETUID, SETGID) and kill
-        # that uid's processes (KILL).
         "--cap-drop", "ALL", "--cap-add", "SETUID", "--cap-add", "SETGID", "--cap-add", "KILL",
         "--security-opt", "no-new-privileges", "--init", "--user", "0:0", "--workdir", "/",
         "--log-driver", "none", "-e", "PYTHONDONTWRITEBYTECODE=1",
-        cfg.image, "python3", "-I", "-u", "-c", RUNNER_SOURCE, json.dumps(runner_cfg),
+        cfg.image, "python3", "-I", "-u", "-c", RUNNER_SOURCE, json.dumps(_runner_cfg(cfg)),
     ]
 
 
-def check_docker(cfg: SandboxConfig) -> str:
-    """The daemon's version, or a SandboxError that says how to get a working daemon and image."""
-    if shutil.which(cfg.docker) is None:
-        raise SandboxError(f"the sandbox backend is 'docker' but the docker CLI {cfg.docker!r} is not installed "
-                           "(apt-get install -y docker.io), or use backend='local' for the project's own tasks")
+def container_options(cfg: SandboxConfig, name: str, label: str) -> dict:
+    """Keyword arguments of ``client.containers.create`` for one hardened worker."""
+    from docker.types import LogConfig
+
+    return dict(
+        image=cfg.image, command=["python3", "-I", "-u", "-c", RUNNER_SOURCE, json.dumps(_runner_cfg(cfg))],
+        name=name, labels={LABEL_KEY: label},
+        # stdin open and attached once (StdinOnce, which the SDK sets for detach=False): when the
+        # host's attach stream closes (the host exits, is killed, or stop() closes it), the runner
+        # reads EOF and exits and auto_remove deletes the container: a killed host leaves none.
+        stdin_open=True, detach=False, auto_remove=True,
+        network_mode="none", read_only=True,
+        tmpfs={"/tmp": f"rw,nosuid,nodev,noexec,size={cfg.tmpfs_mb}m,mode=1777"},
+        ipc_mode="none", sysctls=dict(IPC_SYSCTLS),
+        mem_limit=f"{cfg.memory_mb}m", memswap_limit=f"{cfg.memory_mb}m",
+        pids_limit=cfg.pids_limit, nano_cpus=int(cfg.cpus * 1e9),
+        # The runner keeps only what it needs: drop to the task uid (SETUID, SETGID) and kill
+        # that uid's processes (KILL).
+        cap_drop=["ALL"], cap_add=["SETUID", "SETGID", "KILL"],
+        security_opt=["no-new-privileges"], init=True, user="0:0", working_dir="/",
+        log_config=LogConfig(type="none"), environment={"PYTHONDONTWRITEBYTECODE": "1"},
+    )
+
+
+def _daemon_name() -> str:
+    return "the Docker daemon at " + os.environ.get("DOCKER_HOST", "the local socket /var/run/docker.sock")
+
+
+def docker_client(timeout: float = 60.0):
+    """A docker SDK client whose daemon answers, or a SandboxError that says how to get one."""
     try:
-        out = subprocess.run([cfg.docker, "version", "--format", "{{.Server.Version}}"], capture_output=True,
-                             text=True, timeout=20)
-    except subprocess.TimeoutExpired:
-        out = None
-    if out is None or out.returncode != 0:
-        why = "no answer in 20 s" if out is None else (out.stderr.strip().splitlines() or ["?"])[-1]
-        host = os.environ.get("DOCKER_HOST", "the local socket /var/run/docker.sock")
+        import docker
+    except ImportError as e:
+        raise SandboxError("the sandbox backend is 'docker' but the docker Python SDK is not installed: "
+                           "`.venv/bin/pip install -c constraints.txt docker` (a project dependency), "
+                           "or use backend='local' for the project's own tasks") from e
+    try:
+        client = docker.from_env(timeout=timeout)
+        client.ping()
+        return client
+    except Exception as e:  # noqa: BLE001 - DockerException, ConnectionError, a timeout: no daemon there
+        why = (str(e).splitlines() or [type(e).__name__])[0][:200]
         raise SandboxError(
-            f"the sandbox backend is 'docker' but the Docker daemon at {host} does not answer ({why}). "
-            "Start it (as root: `dockerd > /var/log/dockerd.log 2>&1 &`, or `systemctl start docker`), "
-            "or point DOCKER_HOST at a running daemon. Nothing falls back to the unisolated local backend "
-            "by itself: set backend='local' explicitly if that is what you want.")
-    img = subprocess.run([cfg.docker, "image", "inspect", cfg.image], capture_output=True, text=True, timeout=30)
-    if img.returncode != 0:
+            f"the sandbox backend is 'docker' but {_daemon_name()} does not answer ({why}). "
+            "Start it (as root: `dockerd > /var/log/dockerd.log 2>&1 &`, `systemctl start docker`, or "
+            "`bash sim/setup_docker.sh`), or point DOCKER_HOST at a running daemon. Nothing falls back to the "
+            "unisolated local backend by itself: set backend='local' explicitly if that is what you want.") from e
+
+
+def check_docker(cfg: SandboxConfig, client=None) -> str:
+    """The daemon's version, or a SandboxError that says how to get a working daemon and image."""
+    client = client or docker_client()
+    import docker
+
+    try:
+        version = client.version().get("Version", "?")
+        client.images.get(cfg.image)
+    except docker.errors.ImageNotFound as e:
         raise SandboxError(f"the sandbox image {cfg.image!r} is not there: build it offline with "
                            "`sim/build_image.sh` (debootstrap + docker import), or with a registry "
-                           f"`docker build -t {cfg.image} sim/`")
-    return out.stdout.strip()
+                           f"`docker build -t {cfg.image} sim/`") from e
+    except docker.errors.DockerException as e:
+        raise SandboxError(f"{_daemon_name()} failed while checking the sandbox image {cfg.image!r}: {e}") from e
+    return version
+
+
+class _Channel:
+    """The runner's JSON-lines stream, read in linear time and capped at MAX_REPLY_BYTES a line.
+
+    With Docker it is the container's attach socket. The SDK's ``attach()`` is a blocking
+    generator with no timeout and no way to write stdin, so the pool keeps the raw, hijacked
+    attach socket (``APIClient.attach_socket``): requests are written to the runner's stdin
+    on it, reads select on it with the watchdog's deadline, and Docker's stream framing
+    (8-byte headers: 1 = stdout, 2 = stderr) is taken apart here."""
+
+    def __init__(self, fd: int, framed: bool) -> None:
+        self.fd, self.framed = fd, framed
+        self.buf = bytearray()
+        self.scanned = 0  # bytes at the start of buf known to hold no newline
+        self.stderr = bytearray()
+        self._raw = bytearray()  # framed: bytes not yet taken apart
+        self._frame_kind, self._frame_left = 1, 0
+
+    def _feed(self, chunk: bytes) -> None:
+        if not self.framed:
+            self.buf += chunk
+            return
+        self._raw += chunk
+        pos = 0
+        while pos < len(self._raw):
+            if self._frame_left == 0:
+                if len(self._raw) - pos < 8:
+                    break
+                self._frame_kind = self._raw[pos]
+                self._frame_left = int.from_bytes(self._raw[pos + 4:pos + 8], "big")
+                pos += 8
+                continue
+            take = min(self._frame_left, len(self._raw) - pos)
+            piece = self._raw[pos:pos + take]
+            if self._frame_kind == 2:
+                self.stderr += piece
+                del self.stderr[:-STDERR_TAIL_BYTES]
+            else:
+                self.buf += piece
+            self._frame_left -= take
+            pos += take
+        del self._raw[:pos]
+
+    def read_line(self, timeout: float) -> bytes | None:
+        """The next line; None at the end of the stream; _Unresponsive past ``timeout``;
+        _BadReply when a line grows past MAX_REPLY_BYTES."""
+        deadline = time.monotonic() + timeout
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.fd, selectors.EVENT_READ)
+            while True:
+                nl = self.buf.find(b"\n", self.scanned)
+                if nl >= 0:
+                    line = bytes(self.buf[:nl])
+                    del self.buf[:nl + 1]
+                    self.scanned = 0
+                    return line
+                self.scanned = len(self.buf)
+                if len(self.buf) > MAX_REPLY_BYTES:
+                    raise _BadReply(f"a reply line longer than {MAX_REPLY_BYTES} bytes")
+                left = deadline - time.monotonic()
+                if left <= 0 or not sel.select(left):
+                    raise _Unresponsive
+                try:
+                    chunk = os.read(self.fd, 1 << 16)
+                except OSError:
+                    chunk = b""
+                if not chunk:
+                    return None
+                self._feed(chunk)
 
 
 class _Worker:
-    """One runner process (a container or a local subprocess) and its JSON-lines channel."""
+    """One runner (a container or a local subprocess) and its JSON-lines channel."""
 
-    def __init__(self, cfg: SandboxConfig, label: str, index: int) -> None:
-        self.cfg, self.label, self.index = cfg, label, index
+    def __init__(self, cfg: SandboxConfig, label: str, index: int, client=None) -> None:
+        self.cfg, self.label, self.index, self.client = cfg, label, index, client
         self.generation = 0
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen | None = None  # local backend
+        self.container = None  # docker backend
+        self.sock = None
+        self.chan: _Channel | None = None
         self.name = ""
         self.served = 0
-        self._buf = b""
+        self.started_at = 0.0
         self._workroot: str | None = None
         self._stderr = None
+        self._attach_api = None
+        self._sock_ref = None
 
     def start(self) -> None:
         self.generation += 1
-        self.served, self._buf = 0, b""
-        self._stderr = tempfile.TemporaryFile()
+        self.served = 0
+        self.started_at = time.time()
         if self.cfg.backend == "docker":
-            self.name = f"sage-sim-{self.label}-{self.index}-{self.generation}"
-            cmd = docker_run_args(self.cfg, self.name, self.label)
+            self._start_container()
         else:
-            self._workroot = tempfile.mkdtemp(prefix="sage-sim-local-")
-            runner_cfg = {"workroot": self._workroot, "memory_bytes": self.cfg.task_memory_mb << 20,
-                          "drop_uid": None}
-            self.name = f"local-{os.getpid()}-{self.index}-{self.generation}"
-            cmd = [sys.executable, "-I", "-u", "-c", RUNNER_SOURCE, json.dumps(runner_cfg)]
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
-                                     start_new_session=True)
+            self._start_local()
         try:
-            ready = self._read(self.cfg.start_timeout_s)
-        except _Unresponsive:
+            line = self.chan.read_line(self.cfg.start_timeout_s)
+            ready = json.loads(line) if line is not None else None
+        except (_Unresponsive, _BadReply, ValueError):
             ready = None
-        if not ready or not ready.get("ready"):
+        if not isinstance(ready, dict) or not ready.get("ready"):
             err = self._stderr_tail()
             self.stop()
             raise SandboxError(f"sandbox worker {self.name} did not start ({err or 'no output'}); "
-                               + ("check `docker run --rm " + self.cfg.image + " python3 -V`"
+                               + (f"check `docker run --rm {self.cfg.image} python3 -V`"
                                   if self.cfg.backend == "docker" else "check the Python interpreter"))
         self.info = ready
 
+    def _start_container(self) -> None:
+        import docker
+
+        self.name = f"sage-sim-{self.label}-{self.index}-{self.generation}"
+        try:
+            self.container = self.client.containers.create(**container_options(self.cfg, self.name, self.label))
+            # Attached before start, as `docker run -i` does, so the "ready" line is not missed;
+            # on a client of its own: the hijacked connection never goes back to a shared pool.
+            self._attach_api = docker.from_env(version=self.client.api.api_version, timeout=60).api
+            sock = self._attach_api.attach_socket(self.container.id, params={
+                "stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
+            self.sock = getattr(sock, "_sock", sock)  # the socket under the SDK's SocketIO wrapper
+            self._sock_ref = sock
+            self.container.start()
+        except docker.errors.DockerException as e:
+            why = getattr(e, "explanation", None) or str(e)
+            self.stop()
+            raise SandboxError(f"sandbox worker {self.name} did not start ({why}); "
+                               f"check `docker run --rm {self.cfg.image} python3 -V`") from e
+        self.chan = _Channel(self.sock.fileno(), framed=True)
+
+    def _start_local(self) -> None:
+        self._stderr = tempfile.TemporaryFile()
+        self._workroot = tempfile.mkdtemp(prefix="sage-sim-local-")
+        runner_cfg = {"workroot": self._workroot, "memory_bytes": self.cfg.task_memory_mb << 20, "drop_uid": None}
+        self.name = f"local-{os.getpid()}-{self.index}-{self.generation}"
+        cmd = [sys.executable, "-I", "-u", "-c", RUNNER_SOURCE, json.dumps(runner_cfg)]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
+                                     start_new_session=True)
+        self.chan = _Channel(self.proc.stdout.fileno(), framed=False)
+
     def _stderr_tail(self) -> str:
+        if self.chan is not None and self.chan.stderr:
+            return bytes(self.chan.stderr[-500:]).decode("utf-8", "replace").strip()
         if self._stderr is None:
             return ""
         with contextlib.suppress(Exception):
@@ -189,38 +356,79 @@ class _Worker:
             return self._stderr.read()[-500:].decode("utf-8", "replace").strip()
         return ""
 
-    def _read(self, timeout: float) -> dict | None:
-        assert self.proc is not None and self.proc.stdout is not None
-        fd = self.proc.stdout.fileno()
-        deadline = time.monotonic() + timeout
-        with selectors.DefaultSelector() as sel:
-            sel.register(fd, selectors.EVENT_READ)
-            while b"\n" not in self._buf:
-                left = deadline - time.monotonic()
-                if left <= 0 or not sel.select(left):
-                    raise _Unresponsive
-                chunk = os.read(fd, 1 << 16)
-                if not chunk:
-                    return None
-                self._buf += chunk
-        line, self._buf = self._buf.split(b"\n", 1)
-        return json.loads(line)
+    def _send(self, data: bytes, timeout: float) -> bool:
+        """False when the runner is gone; _Unresponsive when it stops reading."""
+        try:
+            if self.sock is not None:
+                self.sock.settimeout(timeout)
+                self.sock.sendall(data)
+            else:
+                assert self.proc is not None and self.proc.stdin is not None
+                self.proc.stdin.write(data)
+                self.proc.stdin.flush()
+        except TimeoutError as e:
+            raise _Unresponsive from e
+        except (OSError, ValueError):
+            return False
+        return True
 
     def request(self, job: ExecJob, req_id: int) -> dict | None:
-        """The runner's answer, None if it died, _Unresponsive past the watchdog's deadline."""
-        assert self.proc is not None and self.proc.stdin is not None
+        """The runner's answer, checked against the request; None if the runner died;
+        _Unresponsive past the watchdog's deadline; _BadReply if it is not an answer to it."""
         msg = {"id": req_id, "code": job.code, "entry_point": job.entry_point, "tests": job.tests,
                "timeout_s": job.timeout_s}
-        try:
-            self.proc.stdin.write((json.dumps(msg, separators=(",", ":")) + "\n").encode("utf-8"))
-            self.proc.stdin.flush()
-        except (BrokenPipeError, OSError):
+        deadline = job.timeout_s + self.cfg.answer_grace_s
+        if not self._send((json.dumps(msg, separators=(",", ":")) + "\n").encode("utf-8"), deadline):
             return None
         self.served += 1
-        return self._read(job.timeout_s + self.cfg.answer_grace_s)
+        line = self.chan.read_line(deadline)
+        if line is None:
+            return None
+        return _check_answer(line, req_id, len(job.tests))
 
     def alive(self) -> bool:
+        if self.cfg.backend == "docker":
+            if self.container is None:
+                return False
+            try:
+                self.container.reload()
+            except Exception:  # noqa: BLE001 - gone (auto-removed), or the daemon does not answer
+                return False
+            return self.container.status == "running"
         return self.proc is not None and self.proc.poll() is None
+
+    def why_down(self) -> tuple[str, str]:
+        """Why this worker stopped answering, asked of Docker before the task is blamed:
+        ``("oom", why)`` when its container hit the memory limit (the task's processes did:
+        they are the OOM killer's first choice and only they grow), else ``("infra", why)``:
+        killed or paused from outside, the runner crashed, the daemon lost it."""
+        if self.cfg.backend != "docker":
+            code = self.proc.poll() if self.proc is not None else None
+            if code is None:
+                return "infra", "the local runner stopped answering"
+            tail = self._stderr_tail()[-200:]
+            return "infra", f"the local runner exited with {code}" + (f" ({tail})" if tail else "")
+        if self.container is None:
+            return "infra", "no container"
+        state: dict = {}
+        with contextlib.suppress(Exception):  # auto-removed once it exited: the daemon's events say why
+            state = self.client.api.inspect_container(self.container.id).get("State", {})
+        if state.get("Paused"):
+            return "infra", "its container was paused from outside"
+        if state.get("Running") and not state.get("OOMKilled"):
+            return "infra", "the runner stopped answering while its container kept running"
+        actions: dict[str, dict] = {}
+        with contextlib.suppress(Exception):
+            for ev in self.client.api.events(since=int(self.started_at) - 1, until=int(time.time()) + 1,
+                                             filters={"container": self.container.id}, decode=True):
+                actions.setdefault(ev.get("Action", ""), ev.get("Actor", {}).get("Attributes", {}))
+        if state.get("OOMKilled") or "oom" in actions:
+            return "oom", "its container reached the memory limit"
+        if "kill" in actions:
+            return "infra", f"its container was killed from outside (signal {actions['kill'].get('signal')})"
+        code = state.get("ExitCode", actions.get("die", {}).get("exitCode", "?"))
+        tail = self._stderr_tail()[-200:]
+        return "infra", f"its container exited with {code}" + (f" ({tail})" if tail else "")
 
     def stop(self) -> None:
         proc, self.proc = self.proc, None
@@ -236,8 +444,26 @@ class _Worker:
                     proc.wait(timeout=5)
             with contextlib.suppress(Exception):
                 proc.stdout.close()
-        if self.cfg.backend == "docker" and self.name:
-            subprocess.run([self.cfg.docker, "rm", "-f", self.name], capture_output=True, timeout=30)
+        sock, self.sock = self.sock, None
+        if sock is not None:
+            # shutdown, not only close: the SDK's wrappers hold references that keep a closed
+            # socket's descriptor open, and the daemon waits for the stream before it removes
+            # a container whose runner is blocked writing to it
+            with contextlib.suppress(Exception):
+                sock.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(Exception):
+                sock.close()
+            with contextlib.suppress(Exception):
+                self._sock_ref.close()
+            self._sock_ref = None
+        api, self._attach_api = self._attach_api, None
+        if api is not None:
+            with contextlib.suppress(Exception):
+                api.close()
+        container, self.container = self.container, None
+        if container is not None:
+            with contextlib.suppress(Exception):  # already gone (auto_remove) is fine
+                container.remove(force=True)
         if self._workroot:
             shutil.rmtree(self._workroot, ignore_errors=True)
             self._workroot = None
@@ -247,12 +473,34 @@ class _Worker:
             self._stderr = None
 
 
-def _result(answer: dict) -> ExecResult:
-    outcome = answer["outcome"]
+def _check_answer(line: bytes, req_id: int, n_tests: int) -> dict:
+    """The runner's answer if it is one to this request, else _BadReply saying what is wrong."""
+    try:
+        answer = json.loads(line)
+    except (ValueError, RecursionError) as e:
+        raise _BadReply(f"a reply that is not JSON ({str(e)[:80]})") from e
+    if not isinstance(answer, dict):
+        raise _BadReply(f"a reply that is not a JSON object ({line[:60]!r})")
+    if type(answer.get("id")) is not int or answer["id"] != req_id:
+        raise _BadReply(f"the answer to request {answer.get('id')!r} where request {req_id} was asked")
+    if "infra_error" in answer:
+        return answer
+    outcome, passed, total, runtime = (answer.get(k) for k in ("outcome", "tests_passed", "tests_total",
+                                                               "runtime_s"))
     if outcome not in OUTCOME_KINDS:
-        raise SandboxError(f"the sandbox runner answered an unknown outcome {outcome!r}")
-    return ExecResult(outcome=outcome, tests_passed=int(answer["tests_passed"]),
-                      tests_total=int(answer["tests_total"]), runtime_s=float(answer["runtime_s"]),
+        raise _BadReply(f"an unknown outcome {outcome!r}")
+    if type(passed) is not int or type(total) is not int or total != n_tests or not 0 <= passed <= total:
+        raise _BadReply(f"tests_passed {passed!r} of tests_total {total!r} for a job of {n_tests} tests")
+    if (outcome == "pass") != (passed == total and total > 0):
+        raise _BadReply(f"outcome {outcome!r} with {passed} of {total} tests passed")
+    if type(runtime) not in (int, float) or not 0 <= runtime < 1e6:
+        raise _BadReply(f"a runtime of {runtime!r}")
+    return answer
+
+
+def _result(answer: dict) -> ExecResult:
+    return ExecResult(outcome=answer["outcome"], tests_passed=answer["tests_passed"],
+                      tests_total=answer["tests_total"], runtime_s=float(answer["runtime_s"]),
                       output_excerpt=str(answer.get("output", ""))[:300])
 
 
@@ -262,9 +510,10 @@ class Sandbox:
     def __init__(self, cfg: SandboxConfig) -> None:
         self.cfg = cfg
         self.label = cfg.label or f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.client = None  # the docker SDK client (docker backend), made in start()
         self.workers = [_Worker(cfg, self.label, i) for i in range(cfg.workers)]
         self.stats = {"requests": 0, "replaced_unresponsive": 0, "replaced_dead": 0, "replaced_dirty": 0,
-                      "recycled": 0}
+                      "replaced_bad_reply": 0, "recycled": 0}
         self._closed = False
         self._lock = threading.Lock()
 
@@ -278,7 +527,7 @@ class Sandbox:
 
     def describe(self) -> dict:
         """What the sandbox is, for metadata: backend, isolation, limits."""
-        d = {k: v for k, v in asdict(self.cfg).items() if k not in ("label", "docker")}
+        d = {k: v for k, v in asdict(self.cfg).items() if k != "label"}
         d["isolated"] = self.isolated
         d["note"] = ("Docker: no network, read-only root, tmpfs /tmp, memory/pids/cpu limits, all capabilities "
                      "dropped but SETUID/SETGID/KILL, no-new-privileges, tasks as uid 65534"
@@ -289,7 +538,10 @@ class Sandbox:
 
     def start(self) -> Sandbox:
         if self.cfg.backend == "docker":
-            check_docker(self.cfg)
+            self.client = docker_client()
+            check_docker(self.cfg, self.client)
+            for w in self.workers:
+                w.client = self.client
         errors: list[BaseException] = []
 
         def boot(w: _Worker) -> None:
@@ -323,12 +575,14 @@ class Sandbox:
             atexit.unregister(self.close)
 
     def _remove_labelled(self) -> None:
+        if self.client is None:
+            return
         with contextlib.suppress(Exception):
-            out = subprocess.run([self.cfg.docker, "ps", "-aq", "--filter", f"label={LABEL_KEY}={self.label}"],
-                                 capture_output=True, text=True, timeout=30)
-            ids = out.stdout.split()
-            if ids:
-                subprocess.run([self.cfg.docker, "rm", "-f", *ids], capture_output=True, timeout=60)
+            for c in self.client.containers.list(all=True, filters={"label": f"{LABEL_KEY}={self.label}"}):
+                with contextlib.suppress(Exception):  # removed meanwhile (auto_remove) is fine
+                    c.remove(force=True)
+        with contextlib.suppress(Exception):
+            self.client.close()
 
     def _restart(self, w: _Worker, why: str) -> None:
         # Under the lock: a sandbox being closed (an interrupt) never starts a new container.
@@ -342,16 +596,24 @@ class Sandbox:
     def _execute(self, w: _Worker, job: ExecJob, req_id: int) -> ExecResult:
         if w.served >= self.cfg.recycle_every:
             self._restart(w, "recycled")
-        failures = []
+        failures: list[tuple[str, str]] = []  # (whose: "oom" | "infra", why) of each failed attempt
         for _attempt in range(2):
             try:
                 answer = w.request(job, req_id)
             except _Unresponsive:
-                failures.append("stopped answering")
+                failures.append(("infra", "stopped answering: " + w.why_down()[1]))
                 self._restart(w, "replaced_unresponsive")
                 continue
-            if answer is None or "infra_error" in answer:
-                failures.append("died" if answer is None else answer["infra_error"])
+            except _BadReply as e:
+                failures.append(("infra", f"a bad reply ({e})"))
+                self._restart(w, "replaced_bad_reply")
+                continue
+            if answer is None:
+                failures.append(w.why_down())
+                self._restart(w, "replaced_dead")
+                continue
+            if "infra_error" in answer:
+                failures.append(("infra", str(answer["infra_error"])[:300]))
                 self._restart(w, "replaced_dead")
                 continue
             if not w.alive():  # answered, then exited (its supervisor was killed): fresh worker next
@@ -359,11 +621,14 @@ class Sandbox:
             elif answer.get("dirty"):  # the task left something behind: no next task in this worker
                 self._restart(w, "replaced_dirty")
             return _result(answer)
-        if all(f in ("stopped answering", "died") for f in failures):
-            # Two fresh workers went down on this task: its doing, not the infrastructure's.
-            return ExecResult("killed", 0, len(job.tests), job.timeout_s,
-                              f"the task took down two fresh sandbox workers ({'; '.join(failures)})")
-        raise SandboxError(f"sandbox worker {w.name} failed twice: {'; '.join(failures)}")
+        if all(whose == "oom" for whose, _ in failures):
+            # Docker says the container's memory limit was hit, twice, on fresh workers: the
+            # task's processes did it (the kernel's OOM killer takes them first).
+            return ExecResult("oom", 0, len(job.tests), job.timeout_s,
+                              "the task's processes took two sandbox containers past their memory limit")
+        # Anything else is the sandbox's failure, never the task's verdict (and never cached).
+        raise SandboxError(f"sandbox worker {w.name} failed twice on one job, not because of the task: "
+                           + "; ".join(why for _, why in failures))
 
     def run(self, jobs: Sequence[ExecJob], log: Callable[[str], None] | None = None,
             log_every_s: float = 5.0) -> list[ExecResult]:
