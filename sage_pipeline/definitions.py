@@ -12,6 +12,7 @@ import dagster as dg
 
 from sage_pipeline.defs import online_ab, policy_assets, routing_assets, routing_checks, sim_assets
 from sage_pipeline.defs.benchmark_assets import routing_benchmark_defs
+from sage_pipeline.defs.policy_iteration import policy_iteration_defs
 from sage_pipeline.defs.resources import SageResource, SandboxResource
 from sage_pipeline.defs.sim_policy_assets import sim_policy_defs
 from sage_pipeline.defs.sleep_assets import sleep_defs
@@ -37,7 +38,7 @@ sage_main_job = dg.define_asset_job(
     "sage_main", selection=dg.AssetSelection.all() - dg.AssetSelection.groups("sleep_cycle")
     - dg.AssetSelection.assets("sandbox_rollouts", "ppo_policy"),
     description="Every unpartitioned asset upstream of the partitioned ones: the offline routing chain, the "
-                "routing-benchmark import and sim_tasks. A job cannot mix partitions definitions: "
+                "routing-benchmark import, sim_tasks and the simulated month (policy_iteration, small by default). A job cannot mix partitions definitions: "
                 "sandbox_rollouts (shards), ppo_policy and the sleep cycle (nights) follow in "
                 "scripts/materialize_all.sh, which is what the README's `make run` calls.")
 
@@ -52,6 +53,7 @@ FRAGMENTS: list[dg.Definitions] = [
     sim_assets.simulator_rollout_defs,
     sim_policy_defs,
     routing_benchmark_defs,
+    policy_iteration_defs,
 ]
 
 defs = dg.Definitions.merge(

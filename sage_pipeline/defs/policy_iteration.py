@@ -1,0 +1,94 @@
+"""policy_iteration: a simulated month of deploy -> log -> retrain -> gate -> promote, beside the
+static table, the online bandit and the oracle (core: sage_pipeline.rl.policy_iteration)."""
+# No `from __future__ import annotations`: Dagster reads the real annotations.
+
+import time
+
+import dagster as dg
+from pydantic import Field
+
+from sage_pipeline import artifacts, markdown
+from sage_pipeline.defs.resources import SageResource
+from sage_pipeline.rl import policy_iteration as pi
+from sage_pipeline.rl.bandit import ALGORITHMS, BanditConfig
+
+GROUP = "closed_loop"
+WORLDS = ("stationary", "drifting")
+_D = pi.LoopConfig()
+
+
+class PolicyIterationConfig(dg.Config):
+    worlds: list[str] = Field(["drifting"], description="'stationary' and/or 'drifting' (from day 10 one model's "
+                              "quality drops 30%, from day 20 another's price doubles; the first 10 days are the "
+                              "stationary world)")
+    days: int = Field(_D.days, description="simulated days")
+    episodes_per_day: int = Field(500, description="tasks routed per day by every arm (the same tasks); "
+                                  "benchmarks/closed_loop.py uses 2,000, which the gate needs to promote reliably")
+    eval_tasks: int = Field(1000, description="the fixed tasks every day's true values are computed on")
+    seed: int = 0
+    epsilon: float = Field(_D.epsilon, description="the deployed router's exploration (uniform over primary and "
+                           "fallback); its logged propensities feed the nightly OPE")
+    window_days: int = Field(_D.window_days, description="the nightly chain retrains on the last this many days "
+                             "of journals (0: every day so far)")
+    cql_steps: int = Field(300, description="CQL gradient steps per night")
+    alphas: list[float] = Field([0.1, 1.0], description="CQL alphas tried each night (FQE on the select half)")
+    floors: list[float] = Field([0.0, 0.55], description="SAGE confidence floors tried each night")
+    bandit: str = Field(_D.bandit.algorithm, description=f"the online bandit arm: one of {', '.join(ALGORITHMS)}")
+
+
+@dg.asset(group_name=GROUP, kinds={"python", "pytorch"},
+          description="A simulated month (default 30 days) of what a team runs: each day the deployed router routes "
+                      "that day's simulated tasks in SAGE's binary space with a little exploration and writes SAGE "
+                      "journals; each night the offline chain (ingest, routing dataset, CQL with alpha and SAGE's "
+                      "confidence floor chosen by OPE) retrains on the last days' journals, and the gate promotes "
+                      "the served candidate only if its clipped step-wise DR lower bound beats the deployed policy's "
+                      "estimate; a promotion is deployed the next day. Beside it, on the same tasks: the static table "
+                      "forever, the online bandit (SAGE's Tier 1) and the oracle. Per day the true value of each; in "
+                      "total cumulative regret, promotions (each A/B-tested online against the policy it replaces), "
+                      "wrong promotions, recovery after each change, and OPE on the bandit's own logs. Stationary "
+                      "and/or drifting world. Runs on its own, from nothing; the defaults are small so that make "
+                      "run stays short (benchmarks/closed_loop.py runs the full size over 20 seeds).")
+def policy_iteration(context: dg.AssetExecutionContext, config: PolicyIterationConfig,
+                     sage: SageResource) -> dg.MaterializeResult:
+    bad = [w for w in config.worlds if w not in WORLDS]
+    if bad or not config.worlds:
+        raise ValueError(f"policy_iteration.worlds {config.worlds}: list 'stationary' and/or 'drifting'")
+    meta, report = {}, {}
+    with artifacts.exclusive(sage.root(), "policy_iteration", context.log.info):
+        for world in dict.fromkeys(config.worlds):
+            loop = pi.LoopConfig(
+                days=config.days, episodes_per_day=config.episodes_per_day, seed=config.seed, epsilon=config.epsilon,
+                eval_tasks=config.eval_tasks,
+                window_days=config.window_days, cql_steps=config.cql_steps, alphas=tuple(config.alphas),
+                floors=tuple(config.floors), bandit=BanditConfig(algorithm=config.bandit),
+                world=pi.WorldConfig(drift=world == "drifting"))
+            t0 = time.perf_counter()
+            res = pi.run_month(loop, work=sage.path("policy_iteration", "work", world), catalogue=sage.catalogue,
+                               table=sage.table, progress=lambda m, w=world: context.log.info(f"{w}: {m}"))
+            context.log.info(f"{world}: {config.days} days in {time.perf_counter() - t0:.0f} s")
+            s = res.summary
+            png = pi.plot_days(res.days, f"{world} world: true value by day (seed {config.seed})")
+            artifacts.write_bytes(sage.path("policy_iteration", f"{world}.png"), png)
+            report[world] = res.to_dict()
+            meta |= {
+                f"{world}_cumulative_regret": dg.MetadataValue.json(s["cumulative_regret"]),
+                f"{world}_nightly_regret_share_of_static": s.get("nightly_regret_share_of_static"),
+                f"{world}_promotions": s.get("promotions"), f"{world}_wrong_promotions": s.get("wrong_promotions"),
+                f"{world}_recovery": dg.MetadataValue.json(s.get("recovery", {})),
+                f"{world}_bandit_logs_ope": dg.MetadataValue.json(res.bandit_ope),
+                f"{world}_value_by_day": dg.MetadataValue.md(markdown.image(png, f"{world}: true value by day")),
+                f"{world}_days": dg.MetadataValue.md(markdown.table([
+                    {k: d.get(k) for k in ("day", "oracle", "static_table", "bandit", "nightly", "nightly_deployed",
+                                           "promoted", "wrong_promotion")} for d in res.days])),
+            }
+        path = artifacts.write_json(sage.path("policy_iteration", "policy_iteration.json"), report)
+    return dg.MaterializeResult(metadata=meta | {"path": dg.MetadataValue.path(str(path)), "seed": config.seed,
+                                                 "days": config.days})
+
+
+policy_iteration_job = dg.define_asset_job(
+    "simulated_month", selection=dg.AssetSelection.assets(policy_iteration),
+    description="The simulated month alone: deploy -> log -> retrain -> gate -> promote against the static table, "
+                "the online bandit and the oracle (benchmarks/closed_loop.py runs it over 20 seeds).")
+
+policy_iteration_defs = dg.Definitions(assets=[policy_iteration], jobs=[policy_iteration_job])

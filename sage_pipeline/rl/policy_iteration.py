@@ -1,0 +1,419 @@
+"""A simulated month of deploy -> log -> retrain -> gate -> promote, side by side with the static
+table, the online bandit and the oracle, on the same days, tasks and seed.
+
+Every day the deployed router routes that day's simulated tasks in SAGE's binary space
+(primary or fallback, what SAGE's router executes) with a small exploration rate
+(``epsilon``, uniform between the two) and writes SAGE-shaped journals with the probability
+it acted on. Every night the offline chain runs on the last ``window_days`` of journals
+(0: everything so far): the ingest, the routing dataset, CQL with alpha chosen by FQE on the
+eval split's select half, the policy distilled into SAGE's per-role classifiers behind a
+confidence floor chosen the same way (``offline_eval.train_select_cql`` and
+``distill_select_served``, as the assets), then the gate: the candidate is promoted only if
+the lower bound of its clipped step-wise DR interval on the report half beats the deployed
+policy's estimate on the same rows. A promotion is the next day's deployed policy.
+
+The world: stationary, or drifting (``WorldConfig``): from ``quality_day`` one model's
+capability for every role drops by ``quality_drop`` (30%), and from ``price_day`` another
+model's price is multiplied by ``price_factor`` (2). The reward is ``reward_v2`` (the
+reviewer's reward minus ``cost_weight`` per USD) so that a price change matters.
+
+Ground truth per day, on one fixed set of ``eval_tasks`` tasks per seed, in that day's
+world: the exact value of the policy each arm acted with (the nightly loop's deployed
+policy with its exploration, the bandit's state at the start of the day with its floor,
+the static table) and of the served policy alone, and the best binary policy (the oracle
+arm: it knows the world). Cumulative regret sums ``V_oracle - V_arm`` over the days. A
+promotion is wrong when the promoted policy's true value that night is below the policy
+it replaces. numpy + the offline chain (torch for CQL).
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import msgspec
+import numpy as np
+import pyarrow.parquet as pq
+
+from sage_pipeline import artifacts
+from sage_pipeline.rl import cql, offline_eval as oe, online_ab as ab, ope, sage_router
+from sage_pipeline.rl.bandit import BanditConfig, LinearBandit, run_online
+from sage_pipeline.rl.policy import EpsilonGreedyPolicy, StaticTablePolicy
+from sage_pipeline.routing import collector, ingest
+from sage_pipeline.routing.action_space import ActionSpace
+from sage_pipeline.routing.catalogue import ModelCatalogue
+from sage_pipeline.routing.reward import RewardSpec
+from sage_pipeline.routing.routing_dataset import DatasetConfig, build_routing_dataset
+from sage_pipeline.routing.schema import ROLES, TRAJECTORY_STEP
+from sage_pipeline.routing.simulator import RoutingSimulator, SimulatorConfig, Tasks
+from sage_pipeline.routing.table import RoutingTable
+
+log = logging.getLogger(__name__)
+
+ARMS = ("static_table", "bandit", "nightly", "oracle")
+
+
+@dataclass(frozen=True)
+class WorldConfig:
+    drift: bool = False
+    quality_model: str = "claude-sonnet-4"  # its capability drops by quality_drop on quality_day
+    quality_drop: float = 0.3
+    quality_day: int = 10
+    price_model: str = "gpt-4.1"  # its price is multiplied by price_factor on price_day
+    price_factor: float = 2.0
+    price_day: int = 20
+    cost_weight: float = 5.0  # reward_v2: reward units per USD
+
+    def catalogue(self, base: ModelCatalogue, day: int) -> ModelCatalogue:
+        """The models as they are on ``day`` (0-based)."""
+        if not self.drift:
+            return base
+        for name in (self.quality_model, self.price_model):
+            if name not in base.actions:
+                raise ValueError(f"drift model {name!r} is not in the catalogue {base.source} "
+                                 f"({', '.join(base.actions)}): name one of them")
+        models = []
+        for m in base.models:
+            if m.name == self.quality_model and day >= self.quality_day:
+                m = replace(m, capability={r: c * (1.0 - self.quality_drop) for r, c in m.capability.items()})
+            if m.name == self.price_model and day >= self.price_day:
+                m = replace(m, cost_per_call=m.cost_per_call * self.price_factor,
+                            cost_per_1k_prompt_tokens=m.cost_per_1k_prompt_tokens * self.price_factor)
+            models.append(m)
+        return ModelCatalogue(tuple(models), f"{base.source} (day {day})")
+
+    def changes(self) -> list[int]:
+        return [self.quality_day, self.price_day] if self.drift else []
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    days: int = 30
+    episodes_per_day: int = 2000
+    seed: int = 0
+    epsilon: float = 0.1  # the deployed router's exploration (uniform over primary and fallback)
+    window_days: int = 3  # nightly retraining on the last this many days of journals (0: all so far)
+    eval_fraction: float = 0.5  # of the window's sessions: half choose alpha and the floor, half gate
+    eval_tasks: int = 2000  # the fixed tasks every day's true values are computed on
+    cql_steps: int = 500
+    alphas: tuple[float, ...] = (0.03, 0.1, 0.3, 1.0)
+    floors: tuple[float, ...] = (0.0, 0.2, 0.4, 0.55)  # SAGE's confidence floors tried (chosen by FQE, not truth)
+    n_boot: int = 200  # bootstrap resamples of the gate's interval
+    sessions_per_day: int = 250
+    bandit: BanditConfig = BanditConfig()
+    bandit_batch: int = 10  # tasks routed between two bandit updates
+    online_ab_episodes: int = 2000  # each promotion is A/B-tested online against the policy it replaces
+    world: WorldConfig = WorldConfig()
+    arms: tuple[str, ...] = ARMS
+
+    def __post_init__(self) -> None:
+        if self.days < 1 or self.episodes_per_day < 50 or self.eval_tasks < 50:
+            raise ValueError(f"days must be >= 1, episodes_per_day and eval_tasks >= 50; got {self.days}, "
+                             f"{self.episodes_per_day}, {self.eval_tasks}")
+        if not 0.0 < self.epsilon <= 1.0:
+            raise ValueError(f"epsilon must lie in (0, 1] so the logs support every candidate, got {self.epsilon}")
+        if self.window_days < 0:
+            raise ValueError(f"window_days must be >= 0 (0: every day so far), got {self.window_days}")
+        bad = [a for a in self.arms if a not in ARMS]
+        if bad or not self.arms:
+            raise ValueError(f"arms {bad or 'none'}: choose from {', '.join(ARMS)}")
+
+
+# ---------------------------------------------------------------------- journals
+def write_journal(path: Path, sim: RoutingSimulator, tasks: Tasks, rows: dict[str, np.ndarray], day: datetime,
+                  prefix: str, sessions_per_day: int, rng: np.random.Generator) -> int:
+    """One day's decisions (``rows`` as ``collector.simulate_episodes`` returns them) as SAGE's
+    journal ``YYYY-MM-DD.log``: per session SESSION_START, per decision MODEL_ROUTING_DECISION,
+    TOKEN_USAGE and TRAJECTORY_STEP (no ``step``; ``propensity`` as the extension key), SESSION_END.
+    The event shapes are the synthetic collector's; returns the number of lines."""
+    order = np.lexsort((rows["step"], rows["task"]))
+    rows = {k: v[order] for k, v in rows.items()}
+    fired = collector._fired(sim, tasks, rows)
+    bounds = np.searchsorted(rows["task"], np.arange(len(tasks) + 1))
+    sizes = collector._session_sizes(len(tasks), 4.0, rng)
+    first = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    spacing = timedelta(seconds=0.9 * 86400 / max(len(sizes), 1))
+    fallback, enc, lines = sim.table.fallback_index(sim.catalogue), msgspec.json.Encoder(), []
+    for s, size in enumerate(sizes):
+        sid = f"{prefix}-{day.date().isoformat()}-{s:05d}"
+        clock = day + spacing * s
+        lines.append(enc.encode({"type": "SESSION_START", "timestamp": collector._stamp(clock), "session_id": sid,
+                                 "extra": {"synthetic": True, "collector": __name__}}))
+        for j in range(size):
+            task = first[s] + j
+            r_i = int(tasks.role[task])
+            role, tid = ROLES[r_i], f"{sid}-t{j:02d}"
+            for r in range(bounds[task], bounds[task + 1]):
+                model = sim.actions[rows["action"][r]]
+                timed_out, passed = bool(rows["timed_out"][r]), bool(rows["verification_passed"][r])
+                p, tcs = round(float(rows["propensity"][r]), 10), float(tasks.task_complexity_score[task])
+                pfc, tokens = int(rows["primary_failure_count"][r]), int(rows["prompt_tokens"][r])
+                table_choice = fallback[r_i] if fired[r] else sim.primary[r_i]
+                clock += timedelta(milliseconds=5)
+                lines.append(enc.encode({
+                    "type": "MODEL_ROUTING_DECISION", "timestamp": collector._stamp(clock), "session_id": sid,
+                    "agent_role": role, "task_complexity_score": tcs, "primary_failure_count": pfc,
+                    "primary_model": sim.actions[sim.primary[r_i]], "fallback_model": sim.actions[fallback[r_i]],
+                    "selected_model": model, "matched_fallback_triggers": fired[r],
+                    "policy_source": "yaml" if rows["action"][r] == table_choice else "learned", "propensity": p}))
+                clock += timedelta(seconds=float(rows["latency_s"][r]))
+                lines.append(enc.encode({"type": "TOKEN_USAGE", "timestamp": collector._stamp(clock),
+                                         "session_id": sid, "model": model, "prompt_tokens": tokens,
+                                         "completion_tokens": 0 if timed_out else collector.COMPLETION_TOKENS_PER_CALL}))
+                clock += timedelta(milliseconds=5)
+                lines.append(enc.encode({
+                    "type": TRAJECTORY_STEP, "timestamp": collector._stamp(clock), "session_id": sid, "task_id": tid,
+                    "agent": role, "action": {"model_chosen": model, "prompt_strategy_key": "default"},
+                    "propensity": p,
+                    "state": {"task_complexity_score": tcs, "primary_failure_count": pfc,
+                              "failure_count": int(rows["failure_count"][r]), "prompt_tokens": tokens,
+                              "verification_passed": passed, "timed_out": timed_out,
+                              "failed_reason": "timeout" if timed_out else (None if passed else "verification_failed"),
+                              "reviewer_score": float(rows["reviewer_score"][r]),
+                              "latency_s": round(float(rows["latency_s"][r]), 3),
+                              "cost_usd": round(float(rows["cost_usd"][r]), 6)},
+                    "reward": round(float(rows["reward_v1"][r]), 6), "terminal": bool(rows["terminal"][r]),
+                    "extra": {"synthetic": True}}))
+        clock += timedelta(milliseconds=1)
+        lines.append(enc.encode({"type": "SESSION_END", "timestamp": collector._stamp(clock), "session_id": sid}))
+    artifacts.write_bytes(path, b"\n".join(lines) + b"\n")
+    return len(lines)
+
+
+def logged_dataset(day_dirs: list[Path], work: Path, table: RoutingTable, catalogue: ModelCatalogue,
+                   reward: RewardSpec, eval_fraction: float = DatasetConfig.eval_fraction):
+    """The routing dataset (frame, multi-model action space) of the journals in ``day_dirs``, through the
+    same ingest and dataset build as the assets."""
+    res = ingest.ingest(ingest.IngestConfig(tuple(day_dirs)), work, progress=lambda *_: None)
+    if res.stats.quarantined:
+        raise ValueError(f"{res.stats.quarantined} lines of the loop's own journals were quarantined "
+                         f"({dict(res.stats.quarantine_reasons)}): see {res.quarantine}")
+    built = build_routing_dataset(pq.read_table(res.trajectories).to_pandas(), table, catalogue,
+                                  DatasetConfig(reward=reward, eval_fraction=eval_fraction), pq.read_table(res.routing_decisions).to_pandas(),
+                                  pq.read_table(res.token_usage).to_pandas())
+    return built.frame, built.space
+
+
+# ---------------------------------------------------------------------- one night
+@dataclass(frozen=True)
+class NightResult:
+    promoted: bool
+    candidate: object | None  # the served composite trained tonight
+    reason: str
+    alpha: str | None = None
+    floor: float | None = None
+    seconds: float = 0.0
+    estimates: dict = field(default_factory=dict)  # the gate's estimator on the report half: deployed, candidate
+
+
+def nightly(df, space: ActionSpace, table: RoutingTable, deployed, config: LoopConfig, seed: int) -> NightResult:
+    """Train tonight's served candidate on ``df`` and gate it against ``deployed`` on the report half."""
+    t0 = time.perf_counter()
+    quiet = lambda *_: None  # noqa: E731
+    ope_cfg = ope.OPEConfig(n_boot=config.n_boot, seed=seed)
+    sel = oe.train_select_cql(df, space, cql.CQLConfig(steps=config.cql_steps, seed=seed), config.alphas, ope_cfg,
+                              "fqe", progress=quiet)
+    served = oe.distill_select_served(df, space, table, sel.result.policy(), "cql",
+                                      sage_router.SageRouterConfig(min_confidence_grid=config.floors, seed=seed),
+                                      ope_cfg, "fqe", progress=quiet)
+    data = ope.LoggedData.from_frame(oe.eval_part(df, "report"), space.actions, space.roles)
+    evals = {"deployed": ope.evaluate_policy(data, deployed, ope_cfg, progress=quiet),
+             "candidate": ope.evaluate_policy(data, served.policy, ope_cfg, progress=quiet)}
+    gate = oe.promotion_gate(evals, static="deployed", candidates=("candidate",))
+    est = {k: asdict(e.estimates[oe.GATE_ESTIMATOR]) for k, e in evals.items()}
+    return NightResult(gate.promoted == "candidate", served.policy, gate.reason.replace("static estimate",
+                                                                                        "deployed estimate"),
+                       sel.label, served.policy.min_confidence, time.perf_counter() - t0, est)
+
+
+# ---------------------------------------------------------------------- the month
+@dataclass
+class LoopResult:
+    config: dict
+    days: list[dict] = field(default_factory=list)  # per day: true values of every arm, promotions
+    summary: dict = field(default_factory=dict)
+    bandit_ope: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _value(sim: RoutingSimulator, policy, tasks: Tasks) -> float:
+    return float(sim.policy_value(policy, tasks).mean)
+
+
+def run_month(config: LoopConfig, work: Path | None = None, progress: Callable[[str], None] = log.info,
+              catalogue: ModelCatalogue | None = None, table: RoutingTable | None = None) -> LoopResult:
+    """Run every arm of ``config.arms`` over ``config.days`` simulated days (see the module doc)."""
+    catalogue, table = catalogue or ModelCatalogue.load(), table or RoutingTable.load()
+    reward = RewardSpec(version="reward_v2", cost_weight=config.world.cost_weight)
+    sims = {}
+
+    def world(day: int) -> RoutingSimulator:
+        key = tuple(d for d in config.world.changes() if day >= d)
+        if key not in sims:
+            sims[key] = RoutingSimulator(config.world.catalogue(catalogue, day), table, SimulatorConfig(reward=reward))
+        return sims[key]
+
+    space = ActionSpace.build(table, catalogue=catalogue).binary()
+    sim0 = world(0)
+    if tuple(space.actions) != tuple(sim0.actions):
+        raise ValueError(f"the table's models {space.actions} are not the catalogue's {sim0.actions}: the loop "
+                         "needs a catalogue that simulates every model the table names, and only those")
+    rng_eval = np.random.default_rng([config.seed, 1])
+    eval_tasks = sim0.sample_tasks(config.eval_tasks, rng_eval)
+    static = StaticTablePolicy(table, space)
+    deployed, deployed_name = static, "static_table"
+    bandit = LinearBandit.for_space(space, replace(config.bandit, seed=config.seed), name=config.bandit.algorithm)
+    result = LoopResult({"loop": asdict(config)})
+    start = datetime(2026, 12, 1, tzinfo=timezone.utc)
+    own_tmp = None
+    if work is None:
+        own_tmp = tempfile.TemporaryDirectory(prefix="policy_iteration-")
+        work = Path(own_tmp.name)
+    try:
+        journals = {"nightly": work / "nightly", "bandit": work / "bandit"}
+        for day in range(config.days):
+            sim = world(day)
+            date = start + timedelta(days=day)
+            rng_day = np.random.default_rng([config.seed, 2, day])
+            tasks = sim.sample_tasks(config.episodes_per_day, rng_day)  # the same tasks for every arm
+            row = {"day": day, "date": date.date().isoformat(),
+                   "oracle": float(sim.optimal_value(eval_tasks, space.mask).mean),
+                   "static_table": _value(sim, static, eval_tasks)}
+            if "bandit" in config.arms:
+                row["bandit"] = _value(sim, bandit, eval_tasks)  # its state at the start of the day, floor included
+                rows = run_online(bandit, sim, tasks, np.random.default_rng([config.seed, 3, day]), config.bandit_batch)
+                write_journal(journals["bandit"] / date.date().isoformat() / f"{date.date().isoformat()}.log", sim,
+                              tasks, rows, date, f"bandit-{config.seed}", config.sessions_per_day,
+                              np.random.default_rng([config.seed, 4, day]))
+            if "nightly" in config.arms:
+                behaviour = EpsilonGreedyPolicy(deployed, config.epsilon, name="deployed+exploration")
+                row["nightly"] = _value(sim, behaviour, eval_tasks)
+                row["nightly_deployed"] = _value(sim, deployed, eval_tasks)
+                row["deployed"] = deployed_name
+                rows = collector.simulate_episodes(sim, tasks, behaviour, np.random.default_rng([config.seed, 5, day]))
+                day_dir = journals["nightly"] / date.date().isoformat()
+                write_journal(day_dir / f"{date.date().isoformat()}.log", sim, tasks, rows, date,
+                              f"loop-{config.seed}", config.sessions_per_day, np.random.default_rng([config.seed, 6, day]))
+                if day < config.days - 1:  # the last night's policy would never be deployed
+                    dirs = sorted(p for p in journals["nightly"].iterdir() if p.is_dir())
+                    dirs = dirs[-config.window_days:] if config.window_days else dirs
+                    df, _ = logged_dataset(dirs, work / "night" / date.date().isoformat(), table, catalogue, reward,
+                                           config.eval_fraction)
+                    night = nightly(df, space, table, deployed, config, config.seed * 1000 + day)
+                    row |= {"promoted": night.promoted, "gate": night.reason, "alpha": night.alpha,
+                            "floor": night.floor, "night_s": round(night.seconds, 2)}
+                    if night.promoted:
+                        v_new, v_old = _value(sim, night.candidate, eval_tasks), row["nightly_deployed"]
+                        row |= {"promoted_true_value": v_new, "wrong_promotion": v_new < v_old}
+                        # online_ab of the promotion in tonight's world, with the gate's OPE estimates
+                        rep = ab.online_ab(sim, deployed, night.candidate,
+                                           ab.OnlineABConfig(config.online_ab_episodes, config.seed * 1000 + day),
+                                           {"a": night.estimates["deployed"]["value"],
+                                            "b": night.estimates["candidate"]["value"]}, (deployed_name, "candidate"))
+                        row["online_ab"] = {"from": deployed_name, "difference": rep.difference,
+                                            "true_difference": rep.true_difference, "ope": rep.ope,
+                                            "ope_difference_inside": rep.ope_difference_inside,
+                                            "ope_value_inside": rep.ope_value_inside}
+                        deployed, deployed_name = night.candidate, f"served@night{day}"
+            result.days.append(row)
+            progress(f"day {day + 1}/{config.days}: oracle {row['oracle']:.4f}, table {row['static_table']:.4f}"
+                     + (f", bandit {row['bandit']:.4f}" if "bandit" in row else "")
+                     + (f", nightly {row['nightly']:.4f} (deployed {row['nightly_deployed']:.4f}"
+                        f"{', promoted' if row.get('promoted') else ''})" if "nightly" in row else ""))
+        if "bandit" in config.arms:
+            result.bandit_ope = bandit_logs_ope(journals["bandit"], work / "bandit_ope", bandit, static, space, table,
+                                                catalogue, reward, world(config.days - 1), config)
+    finally:
+        if own_tmp is not None:
+            own_tmp.cleanup()
+    result.summary = summarise(result.days, config)
+    return result
+
+
+def bandit_logs_ope(folder: Path, work: Path, bandit: LinearBandit, static, space: ActionSpace, table: RoutingTable,
+                    catalogue: ModelCatalogue, reward: RewardSpec, sim: RoutingSimulator, config: LoopConfig) -> dict:
+    """The bandit's own journals of the last ``window_days`` days (the world of the last day), read by the
+    ingest and the dataset build like any logs, then OPE (the gate's clipped step-wise DR) of two
+    policies on them: the bandit's final state and the static table, each against its exact value
+    on those days' tasks."""
+    dirs = sorted(p for p in folder.iterdir() if p.is_dir())[-max(config.window_days, 3):]
+    first_day = config.days - len(dirs)
+    if any(first_day <= c < config.days for c in config.world.changes() if c > first_day):
+        return {"skipped": f"the world changed within the last {len(dirs)} days: no single truth to compare with"}
+    df, _ = logged_dataset(dirs, work, table, catalogue, reward)
+    data = ope.LoggedData.from_frame(df, space.actions, space.roles)
+    tasks = oe.eval_tasks(data)
+    out = {"days": [d.name for d in dirs], "decisions": int(len(df)), "episodes": int(len(tasks))}
+    for name, pol in (("bandit_final", bandit), ("static_table", static)):
+        ev = ope.evaluate_policy(data, pol, ope.OPEConfig(n_boot=config.n_boot, seed=config.seed),
+                                 progress=lambda *_: None)
+        e = ev.estimates[ope.HEADLINE_ESTIMATOR]
+        truth = _value(sim, pol, tasks)
+        out[name] = {"estimate": e.value, "ci_low": e.ci_low, "ci_high": e.ci_high, "true_value": truth,
+                     "relative_error": None if e.value is None else abs(e.value - truth) / abs(truth)}
+    return out
+
+
+def summarise(days: list[dict], config: LoopConfig) -> dict:
+    """Cumulative regret per arm, promotions, wrong promotions, recovery after each change."""
+    oracle = np.array([d["oracle"] for d in days])
+    out: dict = {"days": len(days), "cumulative_regret": {}, "mean_value": {}}
+    for arm in ("static_table", "bandit", "nightly"):
+        if arm in days[0]:
+            v = np.array([d[arm] for d in days])
+            out["cumulative_regret"][arm] = float((oracle - v).sum())
+            out["mean_value"][arm] = float(v.mean())
+    out["mean_value"]["oracle"] = float(oracle.mean())
+    if "nightly" in days[0]:
+        st = out["cumulative_regret"]["static_table"]
+        out["nightly_regret_share_of_static"] = out["cumulative_regret"]["nightly"] / st if st > 0 else None
+        out["promotions"] = sum(bool(d.get("promoted")) for d in days)
+        abs_ = [d["online_ab"] for d in days if "online_ab" in d]
+        out["online_ab"] = {"promotions_tested": len(abs_),
+                            "ope_difference_inside": sum(bool(a["ope_difference_inside"]) for a in abs_),
+                            "first_from_static_inside": next((a["ope_difference_inside"] for a in abs_
+                                                              if a["from"] == "static_table"), None)}
+        out["wrong_promotions"] = sum(bool(d.get("wrong_promotion")) for d in days)
+        out["recovery"] = {}
+        for change in config.world.changes():
+            gaps = {d["day"]: (d["oracle"] - d["nightly_deployed"]) / abs(d["oracle"]) for d in days
+                    if change <= d["day"] < change + 10}
+            back = next((day - change for day, g in sorted(gaps.items()) if g <= 0.05), None)
+            out["recovery"][str(change)] = {"days_to_within_5pct": back,
+                                            "gap_on_day_3": gaps.get(change + 3),
+                                            "within_5pct_by_day_3": back is not None and back <= 3}
+    return out
+
+
+def plot_days(days: list[dict], title: str = "") -> bytes:
+    """The true value of each arm's acting policy by day (and the nightly loop's deployed policy)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    x = [d["day"] + 1 for d in days]
+    labels = {"oracle": "oracle", "static_table": "static table", "bandit": "online bandit",
+              "nightly": "nightly loop (with exploration)", "nightly_deployed": "nightly loop: served policy"}
+    styles = {"oracle": ("k", ":"), "static_table": ("tab:gray", "-"), "bandit": ("tab:orange", "-"),
+              "nightly": ("tab:blue", "-"), "nightly_deployed": ("tab:blue", "--")}
+    for key, label in labels.items():
+        if key in days[0]:
+            color, ls = styles[key]
+            ax.plot(x, [d[key] for d in days], color=color, ls=ls, lw=1.2, label=label)
+    for d in days:
+        if d.get("promoted"):
+            ax.axvline(d["day"] + 1.5, color="tab:green" if not d.get("wrong_promotion") else "tab:red", lw=0.5)
+    ax.set_xlabel("day")
+    ax.set_ylabel("true value (expected episode return)")
+    ax.set_title(title or "true value of the deployed policy by day (green: a promotion)", fontsize=9)
+    ax.legend(fontsize=7, loc="lower right")
+    return artifacts.png_bytes(fig)

@@ -1,0 +1,47 @@
+"""policy_iteration materialized in-process on a tiny month: its metadata, its plot, its report file,
+and its own job."""
+
+from __future__ import annotations
+
+import json
+
+import dagster as dg
+
+from sage_pipeline.defs.policy_iteration import policy_iteration
+from sage_pipeline.defs.resources import SageResource
+from sage_pipeline.definitions import defs
+
+TINY = {"days": 3, "episodes_per_day": 200, "eval_tasks": 200, "cql_steps": 50, "alphas": [0.1], "floors": [0.0],
+        "worlds": ["stationary", "drifting"]}
+
+
+def test_a_tiny_month_materializes_with_its_figures(tmp_path):
+    result = dg.materialize([policy_iteration], resources={"sage": SageResource(data_dir=str(tmp_path))},
+                            run_config={"ops": {"policy_iteration": {"config": TINY}}},
+                            instance=dg.DagsterInstance.ephemeral())
+    assert result.success
+    meta = {k: v.value for k, v in result.asset_materializations_for_node("policy_iteration")[-1].metadata.items()}
+    for world in ("stationary", "drifting"):
+        regret = meta[f"{world}_cumulative_regret"]
+        assert set(regret) == {"static_table", "bandit", "nightly"} and all(v >= -1e-9 for v in regret.values())
+        assert "data:image/png;base64," in meta[f"{world}_value_by_day"]
+        assert meta[f"{world}_wrong_promotions"] >= 0
+    report = json.loads((tmp_path / "policy_iteration" / "policy_iteration.json").read_text())
+    assert [d["day"] for d in report["drifting"]["days"]] == [0, 1, 2]
+    assert (tmp_path / "policy_iteration" / "drifting.png").is_file()
+
+
+def test_bad_world_is_refused(tmp_path):
+    result = dg.materialize([policy_iteration], resources={"sage": SageResource(data_dir=str(tmp_path))},
+                            run_config={"ops": {"policy_iteration": {"config": {**TINY, "worlds": ["windy"]}}}},
+                            instance=dg.DagsterInstance.ephemeral(), raise_on_error=False)
+    assert not result.success
+    assert "list 'stationary' and/or 'drifting'" in str(result.get_step_failure_events()[0].event_specific_data.error)
+
+
+def test_its_own_job_and_group():
+    job = defs.resolve_job_def("simulated_month")
+    assert job.asset_layer.executable_asset_keys == {dg.AssetKey("policy_iteration")}
+    assert defs.resolve_asset_graph().get(dg.AssetKey("policy_iteration")).group_name == "closed_loop"
+    offline = defs.resolve_job_def("offline_routing").asset_layer.executable_asset_keys
+    assert dg.AssetKey("policy_iteration") not in offline and dg.AssetKey("online_ab") in offline
