@@ -20,6 +20,11 @@ Goals (issue 19), over 20 seeds:
     .venv/bin/python benchmarks/closed_loop.py [--seeds 20] [--first-seed 0] [--workers 2] [--days 30]
         [--worlds stationary drifting] [--episodes-per-day 2000] [--cql-steps 500] [--epsilon 0.1]
         [--window-days 3] [--bandit thompson|linucb]
+    .venv/bin/python benchmarks/closed_loop.py --online-ab [--seeds 20] [--ab-episodes 2000]
+
+``--online-ab`` answers the last goal at the assets' default size: the offline chain in SAGE's
+binary space on 20,000 logged episodes, then the promoted served policy against the table
+online, with offline_eval's estimates.
 
 Results: printed (a markdown table for docs/benchmarks.md), every seed's days in
 ``benchmarks/.scratch/closed_loop.json`` and the value-by-day plot of the first seed in
@@ -53,6 +58,79 @@ def run_one(seed: int, world: str, kw: dict) -> dict:
     res = pi.run_month(cfg, progress=lambda *_: None)
     return {"seed": seed, "world": world, "seconds": time.perf_counter() - t0, "summary": res.summary,
             "bandit_ope": res.bandit_ope, "days": res.days}
+
+
+def ab_seed(seed: int, episodes: int, ab_episodes: int) -> dict:
+    """The online_ab asset's question at the assets' default size: the offline chain in SAGE's binary
+    space (collector, ingest, routing dataset, BC and CQL, served composites, offline_eval's report and
+    gate, exactly as ``benchmarks/offline_quality.py --action-space sage_binary``), then the promoted
+    served policy against the table online (``rl.online_ab``) with offline_eval's estimates."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import tempfile
+
+    import pyarrow.parquet as pq
+
+    from sage_pipeline.rl import bc, cql, offline_eval as oe, online_ab as ab, ope
+    from sage_pipeline.rl.data import from_dataset
+    from sage_pipeline.rl.policy import StaticTablePolicy
+    from sage_pipeline.routing import collector, ingest
+    from sage_pipeline.routing.catalogue import ModelCatalogue
+    from sage_pipeline.routing.features import FeatureSpec
+    from sage_pipeline.routing.routing_dataset import DatasetConfig, build_routing_dataset
+    from sage_pipeline.routing.simulator import RoutingSimulator
+    from sage_pipeline.routing.table import RoutingTable
+
+    t0, quiet = time.perf_counter(), (lambda *_: None)
+    cat, tab = ModelCatalogue.load(), RoutingTable.load()
+    sim = RoutingSimulator(cat, tab)
+    with tempfile.TemporaryDirectory(dir=SCRATCH) as tmp:
+        tmp = Path(tmp)
+        collector.collect(sim, tmp / "sessions", collector.CollectorConfig(episodes=episodes, seed=seed,
+                                                                          action_space="sage_binary"), progress=quiet)
+        res = ingest.ingest(ingest.IngestConfig((tmp / "sessions",)), tmp / "routing", progress=quiet)
+        built = build_routing_dataset(pq.read_table(res.trajectories).to_pandas(), tab, cat, DatasetConfig(),
+                                      pq.read_table(res.routing_decisions).to_pandas(),
+                                      pq.read_table(res.token_usage).to_pandas())
+    df, space = built.frame, built.space.binary()
+    bc_pol = bc.train_bc(from_dataset(df, space).split_rows("train").restrict(space), FeatureSpec(roles=space.roles),
+                         bc.BCConfig(seed=seed), log=quiet).policy()
+    sel = oe.train_select_cql(df, space, cql.CQLConfig(seed=seed), oe.DEFAULT_ALPHAS, ope.OPEConfig(n_boot=300, seed=seed),
+                              progress=quiet)
+    report, served = oe.run_sage_binary_eval(df, oe.eval_part(df, "report"), space, tab,
+                                             {"bc": bc_pol, "cql": sel.result.policy()},
+                                             ope.OPEConfig(n_boot=1000, seed=seed), sim, quiet)
+    out = {"seed": seed, "promoted": report.gate.promoted}
+    if report.gate.promoted is not None:
+        est = ab.ope_estimates_from_summary(report.summary(), report.gate.promoted)
+        rep = ab.online_ab(sim, StaticTablePolicy(tab, space), served[report.gate.promoted].policy,
+                           ab.OnlineABConfig(ab_episodes, seed), est, ("static_table", report.gate.promoted))
+        out |= {"ope": rep.ope, "difference": rep.difference, "true_difference": rep.true_difference,
+                "value": rep.arms[report.gate.promoted]["value"],
+                "true_value": rep.arms[report.gate.promoted]["true_value"],
+                "ope_difference_inside": rep.ope_difference_inside, "ope_value_inside": rep.ope_value_inside}
+    out["seconds"] = time.perf_counter() - t0
+    return out
+
+
+def ab_main(a) -> None:
+    t0, runs = time.perf_counter(), []
+    with ProcessPoolExecutor(max_workers=a.workers) as pool:
+        for f in as_completed([pool.submit(ab_seed, s, a.ab_log_episodes, a.ab_episodes)
+                               for s in range(a.first_seed, a.first_seed + a.seeds)]):
+            r = f.result()
+            runs.append(r)
+            print(f"seed {r['seed']:>3} {r['seconds']:5.0f} s promoted {r['promoted']}: difference "
+                  f"{r.get('difference')} OPE {r.get('ope')} inside {r.get('ope_difference_inside')} "
+                  f"(value inside {r.get('ope_value_inside')})", flush=True)
+    tested = [r for r in runs if r["promoted"] is not None]
+    summary = {"seeds": len(runs), "promoted": len(tested), "episodes_per_arm": a.ab_episodes,
+               "ope_difference_inside": _share(r["ope_difference_inside"] for r in tested),
+               "ope_value_inside": _share(r["ope_value_inside"] for r in tested),
+               "true_difference_inside": _share(r["difference"]["ci_low"] <= r["true_difference"]
+                                                <= r["difference"]["ci_high"] for r in tested),
+               "wall_s": time.perf_counter() - t0}
+    Path(a.out).write_text(json.dumps({"args": vars(a), "summary": summary, "runs": runs}, default=str))
+    print(json.dumps(summary, indent=1))
 
 
 def _share(xs) -> str:
@@ -126,9 +204,18 @@ def main() -> None:
     ap.add_argument("--epsilon", type=float, default=0.1)
     ap.add_argument("--window-days", type=int, default=3)
     ap.add_argument("--bandit", default="thompson", choices=["thompson", "linucb"])
-    ap.add_argument("--out", default=str(SCRATCH / "closed_loop.json"))
+    ap.add_argument("--online-ab", action="store_true", help="instead of the month: the online_ab asset's "
+                    "question over seeds, at the assets' default size (offline chain in SAGE's binary space, then "
+                    "the promoted served policy against the table online)")
+    ap.add_argument("--ab-log-episodes", type=int, default=20_000, help="--online-ab: logged episodes per seed")
+    ap.add_argument("--ab-episodes", type=int, default=2000, help="--online-ab: simulated tasks per arm")
+    ap.add_argument("--out", default=None)
     a = ap.parse_args()
     SCRATCH.mkdir(parents=True, exist_ok=True)
+    if a.online_ab:
+        a.out = a.out or str(SCRATCH / "closed_loop_online_ab.json")
+        return ab_main(a)
+    a.out = a.out or str(SCRATCH / "closed_loop.json")
     kw = {"days": a.days, "episodes_per_day": a.episodes_per_day, "cql_steps": a.cql_steps,
           "alphas": tuple(a.alphas), "floors": tuple(a.floors), "epsilon": a.epsilon, "window_days": a.window_days,
           "bandit": a.bandit}
