@@ -6,6 +6,9 @@ needs nothing but python3. Protocol with the host: JSON lines. The runner first 
 ``{"ready": ...}``; then for each request line
 ``{"id", "code", "entry_point", "tests": [{"args", "expected"}], "timeout_s"}`` it writes one
 answer line ``{"id", "outcome", "tests_passed", "tests_total", "runtime_s", "output"}``.
+Tests of the form ``[{"check", "setup"}]`` are an external suite's (HumanEval, MBPP): their
+trusted test code runs in a judge process, the candidate in its own (see "external suites"
+below).
 
 Processes, per container:
 
@@ -33,12 +36,14 @@ before the next task. A wall-clock timeout kills a hanging candidate.
 Python 3.9+, standard library only: this file is executed inside the sandbox image.
 """
 
+import base64
 import errno
 import fcntl
 import json
 import math
 import os
 import resource
+import select
 import selectors
 import signal
 import stat
@@ -180,6 +185,421 @@ def run_child(cfg, msg, res_w, out_w, setup_w):
     os._exit(0)
 
 
+# -- external suites: the codec, the candidate's server and the judge ---------------------------
+#
+# An external suite's test code (HumanEval's ``check(candidate)``, MBPP's assert lines) is
+# trusted and runs in a judge process, as another unprivileged uid than the candidate. The
+# candidate's code runs in its own process. In the judge, ``candidate`` (and the entry
+# point's name) is a proxy: each call sends its arguments to the candidate's process and
+# gets back the return value or the exception through the codec below. The judge decodes
+# only plain values (never unpickles, never runs what the candidate sends), so a candidate
+# that writes to any descriptor, returns an object whose ``__eq__`` is always true, exits,
+# or patches its builtins can at worst fail. The codec lives here because this file is the
+# program that runs inside the sandbox (``python3 -I -c``): no import of the package.
+
+CODEC_MAX_DEPTH = 200
+MAX_CALL_BYTES = 16 << 20  # one call's arguments or one reply
+CALL_FD, REPLY_FD = 5, 6  # the candidate reads calls on 5; the judge reads replies on 6
+
+
+class CodecError(ValueError):
+    pass
+
+
+def encode(v, depth=0):
+    """A JSON-able, type-preserving form of a plain value: None, bool, int (any size), float
+    (nan/inf too), complex, str, bytes, bytearray, list, tuple, set, frozenset, dict. Other
+    types raise CodecError; subclasses of these (Counter, OrderedDict, a namedtuple, an
+    IntEnum) travel as their plain value."""
+    if depth > CODEC_MAX_DEPTH:
+        raise CodecError("a value nested deeper than %d levels" % CODEC_MAX_DEPTH)
+    t, d = type(v), depth + 1
+    if v is None or t is bool or t is str:
+        return v
+    if t is int:
+        return v if -(1 << 53) < v < (1 << 53) else {"i": hex(v)}
+    if t is float:
+        return v if math.isfinite(v) else {"f": repr(v)}
+    if t is list:
+        return [encode(x, d) for x in v]
+    if t is tuple:
+        return {"t": [encode(x, d) for x in v]}
+    if t is set:
+        return {"s": [encode(x, d) for x in v]}
+    if t is frozenset:
+        return {"fs": [encode(x, d) for x in v]}
+    if t is dict:
+        return {"d": [[encode(k, d), encode(x, d)] for k, x in v.items()]}
+    if t is bytes:
+        return {"b": base64.b64encode(v).decode("ascii")}
+    if t is bytearray:
+        return {"ba": base64.b64encode(bytes(v)).decode("ascii")}
+    if t is complex:
+        return {"c": [encode(v.real, d), encode(v.imag, d)]}
+    for base in (bool, int, float, complex, str, bytes, bytearray, tuple, list, set, frozenset, dict):
+        if isinstance(v, base):
+            return encode(base(v), d)
+    raise CodecError("a %s cannot cross the sandbox boundary (plain values only)" % t.__name__)
+
+
+def decode(x, depth=0):
+    """The value ``encode`` made, from parsed JSON; anything else raises CodecError. Builds
+    only plain values: whatever the candidate sends, the judge gets data, never code."""
+    if depth > CODEC_MAX_DEPTH:
+        raise CodecError("a value nested deeper than %d levels" % CODEC_MAX_DEPTH)
+    t, d = type(x), depth + 1
+    if x is None or t is bool or t is str or t is int or t is float:
+        return x
+    if t is list:
+        return [decode(e, d) for e in x]
+    if t is dict and len(x) == 1:
+        tag, val = next(iter(x.items()))
+        tv = type(val)
+        try:
+            if tag == "i" and tv is str:
+                return int(val, 16)
+            if tag == "f" and val in ("nan", "inf", "-inf"):
+                return float(val)
+            if tag in ("t", "s", "fs") and tv is list:
+                items = [decode(e, d) for e in val]
+                return tuple(items) if tag == "t" else set(items) if tag == "s" else frozenset(items)
+            if tag == "d" and tv is list:
+                out = {}
+                for pair in val:
+                    if type(pair) is not list or len(pair) != 2:
+                        raise CodecError("a dict item that is not a [key, value] pair")
+                    out[decode(pair[0], d)] = decode(pair[1], d)
+                return out
+            if tag in ("b", "ba") and tv is str:
+                raw = base64.b64decode(val.encode("ascii"), validate=True)
+                return raw if tag == "b" else bytearray(raw)
+            if tag == "c" and tv is list and len(val) == 2:
+                re_, im = decode(val[0], d), decode(val[1], d)
+                if type(re_) is float and type(im) is float:
+                    return complex(re_, im)
+        except CodecError:
+            raise
+        except (TypeError, ValueError, UnicodeError) as e:  # an unhashable key, bad base64 or hex
+            raise CodecError("a malformed %r value (%s)" % (tag, e)) from None
+    raise CodecError("not a value of the codec (%s)" % t.__name__)
+
+
+def dumps_value(v):
+    return json.dumps(encode(v), separators=(",", ":"), allow_nan=False)
+
+
+def loads_value(text):
+    try:
+        parsed = json.loads(text)
+    except Exception as e:  # bad JSON, RecursionError on deep nesting
+        raise CodecError("not JSON (%s)" % type(e).__name__) from None
+    return decode(parsed)
+
+
+class RawLines:
+    """Lines from a descriptor, capped; ``read`` returns bytes, None at EOF, raises
+    TimeoutError past the deadline and CodecError past ``cap`` bytes."""
+
+    def __init__(self, fd, cap):
+        self.fd, self.cap, self.buf, self.scanned = fd, cap, bytearray(), 0
+
+    def read(self, deadline=None):
+        while True:
+            nl = self.buf.find(b"\n", self.scanned)
+            if nl >= 0:
+                line = bytes(self.buf[:nl])
+                del self.buf[:nl + 1]
+                self.scanned = 0
+                return line
+            self.scanned = len(self.buf)
+            if len(self.buf) > self.cap:
+                raise CodecError("a line longer than %d bytes" % self.cap)
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError
+                r, _, _ = select.select([self.fd], [], [], left)
+                if not r:
+                    raise TimeoutError
+            chunk = os.read(self.fd, 1 << 16)
+            if not chunk:
+                return None
+            self.buf += chunk
+
+
+def _isolate(cfg, timeout_s, fdmap, setup_w, uid, workdir):
+    """Common set-up of a suite child: descriptors ``fdmap`` (target -> source) and the set-up
+    channel on SETUP_FD, everything else closed, limits, the uid, a clean environment.
+    Returns normally or writes the set-up error and exits."""
+    channel = setup_w
+    try:
+        high = {}
+        for target, src in list(fdmap.items()) + [(SETUP_FD, setup_w)]:
+            high[target] = fcntl.fcntl(src, fcntl.F_DUPFD, 100)
+        channel = high[SETUP_FD]
+        os.setsid()
+        try:
+            with open("/proc/self/oom_score_adj", "w") as fh:
+                fh.write("1000")
+        except OSError:
+            pass
+        for target, src in high.items():
+            os.dup2(src, target)
+        channel = SETUP_FD
+        keep = sorted(high)
+        start = 0
+        for fd in keep:
+            if fd > start:
+                os.closerange(start, fd)
+            start = fd + 1
+        os.closerange(start, 1 << 16)
+        _limits(cfg, timeout_s)
+        if uid is not None:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+        os.umask(0o077)
+        os.chdir(workdir)
+        os.environ.clear()
+        os.environ.update({"PATH": "/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8"})
+        sys.stdout = os.fdopen(1, "w", buffering=1)
+        sys.stderr = os.fdopen(2, "w", buffering=1)
+    except BaseException as e:
+        try:
+            os.write(channel, (json.dumps({"setup_error": repr(e)[:EXCERPT]}) + "\n").encode())
+        finally:
+            os._exit(3)
+
+
+def serve_candidate(cfg, msg, fds, setup_w):
+    """The candidate's process: load its code, then answer the judge's calls. Never returns."""
+    _isolate(cfg, msg["timeout_s"], {0: fds["devnull"], 1: fds["out_w"], 2: fds["out_w"],
+                                     3: fds["reply_w"], CALL_FD: fds["call_r"]},
+             setup_w, cfg.get("drop_uid"), cfg["workroot"])
+    os.close(SETUP_FD)
+    reply = os.fdopen(3, "w", buffering=1)
+    try:
+        ns = {"__name__": "__candidate__", "__builtins__": __builtins__}
+        exec(compile(msg["code"], "<candidate>", "exec"), ns)
+        fn = ns[msg["entry_point"]]
+        reply.write(json.dumps({"ready": True}) + "\n")
+    except MemoryError:
+        reply.write(json.dumps({"load_error": "MemoryError", "oom": True}) + "\n")
+        os._exit(0)
+    except BaseException as e:
+        reply.write(json.dumps({"load_error": (type(e).__name__ + ": " + str(e))[:EXCERPT]}) + "\n")
+        os._exit(0)
+    calls = RawLines(CALL_FD, MAX_CALL_BYTES)
+    while True:
+        line = calls.read()
+        if line is None:
+            os._exit(0)
+        call = json.loads(line)  # from the trusted judge
+        n = call["n"]
+        try:
+            args, kwargs = decode(call["args"]), decode(call["kwargs"])
+            value = fn(*args, **kwargs)
+            try:
+                out = json.dumps({"n": n, "ok": encode(value)}, separators=(",", ":"), allow_nan=False)
+            except (CodecError, ValueError, TypeError, RecursionError) as e:
+                out = json.dumps({"n": n, "bad_type": (type(value).__name__ + ": " + str(e))[:EXCERPT]})
+        except MemoryError:
+            out = json.dumps({"n": n, "exc": ["MemoryError", ""]})
+        except BaseException as e:  # SystemExit and KeyboardInterrupt included
+            out = json.dumps({"n": n, "exc": [type(e).__name__, str(e)[:EXCERPT]]})
+        reply.write(out + "\n")
+
+
+class CandidateFailed(Exception):
+    """Raised in the judge by a call of the candidate that did not return a value."""
+    kind = "exception"
+
+
+class CandidateGone(CandidateFailed):
+    kind = "gone"
+
+
+class CandidateBadValue(CandidateFailed, TypeError):
+    kind = "wrong_answer"
+
+
+_RAISED_TYPES = {}
+
+
+def _raised(name, message):
+    """The exception the candidate raised, re-created in the judge as a builtin exception type
+    of that name (so a check that expects ValueError still sees one), marked CandidateFailed."""
+    import builtins
+
+    base = getattr(builtins, name, None) if isinstance(name, str) else None
+    if not (isinstance(base, type) and issubclass(base, Exception)):
+        base = Exception
+    cls = _RAISED_TYPES.get(base)
+    if cls is None:
+        cls = _RAISED_TYPES[base] = (type("CandidateRaised", (CandidateFailed,), {}) if base is Exception
+                                     else type(base.__name__, (base, CandidateFailed), {}))
+    e = cls("%s: %s" % (name, message) if base is Exception else message)
+    if name == "MemoryError":
+        e.kind = "oom"
+    return e
+
+
+def make_candidate_proxy(entry_point, call_fd, reply_fd, deadline):
+    """The judge's ``candidate``: a function that runs each call in the candidate's process."""
+    replies = RawLines(reply_fd, MAX_CALL_BYTES)
+    state = {"n": 0, "gone": None, "loaded": False}
+
+    def receive():
+        try:
+            line = replies.read(deadline)
+        except TimeoutError:
+            state["gone"] = "the candidate did not answer in time"
+            raise CandidateGone(state["gone"]) from None
+        except CodecError as e:
+            state["gone"] = "the candidate's reply is unreadable (%s)" % e
+            raise CandidateGone(state["gone"]) from None
+        if line is None:
+            state["gone"] = "the candidate's process exited"
+            raise CandidateGone(state["gone"])
+        try:
+            rec = json.loads(line)
+        except Exception:
+            rec = None
+        if type(rec) is not dict:
+            state["gone"] = "the candidate's reply is not a JSON object"
+            raise CandidateGone(state["gone"])
+        return rec
+
+    def candidate(*args, **kwargs):
+        if state["gone"]:
+            raise CandidateGone(state["gone"])
+        if not state["loaded"]:
+            hello = receive()
+            if "load_error" in hello or hello.get("ready") is not True:
+                state["gone"] = "load: %s" % str(hello.get("load_error", "no ready line"))[:EXCERPT]
+                e = CandidateGone(state["gone"])
+                e.kind = "oom" if hello.get("oom") is True else "exception"
+                raise e
+            state["loaded"] = True
+        n = state["n"]
+        state["n"] += 1
+        try:
+            payload = json.dumps({"n": n, "args": encode(list(args)), "kwargs": encode(kwargs)},
+                                 separators=(",", ":"), allow_nan=False)
+        except (CodecError, ValueError) as e:
+            raise TypeError("the suite passes the candidate a value that cannot cross the sandbox "
+                            "boundary: %s" % e) from None
+        try:
+            write_line_raw(call_fd, payload)
+        except OSError:
+            state["gone"] = "the candidate's process exited"
+            raise CandidateGone(state["gone"]) from None
+        rec = receive()
+        if rec.get("n") != n:
+            state["gone"] = "the candidate answered call %r where call %d was made" % (rec.get("n"), n)
+            raise CandidateGone(state["gone"])
+        if "ok" in rec:
+            try:
+                return decode(rec["ok"])
+            except CodecError as e:
+                raise CandidateBadValue("the candidate returned something that is not a plain value: %s" % e) \
+                    from None
+        if "exc" in rec and type(rec["exc"]) is list and len(rec["exc"]) == 2:
+            raise _raised(rec["exc"][0], str(rec["exc"][1])[:EXCERPT])
+        if "bad_type" in rec:
+            raise CandidateBadValue("the candidate returned %s" % str(rec["bad_type"])[:EXCERPT])
+        state["gone"] = "the candidate's reply to call %d is neither a value nor an exception" % n
+        raise CandidateGone(state["gone"])
+
+    candidate.__name__ = candidate.__qualname__ = entry_point
+    return candidate
+
+
+def write_line_raw(fd, text):
+    view = memoryview((text + "\n").encode("utf-8"))
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def run_judge(cfg, msg, fds, setup_w):
+    """The judge's process: the suite's trusted test code, ``candidate`` a proxy. Writes one
+    line per check on descriptor 3: {"i", "ok": true} or {"i", "kind", "fail"}. Never returns."""
+    _isolate(cfg, msg["timeout_s"], {0: fds["devnull"], 1: fds["devnull"], 2: fds["devnull"],
+                                     3: fds["res_w"], CALL_FD: fds["call_w"], REPLY_FD: fds["reply_r"]},
+             setup_w, cfg.get("judge_uid"), "/")
+    os.close(SETUP_FD)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # a candidate that exits: EPIPE on the next call
+    out = os.fdopen(3, "w", buffering=1)
+    deadline = time.monotonic() + float(msg["timeout_s"])
+    proxy = make_candidate_proxy(msg["entry_point"], CALL_FD, REPLY_FD, deadline)
+    ns = {"__name__": "__judge__", "__builtins__": __builtins__}
+    checks = msg["checks"]
+    try:
+        exec(compile(msg["setup"], "<suite test set-up>", "exec"), ns)
+        setup_failed = None
+    except BaseException as e:
+        setup_failed = "the suite's test set-up failed: %s: %s" % (type(e).__name__, str(e)[:200])
+    ns["candidate"] = proxy
+    ns[msg["entry_point"]] = proxy
+    for i, check in enumerate(checks):
+        rec = {"i": i}
+        if setup_failed:
+            rec.update(kind="wrong_answer", fail=setup_failed)
+        else:
+            try:
+                exec(compile(check, "<check %d>" % i, "exec"), ns)
+                rec["ok"] = True
+            except CandidateFailed as e:
+                rec.update(kind=getattr(e, "kind", "exception"), fail=(type(e).__name__ + ": " + str(e))[:EXCERPT])
+            except BaseException as e:  # an assert, or the check broke on what the candidate returned
+                rec.update(kind="wrong_answer", fail=(type(e).__name__ + ": " + str(e))[:EXCERPT])
+        out.write(json.dumps(rec) + "\n")
+    out.flush()
+    os._exit(0)
+
+
+def _judge_suite(n_checks, judge_text, cand_status, judge_status, timed_out):
+    """The verdict on an external-suite job from the judge's lines (trusted: the candidate
+    cannot reach the judge's descriptors) and the candidate process's exit status."""
+    passed, seen, first = 0, set(), {}
+    for raw in judge_text.splitlines():
+        try:
+            rec = json.loads(raw)
+        except Exception:
+            continue
+        i = rec.get("i") if isinstance(rec, dict) else None
+        if type(i) is not int or not 0 <= i < n_checks or i in seen:
+            continue
+        seen.add(i)
+        if rec.get("ok") is True:
+            passed += 1
+        else:
+            first.setdefault(str(rec.get("kind")), "test %d: %s" % (i, str(rec.get("fail"))[:EXCERPT]))
+    cand_sig = os.WTERMSIG(cand_status) if cand_status is not None and os.WIFSIGNALED(cand_status) else None
+    if timed_out:
+        outcome = "timeout"
+    elif passed == n_checks and n_checks > 0:
+        outcome = "pass"
+    elif cand_sig is not None:
+        outcome = "timeout" if cand_sig == signal.SIGXCPU else "killed"
+        first.setdefault(outcome, "the candidate's process was killed by signal %d" % cand_sig)
+    elif "oom" in first:
+        outcome = "oom"
+    elif "exception" in first or "gone" in first:
+        outcome = "exception"
+        first.setdefault("exception", first.get("gone", ""))
+    elif len(seen) < n_checks and not first:
+        judge_sig = os.WTERMSIG(judge_status) if judge_status is not None and os.WIFSIGNALED(judge_status) else None
+        outcome = "timeout" if judge_sig == signal.SIGXCPU else "exception"
+        first[outcome] = "the judge stopped after %d of %d checks (%s)" % (
+            len(seen), n_checks, "signal %d" % judge_sig if judge_sig else "exited")
+    else:
+        outcome = "wrong_answer"
+    detail = first.get(outcome) or next(iter(first.values()), "")
+    return {"outcome": outcome, "tests_passed": passed, "tests_total": n_checks, "first_fail": detail}
+
+
 # -- the zygote -------------------------------------------------------------------------
 
 def zygote(cfg, cmd_r, evt_w):
@@ -190,6 +610,9 @@ def zygote(cfg, cmd_r, evt_w):
         msg = reader.read()
         if msg is None:
             os._exit(0)
+        if msg.get("suite"):
+            _fork_suite_job(cfg, msg, cmd_r, evt_w)
+            continue
         res_r, res_w = os.pipe()
         out_r, out_w = os.pipe()
         setup_r, setup_w = os.pipe()
@@ -200,25 +623,59 @@ def zygote(cfg, cmd_r, evt_w):
             run_child(cfg, msg, res_w, out_w, setup_w)
         for fd in (res_w, out_w, setup_w):
             os.close(fd)
-        write_line(evt_w, {"pid": pid})
-        result, output, setup, status = _drain(pid, res_r, out_r, setup_r)
-        write_line(evt_w, {"status": status, "result": result.decode("utf-8", "replace"),
-                           "output": output.decode("utf-8", "replace"),
-                           "setup": setup.decode("utf-8", "replace")})
+        write_line(evt_w, {"pid": pid, "pids": [pid]})
+        bufs, statuses = _drain([pid], {"result": (res_r, MAX_RESULT_BYTES), "output": (out_r, MAX_CAPTURE_BYTES),
+                                        "setup": (setup_r, MAX_CAPTURE_BYTES)})
+        write_line(evt_w, {"status": statuses[0], **{k: v.decode("utf-8", "replace") for k, v in bufs.items()}})
 
 
-def _drain(pid, res_r, out_r, setup_r):
-    """Read the child's pipes until it has exited (a daemonised grandchild holding them
-    open does not keep us waiting)."""
-    bufs = {res_r: bytearray(), out_r: bytearray(), setup_r: bytearray()}
-    caps = {res_r: MAX_RESULT_BYTES, out_r: MAX_CAPTURE_BYTES, setup_r: MAX_CAPTURE_BYTES}
+def _fork_suite_job(cfg, msg, cmd_r, evt_w):
+    """An external-suite job: the candidate's process and the judge's, joined by two pipes."""
+    call_r, call_w = os.pipe()
+    reply_r, reply_w = os.pipe()
+    res_r, res_w = os.pipe()
+    out_r, out_w = os.pipe()
+    csetup_r, csetup_w = os.pipe()
+    jsetup_r, jsetup_w = os.pipe()
+    parent_ends = (res_r, out_r, csetup_r, jsetup_r, cmd_r, evt_w)
+    cand = os.fork()
+    if cand == 0:
+        for fd in parent_ends + (call_w, reply_r, res_w, jsetup_w):
+            os.close(fd)
+        serve_candidate(cfg, msg, {"devnull": os.open(os.devnull, os.O_RDWR), "out_w": out_w,
+                                   "reply_w": reply_w, "call_r": call_r}, csetup_w)
+    judge = os.fork()
+    if judge == 0:
+        for fd in parent_ends + (call_r, reply_w, out_w, csetup_w):
+            os.close(fd)
+        run_judge(cfg, msg, {"devnull": os.open(os.devnull, os.O_RDWR), "res_w": res_w,
+                             "call_w": call_w, "reply_r": reply_r}, jsetup_w)
+    for fd in (call_r, call_w, reply_r, reply_w, res_w, out_w, csetup_w, jsetup_w):
+        os.close(fd)
+    write_line(evt_w, {"pid": cand, "pids": [cand, judge]})
+    bufs, statuses = _drain([cand, judge], {"result": (res_r, MAX_RESULT_BYTES), "output": (out_r, MAX_CAPTURE_BYTES),
+                                            "setup": (csetup_r, MAX_CAPTURE_BYTES),
+                                            "judge_setup": (jsetup_r, MAX_CAPTURE_BYTES)})
+    done = {k: v.decode("utf-8", "replace") for k, v in bufs.items()}
+    done["setup"] = (done["setup"] + done.pop("judge_setup")).strip()
+    write_line(evt_w, {"status": statuses[0], "judge_status": statuses[1], **done})
+
+
+def _drain(pids, pipes):
+    """Read the children's pipes (name -> (fd, cap)) until every child has exited (a
+    daemonised grandchild holding them open does not keep us waiting)."""
+    names = {fd: name for name, (fd, _) in pipes.items()}
+    bufs = {fd: bytearray() for fd in names}
+    caps = {fd: cap for fd, cap in pipes.values()}
     sel = selectors.DefaultSelector()
     for fd in bufs:
         os.set_blocking(fd, False)
         sel.register(fd, selectors.EVENT_READ)
-    status, open_fds = None, set(bufs)
+    statuses = [None] * len(pids)
+    open_fds = set(bufs)
     while open_fds:
-        ready = sel.select(0.02 if status is None else 0.0)
+        exited = all(st is not None for st in statuses)
+        ready = sel.select(0.0 if exited else 0.02)
         for key, _ in ready:
             try:
                 chunk = os.read(key.fd, 1 << 16)
@@ -231,18 +688,21 @@ def _drain(pid, res_r, out_r, setup_r):
             buf = bufs[key.fd]
             if len(buf) < caps[key.fd]:
                 buf += chunk[: caps[key.fd] - len(buf)]
-        if status is None:
-            done, st = os.waitpid(pid, os.WNOHANG)
-            if done:
-                status = st
+        if not exited:
+            for k, pid in enumerate(pids):
+                if statuses[k] is None:
+                    done, st = os.waitpid(pid, os.WNOHANG)
+                    if done:
+                        statuses[k] = st
         elif not ready:
             break  # exited, and nothing more is readable: what is left belongs to a daemon
     sel.close()
-    if status is None:
-        _, status = os.waitpid(pid, 0)
+    for k, pid in enumerate(pids):
+        if statuses[k] is None:
+            _, statuses[k] = os.waitpid(pid, 0)
     for fd in bufs:
         os.close(fd)
-    return bytes(bufs[res_r]), bytes(bufs[out_r]), bytes(bufs[setup_r]), status
+    return {names[fd]: bytes(buf) for fd, buf in bufs.items()}, statuses
 
 
 # -- the runner -------------------------------------------------------------------------
@@ -279,17 +739,18 @@ def _procs_of(uid):
     return pids
 
 
-def _kill_everything(cfg, pid):
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except OSError:
-        pass
-    uid = cfg.get("drop_uid")
-    if uid is None:
+def _kill_everything(cfg, pids):
+    for pid in pids:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    uids = [u for u in (cfg.get("drop_uid"), cfg.get("judge_uid")) if u is not None]
+    if not uids:
         return 0
-    # A task may have left a daemon in another session, or be a fork bomb: sweep the uid.
+    # A task may have left a daemon in another session, or be a fork bomb: sweep the uids.
     for _ in range(200):
-        pids = _procs_of(uid)
+        pids = [p for u in uids for p in _procs_of(u)]
         if not pids:
             return 0
         for p in pids:
@@ -298,7 +759,7 @@ def _kill_everything(cfg, pid):
             except OSError:
                 pass
         time.sleep(0.002)
-    return len(_procs_of(uid))
+    return sum(len(_procs_of(u)) for u in uids)
 
 
 def _empty_dir(root):
@@ -468,6 +929,11 @@ def main(argv):
     cfg.setdefault("drop_uid", 65534 if os.geteuid() == 0 else None)
     if cfg["drop_uid"] is not None and os.geteuid() != 0:
         cfg["drop_uid"] = None
+    # an external suite's judge runs as a uid of its own: the candidate cannot signal, trace or
+    # read it
+    cfg.setdefault("judge_uid", None if cfg["drop_uid"] is None else cfg["drop_uid"] - 1)
+    if cfg["drop_uid"] is None:
+        cfg["judge_uid"] = None
     # The answer channel: private, close-on-exec copies; 0 and 1 point at /dev/null.
     proto_in, proto_out = os.dup(0), os.dup(1)
     devnull = os.open(os.devnull, os.O_RDWR)
@@ -496,22 +962,28 @@ def main(argv):
             write_line(proto_out, {"id": req.get("id"), "pong": True})
             continue
         tests, timeout_s = req["tests"], float(req["timeout_s"])
+        suite = bool(tests) and all(isinstance(t, dict) and "check" in t for t in tests)
         t0 = time.monotonic()
         try:
-            write_line(cmd_w, {"code": req["code"], "entry_point": req["entry_point"],
-                               "args_list": [t["args"] for t in tests], "timeout_s": timeout_s})
+            if suite:  # an external suite's job: [{"check": statement, "setup": source}, ...]
+                write_line(cmd_w, {"suite": True, "code": req["code"], "entry_point": req["entry_point"],
+                                   "checks": [t["check"] for t in tests], "setup": tests[0].get("setup", ""),
+                                   "timeout_s": timeout_s})
+            else:
+                write_line(cmd_w, {"code": req["code"], "entry_point": req["entry_point"],
+                                   "args_list": [t["args"] for t in tests], "timeout_s": timeout_s})
             started = events.read(timeout=10.0)
         except (OSError, TimeoutError):
             started = None
         if started is None:  # the zygote is gone: nothing more can run in this runner
             write_line(proto_out, {"id": req.get("id"), "infra_error": "the sandbox zygote died"})
             break
-        pid, timed_out = started["pid"], False
+        pids, timed_out = started["pids"], False
         try:
             done = events.read(timeout=timeout_s)
         except TimeoutError:
             timed_out = True
-            _kill_everything(cfg, pid)
+            _kill_everything(cfg, pids)
             try:
                 done = events.read(timeout=10.0)
             except TimeoutError:
@@ -522,7 +994,7 @@ def main(argv):
                                    "tests_total": len(tests), "runtime_s": runtime,
                                    "output": "the task killed the sandbox's process supervisor"})
             break
-        left = _kill_everything(cfg, pid)
+        left = _kill_everything(cfg, pids)
         files_left = _clean_workroot(cfg)
         # Anything the task leaves that the next task could see makes this runner unfit for
         # another task: the host replaces it after taking this answer.
@@ -538,7 +1010,10 @@ def main(argv):
             write_line(proto_out, {"id": req.get("id"), "infra_error": "sandbox child set-up failed: "
                                    + done["setup"][:EXCERPT], "dirty": "; ".join(dirty)})
             continue
-        verdict = _judge(tests, done["result"], done["status"], timed_out)
+        if suite:
+            verdict = _judge_suite(len(tests), done["result"], done["status"], done.get("judge_status"), timed_out)
+        else:
+            verdict = _judge(tests, done["result"], done["status"], timed_out)
         output = verdict.pop("first_fail")
         if done["output"]:
             output = (output + " | output: " if output else "output: ") + done["output"]

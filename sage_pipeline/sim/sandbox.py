@@ -119,7 +119,7 @@ STDERR_TAIL_BYTES = 4096
 
 def _runner_cfg(cfg: SandboxConfig) -> dict:
     return {"workroot": "/tmp", "memory_bytes": cfg.task_memory_mb << 20, "nproc": cfg.task_nproc,
-            "drop_uid": 65534}
+            "drop_uid": 65534, "judge_uid": 65533}
 
 
 def docker_run_args(cfg: SandboxConfig, name: str, label: str, docker: str = "docker") -> list[str]:

@@ -310,7 +310,7 @@ def test_a_worker_whose_sweep_leaves_something_is_replaced(docker_ready, monkeyp
     from sage_pipeline.sim import sandbox as sandbox_mod
 
     src = sandbox_mod.RUNNER_SOURCE
-    marker = "left = _kill_everything(cfg, pid)"
+    marker = "left = _kill_everything(cfg, pids)"
     assert src.count(marker) == 1
     monkeypatch.setattr(sandbox_mod, "RUNNER_SOURCE", src.replace(marker, marker + " + 1"))
     with open_sandbox("docker", workers=1) as sb:
