@@ -12,6 +12,7 @@ import matplotlib.pyplot as plt
 from sage_pipeline import artifacts, markdown
 from sage_pipeline.defs.resources import SageResource, SandboxResource
 from sage_pipeline.sim import rollouts as ro
+from sage_pipeline.sim import suites
 from sage_pipeline.sim import tasks as task_gen
 from sage_pipeline.sim.cache import CACHE_DIR, ExecutionCache
 from sage_pipeline.sim.schema import OUTCOME_KINDS, TASKS_FILE, read_tasks, write_tasks
@@ -25,6 +26,31 @@ POOL = "sage_sandbox"
 class SimTasksConfig(dg.Config):
     n_tasks: int = Field(1200, description="tasks to generate, spread over every family (at least one each)")
     seed: int = Field(0, description="seed of the parameters and test inputs")
+    suite_path: str = Field("", description="an external suite as the task set instead of generated tasks: a "
+                            "HumanEval-style or MBPP-style .jsonl or .jsonl.gz file (e.g. HumanEval.jsonl.gz, "
+                            "mbpp.jsonl). Runs in the Docker sandbox only; problems whose canonical solution fails "
+                            "there are excluded and listed in the metadata. n_tasks is then ignored")
+    suite_format: str = Field("auto", description="auto (from the first problem's fields), humaneval or mbpp")
+
+
+def _suite_tasks(context, config: SimTasksConfig, sandbox: SandboxResource):
+    problems = suites.read_suite(config.suite_path, config.suite_format)
+    context.log.info(f"{config.suite_path}: {len(problems)} {problems[0].suite} problems; running their canonical "
+                     "solutions in the Docker sandbox (untrusted code: never the local backend)")
+    with sandbox.open(context.log, untrusted=True) as sb:
+        tasks, report = suites.suite_tasks(problems, lambda jobs: sb.run(jobs, log=context.log.info),
+                                           seed=config.seed, log=context.log.info)
+        described = sb.describe()
+    for e in report.excluded:
+        context.log.warning(f"excluded {e['task_id']} ({e['source']}): canonical solution {e['outcome']}: "
+                            f"{e['why'][:150]}")
+    if not tasks:
+        raise dg.Failure(f"{config.suite_path}: no canonical solution passed in the sandbox "
+                         f"({len(report.excluded)} excluded, e.g. {report.excluded[:2]}); check the file's format "
+                         "and the sandbox's limits")
+    return tasks, {"suite": problems[0].suite, "suite_path": dg.MetadataValue.path(config.suite_path),
+                   "suite_problems": report.problems, "suite_excluded": len(report.excluded),
+                   "suite_excluded_problems": dg.MetadataValue.json(report.excluded)}, described
 
 
 @dg.asset(group_name=GROUP, kinds={"python", "docker"},
@@ -32,9 +58,20 @@ class SimTasksConfig(dg.Config):
                       "tests from running the reference on seeded inputs (edge cases included), difficulty, and "
                       "candidate solutions (the reference and realistic wrong ones), verified by execution in "
                       "the sandbox: the reference passes, a mutant that passes every test is marked equivalent. "
-                      "datasets/sim/tasks.jsonl.")
+                      "Or, with suite_path, an external HumanEval- or MBPP-style suite, judged outside the "
+                      "candidate's process in the Docker sandbox only; problems whose canonical solution fails "
+                      "are excluded and listed (suite_excluded_problems). datasets/sim/tasks.jsonl.")
 def sim_tasks(context: dg.AssetExecutionContext, config: SimTasksConfig, sage: SageResource,
               sandbox: SandboxResource) -> dg.MaterializeResult:
+    if config.suite_path:
+        tasks, suite_md, described = _suite_tasks(context, config, sandbox)
+        path = write_tasks(sage.path("sim", TASKS_FILE), tasks, seed=config.seed)
+        summary = task_gen.summarize(tasks)
+        return dg.MaterializeResult(metadata={
+            "path": dg.MetadataValue.path(str(path)), "sha256": artifacts.file_sha256(path), "n_tasks": len(tasks),
+            "families": len(summary["families"]), "candidates": sum(len(t.candidates) for t in tasks),
+            "candidates_per_kind": dg.MetadataValue.json(summary["candidates"]), **suite_md,
+            "sandbox_backend": described["backend"], "sandbox_isolated": described["isolated"]})
     tasks = task_gen.generate_tasks(config.n_tasks, seed=config.seed)
     context.log.info(f"generated {len(tasks)} tasks, {sum(len(t.candidates) for t in tasks)} candidates; verifying")
     with sandbox.open(context.log) as sb:  # verification is the generator's own: not cached
@@ -82,7 +119,8 @@ def sandbox_rollouts(context: dg.AssetExecutionContext, sage: SageResource,
     tasks = read_tasks(sage.path("sim", TASKS_FILE))
     shards = context.partition_keys
     frames, stats = [], {}
-    with sandbox.open(context.log) as sb:
+    untrusted = any(t.family in suites.SUITE_FORMATS for t in tasks)  # an external suite's: Docker only
+    with sandbox.open(context.log, untrusted=untrusted) as sb:
         cache = ExecutionCache(sage.path("sim", CACHE_DIR))
         for shard in shards:
             mine = [t for t in tasks if ro.shard_of(t.task_id, N_SHARDS) == shard]

@@ -379,3 +379,59 @@ def sample_mutants(problem: SuiteProblem, rng: random.Random, n: int = 3) -> lis
         return mutants.choose_mutants(ref, problem.entry_point, rng, n)
     except (mutants.MutationError, SyntaxError, ValueError, KeyError, RecursionError):
         return []
+
+
+# -- an external suite as the simulator's task set ------------------------------------------
+
+def _signature(program: str, entry_point: str) -> str:
+    for line in program.splitlines():
+        if line.lstrip().startswith(f"def {entry_point}("):
+            return line.strip().rstrip(":")
+    return f"def {entry_point}(...)"
+
+
+def suite_tasks(problems: Sequence[SuiteProblem], run: Callable[[list[ExecJob]], list[ExecResult]], seed: int = 0,
+                n_mutants: int = 3, log: Callable[[str], None] | None = None) -> tuple[list, SuiteReport]:
+    """The problems as the simulator's tasks (``TaskRecord``; family = the suite's format).
+
+    Canonical solutions run first (:func:`verify_suite`); problems whose canonical solution
+    fails are left out and listed in the report. Candidates: the canonical solution
+    (``reference``), its ``return None`` variant (``wrong_type``) and up to ``n_mutants`` AST
+    mutants of it (as for the project's tasks); each runs once and a mutant that passes
+    every check is marked equivalent. Difficulty is a proxy (no suite publishes one): the
+    rank of the canonical program's length, in [0, 1]; its level is the tercile."""
+    from sage_pipeline.sim.schema import Candidate, TaskRecord, split_of
+
+    report = verify_suite(problems, run, log=log)
+    rng = random.Random(seed)
+    kept = [p for p in problems if p.task_id in report.timeouts]
+    cands: dict[str, list[Candidate]] = {}
+    jobs: list[tuple[str, Candidate, ExecJob]] = []
+    for p in kept:
+        tid = f"{p.suite}-{p.task_id}".replace("/", "-")
+        own = [Candidate(f"{tid}/reference", "reference", p.canonical), Candidate(f"{tid}/wrong_type", "wrong_type",
+                                                                                broken(p))]
+        for k, m in enumerate(sample_mutants(p, rng, n_mutants)):
+            own.append(Candidate(f"{tid}/{m.kind}-{k}", m.kind, m.code))
+        cands[tid] = own
+        jobs += [(tid, c, p.job(c.code, report.timeouts[p.task_id])) for c in own[1:]]
+    results = run([j for _, _, j in jobs]) if jobs else []
+    passed = {(tid, c.candidate_id) for (tid, c, _), r in zip(jobs, results, strict=True) if r.passed}
+    order = sorted(kept, key=lambda p: len(p.canonical))
+    rank = {p.task_id: (i / (len(order) - 1) if len(order) > 1 else 0.5) for i, p in enumerate(order)}
+    tasks = []
+    for p in kept:
+        tid = f"{p.suite}-{p.task_id}".replace("/", "-")
+        d = rank[p.task_id]
+        tasks.append(TaskRecord(
+            task_id=tid, family=p.suite, difficulty=round(d, 4),
+            difficulty_level="easy" if d < 1 / 3 else "medium" if d < 2 / 3 else "hard",
+            prompt=p.prompt, signature=_signature(p.canonical, p.entry_point), entry_point=p.entry_point,
+            reference=p.canonical, tests=p.tests, timeout_s=report.timeouts[p.task_id],
+            candidates=[Candidate(c.candidate_id, c.kind, c.code, equivalent=(tid, c.candidate_id) in passed)
+                        for c in cands[tid]],
+            split=split_of(tid)))
+    if log:
+        log(f"suite: {len(tasks)} tasks, {sum(len(t.candidates) for t in tasks)} candidates "
+            f"({len(passed)} mutants passed every check: marked equivalent)")
+    return tasks, report
