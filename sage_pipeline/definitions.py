@@ -35,10 +35,11 @@ offline_routing_defs = dg.Definitions(
 )
 
 sage_main_job = dg.define_asset_job(
-    "sage_main", selection=dg.AssetSelection.all() - dg.AssetSelection.groups("sleep_cycle")
+    "sage_main", selection=dg.AssetSelection.all() - dg.AssetSelection.groups("sleep_cycle", "closed_loop")
     - dg.AssetSelection.assets("sandbox_rollouts", "ppo_policy"),
     description="Every unpartitioned asset upstream of the partitioned ones: the offline routing chain, the "
-                "routing-benchmark import, sim_tasks and the simulated month (policy_iteration, small by default). A job cannot mix partitions definitions: "
+                "routing-benchmark import and sim_tasks (not the simulated month, group closed_loop: its own job "
+                "simulated_month). A job cannot mix partitions definitions: "
                 "sandbox_rollouts (shards), ppo_policy and the sleep cycle (nights) follow in "
                 "scripts/materialize_all.sh, which is what the README's `make run` calls.")
 

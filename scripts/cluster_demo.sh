@@ -162,7 +162,7 @@ log "pool limits set: sage_sandbox 4, sleep_cycle 1"
 step "1/4 unpartitioned assets"
 t0=$(now)
 start "$demo/logs/run-1-unpartitioned.log" \
-  --select 'not key:sandbox_rollouts and not key:ppo_policy and not group:sleep_cycle'
+  --select 'not key:sandbox_rollouts and not key:ppo_policy and not group:sleep_cycle and not group:closed_loop'
 finish "${run_pids[@]}" || die "step 1 failed: see $demo/logs/run-1-unpartitioned.log"
 timings+=("1/4 unpartitioned assets: $(since "$t0") s")
 

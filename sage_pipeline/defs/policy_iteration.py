@@ -18,21 +18,21 @@ _D = pi.LoopConfig()
 
 
 class PolicyIterationConfig(dg.Config):
-    worlds: list[str] = Field(["drifting"], description="'stationary' and/or 'drifting' (from day 10 one model's "
+    worlds: list[str] = Field(list(WORLDS), description="'stationary' and/or 'drifting' (from day 10 one model's "
                               "quality drops 30%, from day 20 another's price doubles; the first 10 days are the "
                               "stationary world)")
     days: int = Field(_D.days, description="simulated days")
-    episodes_per_day: int = Field(500, description="tasks routed per day by every arm (the same tasks); "
-                                  "benchmarks/closed_loop.py uses 2,000, which the gate needs to promote reliably")
-    eval_tasks: int = Field(1000, description="the fixed tasks every day's true values are computed on")
+    episodes_per_day: int = Field(_D.episodes_per_day, description="tasks routed per day by every arm (the same "
+                                  "tasks)")
+    eval_tasks: int = Field(_D.eval_tasks, description="the fixed tasks every day's true values are computed on")
     seed: int = 0
     epsilon: float = Field(_D.epsilon, description="the deployed router's exploration (uniform over primary and "
                            "fallback); its logged propensities feed the nightly OPE")
     window_days: int = Field(_D.window_days, description="the nightly chain retrains on the last this many days "
                              "of journals (0: every day so far)")
-    cql_steps: int = Field(300, description="CQL gradient steps per night")
-    alphas: list[float] = Field([0.1, 1.0], description="CQL alphas tried each night (FQE on the select half)")
-    floors: list[float] = Field([0.0, 0.55], description="SAGE confidence floors tried each night")
+    cql_steps: int = Field(_D.cql_steps, description="CQL gradient steps per night")
+    alphas: list[float] = Field(list(_D.alphas), description="CQL alphas tried each night (FQE on the select half)")
+    floors: list[float] = Field(list(_D.floors), description="SAGE confidence floors tried each night")
     bandit: str = Field(_D.bandit.algorithm, description=f"the online bandit arm: one of {', '.join(ALGORITHMS)}")
 
 
@@ -46,8 +46,8 @@ class PolicyIterationConfig(dg.Config):
                       "forever, the online bandit (SAGE's Tier 1) and the oracle. Per day the true value of each; in "
                       "total cumulative regret, promotions (each A/B-tested online against the policy it replaces), "
                       "wrong promotions, recovery after each change, and OPE on the bandit's own logs. Stationary "
-                      "and/or drifting world. Runs on its own, from nothing; the defaults are small so that make "
-                      "run stays short (benchmarks/closed_loop.py runs the full size over 20 seeds).")
+                      "and/or drifting world. Runs on its own, from nothing, in its own job simulated_month, not in "
+                      "make run (a few minutes of CPU per world; benchmarks/closed_loop.py runs it over 20 seeds).")
 def policy_iteration(context: dg.AssetExecutionContext, config: PolicyIterationConfig,
                      sage: SageResource) -> dg.MaterializeResult:
     bad = [w for w in config.worlds if w not in WORLDS]
