@@ -46,6 +46,7 @@ import resource
 import select
 import selectors
 import signal
+import socket
 import stat
 import sys
 import time
@@ -189,7 +190,9 @@ def run_child(cfg, msg, res_w, out_w, setup_w):
 #
 # An external suite's test code (HumanEval's ``check(candidate)``, MBPP's assert lines) is
 # trusted and runs in a judge process, as another unprivileged uid than the candidate. The
-# candidate's code runs in its own process. In the judge, ``candidate`` (and the entry
+# candidate's code runs in its own process. The runner forks the judge; the zygote forks
+# the candidate and gets only its code and its two pipe ends (by SCM_RIGHTS), never the test
+# code, so no candidate can find the checks in its own memory (``test_reader`` forger). In the judge, ``candidate`` (and the entry
 # point's name) is a proxy: each call sends its arguments to the candidate's process and
 # gets back the return value or the exception through the codec below. The judge decodes
 # only plain values (never unpickles, never runs what the candidate sends), so a candidate
@@ -447,14 +450,19 @@ def _raised(name, message):
 def make_candidate_proxy(entry_point, call_fd, reply_fd, deadline):
     """The judge's ``candidate``: a function that runs each call in the candidate's process."""
     replies = RawLines(reply_fd, MAX_CALL_BYTES)
-    state = {"n": 0, "gone": None, "loaded": False}
+    state = {"n": 0, "gone": None, "loaded": False, "kind": "gone"}
+
+    def gone():
+        e = CandidateGone(state["gone"])
+        e.kind = state["kind"]
+        return e
 
     def receive():
         try:
             line = replies.read(deadline)
         except TimeoutError:
-            state["gone"] = "the candidate did not answer in time"
-            raise CandidateGone(state["gone"]) from None
+            state["gone"], state["kind"] = "the candidate did not answer in time", "timeout"
+            raise gone() from None
         except CodecError as e:
             state["gone"] = "the candidate's reply is unreadable (%s)" % e
             raise CandidateGone(state["gone"]) from None
@@ -472,7 +480,7 @@ def make_candidate_proxy(entry_point, call_fd, reply_fd, deadline):
 
     def candidate(*args, **kwargs):
         if state["gone"]:
-            raise CandidateGone(state["gone"])
+            raise gone()
         if not state["loaded"]:
             hello = receive()
             if "load_error" in hello or hello.get("ready") is not True:
@@ -577,7 +585,7 @@ def _judge_suite(n_checks, judge_text, cand_status, judge_status, timed_out):
         else:
             first.setdefault(str(rec.get("kind")), "test %d: %s" % (i, str(rec.get("fail"))[:EXCERPT]))
     cand_sig = os.WTERMSIG(cand_status) if cand_status is not None and os.WIFSIGNALED(cand_status) else None
-    if timed_out:
+    if timed_out or "timeout" in first:
         outcome = "timeout"
     elif passed == n_checks and n_checks > 0:
         outcome = "pass"
@@ -602,7 +610,7 @@ def _judge_suite(n_checks, judge_text, cand_status, judge_status, timed_out):
 
 # -- the zygote -------------------------------------------------------------------------
 
-def zygote(cfg, cmd_r, evt_w):
+def zygote(cfg, cmd_r, evt_w, fd_sock):
     """Forks one child per request, relays its outputs and exit status to the runner."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     reader = LineReader(cmd_r)
@@ -611,7 +619,7 @@ def zygote(cfg, cmd_r, evt_w):
         if msg is None:
             os._exit(0)
         if msg.get("suite"):
-            _fork_suite_job(cfg, msg, cmd_r, evt_w)
+            _fork_suite_candidate(cfg, msg, cmd_r, evt_w, fd_sock)
             continue
         res_r, res_w = os.pipe()
         out_r, out_w = os.pipe()
@@ -629,41 +637,50 @@ def zygote(cfg, cmd_r, evt_w):
         write_line(evt_w, {"status": statuses[0], **{k: v.decode("utf-8", "replace") for k, v in bufs.items()}})
 
 
-def _fork_suite_job(cfg, msg, cmd_r, evt_w):
-    """An external-suite job: the candidate's process and the judge's, joined by two pipes."""
-    call_r, call_w = os.pipe()
-    reply_r, reply_w = os.pipe()
-    res_r, res_w = os.pipe()
+def _fork_suite_candidate(cfg, msg, cmd_r, evt_w, fd_sock):
+    """An external-suite job's candidate process. Its two pipe ends to the judge (calls in,
+    replies out) arrive from the runner over ``fd_sock``; the zygote never sees the suite's
+    test code, so no candidate (a fork of the zygote) can find it in its own memory."""
+    _, (call_r, reply_w), _, _ = socket.recv_fds(fd_sock, 16, 2)
     out_r, out_w = os.pipe()
-    csetup_r, csetup_w = os.pipe()
-    jsetup_r, jsetup_w = os.pipe()
-    parent_ends = (res_r, out_r, csetup_r, jsetup_r, cmd_r, evt_w)
-    cand = os.fork()
-    if cand == 0:
-        for fd in parent_ends + (call_w, reply_r, res_w, jsetup_w):
+    setup_r, setup_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        for fd in (out_r, setup_r, cmd_r, evt_w, fd_sock.fileno()):
             os.close(fd)
         serve_candidate(cfg, msg, {"devnull": os.open(os.devnull, os.O_RDWR), "out_w": out_w,
-                                   "reply_w": reply_w, "call_r": call_r}, csetup_w)
-    judge = os.fork()
-    if judge == 0:
-        for fd in parent_ends + (call_r, reply_w, out_w, csetup_w):
-            os.close(fd)
-        run_judge(cfg, msg, {"devnull": os.open(os.devnull, os.O_RDWR), "res_w": res_w,
-                             "call_w": call_w, "reply_r": reply_r}, jsetup_w)
-    for fd in (call_r, call_w, reply_r, reply_w, res_w, out_w, csetup_w, jsetup_w):
+                                   "reply_w": reply_w, "call_r": call_r}, setup_w)
+    for fd in (call_r, reply_w, out_w, setup_w):
         os.close(fd)
-    write_line(evt_w, {"pid": cand, "pids": [cand, judge]})
-    bufs, statuses = _drain([cand, judge], {"result": (res_r, MAX_RESULT_BYTES), "output": (out_r, MAX_CAPTURE_BYTES),
-                                            "setup": (csetup_r, MAX_CAPTURE_BYTES),
-                                            "judge_setup": (jsetup_r, MAX_CAPTURE_BYTES)})
-    done = {k: v.decode("utf-8", "replace") for k, v in bufs.items()}
-    done["setup"] = (done["setup"] + done.pop("judge_setup")).strip()
-    write_line(evt_w, {"status": statuses[0], "judge_status": statuses[1], **done})
+    write_line(evt_w, {"pid": pid, "pids": [pid]})
+    bufs, statuses = _drain([pid], {"output": (out_r, MAX_CAPTURE_BYTES), "setup": (setup_r, MAX_CAPTURE_BYTES)})
+    write_line(evt_w, {"status": statuses[0], **{k: v.decode("utf-8", "replace") for k, v in bufs.items()}})
 
 
-def _drain(pids, pipes):
+def _fork_judge(cfg, req, call_w, reply_r):
+    """The judge of an external-suite job, forked by the runner (which holds the suite's test
+    code; the candidate's zygote never does). Returns its pid and its result and set-up pipes."""
+    res_r, res_w = os.pipe()
+    setup_r, setup_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+            msg = {"entry_point": req["entry_point"], "checks": [t["check"] for t in req["tests"]],
+                   "setup": req["tests"][0].get("setup", ""), "timeout_s": float(req["timeout_s"])}
+            run_judge(cfg, msg, {"devnull": os.open(os.devnull, os.O_RDWR), "res_w": res_w, "call_w": call_w,
+                                 "reply_r": reply_r}, setup_w)
+        finally:
+            os._exit(3)
+    os.close(res_w)
+    os.close(setup_w)
+    return pid, res_r, setup_r
+
+
+def _drain(pids, pipes, deadline=None):
     """Read the children's pipes (name -> (fd, cap)) until every child has exited (a
-    daemonised grandchild holding them open does not keep us waiting)."""
+    daemonised grandchild holding them open does not keep us waiting), or until
+    ``deadline`` (then the statuses of the children still running are None)."""
     names = {fd: name for name, (fd, _) in pipes.items()}
     bufs = {fd: bytearray() for fd in names}
     caps = {fd: cap for fd, cap in pipes.values()}
@@ -674,6 +691,8 @@ def _drain(pids, pipes):
     statuses = [None] * len(pids)
     open_fds = set(bufs)
     while open_fds:
+        if deadline is not None and time.monotonic() > deadline:
+            break
         exited = all(st is not None for st in statuses)
         ready = sel.select(0.0 if exited else 0.02)
         for key, _ in ready:
@@ -698,7 +717,7 @@ def _drain(pids, pipes):
             break  # exited, and nothing more is readable: what is left belongs to a daemon
     sel.close()
     for k, pid in enumerate(pids):
-        if statuses[k] is None:
+        if statuses[k] is None and (deadline is None or time.monotonic() <= deadline):
             _, statuses[k] = os.waitpid(pid, 0)
     for fd in bufs:
         os.close(fd)
@@ -941,15 +960,18 @@ def main(argv):
     os.dup2(devnull, 1)
     cmd_r, cmd_w = os.pipe()
     evt_r, evt_w = os.pipe()
+    fd_runner, fd_zygote = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)  # pipe ends for suite jobs
     zpid = os.fork()
     if zpid == 0:
         os.close(proto_in)
         os.close(proto_out)
         os.close(cmd_w)
         os.close(evt_r)
-        zygote(cfg, cmd_r, evt_w)
+        fd_runner.close()
+        zygote(cfg, cmd_r, evt_w, fd_zygote)
     os.close(cmd_r)
     os.close(evt_w)
+    fd_zygote.close()
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     write_line(proto_out, {"ready": True, "python": sys.version.split()[0], "pid": os.getpid(),
                            "isolated_uid": cfg["drop_uid"], "zygote": zpid})
@@ -964,11 +986,20 @@ def main(argv):
         tests, timeout_s = req["tests"], float(req["timeout_s"])
         suite = bool(tests) and all(isinstance(t, dict) and "check" in t for t in tests)
         t0 = time.monotonic()
+        judge = None
         try:
             if suite:  # an external suite's job: [{"check": statement, "setup": source}, ...]
+                call_r, call_w = os.pipe()
+                reply_r, reply_w = os.pipe()
+                # the zygote gets the candidate's code and its pipe ends, never the test code
                 write_line(cmd_w, {"suite": True, "code": req["code"], "entry_point": req["entry_point"],
-                                   "checks": [t["check"] for t in tests], "setup": tests[0].get("setup", ""),
                                    "timeout_s": timeout_s})
+                socket.send_fds(fd_runner, [b"f"], [call_r, reply_w])
+                os.close(call_r)
+                os.close(reply_w)
+                judge = _fork_judge(cfg, req, call_w, reply_r)
+                os.close(call_w)
+                os.close(reply_r)
             else:
                 write_line(cmd_w, {"code": req["code"], "entry_point": req["entry_point"],
                                    "args_list": [t["args"] for t in tests], "timeout_s": timeout_s})
@@ -979,10 +1010,27 @@ def main(argv):
             write_line(proto_out, {"id": req.get("id"), "infra_error": "the sandbox zygote died"})
             break
         pids, timed_out = started["pids"], False
+        judged = None
+        if judge is not None:
+            # the judge decides; the candidate exits when the judge's end of the call pipe closes
+            jpid, jres_r, jsetup_r = judge
+            pids = pids + [jpid]
+            bufs, (jstatus,) = _drain([jpid], {"result": (jres_r, MAX_RESULT_BYTES),
+                                               "setup": (jsetup_r, MAX_CAPTURE_BYTES)},
+                                      deadline=t0 + timeout_s)
+            if jstatus is None:
+                timed_out = True
+                _kill_everything(cfg, pids)
+                _, jstatus = os.waitpid(jpid, 0)
+            judged = {"result": bufs["result"].decode("utf-8", "replace"), "judge_status": jstatus,
+                      "judge_setup": bufs["setup"].decode("utf-8", "replace")}
         try:
-            done = events.read(timeout=timeout_s)
+            done = events.read(timeout=timeout_s if judge is None else (10.0 if timed_out else 1.0))
         except TimeoutError:
-            timed_out = True
+            if judge is None:
+                timed_out = True
+            else:  # judged already; a candidate still running after it is stopped, not blamed
+                judged["candidate_stopped"] = True
             _kill_everything(cfg, pids)
             try:
                 done = events.read(timeout=10.0)
@@ -1006,6 +1054,11 @@ def main(argv):
                                                         ", ".join(files_left[:3])[:100]))
         if cfg.get("drop_uid") is not None:
             dirty += _ipc_left()
+        if judged is not None:
+            done["setup"] = (done.get("setup", "") + judged["judge_setup"]).strip()
+            done["result"], done["judge_status"] = judged["result"], judged["judge_status"]
+            if judged.get("candidate_stopped"):
+                done["status"] = None
         if done.get("setup"):  # written before the candidate's code ran: the sandbox's failure
             write_line(proto_out, {"id": req.get("id"), "infra_error": "sandbox child set-up failed: "
                                    + done["setup"][:EXCERPT], "dirty": "; ".join(dirty)})

@@ -226,6 +226,8 @@ def broken(problem: SuiteProblem) -> str:
 
 
 # Candidates that try to pass without solving anything. ``{ep}`` is the entry point.
+# ``test_reader`` looks for the suite's assert lines in its own process (frames, every
+# object) and answers from them: the candidate's process never holds the test code.
 FORGERS = {
     "fd_writes": '''
 import json, os
@@ -310,6 +312,54 @@ def {ep}(*args, **kwargs):
             except OSError:
                 pass
     return None
+''',
+    "test_reader": '''
+import ast, gc, sys
+def _texts():
+    found = set()
+    def wanted(x):
+        return isinstance(x, str) and len(x) < 20000 and (x.lstrip().startswith("assert ") or "def check(" in x)
+    def take(v):
+        if wanted(v):
+            found.add(v)
+        elif isinstance(v, (list, tuple)) and len(v) < 10000:
+            found.update(x for x in v if wanted(x))
+        elif isinstance(v, dict) and len(v) < 10000:
+            for x in list(v.values()):
+                if wanted(x):
+                    found.add(x)
+                elif isinstance(x, (list, tuple)) and len(x) < 10000:
+                    found.update(y for y in x if wanted(y))
+    f = sys._getframe()
+    while f is not None:
+        for v in list(f.f_locals.values()):
+            take(v)
+        f = f.f_back
+    for o in gc.get_objects():
+        if isinstance(o, dict):
+            take(o)
+    return found
+def _table():
+    table = {{}}
+    for text in _texts():
+        try:
+            tree = ast.parse(text)
+        except (SyntaxError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.ops[0], ast.Eq)
+                    and isinstance(node.left, ast.Call)):
+                try:
+                    args = tuple(ast.literal_eval(a) for a in node.left.args)
+                    table[repr(args)] = ast.literal_eval(node.comparators[0])
+                except Exception:
+                    pass
+    return table
+TABLE = []
+def {ep}(*args, **kwargs):
+    if not TABLE:
+        TABLE.append(_table())
+    return TABLE[0].get(repr(args))
 ''',
     "read_the_judge": '''
 import os

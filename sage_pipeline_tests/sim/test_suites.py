@@ -220,3 +220,14 @@ def test_the_judge_runs_as_another_uid_than_the_candidate(suite_sandbox):
     tests = [{"check": "import os\nassert os.getuid() == 65533\nassert candidate() == 65534", "setup": ""}]
     job = ExecJob("import os\ndef whoami():\n    return os.getuid()\n", "whoami", tests, 3.0)
     assert suite_sandbox.run([job])[0].outcome == "pass"
+
+
+def test_a_hanging_candidate_is_a_timeout_and_the_next_job_is_judged(suite_sandbox):
+    p = read_suite(SAMPLE_FILES["mbpp"])[0]
+    hang = p.job(f"def {p.entry_point}(*a):\n    while True:\n        pass\n", 1.0)
+    daemon = p.job(f"import os, time\ndef {p.entry_point}(*a):\n    if os.fork() == 0:\n        os.setsid()\n"
+                   "        while True:\n            time.sleep(0.01)\n    return None\n", 2.0)
+    r_hang, r_daemon, r_ok = suite_sandbox.run([hang, daemon, p.job(p.canonical, 5.0)])
+    assert r_hang.outcome == "timeout" and 1.0 <= r_hang.runtime_s < 4.0, r_hang
+    assert r_daemon.outcome == "wrong_answer", r_daemon
+    assert r_ok.outcome == "pass", r_ok
