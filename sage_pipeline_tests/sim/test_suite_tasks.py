@@ -1,5 +1,5 @@
 """An external suite as the simulator's task set (issue 15): sim_tasks with ``suite_path``,
-then sandbox_rollouts, materialized in process against the real Docker sandbox; a problem
+then sandbox_rollouts and ppo_policy, materialized in process against the real Docker sandbox; a problem
 whose canonical solution fails is reported and excluded; ``auto`` never falls back to the
 unisolated local backend for a suite."""
 
@@ -9,7 +9,7 @@ import json
 
 import dagster as dg
 
-from sage_pipeline.defs import sim_assets
+from sage_pipeline.defs import sim_assets, sim_policy_assets
 from sage_pipeline.defs.resources import SageResource, SandboxResource
 from sage_pipeline.sim import rollouts as ro
 from sage_pipeline.sim.schema import TASKS_FILE, read_tasks
@@ -26,16 +26,17 @@ def _suite_with_a_failing_canonical(tmp_path):
 
 
 def _run(tmp_path, selection, backend="docker", config=None, partition_key=None):
-    return dg.materialize([sim_assets.sim_tasks, sim_assets.sandbox_rollouts], selection=selection,
+    return dg.materialize([sim_assets.sim_tasks, sim_assets.sandbox_rollouts, sim_policy_assets.ppo_policy],
+                          selection=selection,
                           resources={"sage": SageResource(data_dir=str(tmp_path / "data")),
                                      "sandbox": SandboxResource(backend=backend, workers=2)},
-                          run_config={"ops": {"sim_tasks": {"config": config}}} if config else None,
+                          run_config={"ops": config} if config else None,
                           partition_key=partition_key, raise_on_error=False)
 
 
 def test_an_external_suite_as_the_task_set(docker_ready, tmp_path):
     path, n_lines = _suite_with_a_failing_canonical(tmp_path)
-    res = _run(tmp_path, [sim_assets.sim_tasks], config={"suite_path": str(path), "seed": 1})
+    res = _run(tmp_path, [sim_assets.sim_tasks], config={"sim_tasks": {"config": {"suite_path": str(path), "seed": 1}}})
     assert res.success
     md = res.asset_materializations_for_node("sim_tasks")[0].metadata
     assert md["suite"].value == "mbpp" and md["suite_problems"].value == n_lines
@@ -52,12 +53,17 @@ def test_an_external_suite_as_the_task_set(docker_ready, tmp_path):
     assert df[df["candidate_kind"] == "reference"]["passed"].all()
     assert not df[df["candidate_kind"] == "wrong_type"]["passed"].any()
     assert set(df["backend"]) == {"docker"}
+    # the rest of the chain runs on the suite's tasks as on generated ones
+    ppo = _run(tmp_path, [sim_policy_assets.ppo_policy],
+               config={"ppo_policy": {"config": {"total_timesteps": 2000, "num_envs": 8}}})
+    assert ppo.success
+    assert ppo.asset_materializations_for_node("ppo_policy")[0].metadata["train_tasks"].value >= 1
 
 
 def test_auto_does_not_run_a_suite_unisolated(tmp_path, monkeypatch):
     monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
     res = _run(tmp_path, [sim_assets.sim_tasks], backend="auto",
-               config={"suite_path": str(SAMPLE_FILES["humaneval"])})
+               config={"sim_tasks": {"config": {"suite_path": str(SAMPLE_FILES["humaneval"])}}})
     assert not res.success
     err = res.get_step_failure_events()[0].event_specific_data.error
     assert "never runs in the unisolated local backend" in str(err.message) + str(err.cause and err.cause.message)
