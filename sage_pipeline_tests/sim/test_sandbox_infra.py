@@ -150,3 +150,31 @@ def test_auto_never_runs_untrusted_code_unisolated(monkeypatch):
     with pytest.raises(SandboxError, match="UNISOLATED"):
         with SandboxResource(backend="local").open(untrusted=True):
             pass
+
+
+# -- the SDK lifecycle ------------------------------------------------------------------------
+
+def test_a_host_killed_with_sigkill_leaves_no_container(docker_ready, tmp_path):
+    # No handler runs on SIGKILL: the attach stream closes, the runner reads EOF on stdin
+    # (attached once) and exits, and auto_remove deletes the container.
+    import signal
+    import sys
+
+    label = f"test-{uuid.uuid4().hex[:8]}"
+    script = tmp_path / "killed.py"
+    script.write_text(textwrap.dedent(f"""
+        import time
+        from sage_pipeline.sim.sandbox import open_sandbox
+        with open_sandbox("docker", workers=2, label={label!r}) as sb:
+            print("started", flush=True)
+            time.sleep(120)
+    """))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "started"
+    assert len(_labelled(label)) == 2
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 20
+    while _labelled(label) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _labelled(label) == []
