@@ -1040,7 +1040,8 @@ def main(argv):
         if done is None:  # the zygote died with the task (a task that kills its parent)
             write_line(proto_out, {"id": req.get("id"), "outcome": "killed", "tests_passed": 0,
                                    "tests_total": len(tests), "runtime_s": runtime,
-                                   "output": "the task killed the sandbox's process supervisor"})
+                                   "output": "the task killed the sandbox's process supervisor",
+                                   "dirty": "the runner exits: its zygote is gone"})
             break
         left = _kill_everything(cfg, pids)
         files_left = _clean_workroot(cfg)
