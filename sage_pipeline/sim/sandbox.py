@@ -216,8 +216,8 @@ class _Channel:
     on it, reads select on it with the watchdog's deadline, and Docker's stream framing
     (8-byte headers: 1 = stdout, 2 = stderr) is taken apart here."""
 
-    def __init__(self, fd: int, framed: bool) -> None:
-        self.fd, self.framed = fd, framed
+    def __init__(self, fd: int, framed: bool, sock=None) -> None:
+        self.fd, self.framed, self.sock = fd, framed, sock  # sock: read with recv (a TLS socket too)
         self.buf = bytearray()
         self.scanned = 0  # bytes at the start of buf known to hold no newline
         self.stderr = bytearray()
@@ -266,10 +266,17 @@ class _Channel:
                 if len(self.buf) > MAX_REPLY_BYTES:
                     raise _BadReply(f"a reply line longer than {MAX_REPLY_BYTES} bytes")
                 left = deadline - time.monotonic()
-                if left <= 0 or not sel.select(left):
+                buffered = self.sock is not None and getattr(self.sock, "pending", lambda: 0)() > 0
+                if left <= 0 or not (buffered or sel.select(left)):
                     raise _Unresponsive
                 try:
-                    chunk = os.read(self.fd, 1 << 16)
+                    if self.sock is not None:
+                        self.sock.settimeout(max(left, 0.001))
+                        chunk = self.sock.recv(1 << 16)
+                    else:
+                        chunk = os.read(self.fd, 1 << 16)
+                except TimeoutError as e:
+                    raise _Unresponsive from e
                 except OSError:
                     chunk = b""
                 if not chunk:
@@ -335,7 +342,7 @@ class _Worker:
             self.stop()
             raise SandboxError(f"sandbox worker {self.name} did not start ({why}); "
                                f"check `docker run --rm {self.cfg.image} python3 -V`") from e
-        self.chan = _Channel(self.sock.fileno(), framed=True)
+        self.chan = _Channel(self.sock.fileno(), framed=True, sock=self.sock)
 
     def _start_local(self) -> None:
         self._stderr = tempfile.TemporaryFile()
