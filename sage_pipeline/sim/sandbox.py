@@ -542,7 +542,8 @@ class Sandbox:
         d = {k: v for k, v in asdict(self.cfg).items() if k != "label"}
         d["isolated"] = self.isolated
         d["note"] = ("Docker: no network, read-only root, tmpfs /tmp, memory/pids/cpu limits, all capabilities "
-                     "dropped but SETUID/SETGID/KILL, no-new-privileges, tasks as uid 65534"
+                     "dropped but SETUID/SETGID/KILL, no-new-privileges, no SysV/POSIX IPC objects, tasks as uid 65534 "
+                     "(an external suite's judge as uid 65533)"
                      if self.isolated else
                      "UNISOLATED local processes (resource limits and timeouts only): for the project's own "
                      "generated tasks, never for untrusted code")
