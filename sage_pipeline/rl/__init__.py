@@ -1,4 +1,4 @@
-"""Pure learning code: the policy contract, policies, (later) checkpoints, BC, CQL, PPO, OPE.
+"""Pure learning code: the policy contract, policies, checkpoints, BC, CQL, PPO, OPE.
 
 Importing this package must not import dagster, great_expectations or docker: the
 router that loads a policy at run time pays only for numpy (and torch for neural ones).

@@ -33,8 +33,9 @@ at no cost here (episodes are at most 4 attempts; on the default data ``min`` an
 are trained the same way in one run (:func:`train_cql_grid`), sharing every minibatch and
 their initial weights, so their comparison is not blurred by seed noise. Choosing alpha
 is OPE's job on the eval split (never the simulator's ground truth); this module only
-trains for given alphas. Measured on the default synthetic data (5,000 episodes, eps=0.3
-exploration, so every candidate is logged): alpha in 0..0.03 closes ~0.83 of the static
+trains for given alphas. Measured on 5,000 synthetic episodes (the collector's default is
+now 20,000: docs/benchmarks.md, "Offline chain quality"), eps=0.3 exploration, so every
+candidate is logged: alpha in 0..0.03 closes ~0.83 of the static
 table's regret in both modes, 0.1 less (bandit ~0.77, multistep ~0.5), and alpha >= 0.3
 gives back the table's own choices; on data with poorer coverage larger alphas matter.
 

@@ -478,8 +478,3 @@ def choose_mutants(reference: str, entry_point: str, rng: random.Random, n: int,
         if m is not None:
             out.append(m)
     return out
-
-
-def has_loop_site(reference: str, entry_point: str) -> bool:
-    """Whether the reference can carry an ``infinite_loop`` mutant."""
-    return bool(find_sites(reference, entry_point)["infinite_loop"])
