@@ -16,8 +16,9 @@ Issue 17's acceptance run. Five categories of trials, each checked against what 
    files and the unreadable folder are named.
 2. ``kill``: ``kill -9`` of a materialization's process group at a random delay, per writer
    asset (synthetic_sessions, trajectories, routing_dataset, reward_report, bc_policy,
-   cql_policy, offline_eval, sage_router_checkpoint and one night of sleep_cycle/reviewer),
-   on a temporary ``SAGE_DATA_DIR`` and ``DAGSTER_HOME``. Each run is the real asset
+   cql_policy, offline_eval, sage_router_checkpoint, sim_tasks, sandbox_rollouts on the
+   Docker and on the local sandbox, and one night each of sleep_cycle/reviewer and
+   sleep_cycle/coder, whose judge runs code in the sandbox), on a temporary ``SAGE_DATA_DIR`` and ``DAGSTER_HOME``. Each run is the real asset
    materialized by ``dagster.materialize`` on that instance, in a process forked from a
    runner that imported the definitions once (so a trial takes the asset's time, not
    Dagster's import time); the fork calls ``setsid`` first, exactly as
@@ -30,8 +31,12 @@ Issue 17's acceptance run. Five categories of trials, each checked against what 
    must read completely (Parquet, JSON, JSON lines, PNG, npz, joblib; checkpoints through
    ``rl.load_policy``; the synthetic set against its ``simulator.json``; the sleep store's
    index, versions and live pair) and be the old version or the new one (what a plain
-   re-run with the same config writes); the plain re-run must succeed with no clean-up,
-   and afterwards no temporary file or folder may be left anywhere under the root.
+   re-run with the same config writes), and all of an asset's files one run's set (no
+   mix of old and new files); the plain re-run must succeed with no clean-up, and
+   afterwards no temporary file or folder may be left anywhere under the root. For the
+   assets that run code in a sandbox, within 20 s of the kill no container labelled by the
+   killed run and no local runner of a dead host may remain, and after the re-run no
+   local work folder of a dead host.
 3. ``concurrent``: two materializations of the same asset at once (two configs where the
    asset has one): both must succeed, and every artifact must then be one run's complete
    version, with no temporary files left.
@@ -481,7 +486,7 @@ def fuzz_trials(workdir: Path, seeds: list[int]) -> list[Trial]:
     """Fuzz trials. As root they run in a fresh worker process that gives up root (uid
     ``nobody``) once it has imported what it needs, since root reads a folder with mode 000 and
     the unreadable folder would not be unreadable."""
-    if os.geteuid() != 0:
+    if not seeds or os.geteuid() != 0:
         return [fuzz_trial(workdir, s) for s in seeds]
     # a folder nobody can reach: the system's temporary folder (``workdir`` may sit in a private one)
     sub = Path(tempfile.mkdtemp(prefix="fault_injection-fuzz-"))
@@ -547,7 +552,8 @@ def leftovers(root: Path) -> list[str]:
         homes += [p for p in (root / artifacts.SETS_DIR).iterdir() if p.is_dir()]
     for versions in homes:
         if versions.is_dir():
-            sets = [p for p in versions.iterdir() if p.is_dir() and not p.is_symlink()]
+            sets = [p for p in versions.iterdir() if p.is_dir() and not p.is_symlink()
+                    and not p.name.endswith(".partial")]  # (a partial one is named above)
             if len(sets) > 2:  # the current set and the one it replaced
                 found.append(f"{versions.relative_to(root)} holds {len(sets)} sets")
     return sorted(found)
@@ -700,6 +706,76 @@ def fp_synthetic(root: Path) -> dict[str, str]:
             "simulator.json": read_artifact(folder / "simulator.json")}
 
 
+def fp_rollouts(root: Path) -> dict[str, str]:
+    """Each shard's Parquet reads whole, and the execution cache loads (every segment whole).
+    A re-run re-executes nothing the cache holds, so outcomes are compared, not run times."""
+    import pandas as pd
+
+    from sage_pipeline.sim.cache import CACHE_DIR, ExecutionCache
+
+    out = {}
+    for path in sorted((root / "sim" / "rollouts").glob("shard-*.parquet")):
+        read_artifact(path)
+        df = pd.read_parquet(path)
+        out[str(path.relative_to(root))] = _sha(df[["task_id", "candidate_id", "outcome"]].to_csv().encode()) \
+            if {"task_id", "candidate_id", "outcome"} <= set(df.columns) else _sha(path.read_bytes())
+    try:
+        cache = ExecutionCache(root / "sim" / CACHE_DIR)
+    except Exception as e:  # noqa: BLE001 - a cache that does not load is a broken artifact
+        raise Broken(f"the execution cache does not load: {type(e).__name__}: {e}") from None
+    out["sim/cache entries"] = str(len(cache))
+    return out
+
+
+def sandbox_leftovers(pid: int, grace_s: float = 20.0) -> list[str]:
+    """What a killed run's sandbox left: containers labelled by the run's process (the label
+    is ``<pid>-<random>``), still there ``grace_s`` after the kill, and live local runner
+    processes of a sandbox folder no run holds."""
+    found: list[str] = []
+    end = time.monotonic() + grace_s
+    while True:
+        found = []
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            out = subprocess.run(["docker", "ps", "-a", "--format", '{{.Names}} {{.Label "sage.sandbox"}}'],
+                                 capture_output=True, text=True, timeout=30).stdout
+            found += [f"container {line.split()[0]}" for line in out.splitlines()
+                      if len(line.split()) == 2 and line.split()[1].startswith(f"{pid}-")]
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            with contextlib.suppress(OSError):
+                cwd = os.readlink(proc / "cwd")
+                if "/sage-sim-local-" in cwd and not os.path.exists(cwd.split(" (deleted)")[0]):
+                    found.append(f"local runner process {proc.name} in a removed folder")
+                elif "/sage-sim-local-" in cwd and _owner_gone(cwd):
+                    found.append(f"local runner process {proc.name} in {cwd}")
+        if not found or time.monotonic() > end:
+            return found
+        time.sleep(1.0)
+
+
+def stale_local_workroots() -> list[str]:
+    """The local sandbox's work folders no live host holds (a killed host's; the next local
+    sandbox removes them)."""
+    from sage_pipeline.sim.sandbox import LOCAL_PREFIX
+
+    return [str(p) for p in Path(tempfile.gettempdir()).glob(f"{LOCAL_PREFIX}*")
+            if p.is_dir() and not artifacts.folder_in_use(p)]
+
+
+def _owner_gone(cwd: str) -> bool:
+    """Whether no process but local runners holds the sandbox folder ``cwd`` (its host is dead)."""
+    root = "/".join(cwd.split("/")[:3])  # /tmp/sage-sim-local-XXXX
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            with contextlib.suppress(OSError):
+                if not os.readlink(proc / "cwd").startswith(root):
+                    for fd in (proc / "fd").iterdir():
+                        if os.readlink(fd).startswith(root):
+                            return False
+    return True
+
+
 def fp_sleep(root: Path, skill: str = "reviewer") -> dict[str, str]:
     """The skill store must be whole: every index line valid, every version folder's content
     matching its id, the live pair one of the stored versions; the night's files complete."""
@@ -755,6 +831,7 @@ class AssetSpec:
     partitions: tuple[str, ...] = ()
     prepare: Callable[[Path, int], None] | None = None
     exact: bool = True  # "old or new" compares content; False: the sleep store is checked for consistency
+    resources: dict | None = None  # run config of resources (the sandbox's backend)
 
     def variant(self, i: int) -> int:
         """Which version trial ``i`` writes: its config, or (``prepare``) its input."""
@@ -768,7 +845,9 @@ class AssetSpec:
 
     def run_config(self, i: int) -> dict | None:
         cfg = self.config(i)
-        return {"ops": {self.op: {"config": cfg}}} if cfg else None
+        out = ({"ops": {self.op: {"config": cfg}}} if cfg else {}) | (
+            {"resources": self.resources} if self.resources else {})
+        return out or None
 
 
 def _extra_journal(root: Path, i: int) -> None:
@@ -809,9 +888,20 @@ ASSETS = [
                          **_checkpoint(r, "checkpoints/promoted"), **_sage_checkpoint(r, "checkpoints/promoted_sage")}),
     AssetSpec("sage_router_checkpoint", "sage_router_checkpoint", "sage_router_checkpoint", ({},),
               lambda r: _sage_checkpoint(r, "checkpoints/sage")),
+    AssetSpec("sim_tasks", "sim_tasks", "sim_tasks", ({"n_tasks": 40, "seed": 0}, {"n_tasks": 40, "seed": 1}),
+              lambda r: _files(r, ["sim/tasks.jsonl"])),
+    AssetSpec("sandbox_rollouts", "sandbox_rollouts", "sandbox_rollouts", ({},), fp_rollouts,
+              partitions=("shard-00", "shard-01"), exact=False),
+    AssetSpec("sandbox_rollouts[local]", "sandbox_rollouts", "sandbox_rollouts", ({},), fp_rollouts,
+              partitions=("shard-02", "shard-03"), exact=False,
+              resources={"sandbox": {"config": {"backend": "local"}}}),
     AssetSpec("sleep_cycle/reviewer", "sleep_cycle/reviewer", "sleep_cycle__reviewer", ({},), fp_sleep,
               partitions=("2026-11-01", "2026-11-02", "2026-11-03"), exact=False),
+    # the coder's night judges candidate code in the sandbox (Docker here; local without a daemon)
+    AssetSpec("sleep_cycle/coder", "sleep_cycle/coder", "sleep_cycle__coder", ({},),
+              lambda r: fp_sleep(r, "coder"), partitions=("2026-11-01", "2026-11-02", "2026-11-03"), exact=False),
 ]
+SANDBOX_ASSETS = ("sim_tasks", "sandbox_rollouts", "sleep_cycle/coder")  # their kills also check the sandbox
 
 
 class Runner:
@@ -1095,9 +1185,12 @@ def kill_trial(bench: Bench, spec: AssetSpec, i: int, cli: bool = False) -> Tria
         proc.wait()
     delay = time.monotonic() - start + (bench.cli_overhead if cli else 0.0)
     left_by_kill = leftovers(bench.root)
+    problems_sandbox = []
+    if killed and spec.name.startswith(SANDBOX_ASSETS) and (stray := sandbox_leftovers(pid)):
+        problems_sandbox.append(f"the killed run's sandbox left {stray[:3]}")
     facts = {"delay_s": round(delay, 3), "killed": killed, "left_by_kill": left_by_kill, "cli": cli,
              "at_write": at_write}
-    problems = []
+    problems = problems_sandbox
     try:
         after = spec.fingerprint(bench.root)
     except Broken as e:
@@ -1131,6 +1224,8 @@ def kill_trial(bench: Bench, spec: AssetSpec, i: int, cli: bool = False) -> Tria
         if not facts["one_version"] and not problems:
             problems.append("its files come from both runs (each file whole, the set mixed)")
     left = leftovers(bench.root)
+    if spec.name.startswith(SANDBOX_ASSETS):
+        left += stale_local_workroots()
     if left:
         problems.append(f"left after the re-run: {left[:4]}")
     facts["left_after_rerun"] = left
@@ -1460,8 +1555,9 @@ CHECKED = {
             "(recoverable) line accepted, every poison line quarantined; damaged .gz files, the unreadable "
             "folder and a broken link named; files behind a symlinked folder (and a loop) read once",
     "kill": "after kill -9 of the run's process group: every artifact reads completely and is the old or the "
-            "new version (sleep: index, versions, live pair whole); a plain re-run succeeds; no temp "
-            "file/folder left",
+            "new version, all of an asset's files one run's set (sleep: index, versions, live pair whole); "
+            "sandbox assets: no container of the killed run and no local runner of a dead host within 20 s; a "
+            "plain re-run succeeds; no temp file/folder left (nor a dead host's local sandbox folder)",
     "concurrent": "both runs succeed; every artifact one run's complete version; no temp file/folder left",
     "backend": "the night ends backend_error within (retries+1)*timeout + capped waits + 1.5 s; its "
                "diagnostics.json says so; the skill's lock is free",
@@ -1527,12 +1623,17 @@ def main() -> int:
     ap.add_argument("--no-cli", action="store_true", help="no trial through the dagster asset materialize CLI")
     ap.add_argument("--pool", action="store_true", help="also the dagster-daemon pool trial (1-2 minutes; the "
                     "same case with a toy job is sage_pipeline_tests/defs/test_run_monitoring.py)")
+    ap.add_argument("--assets", default="all", help="writer assets for the kill and concurrent trials ('all', "
+                    "or a comma list; the inputs of the first one are materialized first)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--keep", action="store_true", help="keep the temporary folders (printed)")
     args = ap.parse_args()
     if args.quick:
         args.trials_per_asset, args.concurrent_per_asset, args.fuzz_trials, args.backend_rounds = 2, 1, 20, 1
         args.no_cli = True
+    chosen = {s.name for s in ASSETS} if args.assets == "all" else set(args.assets.split(","))
+    if chosen - {s.name for s in ASSETS}:
+        ap.error(f"--assets: unknown {sorted(chosen - {s.name for s in ASSETS})}; use {[s.name for s in ASSETS]}")
     cli_assets = {s.name for s in ASSETS} if args.cli_assets == "all" else set(args.cli_assets.split(","))
     unknown = cli_assets - {s.name for s in ASSETS}
     if unknown:
@@ -1559,7 +1660,8 @@ def main() -> int:
     # 2-3. kills and concurrent runs, asset by asset in lineage order
     bench = Bench(work / "kill", args.seed)
     try:
-        for spec in ASSETS:
+        last_chosen = max(i for i, sp in enumerate(ASSETS) if sp.name in chosen)
+        for spec in ASSETS[:last_chosen + 1]:  # and what they read, in lineage order
             t0 = time.monotonic()
             for i in (0, 1):  # both config variants once, complete: the versions the trials compare with
                 if spec.prepare:
@@ -1570,6 +1672,8 @@ def main() -> int:
             if not args.no_cli and spec.name in cli_assets and not bench.cli_overhead:
                 bench.calibrate_cli(spec)
                 print(f"dagster asset materialize takes {bench.cli_overhead:.1f} s more than a forked run", flush=True)
+            if spec.name not in chosen:
+                continue  # materialized above as the next assets' input only
             for i in range(args.trials_per_asset):
                 last = i == args.trials_per_asset - 1
                 report(kill_trial(bench, spec, i, cli=last and not args.no_cli and spec.name in cli_assets))

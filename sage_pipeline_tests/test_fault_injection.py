@@ -101,3 +101,25 @@ def test_leftover_scan_finds_what_killed_writers_leave(fi, tmp_path):
                                       "routing/.routing_v1.parquet.parts.x1y2z3w4"]
     assert fi._writing(tmp_path)
     assert not fi._writing(tmp_path / ".locks")
+
+
+def test_leftover_scan_finds_what_a_killed_set_switch_leaves(fi, tmp_path):
+    """atomic_set's leftovers: a version being written, a link not renamed into place, a
+    pointer link not renamed, and more versions than the current one and the one it replaced."""
+    home = tmp_path / ".sets" / "bc_policy"
+    home.mkdir(parents=True)
+    for name in ("20261124T000000Z-a1b2c3d4", "20261124T000001Z-e5f6a7b8"):
+        (home / name).mkdir()
+    (home / "current").symlink_to("20261124T000001Z-e5f6a7b8")
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "bc").symlink_to("../.sets/bc_policy/current/checkpoints/bc")
+    assert fi.leftovers(tmp_path) == []
+    (home / "20261124T000002Z-c9d0e1f2.partial").mkdir()
+    (home / ".current.0a1b2c3d").symlink_to("20261124T000000Z-a1b2c3d4")
+    (tmp_path / "checkpoints" / ".bc.link-0a1b2c3d").symlink_to("../.sets/bc_policy/current/checkpoints/bc")
+    assert fi.leftovers(tmp_path) == [".sets/bc_policy/.current.0a1b2c3d",
+                                      ".sets/bc_policy/20261124T000002Z-c9d0e1f2.partial",
+                                      "checkpoints/.bc.link-0a1b2c3d"]
+    (home / "20261124T000002Z-c9d0e1f2.partial").rename(home / "20261124T000002Z-c9d0e1f2")
+    assert ".sets/bc_policy holds 3 sets" in fi.leftovers(tmp_path)
+    assert not fi._writing(tmp_path)  # an asset's set being written counts when its files' writes begin

@@ -54,6 +54,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from sage_pipeline import artifacts
 from sage_pipeline.sim.schema import OUTCOME_KINDS, ExecJob, ExecResult
 
 RUNNER_SOURCE = (Path(__file__).with_name("runner.py")).read_text(encoding="utf-8")
@@ -66,6 +67,19 @@ LABEL_KEY = "sage.sandbox"
 # these namespaced sysctls with a private IPC namespace (`--ipc none`); all five are tested.
 IPC_SYSCTLS = {"kernel.shmmni": "0", "kernel.shmall": "0", "kernel.msgmni": "0", "kernel.sem": "0 0 0 0",
                "fs.mqueue.queues_max": "0"}
+
+
+LOCAL_PREFIX = "sage-sim-local-"  # the local backend's work folders, in the system's temporary folder
+
+
+def _sweep_local_workroots() -> None:
+    """Remove the local backend's work folders whose host is gone (killed with -9: its
+    ``close`` never ran). A live host holds an ``flock`` on its folder, so only dead ones go."""
+    tmp = Path(tempfile.gettempdir())
+    with contextlib.suppress(OSError):
+        for path in tmp.glob(f"{LOCAL_PREFIX}*"):
+            if path.is_dir() and not path.is_symlink() and not artifacts.folder_in_use(path):
+                shutil.rmtree(path, ignore_errors=True)
 
 
 class SandboxError(RuntimeError):
@@ -298,6 +312,7 @@ class _Worker:
         self.served = 0
         self.started_at = 0.0
         self._workroot: str | None = None
+        self._workroot_lock: int | None = None
         self._stderr = None
         self._attach_api = None
         self._sock_ref = None
@@ -346,7 +361,9 @@ class _Worker:
 
     def _start_local(self) -> None:
         self._stderr = tempfile.TemporaryFile()
-        self._workroot = tempfile.mkdtemp(prefix="sage-sim-local-")
+        _sweep_local_workroots()
+        self._workroot = tempfile.mkdtemp(prefix=LOCAL_PREFIX)
+        self._workroot_lock = artifacts.hold_folder(Path(self._workroot))  # freed with this process
         runner_cfg = {"workroot": self._workroot, "memory_bytes": self.cfg.task_memory_mb << 20, "drop_uid": None}
         self.name = f"local-{os.getpid()}-{self.index}-{self.generation}"
         cmd = [sys.executable, "-I", "-u", "-c", RUNNER_SOURCE, json.dumps(runner_cfg)]
@@ -478,7 +495,8 @@ class _Worker:
                 container.remove(force=True)
         if self._workroot:
             shutil.rmtree(self._workroot, ignore_errors=True)
-            self._workroot = None
+            artifacts.release_folder(self._workroot_lock)
+            self._workroot, self._workroot_lock = None, None
         if self._stderr is not None:
             with contextlib.suppress(Exception):
                 self._stderr.close()

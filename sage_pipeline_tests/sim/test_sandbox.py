@@ -202,3 +202,39 @@ def test_the_test_suite_never_leaves_containers_behind():
     leaked = [line for line in out.stdout.splitlines() if "sage.sandbox=test-" in line]
     assert leaked == []
 
+
+
+def test_a_killed_hosts_local_work_folders_are_removed_by_the_next_local_sandbox(tmp_path):
+    """A host killed with -9 never runs close(): its local workers' folders in /tmp stay.
+    The next local sandbox removes them, and never a live sandbox's."""
+    import os
+    import tempfile
+    from pathlib import Path
+
+    from sage_pipeline.sim.sandbox import LOCAL_PREFIX
+
+    def folders() -> set[Path]:
+        return set(Path(tempfile.gettempdir()).glob(f"{LOCAL_PREFIX}*"))
+
+    code = ("import sys, time\nfrom sage_pipeline.sim.sandbox import open_sandbox\n"
+            "with open_sandbox('local', workers=2) as sb:\n"
+            "    print('ready', flush=True)\n    time.sleep(600)\n")
+    before = folders()
+    host = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert host.stdout.readline().strip() == "ready"
+        theirs = folders() - before
+        assert len(theirs) == 2
+        with open_sandbox("local", workers=1) as sb:  # a live host's folders are left alone
+            assert sb.run([job("return sorted(xs)")])[0].outcome == "pass"
+            assert theirs <= folders()
+        os.kill(host.pid, signal.SIGKILL)
+        host.wait(10)
+        assert theirs <= folders()  # what the kill leaves
+        with open_sandbox("local", workers=1) as sb:
+            assert not theirs & folders()
+            assert sb.run([job("return sorted(xs)")])[0].outcome == "pass"  # and the next task is right
+    finally:
+        if host.poll() is None:
+            host.kill()
+            host.wait()
