@@ -2,6 +2,7 @@
 #   make run    materialize every asset on embedded defaults (DAGSTER_HOME=.dagster_home)
 #   make test   run the test suite
 #   make dev    open the Dagster UI on the same instance
+#   make lint   ruff check (configured in pyproject.toml; CI runs it)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -12,7 +13,7 @@ export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 export GX_ANALYTICS_ENABLED := false
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install sysdeps run test dev validate bench clean cluster-demo
+.PHONY: install sysdeps run test lint dev validate bench clean cluster-demo
 
 install: $(VENV)/.installed
 
@@ -43,6 +44,9 @@ test: install sysdeps
 	@$(BIN)/pytest; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: that is a failure here" >&2; exit 1; fi; \
 	exit $$rc
+
+lint: install
+	$(BIN)/ruff check .
 
 dev: install
 	@mkdir -p $(DAGSTER_HOME)

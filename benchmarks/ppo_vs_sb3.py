@@ -222,7 +222,8 @@ def main() -> None:
     print(f"data: {source}; {len(train)} train / {len(test)} held-out tasks; actions {sim.actions}")
     print(f"held-out exact values: static table {v_static:.4f}, oracle {v_oracle:.4f}; load average {load[0]:.2f}")
 
-    results = {"source": source, "match_tolerance": args.match_tolerance, "machine": platform.platform(), "cpus": os.cpu_count(), "load_before": load,
+    results = {"source": source, "match_tolerance": args.match_tolerance, "machine": platform.platform(),
+               "cpus": os.cpu_count(), "load_before": load,
                "python": platform.python_version(), "torch": torch.__version__, "v_static": v_static,
                "v_oracle": v_oracle, "comparison": [], "closure": []}
     cfg0 = PPOConfig(total_timesteps=args.timesteps, eval_every=args.eval_every)

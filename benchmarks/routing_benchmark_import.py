@@ -171,7 +171,8 @@ def main() -> None:
     load_after = os.getloadavg()
     print(f"\nload average before {load_before[0]:.2f}, after {load_after[0]:.2f}; "
           f"{os.cpu_count()} CPUs, Python {platform.python_version()}\n")
-    print("| table | contender | rows | best s | median s | rows/s (median) | peak RSS MiB | vs pyarrow_read (median) |")
+    print("| table | contender | rows | best s | median s | rows/s (median) | peak RSS MiB "
+          "| vs pyarrow_read (median) |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
     summary = []
     for kind in paths:
@@ -191,7 +192,8 @@ def main() -> None:
           + ("met" if worst < GOAL_S else "NOT met"))
     for r in summary:
         if r["contender"] == "import_benchmark":
-            print(f"  {r['table']}: {r['prompts_kept']:,} prompts x {r['models']} models kept; dropped {r['dropped_rows']}")
+            print(f"  {r['table']}: {r['prompts_kept']:,} prompts x {r['models']} models kept; "
+                  f"dropped {r['dropped_rows']}")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps({"rows": args.rows, "models": args.models, "repeats": args.repeats,
                                    "load_before": load_before, "load_after": load_after, "cpus": os.cpu_count(),

@@ -42,10 +42,12 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
-from sage_pipeline.routing import benchmark_metrics as bm
-from sage_pipeline.routing import benchmark_routers as br
-from sage_pipeline.routing import benchmark_run as brun
-from sage_pipeline.routing import benchmark_synthetic as bs
+from sage_pipeline.routing import (
+    benchmark_metrics as bm,
+    benchmark_routers as br,
+    benchmark_run as brun,
+    benchmark_synthetic as bs,
+)
 from sage_pipeline.routing.benchmark_import import ImportConfig, import_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,7 +60,9 @@ def _ms(xs: list[float], digits: int = 4) -> str:
     xs = [x for x in xs if x is not None and np.isfinite(x)]
     if not xs:
         return "—"
-    return f"{statistics.mean(xs):.{digits}f} ± {statistics.stdev(xs):.{digits}f}" if len(xs) > 1 else f"{xs[0]:.{digits}f}"
+    if len(xs) == 1:
+        return f"{xs[0]:.{digits}f}"
+    return f"{statistics.mean(xs):.{digits}f} ± {statistics.stdev(xs):.{digits}f}"
 
 
 def t_interval(xs: list[float]) -> tuple[float, float, float]:

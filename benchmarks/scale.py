@@ -15,7 +15,14 @@ regret closure from offline_eval, which must hold as the data grows.
 
 from __future__ import annotations
 
-import argparse, json, math, os, subprocess, sys, tempfile, time
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
 from pathlib import Path
 
 # (label, asset selection, with checks?) in lineage order.
@@ -122,7 +129,7 @@ def main() -> None:
           "".join(f" | slope {a:,}->{b:,} time / RSS" for a, b in zip(sizes, sizes[1:])) + " |")
     print("|---|" + "---|" * (len(sizes) + len(sizes) - 1))
     for label, _, _ in [*STEPS, ("whole chain", None, None)]:
-        def get(n: int, key: str) -> float:
+        def get(n: int, key: str, label: str = label) -> float:
             if label == "whole chain":
                 vals = [results[n][lab][key] for lab, _, _ in STEPS]
                 return sum(vals) if key == "wall_s" else max(vals)

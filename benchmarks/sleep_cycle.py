@@ -61,7 +61,7 @@ def learning(seeds: int, n_nights: int, skills: list[str], scratch: Path) -> dic
     out: dict = {}
     for skill in skills:
         world = SimWorld.load(skill)
-        for name, gate in GATES.items():
+        for name in GATES:
             out.setdefault(skill, {})[name] = {"seeds": []}
         for seed in range(seeds):
             tasks = world.generate_tasks(seed)
@@ -93,7 +93,8 @@ def learning(seeds: int, n_nights: int, skills: list[str], scratch: Path) -> dic
                     "seconds_per_night": secs / n_nights, "calls_per_night": calls / n_nights,
                     "tokens_per_night": tokens / n_nights})
             print(f"  {skill} seed {seed}: " + ", ".join(
-                f"{n} rise {out[skill][n]['seeds'][-1]['rise']:+.2f} harm {len(out[skill][n]['seeds'][-1]['harmful_accepted'])}"
+                f"{n} rise {out[skill][n]['seeds'][-1]['rise']:+.2f} "
+                f"harm {len(out[skill][n]['seeds'][-1]['harmful_accepted'])}"
                 for n in GATES), flush=True)
     for by in out.values():
         for d in by.values():
@@ -243,7 +244,8 @@ def main() -> None:
               f"{xs[0]['cause'][:90]} |")
     goals = {skill: {"mean_rise_ge_0.3": by["gate"]["summary"]["mean_rise"] >= 0.3,
                      "seeds_rise_ge_0.3": by["gate"]["summary"]["seeds_rise_ge_0.3"],
-                     "no_harmful_accepted": by["gate"]["summary"]["harmful_accepted"] == 0} for skill, by in learn.items()}
+                     "no_harmful_accepted": by["gate"]["summary"]["harmful_accepted"] == 0}
+             for skill, by in learn.items()}
     goals["failing_backend_always_backend_error_with_cause"] = fail["cause_named"] == fail["nights"] == fail[
         "backend_error"]
     print(f"\nGoals (default gate): {json.dumps(goals)}")

@@ -11,9 +11,7 @@ from pydantic import Field
 from sage_pipeline import markdown
 from sage_pipeline.defs.resources import SageResource
 from sage_pipeline.rl.cql import CQLConfig
-from sage_pipeline.routing import benchmark_bandit as bb
-from sage_pipeline.routing import benchmark_import as bi
-from sage_pipeline.routing import benchmark_run as brun
+from sage_pipeline.routing import benchmark_bandit as bb, benchmark_import as bi, benchmark_run as brun
 from sage_pipeline.routing.benchmark_routers import DEFAULT_SWEEP_POINTS, DEFAULT_WEIGHT_POINTS
 from sage_pipeline.routing.benchmark_train import BCGridConfig
 
@@ -80,7 +78,8 @@ def _benchmark_config(c: RoutingBenchmarkConfig, sage: SageResource) -> brun.Ben
         quality_scale=c.quality_scale, embedding=c.embedding)
     test = dataclasses.replace(table, path=sage.root() / c.test_path) if c.test_path else None
     return brun.BenchmarkConfig(
-        table=table, split=c.split, test_table=test, test_fraction=c.test_fraction, seed=c.seed, featurizer=c.featurizer,
+        table=table, split=c.split, test_table=test, test_fraction=c.test_fraction, seed=c.seed,
+        featurizer=c.featurizer,
         featurizer_params={"n_components": c.n_components} if c.featurizer == "tfidf_svd" else {},
         weight_points=c.cost_weight_points, sweep_points=c.sweep_points, bc=BCGridConfig(steps=c.bc_steps, seed=c.seed),
         cql=CQLConfig(mode="bandit", hidden=(16,), steps=c.cql_steps, alpha=c.cql_alpha, seed=c.seed),
@@ -118,8 +117,10 @@ def routing_benchmark(context: dg.AssetExecutionContext, config: RoutingBenchmar
                   "dropped_files": len(rep.dropped_files),
                   "dropped_index_columns": dg.MetadataValue.json(rep.dropped_index_columns),
                   "quality_scale": dg.MetadataValue.json(rep.quality_scale), "best_learned_router": best,
-                  "best_learned_aiq": aiq[best], "best_learned_aiq_ci95": dg.MetadataValue.json(list(result.aiq_ci[best])),
-                  "random_router_aiq": aiq["random"], "zero_router_aiq": aiq["zero_router"], "oracle_aiq": aiq["oracle"],
+                  "best_learned_aiq": aiq[best],
+                  "best_learned_aiq_ci95": dg.MetadataValue.json(list(result.aiq_ci[best])),
+                  "random_router_aiq": aiq["random"], "zero_router_aiq": aiq["zero_router"],
+                  "oracle_aiq": aiq["oracle"],
                   "table_sha256": result.table_sha256, "source": str(Path(rep.source)),
                   "path": dg.MetadataValue.path(str(paths["report"])),
                   "checkpoint": dg.MetadataValue.path(str(paths["checkpoint"]))},

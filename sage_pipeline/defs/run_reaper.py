@@ -68,7 +68,8 @@ def reap(instance: dg.DagsterInstance, log: Callable[[str], None] = print) -> li
         instance.report_run_failed(run, f"run_reaper: marked failed: {why} (killed?); pool slots freed")
         instance.event_log_storage.free_concurrency_slots_for_run(run.run_id)
         log(f"run_reaper: run {run.run_id} ({run.job_name}, started "
-            f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(entry.timestamp))}): {why}; marked failed, slots freed")
+            f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(entry.timestamp))}): {why}; "
+            "marked failed, slots freed")
         reaped.append(run.run_id)
     return reaped
 

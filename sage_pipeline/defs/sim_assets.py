@@ -11,9 +11,7 @@ import matplotlib.pyplot as plt
 
 from sage_pipeline import artifacts, markdown
 from sage_pipeline.defs.resources import SageResource, SandboxResource
-from sage_pipeline.sim import rollouts as ro
-from sage_pipeline.sim import suites
-from sage_pipeline.sim import tasks as task_gen
+from sage_pipeline.sim import rollouts as ro, suites, tasks as task_gen
 from sage_pipeline.sim.cache import CACHE_DIR, ExecutionCache
 from sage_pipeline.sim.schema import OUTCOME_KINDS, TASKS_FILE, read_tasks, write_tasks
 

@@ -3,7 +3,8 @@
 ``policy.json`` holds the kind, the checkpoint version, the feature spec, the ordered
 actions and their per-role mask, the training data's hash, metrics and the training
 config. ``weights.npz`` holds one MLP, or an ensemble of MLPs whose outputs are averaged (the
-critics of CQL), as plain arrays, so serving a policy needs numpy only: :func:`load_policy` imports neither torch, dagster nor great_expectations.
+critics of CQL), as plain arrays, so serving a policy needs numpy only: :func:`load_policy`
+imports neither torch, dagster nor great_expectations.
 
 Loading a checkpoint against data whose feature spec or action set differs is an error
 that says what differs.

@@ -453,7 +453,8 @@ def run_offline_eval(df_eval: pd.DataFrame, policies: dict[str, object], catalog
 def run_sage_binary_eval(df: pd.DataFrame, df_eval: pd.DataFrame, space: ActionSpace, table: RoutingTable,
                          trained: dict[str, object], config: ope.OPEConfig = ope.OPEConfig(),
                          sim: RoutingSimulator | None = None, progress: Callable[[str], None] = log.info,
-                         behaviour=None, criterion: str = "fqe") -> tuple[OfflineEvalReport, dict[str, ServedSelection]]:
+                         behaviour=None, criterion: str = "fqe",
+                         ) -> tuple[OfflineEvalReport, dict[str, ServedSelection]]:
     """SAGE's binary space, judged as SAGE would run it: each ``trained`` sage_binary policy is
     served (:func:`distill_select_served` on ``df``, propensities filled), the networks are
     reported beside as ``<name>_trained``, only the ``<name>_served`` composites may be

@@ -28,8 +28,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from sage_pipeline.rl import bc as rl_bc
-from sage_pipeline.rl import ope
+from sage_pipeline.rl import bc as rl_bc, ope
 from sage_pipeline.rl.checkpoint import masked_softmax, mlp_forward
 from sage_pipeline.rl.policy import sample_actions
 

@@ -11,9 +11,9 @@ hull of the single models, RouterBench's "Zero"); **random** (each prompt to a m
 at random, mixing along the zero router's hull: its expectation is the zero router);
 **oracle** (the exact optimal frontier: for every budget the best assignment of prompts to
 models, i.e. the true best ``quality - w * cost`` per prompt at every ``w`` from 0 to infinity;
-for binary quality, each prompt to the cheapest model that gets it right, as the budget allows); **cost_only** (the train
-split's mean quality per model with the regression router's predicted cost: what routing
-by price alone earns, so the learned routers' gain from *quality* prediction is visible).
+for binary quality, each prompt to the cheapest model that gets it right, as the budget
+allows); **cost_only** (the train split's mean quality per model with the regression router's
+predicted cost: what routing by price alone earns, so the learned routers' gain from *quality* prediction is visible).
 
 Learned routers (fitted on the train split only):
 
@@ -50,8 +50,7 @@ import numpy as np
 
 from sage_pipeline import artifacts
 from sage_pipeline.rl.checkpoint import Layers, mlp_forward
-from sage_pipeline.routing import benchmark_features as bfeat
-from sage_pipeline.routing import benchmark_metrics as bm
+from sage_pipeline.routing import benchmark_features as bfeat, benchmark_metrics as bm
 
 logger = logging.getLogger(__name__)
 

@@ -31,11 +31,13 @@ import pandas as pd
 
 from sage_pipeline import artifacts
 from sage_pipeline.rl.cql import CQLConfig
-from sage_pipeline.routing import benchmark_bandit as bb
-from sage_pipeline.routing import benchmark_features as bfeat
-from sage_pipeline.routing import benchmark_metrics as bm
-from sage_pipeline.routing import benchmark_routers as br
-from sage_pipeline.routing import benchmark_train as bt
+from sage_pipeline.routing import (
+    benchmark_bandit as bb,
+    benchmark_features as bfeat,
+    benchmark_metrics as bm,
+    benchmark_routers as br,
+    benchmark_train as bt,
+)
 from sage_pipeline.routing.benchmark_import import (
     BenchmarkImportError,
     BenchmarkTable,
@@ -546,7 +548,8 @@ def metadata_markdown(result: BenchmarkResult, max_dropped: int = 20) -> dict[st
                f"{'beats' if result.beats_random_router else 'does NOT beat'} the random router (zero router "
                f"{z:.4f}; oracle {result.aiq['oracle']:.4f}). The best is picked on these test prompts, so its "
                "interval is slightly optimistic. `AIQ mean over eval_name`: RouterBench's average of the AIQ "
-               f"per dataset ({len(result.aiq_by_eval)} eval_name(s) with at least 10 test prompts). `cost_only` routes by predicted price with each model's mean "
+               f"per dataset ({len(result.aiq_by_eval)} eval_name(s) with at least 10 test prompts). "
+               "`cost_only` routes by predicted price with each model's mean "
                "quality: the learned routers' margin over it is what predicting quality adds. "
                f"AIQ: the NDCH's mean quality over [{result.c_range[0]:.3g}, {result.c_range[1]:.3g}] USD per "
                "prompt, from the cheapest to the dearest single model (RouterBench's paper); `AIQ (RouterBench "

@@ -4,7 +4,8 @@ Each prompt is a task for one of SAGE's roles (its topic, the ``eval_name``) wit
 complexity ``c``; model ``k`` gets it right with the routing simulator's probability
 ``p = sigmoid(sharpness * (skill[k, role] - c))`` (``sage_pipeline.routing.simulator``,
 sharpness 8 there and by default here), where ``skill`` is the catalogue's capability plus a
-fixed per-(model, role) deviation (``specialisation``), so the best model differs by role. The models are the catalogue's six
+fixed per-(model, role) deviation (``specialisation``), so the best model differs by role. The
+models are the catalogue's six
 (``data/model_catalogue.yaml``: capability per role, USD per call + per 1k prompt tokens) and
 :data:`EXTRA_MODELS`, five more in the same form with prices near public list prices, so a
 table has up to 11 models from $0.0002 to $0.06 per call. A model without a capability for a

@@ -11,6 +11,7 @@ and nothing else per model) is valid; the simulator refuses it, naming what is m
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,19 @@ def known_tokens(prompt_tokens: np.ndarray) -> np.ndarray:
     """Prompt sizes with missing values (NaN) replaced by ASSUMED_PROMPT_TOKENS."""
     return np.nan_to_num(np.asarray(prompt_tokens, dtype=np.float64), nan=ASSUMED_PROMPT_TOKENS)
 
+
+
+def _spec_number(spec: dict, source: str, where: str, key: str, default: float | None = None, lo: float = 0.0,
+                 hi: float = math.inf) -> float:
+    """``spec[key]`` (or ``default``) as a finite float in ``[lo, hi]``, else a ConfigError at ``where.key``."""
+    val = spec.get(key, default)
+    if val is None:
+        raise ConfigError(source, f"{where}.{key}", "missing")
+    if isinstance(val, bool) or not isinstance(val, (int, float)) or not math.isfinite(val):
+        raise ConfigError(source, f"{where}.{key}", f"expected a finite number, got {val!r}")
+    if not lo <= val <= hi:
+        raise ConfigError(source, f"{where}.{key}", f"{val} outside [{lo}, {hi}]")
+    return float(val)
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -108,16 +122,7 @@ class ModelCatalogue:
             if not isinstance(spec, dict):
                 raise ConfigError(source, where, "expected a mapping")
 
-            def num(key: str, default: float | None = None, lo: float = 0.0, hi: float = math.inf) -> float:
-                val = spec.get(key, default)
-                if val is None:
-                    raise ConfigError(source, f"{where}.{key}", "missing")
-                if isinstance(val, bool) or not isinstance(val, (int, float)) or not math.isfinite(val):
-                    raise ConfigError(source, f"{where}.{key}", f"expected a finite number, got {val!r}")
-                if not lo <= val <= hi:
-                    raise ConfigError(source, f"{where}.{key}", f"{val} outside [{lo}, {hi}]")
-                return float(val)
-
+            num = functools.partial(_spec_number, spec, source, where)
             cap = spec.get("capability", {})
             if not isinstance(cap, dict):
                 raise ConfigError(source, f"{where}.capability", "expected a mapping role -> capability")

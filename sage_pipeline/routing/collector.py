@@ -112,7 +112,8 @@ def _session_sizes(n_tasks: int, mean: float, rng: np.random.Generator) -> np.nd
     return sizes[sizes > 0]
 
 
-def simulate_episodes(sim: RoutingSimulator, tasks: Tasks, behaviour, rng: np.random.Generator) -> dict[str, np.ndarray]:
+def simulate_episodes(sim: RoutingSimulator, tasks: Tasks, behaviour,
+                      rng: np.random.Generator) -> dict[str, np.ndarray]:
     """Roll every task's episode under ``behaviour``; returns one row per decision."""
     n, T = len(tasks), sim.config.max_attempts
     pfc = np.zeros(n, dtype=np.int64)

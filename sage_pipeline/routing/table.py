@@ -154,7 +154,8 @@ class RoutingTable:
     @classmethod
     def from_dict(cls, doc: object, source: str = "<memory>") -> "RoutingTable":
         if not isinstance(doc, dict) or not isinstance(doc.get("routing"), dict):
-            raise ConfigError(source, "routing", "expected a mapping 'routing: {<role>: {primary, fallback, fallback_triggers}}'")
+            raise ConfigError(source, "routing",
+                              "expected a mapping 'routing: {<role>: {primary, fallback, fallback_triggers}}'")
         routing = doc["routing"]
         routes: dict[str, RoleRoute] = {}
         if not routing:
@@ -163,7 +164,8 @@ class RoutingTable:
             if not isinstance(role, str) or not role.strip():
                 raise ConfigError(source, f"routing.{role}", "a role name must be a non-empty string")
             if not isinstance(spec, dict):
-                raise ConfigError(source, f"routing.{role}", "expected a mapping with primary, fallback, fallback_triggers")
+                raise ConfigError(source, f"routing.{role}",
+                                  "expected a mapping with primary, fallback, fallback_triggers")
             for key in ("primary", "fallback"):
                 if not isinstance(spec.get(key), str) or not spec[key]:
                     raise ConfigError(source, f"routing.{role}.{key}", "missing or not a model name")

@@ -192,9 +192,9 @@ def run_child(cfg, msg, res_w, out_w, setup_w):
 # trusted and runs in a judge process, as another unprivileged uid than the candidate. The
 # candidate's code runs in its own process. The runner forks the judge; the zygote forks
 # the candidate and gets only its code and its two pipe ends (by SCM_RIGHTS), never the test
-# code, so no candidate can find the checks in its own memory (``test_reader`` forger). In the judge, ``candidate`` (and the entry
-# point's name) is a proxy: each call sends its arguments to the candidate's process and
-# gets back the return value or the exception through the codec below. The judge decodes
+# code, so no candidate can find the checks in its own memory (``test_reader`` forger). In the
+# judge, ``candidate`` (and the entry point's name) is a proxy: each call sends its arguments
+# to the candidate's process and gets back the return value or the exception through the codec below. The judge decodes
 # only plain values (never unpickles, never runs what the candidate sends), so a candidate
 # that writes to any descriptor, returns an object whose ``__eq__`` is always true, exits,
 # or patches its builtins can at worst fail. The codec lives here because this file is the

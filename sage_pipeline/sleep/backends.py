@@ -25,7 +25,6 @@ cannot bound).
 from __future__ import annotations
 
 import abc
-
 import hashlib
 import http.client
 import json

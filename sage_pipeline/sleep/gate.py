@@ -90,14 +90,16 @@ def compare(base: Sequence[TaskResult], cand: Sequence[TaskResult], cfg: GateCon
     regressed = [str(x) for x in ids[c < b - EPS]]
     mb, mc = float(b.mean()), float(c.mean())
     if cfg.mode == "off":
-        return Trial(edits or [], mb, mc, True, "gate_off", f"gate off: accepted without a check (val {mb:.3f} -> {mc:.3f})",
-                     improved, regressed)
+        return Trial(edits or [], mb, mc, True, "gate_off",
+                     f"gate off: accepted without a check (val {mb:.3f} -> {mc:.3f})", improved, regressed)
     if mc <= mb + EPS:
         word = "tie" if abs(mc - mb) <= EPS else "worse"
-        return Trial(edits or [], mb, mc, False, word, f"{word}: val {cfg.metric} {mb:.3f} -> {mc:.3f} (accepted only if "
-                     "strictly better)", improved, regressed)
+        return Trial(edits or [], mb, mc, False, word,
+                     f"{word}: val {cfg.metric} {mb:.3f} -> {mc:.3f} (accepted only if strictly better)",
+                     improved, regressed)
     if cfg.no_regression and regressed:
-        return Trial(edits or [], mb, mc, False, "regression", f"val {cfg.metric} rose {mb:.3f} -> {mc:.3f} but {len(regressed)} "
+        return Trial(edits or [], mb, mc, False, "regression",
+                     f"val {cfg.metric} rose {mb:.3f} -> {mc:.3f} but {len(regressed)} "
                      f"val task(s) got worse ({', '.join(regressed[:5])}): no_regression rejects", improved, regressed)
     note = f"; {len(regressed)} val task(s) got worse ({', '.join(regressed[:5])})" if regressed else ""
     return Trial(edits or [], mb, mc, True, "better", f"strictly better: val {cfg.metric} {mb:.3f} -> {mc:.3f}{note}",

@@ -158,7 +158,8 @@ def _run_locked(store: SkillStore, root: Path, r: NightResult, window, settings:
         r.status, r.phase, r.reason = "conflict", "create the learned block", str(e)
         return
     r.block = {"created": created, "cap": settings.cycle.limits.block_max_chars,
-               "chars": {k: d.block_chars() for k, d in docs.items()}, "rules": {k: len(d.rules) for k, d in docs.items()}}
+               "chars": {k: d.block_chars() for k, d in docs.items()},
+               "rules": {k: len(d.rules) for k, d in docs.items()}}
 
     # 2. the night's tasks
     sleep_root = root / "sleep"

@@ -114,7 +114,8 @@ def parse_reflect_reply(text: str) -> list[Edit]:
     edits = []
     for i, it in enumerate(items):
         if not isinstance(it, dict):
-            edits.append(Edit(op="", target="", status="invalid", reason=f"edit {i + 1} is not an object: {it!r}"[:200]))
+            edits.append(Edit(op="", target="", status="invalid",
+                              reason=f"edit {i + 1} is not an object: {it!r}"[:200]))
             continue
         vals = {k: it.get(k, "") for k in ("op", "target", "content", "anchor", "rationale")}
         bad = [k for k, v in vals.items() if not isinstance(v, str)]

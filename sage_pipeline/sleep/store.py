@@ -192,7 +192,8 @@ class SkillStore:
                 continue
             if self.configured[which]:
                 raise StoreError(f"{path}: the configured {which} document does not exist; create it, or clear "
-                                 f"the {which}_path setting to use {self.root / (SKILL_FILE if which == 'skill' else MEMORY_FILE)}")
+                                 f"the {which}_path setting to use "
+                                 f"{self.root / (SKILL_FILE if which == 'skill' else MEMORY_FILE)}")
             artifacts.write_text(path, default_document(self.skill, which))
             notes.append(f"created {path} from the packaged default")
         return notes

@@ -157,7 +157,8 @@ def test_policies_and_offline_eval_with_gate(chain):
     # 600 episodes leave a few dozen per eval half: both assets say the numbers are not to be trusted
     assert 0 < cql_meta["select_episodes"] < 1000
     assert f"select half has {cql_meta['select_episodes']} episodes" in cql_meta["sample_size_warning"]
-    assert "report half has" in meta["sample_size_warning"] and report["sample_size_warning"] == meta["sample_size_warning"]
+    assert "report half has" in meta["sample_size_warning"]
+    assert report["sample_size_warning"] == meta["sample_size_warning"]
 
 
 def test_sage_binary_space_judges_what_sage_serves(chain):

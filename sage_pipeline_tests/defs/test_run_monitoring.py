@@ -92,7 +92,8 @@ def _wait(what: str, predicate, timeout: float, daemon: subprocess.Popen, log: P
         if value:
             return value
         if daemon.poll() is not None:
-            pytest.fail(f"dagster-daemon exited ({daemon.returncode}) while waiting for {what}:\n{log.read_text()[-4000:]}")
+            pytest.fail(f"dagster-daemon exited ({daemon.returncode}) while waiting for {what}:\n"
+                        f"{log.read_text()[-4000:]}")
         time.sleep(poll)
     pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}; daemon log tail:\n{log.read_text()[-4000:]}")
 

@@ -3,7 +3,11 @@ slot (no daemon or code server watches it); the reaper marks it failed and frees
 so the next run of the pool goes through. Fails without the reaper: the second run waits."""
 from __future__ import annotations
 
-import os, signal, subprocess, sys, time
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import dagster as dg

@@ -65,7 +65,8 @@ def test_rollouts_cover_every_candidate_once_with_the_right_columns(chain):
     for shard in sim_assets.SHARDS.get_partition_keys():
         part = ro.read_rollouts(tmp / "sim" / ro.ROLLOUTS_DIR)
         part = part[part["task_id"].map(lambda t: ro.shard_of(t, sim_assets.N_SHARDS)) == shard]
-        assert set(part["task_id"]) == {t.task_id for t in tasks if ro.shard_of(t.task_id, sim_assets.N_SHARDS) == shard}
+        mine = {t.task_id for t in tasks if ro.shard_of(t.task_id, sim_assets.N_SHARDS) == shard}
+        assert set(part["task_id"]) == mine
     mds = [r.asset_materializations_for_node("sandbox_rollouts")[0].metadata for r in runs]
     assert sum(m["executed_now"].value for m in mds) == df["cache_key"].nunique()
     assert "outcomes" in mds[0] and "data:image/png;base64" in mds[0]["outcomes"].value

@@ -140,7 +140,7 @@ def test_day_window_follows_the_partition(tmp_path, partition):
     logs.mkdir()
     ev = {"type": "TRAJECTORY_STEP", "session_id": "s", "task_id": "t", "agent": "reviewer",
           "intent": "Which HTTP status for a missing user? Number only.", "reference_kind": "exact", "reference": "404"}
-    (logs / "day.jsonl").write_text("\n".join(json.dumps({**ev, "task_id": f"t{d}", "timestamp": f"2026-11-0{d}T12:00:00Z"})
-                                              for d in (3, 4, 5)) + "\n")
+    (logs / "day.jsonl").write_text("\n".join(
+        json.dumps({**ev, "task_id": f"t{d}", "timestamp": f"2026-11-0{d}T12:00:00Z"}) for d in (3, 4, 5)) + "\n")
     m = _meta(_run(tmp_path, partition))
     assert m["harvest"]["sources"]["session logs"] == 1 and m["harvest"]["log_events_in_day"] == 1

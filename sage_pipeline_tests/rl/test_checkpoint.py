@@ -87,7 +87,8 @@ def test_missing_or_malformed_checkpoints(tmp_path, catalogue):
     with pytest.raises(CheckpointError, match="not valid JSON"):
         load_policy(ck)
     with pytest.raises(CheckpointError, match="head must be one of"):
-        save_checkpoint(tmp_path / "bad", _meta(catalogue, spec, head="argmax"), [_net(np.random.default_rng(3), spec, 6)])
+        save_checkpoint(tmp_path / "bad", _meta(catalogue, spec, head="argmax"),
+                        [_net(np.random.default_rng(3), spec, 6)])
 
 
 def _saved(tmp_path, catalogue):

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from sage_pipeline.rl.checkpoint import load_policy, read_meta
-from sage_pipeline.rl.cql import CQLConfig, train_cql, train_cql_grid, save_cql
+from sage_pipeline.rl.cql import CQLConfig, save_cql, train_cql, train_cql_grid
 from sage_pipeline.rl.data import LoggedDecisions, from_dataset
 from sage_pipeline.rl.policy import StaticTablePolicy, check_probs
 from sage_pipeline.routing import ingest

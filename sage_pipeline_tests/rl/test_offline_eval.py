@@ -24,7 +24,8 @@ def test_gate_promotes_only_when_the_lower_bound_beats_the_static_estimate():
              "cql": _eval("cql", 0.90, 0.83, 0.97)}
     gate = oe.promotion_gate(evals)
     assert gate.promoted == "cql" and gate.static_estimate == 0.80
-    assert gate.candidates["bc"]["passed"] is False and "0.7900 <= static estimate 0.8000" in gate.candidates["bc"]["why"]
+    assert gate.candidates["bc"]["passed"] is False
+    assert "0.7900 <= static estimate 0.8000" in gate.candidates["bc"]["why"]
     evals["cql"] = _eval("cql", 0.90, 0.80, 0.97)  # a tie is not a win
     gate = oe.promotion_gate(evals)
     assert gate.promoted is None and gate.reason.startswith("no policy promoted")
@@ -114,7 +115,8 @@ def logged_frame(tmp_path_factory):
     sim = RoutingSimulator(cat, tab)
     collect(sim, tmp / "sessions", CollectorConfig(episodes=4000, seed=5), progress=lambda s: None)
     traj = ingest(IngestConfig((tmp / "sessions",)), tmp / "routing")
-    df = build_routing_dataset(pq.read_table(traj.trajectories).to_pandas(), tab, cat, DatasetConfig(eval_fraction=0.5)).frame
+    df = build_routing_dataset(pq.read_table(traj.trajectories).to_pandas(), tab, cat,
+                               DatasetConfig(eval_fraction=0.5)).frame
     return sim, df
 
 

@@ -6,11 +6,13 @@ import numpy as np
 import pytest
 
 from sage_pipeline.rl.cql import CQLConfig
-from sage_pipeline.routing import benchmark_bandit as bb
-from sage_pipeline.routing import benchmark_features as bfeat
-from sage_pipeline.routing import benchmark_metrics as bm
-from sage_pipeline.routing import benchmark_routers as br
-from sage_pipeline.routing import benchmark_train as bt
+from sage_pipeline.routing import (
+    benchmark_bandit as bb,
+    benchmark_features as bfeat,
+    benchmark_metrics as bm,
+    benchmark_routers as br,
+    benchmark_train as bt,
+)
 from sage_pipeline.routing.benchmark_import import BenchmarkTable
 
 MODELS = ("cheap", "strong")
@@ -76,7 +78,8 @@ def test_oracle_targets_share_ties_and_weigh_by_mean_regret():
     assert tied.tolist() == [[True, True], [False, True], [True, False]]
     assert weight.tolist() == [0.0, 1.0, 1.0]  # a tie costs nothing at w = 0
     tied, weight = br.oracle_targets(q, c, 0.1)
-    assert tied[:, 0].tolist() == [True, False, True] and weight == pytest.approx([0.4, 0.6, 1.4])  # two models: the gap
+    # two models: the gap
+    assert tied[:, 0].tolist() == [True, False, True] and weight == pytest.approx([0.4, 0.6, 1.4])
     # many models: two tie for best, the others' regrets still weigh the prompt (the runner-up gap is 0)
     q = np.array([[1.0, 1.0, 0.0, 0.0, 0.0]])
     tied, weight = br.oracle_targets(q, np.ones((1, 5)), 0.0)

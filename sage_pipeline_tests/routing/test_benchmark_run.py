@@ -10,9 +10,7 @@ import pandas as pd
 import pytest
 
 from sage_pipeline.rl.cql import CQLConfig
-from sage_pipeline.routing import benchmark_routers as br
-from sage_pipeline.routing import benchmark_run as brun
-from sage_pipeline.routing import benchmark_train as bt
+from sage_pipeline.routing import benchmark_routers as br, benchmark_run as brun, benchmark_train as bt
 from sage_pipeline.routing.benchmark_import import BenchmarkImportError, ImportConfig, import_benchmark
 from sage_pipeline_tests.routing.test_benchmark_routers import synthetic_table
 
@@ -157,8 +155,9 @@ def test_given_split_from_train_and_test_files(tmp_path):
 
 def test_given_split_from_a_split_column_and_its_errors(tmp_path):
     tab = synthetic_table(400)
-    df = pd.DataFrame({"sample_id": tab.prompt_id, "prompt": tab.prompt, "eval_name": np.where(
-        np.arange(400) % 2 == 0, "algebra_set", "history_set"), "split": np.where(np.arange(400) < 300, "train", "Test")})
+    df = pd.DataFrame({"sample_id": tab.prompt_id, "prompt": tab.prompt,
+                       "eval_name": np.where(np.arange(400) % 2 == 0, "algebra_set", "history_set"),
+                       "split": np.where(np.arange(400) < 300, "train", "Test")})
     for k, m in enumerate(tab.models):
         df[m] = tab.quality[:, k]
         df[f"{m}|total_cost"] = tab.cost[:, k]

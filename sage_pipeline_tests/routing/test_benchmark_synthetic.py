@@ -28,7 +28,8 @@ def test_tables_import_as_shipped_with_the_catalogues_models_and_prices(tmp_path
 
 
 def test_success_probability_is_the_simulators_law_and_the_text_shows_the_level():
-    df, p = bs.make_synthetic(bs.SyntheticConfig(n_prompts=3000, n_models=11, hidden_noise=0.0, specialisation=0.0, seed=3))
+    df, p = bs.make_synthetic(bs.SyntheticConfig(n_prompts=3000, n_models=11, hidden_noise=0.0, specialisation=0.0,
+                                                 seed=3))
     models = [c for c in df.columns if c not in ("sample_id", "prompt", "eval_name") and "|" not in c]
     assert len(models) == 11
     level = df["prompt"].str.split().str[0].map({w: i for i, w in enumerate(bs.LEVELS)})

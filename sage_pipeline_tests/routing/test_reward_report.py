@@ -14,13 +14,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from sage_pipeline import markdown
-
 from sage_pipeline.routing import reward_report as rr
 from sage_pipeline.routing.catalogue import ModelCatalogue
 from sage_pipeline.routing.collector import CollectorConfig, collect
 from sage_pipeline.routing.ingest import IngestConfig, ingest
-from sage_pipeline.routing.routing_dataset import (build_routing_dataset, read_routing_dataset,
-                                                   write_routing_dataset)
+from sage_pipeline.routing.routing_dataset import build_routing_dataset, read_routing_dataset, write_routing_dataset
 from sage_pipeline.routing.simulator import RoutingSimulator
 from sage_pipeline.routing.table import RoutingTable
 
@@ -45,7 +43,8 @@ def tiny(scores: list[float]) -> pd.DataFrame:
     n = len(scores)
     return pd.DataFrame({
         "episode_id": [f"s/t{i}" for i in range(n)], "session_id": "s", "role": "coder", "model": "gpt-4.1",
-        "action_kind": "primary", "fallback_triggered": False, "reward": np.linspace(-1.0, 1.0, n), "reward_version": "reward_v1",
+        "action_kind": "primary", "fallback_triggered": False, "reward": np.linspace(-1.0, 1.0, n),
+        "reward_version": "reward_v1",
         "verification_passed": pd.array([True] * n, dtype="boolean"), "timed_out": False,
         "task_complexity_score": scores, "cost_usd": 0.01, "propensity_source": "logged",
         "split": "train", "data_source": "synthetic",

@@ -352,7 +352,7 @@ def test_read_missing_dataset(tmp_path):
 
 def test_empty_input_raises_a_clear_error(trajectories, catalogue, table):
     with pytest.raises(ValueError) as err:
-        build_routing_dataset(trajectories.iloc[:0], table, catalogue).frame
+        build_routing_dataset(trajectories.iloc[:0], table, catalogue)
     assert str(err.value) == (
         "no trajectory rows to build the routing dataset from: the trajectories asset "
         "accepted nothing (see its quarantine.jsonl and metadata)"

@@ -216,7 +216,8 @@ def test_tasks_are_multi_attempt_episodes():
         pfc = 0
         for e in steps:
             assert e["state"]["primary_failure_count"] == pfc
-            pfc += (not e["state"]["verification_passed"]) and e["action"]["model_chosen"] == table[e["agent"]]["primary"]
+            failed = not e["state"]["verification_passed"]
+            pfc += failed and e["action"]["model_chosen"] == table[e["agent"]]["primary"]
         if len(steps) > 1:
             roles_multi.add(steps[0]["agent"])
     assert roles_multi == set(table)

@@ -5,7 +5,9 @@ test runs anywhere and changes nothing; the real daemon is reached by the sandbo
 """
 from __future__ import annotations
 
-import os, stat, subprocess
+import os
+import stat
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -35,7 +37,8 @@ echo "apt-get $*" >> "$STATE/calls"
 [ -n "$APT_FAILS" ] && { echo "E: Unable to locate package docker.io" >&2; exit 100; }
 if [ "$1" = install ]; then
   cp "$STATE/dockerd.stub" "$STUBS/dockerd"
-  printf '#!/bin/sh\\necho "debootstrap $*" >> "$STATE/calls"\\necho "stub debootstrap: no mirror" >&2\\nexit 1\\n' > "$STUBS/debootstrap"
+  printf '#!/bin/sh\\necho "debootstrap $*" >> "$STATE/calls"\\n' > "$STUBS/debootstrap"
+  printf 'echo "stub debootstrap: no mirror" >&2\\nexit 1\\n' >> "$STUBS/debootstrap"
   chmod +x "$STUBS/dockerd" "$STUBS/debootstrap"
 fi
 """

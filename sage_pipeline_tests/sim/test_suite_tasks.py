@@ -47,7 +47,8 @@ def test_an_external_suite_as_the_task_set(docker_ready, tmp_path):
     assert len(tasks) == n_lines - 1 and {t.family for t in tasks} == {"mbpp"}
     for t in tasks:
         assert t.tests[0].keys() == {"check", "setup"} and len(t.wrong_candidates()) >= 1
-    runs = [_run(tmp_path, [sim_assets.sandbox_rollouts], partition_key=p) for p in sim_assets.SHARDS.get_partition_keys()]
+    runs = [_run(tmp_path, [sim_assets.sandbox_rollouts], partition_key=p)
+            for p in sim_assets.SHARDS.get_partition_keys()]
     assert all(r.success for r in runs)
     df = ro.read_rollouts(tmp_path / "data" / "sim" / ro.ROLLOUTS_DIR)
     assert df[df["candidate_kind"] == "reference"]["passed"].all()

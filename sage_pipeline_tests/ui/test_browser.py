@@ -287,6 +287,7 @@ def test_nightly_schedule_is_visible_with_its_next_tick(server, browser, shots):
                           f"{schedule.default_status}; the issue asks for the nightly schedule visible with its "
                           "next tick, so give it default_status=dg.DefaultScheduleStatus.RUNNING)", timeout=20)
             expected = [t.strftime("%b %-d, %-I:%M:%S %p") for t in _expected_ticks(schedule)]
-            assert any(shown.startswith(e) for e in expected), f"{schedule.name}: next tick {shown!r}, cron says {expected}"
+            assert any(shown.startswith(e) for e in expected), \
+                f"{schedule.name}: next tick {shown!r}, cron says {expected}"
         finally:
             browser.save_screenshot(str(shots / f"schedule_{schedule.name}.png"))

@@ -3,7 +3,9 @@ was never materialized is a failure that names it, and a run on the unisolated b
 called out."""
 from __future__ import annotations
 
-import os, subprocess, sys
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import dagster as dg
