@@ -81,6 +81,15 @@ def _sweep_temp_files(folder: Path) -> None:
                 path.unlink()
 
 
+def sweep_temp_files(folder: str | os.PathLike[str]) -> None:
+    """Remove what killed :func:`atomic_path` writers left in ``folder`` (never a live writer's
+    file): for callers about to move a folder's files elsewhere, where no later write into the
+    folder would sweep them."""
+    folder = Path(folder)
+    with _folder_lock(folder):
+        _sweep_temp_files(folder)
+
+
 @contextlib.contextmanager
 def atomic_path(dest: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path next to ``dest``; on success it replaces ``dest`` atomically.

@@ -173,6 +173,8 @@ def write_started(r: NightResult, skill_root: Path) -> Path:
     earlier run's files move to ``nights/<date>/previous/`` (one generation is kept)."""
     d = night_dir(skill_root, r.date)
     if d.is_dir():
+        for folder in [d, *(p for p in d.iterdir() if p.is_dir() and p.name != "previous")]:
+            artifacts.sweep_temp_files(folder)  # a killed night's half-written files are no result
         earlier = [p for p in d.iterdir() if p.name != "previous"]
         if earlier:
             prev = d / "previous"

@@ -338,6 +338,19 @@ def test_a_night_stopped_by_a_bug_says_it_failed_and_moves_the_earlier_run_aside
     assert not (folder / "previous" / "previous").exists()
 
 
+def test_a_killed_nights_half_written_files_are_not_moved_aside_with_its_result(tmp_path):
+    """A night killed while writing leaves a temporary file (no live writer holds it); the next
+    run moves the earlier files to previous/, where no later write would sweep it: it is removed."""
+    run_night(tmp_path, "reviewer", "2026-11-03", None, settings())
+    folder = tmp_path / "sleep" / "reviewer" / "nights" / "2026-11-03"
+    (folder / ".diagnostics.json.k3j5h2g1.tmp").write_text('{"status": ')  # what kill -9 left
+    (folder / "candidate").mkdir(exist_ok=True)
+    (folder / "candidate" / ".SKILL.md.a1b2c3d4.tmp").write_text("half")
+    r, _ = run_night(tmp_path, "reviewer", "2026-11-03", None, settings())
+    left = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*.tmp"))
+    assert left == [] and (folder / "previous" / "diagnostics.json").is_file()
+
+
 def test_an_interrupted_night_is_recorded_as_aborted_then_raised(tmp_path):
     assert run_night(tmp_path, "reviewer", "2026-11-02", None, settings())[0].status == "accepted"
     with pytest.raises(KeyboardInterrupt):
