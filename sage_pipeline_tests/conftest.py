@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -26,3 +27,97 @@ def table(catalogue) -> RoutingTable:
 @pytest.fixture(scope="session")
 def sim(catalogue, table) -> RoutingSimulator:
     return RoutingSimulator(catalogue, table)
+
+
+# The fast lane (`make test-fast`: -m "not docker and not browser and not postgres and not slow")
+# leaves out the tests that need a system service and the ones that take seconds. They are marked
+# here, by the fixture they use or by name, so a test file needs no marker of its own; `make test`
+# and CI run everything.
+_FIXTURE_MARKS = {
+    "docker_ready": "docker",  # the Docker daemon and the sage-sim image (docker_sandbox, suite_sandbox use it)
+    "chrome_binaries": "browser",  # Chromium + chromedriver
+}
+# "module" (all of it), "module::test" (every parametrization) or "module::test[id]" -> markers
+_NAMED_MARKS: dict[str, tuple[str, ...]] = {
+    "sim/test_sandbox.py::test_verdicts[docker_sandbox]": ("docker",),
+    "sim/test_sandbox.py::test_the_test_suite_never_leaves_containers_behind": ("docker",),  # runs `docker ps`
+    "ui/test_postgres_storage.py": ("postgres",),  # a throwaway PostgreSQL cluster
+    # PostgreSQL storage and a Redis broker
+    "cluster/test_celery_executor.py::test_slice_runs_on_two_celery_workers_with_in_process_results": ("postgres",),
+}
+# slow: modules that train models or materialize Dagster assets, then single tests that took 0.6 s
+# or more (setup included) in a run of everything else (2026-11-24, 2 cores at load ~4.5)
+_SLOW = (
+    "defs/test_benchmark_assets.py",
+    "defs/test_online_ab.py",
+    "defs/test_policy_iteration_asset.py",
+    "defs/test_routing_assets.py",
+    "defs/test_run_reaper.py",
+    "defs/test_sage_journal_chain.py",
+    "defs/test_sim_assets.py",
+    "rl/test_bandit.py",
+    "rl/test_bc.py",
+    "rl/test_cql.py",
+    "rl/test_offline_eval.py",
+    "rl/test_online_ab.py",
+    "rl/test_policy_iteration.py",
+    "rl/test_ppo.py",
+    "test_artifact_sets.py",
+    "test_fault_injection.py",
+    "ui/test_run_summary.py",
+    "defs/test_run_monitoring.py::test_shipped_instance_enables_run_monitoring",
+    "defs/test_sim_policy_assets.py::test_a_tasks_file_from_another_version_fails_with_a_clear_error",
+    "rl/test_ope.py::test_bandit_ips_and_dr_are_unbiased_and_their_intervals_cover_the_truth",
+    "rl/test_ope.py::test_episode_estimators_recover_the_exact_policy_value",
+    "rl/test_ope.py::test_evaluate_policy_on_the_routing_dataset",
+    "rl/test_router.py::test_logged_propensity_is_the_exact_frequency_with_exploration",
+    "rl/test_sage_router.py::test_sage_loads_the_file_unchanged_in_a_bare_process",
+    "routing/test_benchmark_run.py::test_given_split_from_a_split_column_and_its_errors",
+    "routing/test_benchmark_run.py::test_many_models_in_routerbench_layout",
+    "routing/test_benchmark_run.py::test_precomputed_embeddings_as_features",
+    "routing/test_benchmark_run.py::test_two_model_run_has_every_baseline_router_and_metric",
+    "routing/test_collector.py::test_a_killed_run_leaves_the_old_set_or_the_new_one_and_the_next_run_sweeps_it",
+    "routing/test_collector.py::test_ingest_of_sessions_reads_exactly_the_current_set_after_several_runs",
+    "routing/test_collector.py::test_two_concurrent_runs_both_succeed_and_the_last_switch_wins",
+    "routing/test_expectations.py::test_clean_dataset_passes_the_contract",
+    "routing/test_expectations.py::test_missing_column_fails_naming_it",
+    "routing/test_expectations.py::test_the_file_contract_in_batches_agrees_with_the_whole_frame",
+    "routing/test_expectations.py::test_the_file_contract_on_an_empty_file_and_a_missing_column",
+    "routing/test_ingest.py::test_corrupt_gzip_keeps_each_line_decoded_before_the_damage",
+    "routing/test_routing_dataset.py::test_a_build_in_session_chunks_writes_the_same_files",
+    "routing/test_simulator.py::test_oracle_matches_simulation",
+    "routing/test_simulator.py::test_values_in_chunks_equal_one_backward_pass",
+    "sim/test_setup_docker.py::test_a_client_without_dockerd_installs_docker_io_and_starts_the_daemon",
+    "sim/test_setup_docker.py::test_a_daemon_that_never_answers_fails_within_the_wait_and_shows_its_log",
+    "sim/test_tasks.py::test_a_reference_timeout_is_run_again_before_the_task_is_dropped",
+    "sleep/test_backends.py::test_a_server_that_never_finishes_its_headers_hits_the_deadline",
+    "sleep/test_backends.py::test_a_server_trickling_its_body_hits_the_deadline",
+    "sleep/test_backends.py::test_each_retry_gets_its_own_deadline_and_the_call_stays_bounded",
+    "sleep/test_backends.py::test_the_deadline_holds_over_https_too",
+    "sleep/test_nightly.py::test_nights_learn_only_helpful_rules_and_leave_the_rest_alone",
+    "sleep/test_store_harvest.py::test_a_commit_killed_between_the_live_documents_is_finished_by_the_next_run",
+    "sleep/test_store_harvest.py::test_a_version_read_while_its_folder_is_re_saved_is_whole_and_never_an_error",
+    "sleep/test_store_harvest.py::test_two_nights_of_one_skill_never_overlap",
+    "test_artifacts_concurrency.py::test_a_reader_never_fails_nor_mixes_versions_while_the_checkpoint_is_re_saved",
+    "test_artifacts_concurrency.py::test_concurrent_saves_of_one_folder_all_succeed_and_leave_one_complete_version",
+)
+_NAMED_MARKS.update({key: (*_NAMED_MARKS.get(key, ()), "slow") for key in _SLOW})
+_HERE = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(config, items):
+    modules = {}
+    for item in items:
+        path = Path(str(item.fspath)).relative_to(_HERE).as_posix()
+        modules.setdefault(path, item.module)
+        for fixture, marker in _FIXTURE_MARKS.items():
+            if fixture in item.fixturenames:
+                item.add_marker(marker)
+        for key in {path, f"{path}::{item.originalname}", f"{path}::{item.name}"}:
+            for marker in _NAMED_MARKS.get(key, ()):
+                item.add_marker(marker)
+    # a renamed test must not drop out of its marker silently (and so into the fast lane)
+    stale = [key for key in _NAMED_MARKS if "::" in key and key.split("::")[0] in modules
+             and not hasattr(modules[key.split("::")[0]], key.split("::")[1].split("[")[0])]
+    if stale:
+        raise pytest.UsageError(f"sage_pipeline_tests/conftest.py marks tests that no longer exist: {stale}")
