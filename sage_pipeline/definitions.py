@@ -1,5 +1,5 @@
 """The Definitions every entry point loads: ``dagster dev`` (workspace.yaml),
-``dagster asset materialize -m sage_pipeline`` and ``dagster definitions validate``.
+``dagster asset materialize -m sage_pipeline.definitions`` and ``dagster definitions validate``.
 
 Each chain's module under ``defs/`` builds its own ``dg.Definitions`` fragment (assets,
 checks, jobs, schedules); this file merges them and adds what is shared: the ``sage``
@@ -10,12 +10,20 @@ from __future__ import annotations
 
 import dagster as dg
 
-from sage_pipeline.defs import online_ab, policy_assets, routing_assets, routing_checks, sim_assets
-from sage_pipeline.defs.benchmark_assets import routing_benchmark_defs
-from sage_pipeline.defs.policy_iteration import policy_iteration_defs
+# The chains' fragments through their modules, never as names here: `dagster ... -m
+# sage_pipeline.definitions` needs `defs` to be the only Definitions object at module scope.
+from sage_pipeline.defs import (
+    benchmark_assets,
+    online_ab,
+    policy_assets,
+    policy_iteration,
+    routing_assets,
+    routing_checks,
+    sim_assets,
+    sim_policy_assets,
+    sleep_assets,
+)
 from sage_pipeline.defs.resources import SageResource, SandboxResource
-from sage_pipeline.defs.sim_policy_assets import sim_policy_defs
-from sage_pipeline.defs.sleep_assets import sleep_defs
 
 ROUTING_ASSETS = [routing_assets.synthetic_sessions, routing_assets.trajectories,
                   routing_assets.routing_dataset, routing_assets.reward_report,
@@ -28,12 +36,6 @@ offline_routing_job = dg.define_asset_job(
                 "-> bc_policy, cql_policy -> offline_eval (with the promotion gate) -> sage_router_checkpoint "
                 "-> online_ab (the served policy against the table, online in the simulator).")
 
-offline_routing_defs = dg.Definitions(
-    assets=ROUTING_ASSETS,
-    asset_checks=[routing_checks.routing_dataset_contract, routing_checks.routing_dataset_volume],
-    jobs=[offline_routing_job],
-)
-
 sage_main_job = dg.define_asset_job(
     "sage_main", selection=dg.AssetSelection.all() - dg.AssetSelection.groups("sleep_cycle", "closed_loop")
     - dg.AssetSelection.assets("sandbox_rollouts", "ppo_policy"),
@@ -43,18 +45,20 @@ sage_main_job = dg.define_asset_job(
                 "sandbox_rollouts (shards), ppo_policy and the sleep cycle (nights) follow in "
                 "scripts/materialize_all.sh, which is what the README's `make run` calls.")
 
-# The promoted policy against the table, online in the simulator (in the offline_routing group and job)
-online_ab_defs = dg.Definitions(assets=[online_ab.online_ab], asset_checks=online_ab.ONLINE_AB_CHECKS)
-
 # One fragment per chain; add a chain's fragment here and nowhere else.
 FRAGMENTS: list[dg.Definitions] = [
-    sleep_defs,
-    offline_routing_defs,
-    online_ab_defs,
+    sleep_assets.sleep_defs,
+    dg.Definitions(  # the offline routing chain
+        assets=ROUTING_ASSETS,
+        asset_checks=[routing_checks.routing_dataset_contract, routing_checks.routing_dataset_volume],
+        jobs=[offline_routing_job],
+    ),
+    # the promoted policy against the table, online in the simulator (in the offline_routing group and job)
+    dg.Definitions(assets=[online_ab.online_ab], asset_checks=online_ab.ONLINE_AB_CHECKS),
     sim_assets.simulator_rollout_defs,
-    sim_policy_defs,
-    routing_benchmark_defs,
-    policy_iteration_defs,
+    sim_policy_assets.sim_policy_defs,
+    benchmark_assets.routing_benchmark_defs,
+    policy_iteration.policy_iteration_defs,
 ]
 
 defs = dg.Definitions.merge(

@@ -13,7 +13,7 @@
 # Uses DAGSTER_HOME and SAGE_DATA_DIR from the environment (the Makefile sets them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DG="${DAGSTER_BIN:-.venv/bin/dagster} asset materialize -m sage_pipeline"
+DG="${DAGSTER_BIN:-.venv/bin/dagster} asset materialize -m sage_pipeline.definitions"
 PY="${PYTHON_BIN:-.venv/bin/python}"
 
 step() { echo; echo "== $*"; }

@@ -62,7 +62,8 @@ def main() -> int:
                 print(f"{key.to_user_string()}: night {part}, {night.get('status')}: {night.get('reason')}")
     print(f"assets materialized: {len(keys) - len(missing)} of {len(keys)}")
     if on_demand:
-        print(f"not part of make run: {', '.join(on_demand)} (dagster job execute -m sage_pipeline -j simulated_month)")
+        print(f"not part of make run: {', '.join(on_demand)} "
+              "(dagster job execute -m sage_pipeline.definitions -j simulated_month)")
     if missing:
         print(f"never materialized: {', '.join(missing)}", file=sys.stderr)
         return 1
