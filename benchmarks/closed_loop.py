@@ -94,7 +94,8 @@ def ab_seed(seed: int, episodes: int, ab_episodes: int) -> dict:
     df, space = built.frame, built.space.binary()
     bc_pol = bc.train_bc(from_dataset(df, space).split_rows("train").restrict(space), FeatureSpec(roles=space.roles),
                          bc.BCConfig(seed=seed), log=quiet).policy()
-    sel = oe.train_select_cql(df, space, cql.CQLConfig(seed=seed), oe.DEFAULT_ALPHAS, ope.OPEConfig(n_boot=300, seed=seed),
+    sel = oe.train_select_cql(df, space, cql.CQLConfig(seed=seed), oe.DEFAULT_ALPHAS,
+                              ope.OPEConfig(n_boot=300, seed=seed),
                               progress=quiet)
     report, served = oe.run_sage_binary_eval(df, oe.eval_part(df, "report"), space, tab,
                                              {"bc": bc_pol, "cql": sel.result.policy()},

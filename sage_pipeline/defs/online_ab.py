@@ -39,7 +39,8 @@ def _skip(context, sage: SageResource, reason: str) -> dg.MaterializeResult:
                       "episode, both policies' exact values, and whether offline_eval's OPE estimates (the ones "
                       "recorded when the policy was promoted) lie inside the online intervals. Runs only on "
                       "simulated logs (the collector's simulator.json); nothing promoted: nothing to compare.")
-def online_ab(context: dg.AssetExecutionContext, config: OnlineABAssetConfig, sage: SageResource) -> dg.MaterializeResult:
+def online_ab(context: dg.AssetExecutionContext, config: OnlineABAssetConfig,
+              sage: SageResource) -> dg.MaterializeResult:
     ckpt = sage.path("checkpoints", "sage")
     manifest_path = sage.path("sessions", "synthetic", "simulator.json")
     if not (ckpt / sage_router.JOBLIB_NAME).is_file():

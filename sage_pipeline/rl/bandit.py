@@ -247,7 +247,8 @@ def load_bandit(path: str | Path) -> LinearBandit:
                                "not a bandit state file")
     if meta.get("version") != VERSION or meta.get("features") != list(FEATURES):
         raise BanditStateError(f"bandit state {path}: version {meta.get('version')!r} with features "
-                               f"{meta.get('features')!r}; this code reads version {VERSION} with {list(FEATURES)}: {fix}")
+                               f"{meta.get('features')!r}; this code reads version {VERSION} with "
+                               f"{list(FEATURES)}: {fix}")
     try:
         known = {f.name for f in fields(BanditConfig)}
         config = BanditConfig(**{k: v for k, v in meta["config"].items() if k in known})

@@ -162,9 +162,10 @@ def write_journal(path: Path, sim: RoutingSimulator, tasks: Tasks, rows: dict[st
                     "selected_model": model, "matched_fallback_triggers": fired[r],
                     "policy_source": "yaml" if rows["action"][r] == table_choice else "learned", "propensity": p}))
                 clock += timedelta(seconds=float(rows["latency_s"][r]))
+                completion = 0 if timed_out else collector.COMPLETION_TOKENS_PER_CALL
                 lines.append(enc.encode({"type": "TOKEN_USAGE", "timestamp": collector._stamp(clock),
                                          "session_id": sid, "model": model, "prompt_tokens": tokens,
-                                         "completion_tokens": 0 if timed_out else collector.COMPLETION_TOKENS_PER_CALL}))
+                                         "completion_tokens": completion}))
                 clock += timedelta(milliseconds=5)
                 lines.append(enc.encode({
                     "type": TRAJECTORY_STEP, "timestamp": collector._stamp(clock), "session_id": sid, "task_id": tid,
@@ -194,7 +195,8 @@ def logged_dataset(day_dirs: list[Path], work: Path, table: RoutingTable, catalo
         raise ValueError(f"{res.stats.quarantined} lines of the loop's own journals were quarantined "
                          f"({dict(res.stats.quarantine_reasons)}): see {res.quarantine}")
     built = build_routing_dataset(pq.read_table(res.trajectories).to_pandas(), table, catalogue,
-                                  DatasetConfig(reward=reward, eval_fraction=eval_fraction), pq.read_table(res.routing_decisions).to_pandas(),
+                                  DatasetConfig(reward=reward, eval_fraction=eval_fraction),
+                                  pq.read_table(res.routing_decisions).to_pandas(),
                                   pq.read_table(res.token_usage).to_pandas())
     return built.frame, built.space
 
@@ -300,7 +302,8 @@ def run_month(config: LoopConfig, work: Path | None = None, progress: Callable[[
                 rows = collector.simulate_episodes(sim, tasks, behaviour, np.random.default_rng([config.seed, 5, day]))
                 day_dir = journals["nightly"] / date.date().isoformat()
                 write_journal(day_dir / f"{date.date().isoformat()}.log", sim, tasks, rows, date,
-                              f"loop-{config.seed}", config.sessions_per_day, np.random.default_rng([config.seed, 6, day]))
+                              f"loop-{config.seed}", config.sessions_per_day,
+                              np.random.default_rng([config.seed, 6, day]))
                 if day < config.days - 1:  # the last night's policy would never be deployed
                     dirs = sorted(p for p in journals["nightly"].iterdir() if p.is_dir())
                     dirs = dirs[-config.window_days:] if config.window_days else dirs

@@ -7,9 +7,9 @@ import json
 
 import dagster as dg
 
+from sage_pipeline.definitions import defs
 from sage_pipeline.defs.policy_iteration import policy_iteration
 from sage_pipeline.defs.resources import SageResource
-from sage_pipeline.definitions import defs
 
 TINY = {"days": 3, "episodes_per_day": 200, "eval_tasks": 200, "cql_steps": 50, "alphas": [0.1], "floors": [0.0],
         "worlds": ["stationary", "drifting"]}
