@@ -18,7 +18,8 @@ Issue 17's acceptance run. Five categories of trials, each checked against what 
    asset (synthetic_sessions, trajectories, routing_dataset, reward_report, bc_policy,
    cql_policy, offline_eval, sage_router_checkpoint, sim_tasks, sandbox_rollouts on the
    Docker and on the local sandbox, and one night each of sleep_cycle/reviewer and
-   sleep_cycle/coder, whose judge runs code in the sandbox), on a temporary ``SAGE_DATA_DIR`` and ``DAGSTER_HOME``. Each run is the real asset
+   sleep_cycle/coder, whose judge runs code in the sandbox), on a temporary
+   ``SAGE_DATA_DIR`` and ``DAGSTER_HOME``. Each run is the real asset
    materialized by ``dagster.materialize`` on that instance, in a process forked from a
    runner that imported the definitions once (so a trial takes the asset's time, not
    Dagster's import time); the fork calls ``setsid`` first, exactly as
@@ -451,7 +452,8 @@ def fuzz_trial(workdir: Path, seed: int, unreadable: bool = True) -> Trial:
         problems.append(f"read {s.lines_read} lines, an exact reader finds {expect['read']}")
     lo_acc, hi_acc = expect["valid"], expect["valid"] + expect["either"]
     if not lo_acc <= s.accepted_lines <= hi_acc:
-        problems.append(f"accepted {s.accepted_lines} lines, expected {lo_acc}" + (f"..{hi_acc}" if hi_acc > lo_acc else ""))
+        problems.append(f"accepted {s.accepted_lines} lines, expected {lo_acc}"
+                        + (f"..{hi_acc}" if hi_acc > lo_acc else ""))
     lo_q, hi_q = expect["poison"], expect["poison"] + expect["either"]
     if not lo_q <= s.quarantined <= hi_q:
         problems.append(f"quarantined {s.quarantined} lines, expected {lo_q}" + (f"..{hi_q}" if hi_q > lo_q else ""))
@@ -874,7 +876,8 @@ ASSETS = [
               prepare=_extra_journal),
     AssetSpec("routing_dataset", "routing_dataset", "routing_dataset",
               ({"eval_fraction": 0.3}, {"eval_fraction": 0.35}),
-              lambda r: _files(r, ["routing/routing_v1.parquet", "routing/routing_v1.jsonl", "routing/action_space.json"])),
+              lambda r: _files(r, ["routing/routing_v1.parquet", "routing/routing_v1.jsonl",
+                                   "routing/action_space.json"])),
     AssetSpec("reward_report", "reward_report", "reward_report", ({},),
               lambda r: _files(r, ["reports/reward_report.json", "reports/reward_by_role.png",
                                    "reports/reward_vs_complexity.png"])),
@@ -1102,7 +1105,7 @@ class Bench:
 
     def cli(self, spec: AssetSpec, i: int) -> subprocess.Popen:
         """``dagster asset materialize`` for ``spec``, in its own session (killable as a group)."""
-        cmd = [str(BIN / "dagster"), "asset", "materialize", "-m", "sage_pipeline", "--select", spec.key]
+        cmd = [str(BIN / "dagster"), "asset", "materialize", "-m", "sage_pipeline.definitions", "--select", spec.key]
         if spec.run_config(i):
             cmd += ["--config-json", json.dumps(spec.run_config(i))]
         if spec.partition(i):
@@ -1491,7 +1494,8 @@ def pool_trial(workdir: Path) -> Trial:
 
     def launch(tag: str, config: dict) -> None:
         run_config = {"ops": {"sleep_cycle__reviewer": {"config": config}}}
-        subprocess.run([str(BIN / "dagster"), "job", "launch", "-w", str(ROOT / "workspace.yaml"), "-j", "nightly_sleep",
+        subprocess.run([str(BIN / "dagster"), "job", "launch", "-w", str(ROOT / "workspace.yaml"),
+                        "-j", "nightly_sleep",
                         "--config-json", json.dumps(run_config),
                         "--tags", json.dumps({"dagster/partition": "2026-11-01", "fault_injection": tag})],
                        env=env, cwd=ROOT, check=True, capture_output=True, timeout=120, start_new_session=True)
@@ -1522,7 +1526,8 @@ def pool_trial(workdir: Path) -> Trial:
                 os.kill(p, signal.SIGKILL)
         killed_at = time.monotonic()
         wait("the dead run to be marked failed", lambda: run_of("hung").status == DagsterRunStatus.FAILURE, 120)
-        wait("the next night to get the slot and succeed", lambda: run_of("next").status == DagsterRunStatus.SUCCESS, 120)
+        wait("the next night to get the slot and succeed",
+             lambda: run_of("next").status == DagsterRunStatus.SUCCESS, 120)
         facts["freed_after_s"] = round(time.monotonic() - killed_at, 1)
         if instance.event_log_storage.get_concurrency_info("sleep_cycle").claimed_slots:
             problems.append("a slot is still claimed after both runs ended")
@@ -1592,7 +1597,8 @@ def summarize(trials: list[Trial]) -> list[dict]:
                          f"{sum(sum(t.facts.get('poisons', {}).values()) for t in g):,} poison lines, "
                          f"{sum(sum(t.facts.get('gz', {}).values()) for t in g)} .gz files")
             elif cat == "backend":
-                extra = f"; slowest {max(t.seconds for t in g):.2f} s of bound {max(t.facts.get('bound_s', 0) for t in g):.2f} s"
+                bound = max(t.facts.get("bound_s", 0) for t in g)
+                extra = f"; slowest {max(t.seconds for t in g):.2f} s of bound {bound:.2f} s"
             rows.append({"category": cat, "what": key, "trials": len(g), "failures": sum(not t.ok for t in g),
                          "notes": extra.lstrip("; ")})
     return rows

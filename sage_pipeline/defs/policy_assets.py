@@ -17,7 +17,6 @@ from sage_pipeline.routing.action_space import FILE_NAME as ACTION_SPACE_FILE, S
 from sage_pipeline.routing.features import FeatureSpec
 from sage_pipeline.routing.reward import RewardSpec
 
-
 # What the learners and estimators read; the provenance columns stay on disk.
 POLICY_COLUMNS = (*REQUIRED, "decision_id", "data_source", "propensity_source")
 
@@ -81,7 +80,8 @@ class BCPolicyConfig(dg.Config):
                       "(primary or fallback, from the decisions that took one of them).")
 def bc_policy(context: dg.AssetExecutionContext, config: BCPolicyConfig, sage: SageResource) -> dg.MaterializeResult:
     path, df = _dataset(sage)
-    keys = ("temperature", "epochs", "best_epoch", "updates", "holdout_accuracy", "holdout_nll_before", "holdout_nll_after",
+    keys = ("temperature", "epochs", "best_epoch", "updates", "holdout_accuracy", "holdout_nll_before",
+            "holdout_nll_after",
             "holdout_ece_before", "holdout_ece_after", "holdout_propensity_mae", "seconds")
     meta = {}
     with sage.writing("bc_policy", [_checkpoint_rel("bc", s) for s in SPACES], context.log.info) as stage:
@@ -110,7 +110,8 @@ class CQLPolicyConfig(dg.Config):
                                 "run; OPE on the eval split keeps one (see selection)")
     selection: str = Field("fqe", description="how OPE on the eval split's select half ranks the alphas: 'fqe' "
                            "(default): the best fitted-Q evaluation estimate; 'estimate': the best estimate of the "
-                           "gate's clipped step-wise DR; 'lower_bound': the best lower bound of its interval (favours policies near "
+                           "gate's clipped step-wise DR; 'lower_bound': the best lower bound of its interval "
+                           "(favours policies near "
                            "the logs). See docs/benchmarks.md for how they compare")
     steps: int = Field(2000, description="gradient steps")
     n_critics: int = 2
@@ -124,7 +125,8 @@ class CQLPolicyConfig(dg.Config):
 @dg.asset(group_name=GROUP, deps=[routing_dataset, reward_report, bc_policy], kinds={"pytorch"},
           description="Discrete conservative Q-learning (CQL) on the train split, bandit or multi-step; "
                       "alpha chosen on the eval split by OPE (fitted-Q evaluation by default; BC's "
-                      "propensities where the logs have none), never by simulator ground truth. Checkpoint in checkpoints/cql/.")
+                      "propensities where the logs have none), never by simulator ground truth. "
+                      "Checkpoint in checkpoints/cql/.")
 def cql_policy(context: dg.AssetExecutionContext, config: CQLPolicyConfig, sage: SageResource) -> dg.MaterializeResult:
     path, df = _dataset(sage)
     multi = _space(sage)
@@ -181,7 +183,8 @@ class OfflineEvalConfig(dg.Config):
                       "beside. Promotion gate: a policy is promoted (checkpoints/promoted/, and "
                       "checkpoints/promoted_sage/ for the served composite) only if the lower bound of its "
                       "clipped step-wise DR beats the table's estimate.")
-def offline_eval(context: dg.AssetExecutionContext, config: OfflineEvalConfig, sage: SageResource) -> dg.MaterializeResult:
+def offline_eval(context: dg.AssetExecutionContext, config: OfflineEvalConfig,
+                 sage: SageResource) -> dg.MaterializeResult:
     path, df = _dataset(sage)
     multi, table = _space(sage), sage.table
     spec = FeatureSpec(roles=multi.roles)
