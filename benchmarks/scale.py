@@ -39,7 +39,7 @@ STEPS = [
 ]
 
 
-def _child(root: str, label: str, episodes: int, out: str) -> None:
+def _child(root: str, label: str, episodes: int, out: str, extra: str = "{}") -> None:
     """Materialize one step of the chain in this process and write its metadata to ``out``."""
     import dagster as dg
 
@@ -58,6 +58,7 @@ def _child(root: str, label: str, episodes: int, out: str) -> None:
     defs = dg.Definitions.merge(defs, dg.Definitions(jobs=[job]))
     config = {"ops": {"synthetic_sessions": {"config": {"episodes": episodes, "seed": 0}}}}
     config = config if label == "synthetic_sessions" else {}
+    config = {"ops": {**config.get("ops", {}), **json.loads(extra)}}  # --cql-seeds: cql_policy's, offline_eval's
     result = defs.get_job_def("scale_step").execute_in_process(
         run_config=config, instance=dg.DagsterInstance.ephemeral(), raise_on_error=False)
     meta: dict = {}
@@ -71,10 +72,11 @@ def _child(root: str, label: str, episodes: int, out: str) -> None:
                                     default=str))
 
 
-def run_step(root: Path, label: str, episodes: int) -> dict:
+def run_step(root: Path, label: str, episodes: int, ops: dict | None = None) -> dict:
     out = root / f".scale_{label.replace(' ', '_')}.json"
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, __file__, "--child", str(root), label, str(episodes), str(out)],
+    proc = subprocess.Popen([sys.executable, __file__, "--child", str(root), label, str(episodes), str(out),
+                             json.dumps(ops or {})],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0
@@ -110,18 +112,30 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--episodes", type=int, nargs="+", default=[20_000, 200_000, 2_000_000])
     ap.add_argument("--keep", action="store_true", help="keep each size's artifact root")
+    ap.add_argument("--cql-seeds", type=int, default=1, help="train and judge CQL with this many seeds per size "
+                    "(cql_policy and offline_eval again for seeds 1..N-1 on the same data): closure mean and spread")
+    ap.add_argument("--cql-steps", type=int, default=0, help="CQL gradient steps (0: the asset's default)")
     args = ap.parse_args()
+    steps = {"steps": args.cql_steps} if args.cql_steps else {}
     sizes = sorted(args.episodes)
     results: dict[int, dict[str, dict]] = {}
     closures: dict[int, dict[str, float]] = {}
+    seeds: dict[int, list[dict[str, float]]] = {}
     for n in sizes:
         root = Path(tempfile.mkdtemp(prefix=f"sage_scale_{n}_"))
         results[n] = {}
         print(f"== {n:,} episodes (artifact root {root})", flush=True)
         for label, _, _ in STEPS:
-            r = results[n][label] = run_step(root, label, n)
+            ops = {"cql_policy": {"config": steps}} if label == "cql_policy" and steps else None
+            r = results[n][label] = run_step(root, label, n, ops)
             print(f"  {label:24s} {r['wall_s']:8.1f} s  {r['rss_mb']:8.0f} MB", flush=True)
         closures[n] = served_closures(root)
+        seeds[n] = [closures[n]]
+        for seed in range(1, args.cql_seeds):  # the same data, CQL (and OPE's choices) with another seed
+            run_step(root, "cql_policy", n, {"cql_policy": {"config": {**steps, "seed": seed}}})
+            run_step(root, "offline_eval", n, {"offline_eval": {"config": {"seed": seed}}})
+            seeds[n].append(served_closures(root))
+            print(f"  CQL seed {seed}: " + ", ".join(f"{k} {v:.3f}" for k, v in seeds[n][-1].items()), flush=True)
         if not args.keep:
             subprocess.run(["rm", "-rf", str(root)], check=True)
     decisions = {n: results[n]["routing_dataset"]["meta"].get("dagster/row_count") for n in sizes}
@@ -143,10 +157,17 @@ def main() -> None:
         print(f"regret closure at {n:,} episodes (ground truth): "
               + ", ".join(f"{k} {v:.3f}" for k, v in closures[n].items())
               + f"; promoted: {results[n]['offline_eval']['meta'].get('promoted')}")
+    if args.cql_seeds > 1:
+        print(f"\nCQL over {args.cql_seeds} seeds (steps: {args.cql_steps or 'default'}): mean [min, max]")
+        for n in sizes:
+            keys = seeds[n][0].keys()
+            print(f"  {n:,} episodes: " + ", ".join(
+                f"{k} {sum(c[k] for c in seeds[n]) / len(seeds[n]):.3f} "
+                f"[{min(c[k] for c in seeds[n]):.3f}, {max(c[k] for c in seeds[n]):.3f}]" for k in keys))
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        _child(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5])
+        _child(*sys.argv[2:4], int(sys.argv[4]), *sys.argv[5:7])
     else:
         main()
