@@ -46,6 +46,8 @@ from sage_pipeline.sim.schema import ExecJob, ExecResult
 SUITE_FORMATS = ("humaneval", "mbpp")
 HUMANEVAL_FIELDS = ("task_id", "prompt", "canonical_solution", "test", "entry_point")
 MBPP_FIELDS = ("task_id", "text", "code", "test_list", "test_setup_code", "challenge_test_list")
+# the sanitized subset (sanitized-mbpp.json): prompt instead of text, test_imports, no test_setup_code
+SANITIZED_MBPP_FIELDS = ("task_id", "prompt", "code", "test_list")
 SAMPLES_DIR = Path(__file__).resolve().parents[2] / "sim" / "suites"
 SAMPLE_FILES = {"humaneval": SAMPLES_DIR / "humaneval_sample.jsonl", "mbpp": SAMPLES_DIR / "mbpp_sample.jsonl"}
 VERIFY_TIMEOUT_S = 20.0  # a canonical solution's first run (the whole check() of a problem)
@@ -124,7 +126,7 @@ def _detect(where: str, d: dict) -> str:
     if "canonical_solution" in d or "entry_point" in d:
         return "humaneval"
     if "test_list" in d or "code" in d:
-        return "mbpp"
+        return "mbpp"  # the full release (text, test_setup_code) or the sanitized one (prompt, test_imports)
     raise SuiteFileError(f"{where}: neither a HumanEval problem ({', '.join(HUMANEVAL_FIELDS)}) nor an MBPP "
                          f"problem ({', '.join(MBPP_FIELDS)}); its fields are {sorted(d)[:8]}")
 
@@ -150,6 +152,15 @@ def _called_names(tree: ast.AST) -> list[str]:
 
 
 def _mbpp(where: str, d: dict) -> SuiteProblem:
+    if "text" not in d and "prompt" in d:  # sanitized MBPP: prompt, test_imports, no test_setup_code
+        _require(where, d, SANITIZED_MBPP_FIELDS, "sanitized MBPP", {
+            "task_id": (int, str), "prompt": str, "code": str, "test_list": list})
+        imports = d.get("test_imports", [])
+        if not isinstance(imports, list) or not all(isinstance(x, str) for x in imports):
+            raise SuiteFileError(f"{where}: field 'test_imports' is {json.dumps(imports)[:60]}, expected a list of "
+                                 "import lines (sanitized MBPP format)")
+        setup = "\n".join(imports + [d.get("test_setup_code") or ""]).strip("\n")
+        d = {**d, "text": d["prompt"], "test_setup_code": setup}
     _require(where, d, MBPP_FIELDS[:5], "MBPP", {"task_id": (int, str), "text": str, "code": str,
                                                  "test_list": list, "test_setup_code": str})
     challenge = d.get("challenge_test_list", [])
@@ -179,14 +190,23 @@ def _mbpp(where: str, d: dict) -> SuiteProblem:
                         list(d["test_list"]), where, {"challenge_test_list": list(challenge)})
 
 
-def read_suite(path: str | Path, fmt: str = "auto") -> list[SuiteProblem]:
-    """Every problem of a HumanEval-style or MBPP-style JSONL (or .jsonl.gz) file."""
-    path = Path(path)
-    if fmt not in ("auto", *SUITE_FORMATS):
-        raise ValueError(f"suite format {fmt!r}: use auto, {', '.join(SUITE_FORMATS)}")
-    problems: list[SuiteProblem] = []
-    seen: dict[str, int] = {}
-    for lineno, raw in _lines(path):
+def _records(path: Path) -> Iterable[tuple[str, int, object]]:
+    """(where, number, decoded object) per problem: one per line of a JSONL file, or one per
+    element of a file holding a single JSON array (as sanitized-mbpp.json ships)."""
+    lines = _lines(path)
+    first = next(lines, None)
+    if first is not None and first[1].lstrip().startswith(b"["):
+        raw = first[1] + b"".join(line for _, line in lines)
+        try:
+            items = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise SuiteFileError(f"{path}: starts with '[' but is not a JSON array of problems ({e})") from e
+        if not isinstance(items, list):
+            raise SuiteFileError(f"{path}: starts with '[' but is not a JSON array of problems")
+        for i, d in enumerate(items):
+            yield f"{path}: problem [{i}]", i, d
+        return
+    for lineno, raw in ([first] if first is not None else []) + list(lines):
         where = _where(path, lineno)
         if not raw.strip():
             continue
@@ -197,6 +217,18 @@ def read_suite(path: str | Path, fmt: str = "auto") -> list[SuiteProblem]:
                                  f"{e.start + 1})") from e
         except json.JSONDecodeError as e:
             raise SuiteFileError(f"{where}: not a JSON line ({e})") from e
+        yield where, lineno, d
+
+
+def read_suite(path: str | Path, fmt: str = "auto") -> list[SuiteProblem]:
+    """Every problem of a HumanEval-style or MBPP-style JSONL (or .jsonl.gz) file, or of a
+    file holding one JSON array of problems (sanitized-mbpp.json)."""
+    path = Path(path)
+    if fmt not in ("auto", *SUITE_FORMATS):
+        raise ValueError(f"suite format {fmt!r}: use auto, {', '.join(SUITE_FORMATS)}")
+    problems: list[SuiteProblem] = []
+    seen: dict[str, int] = {}
+    for where, lineno, d in _records(path):
         if not isinstance(d, dict):
             raise SuiteFileError(f"{where}: a problem must be a JSON object, got {json.dumps(d)[:60]}")
         kind = _detect(where, d) if fmt == "auto" else fmt

@@ -155,6 +155,37 @@ def test_a_repeated_task_id_and_a_missing_file_are_errors(tmp_path):
         read_suite(bad_gz)
 
 
+def _sanitized(d: dict, **over) -> dict:
+    """A full-release MBPP record in the sanitized release's shape (sanitized-mbpp.json):
+    prompt instead of text, test_imports, source_file, no test_setup_code nor challenge list."""
+    out = {"source_file": "Benchmark Questions Verification V2.ipynb", "task_id": d["task_id"],
+           "prompt": d["text"], "code": d["code"], "test_imports": [], "test_list": d["test_list"]}
+    out.update(over)
+    return out
+
+
+def test_the_sanitized_mbpp_release_imports_as_a_json_array_and_as_jsonl(tmp_path):
+    full = [json.loads(line) for line in SAMPLE_FILES["mbpp"].read_text().splitlines() if line.strip()]
+    array = tmp_path / "sanitized-mbpp.json"
+    array.write_text(json.dumps([_sanitized(d) for d in full], indent=4))  # as the authors ship it
+    got, want = read_suite(array), read_suite(SAMPLE_FILES["mbpp"])
+    assert [(p.task_id, p.entry_point, p.checks, p.prompt) for p in got] == \
+           [(p.task_id, p.entry_point, p.checks, p.prompt) for p in want]
+    lines = _write(tmp_path / "sanitized.jsonl", [_sanitized(full[0], test_imports=["import math"])])
+    (p,) = read_suite(lines)
+    assert p.setup == "import math" and p.entry_point == full[0]["code"].split("(")[0].split()[-1]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps([_sanitized(full[0]), _sanitized(full[1], test_imports="import math")]))
+    with pytest.raises(SuiteFileError, match=r"bad.json: problem \[1\]: field 'test_imports' is \"import math\""):
+        read_suite(bad)
+    bad.write_text(json.dumps([{k: v for k, v in _sanitized(full[0]).items() if k != "code"}]))
+    with pytest.raises(SuiteFileError, match=r"problem \[0\]: field 'code' is missing \(a sanitized MBPP"):
+        read_suite(bad)
+    bad.write_text('[{"task_id": 1,')
+    with pytest.raises(SuiteFileError, match="starts with '\\[' but is not a JSON array"):
+        read_suite(bad)
+
+
 # -- the judge outside the candidate, in the real Docker sandbox ------------------------------------
 
 @pytest.fixture(scope="module")
@@ -180,6 +211,14 @@ def test_no_forger_passes(suite_sandbox, fmt, name):
     assert [r for r in results if r.passed or r.tests_passed] == []
     # the next normal task in the same warm containers is judged correctly
     assert all(r.passed for r in suite_sandbox.run([p.job(p.canonical, 5.0) for p in problems]))
+
+
+def test_a_sanitized_mbpp_problem_runs_its_test_imports_in_the_judge(suite_sandbox, tmp_path):
+    d = _sanitized(_mbpp(), test_list=["assert math.prod(similar_elements((3, 4, 5, 6),(5, 7, 4, 10))) == 20"],
+                   test_imports=["import math"])
+    (p,) = read_suite(_write(tmp_path / "sanitized.jsonl", [d]))
+    assert verify_suite([p], suite_sandbox.run).kept == [p.task_id]
+    assert suite_sandbox.run([p.job(broken(p), 5.0)])[0].outcome == "wrong_answer"
 
 
 def test_a_failing_canonical_solution_is_reported_and_excluded(suite_sandbox, tmp_path):
