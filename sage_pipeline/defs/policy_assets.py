@@ -223,7 +223,8 @@ def offline_eval(context: dg.AssetExecutionContext, config: OfflineEvalConfig,
                 context.log.info, behaviour, config.floor_selection)
             reports["sage_binary"] = rep
             promoted_sage = oe.promote_served(rep.gate, served, stage.path("checkpoints", "promoted_sage"),
-                                              evidence | {"summary": rep.summary()})
+                                              evidence | {"summary": rep.summary()},
+                                              served_at=sage.path("checkpoints", "promoted_sage"))
             meta |= {"promoted_sage": rep.gate.promoted or "none", "promotion_sage": rep.gate.reason,
                      "promoted_sage_path": (dg.MetadataValue.path(str(stage.public(promoted_sage)))
                                             if promoted_sage else "none"),

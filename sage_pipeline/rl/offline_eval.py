@@ -170,7 +170,7 @@ def promote(decision: GateDecision, checkpoints: dict[str, Path], dest: str | Pa
 
 
 def promote_served(decision: GateDecision, served: dict[str, "ServedSelection"], dest: str | Path,
-                   evidence: dict) -> Path | None:
+                   evidence: dict, served_at: str | Path | None = None) -> Path | None:
     """Write the promoted served composite (SAGE's joblib file and its manifest) to ``dest``;
     when nothing is promoted, ``dest`` is left as it is."""
     if decision.promoted is None:
@@ -178,7 +178,8 @@ def promote_served(decision: GateDecision, served: dict[str, "ServedSelection"],
     sel = served[decision.promoted]
     sage_router.write_sage_checkpoint(dest, sel.policy, {
         "policy": decision.promoted, "source": sel.source, "reason": decision.reason,
-        "min_confidence_selected_by": sel.how, "agreement_eval": sel.agreement_eval, **evidence})
+        "min_confidence_selected_by": sel.how, "agreement_eval": sel.agreement_eval, **evidence},
+        served_at=served_at)
     return Path(dest)
 
 

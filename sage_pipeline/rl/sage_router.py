@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import platform
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -209,14 +210,18 @@ def to_sage_dict(served: ServedSagePolicy) -> dict:
     return {"models": dict(served.models), "feature_keys": list(FEATURE_KEYS)}
 
 
-def write_sage_checkpoint(directory: str | Path, served: ServedSagePolicy, manifest: dict) -> tuple[Path, Path]:
+def write_sage_checkpoint(directory: str | Path, served: ServedSagePolicy, manifest: dict,
+                          served_at: str | Path | None = None) -> tuple[Path, Path]:
     """``policy.joblib`` (:func:`to_sage_dict`) and ``manifest.json`` (every other fact,
     ``manifest``'s keys included; the computed keys win over a caller's key of the same name),
     written as one: the folder is filled beside ``directory`` and swapped in
     (``artifacts.atomic_dir``), so a killed write never leaves a file the manifest does not
-    describe."""
+    describe. ``served_at`` is the folder SAGE will be pointed at when that is not where it is
+    written (a staged version of an ``artifacts.atomic_set``); links in it are kept, not
+    resolved, so the path stays valid after the next switch."""
     directory = Path(directory)
     path = directory / JOBLIB_NAME
+    public = Path(os.path.abspath(Path(served_at or directory) / JOBLIB_NAME))
     routes = {r: [served.table.routes[r].primary, served.table.routes[r].fallback] for r in served.models}
     with artifacts.atomic_dir(directory) as tmp:
         with artifacts.atomic_open(tmp / JOBLIB_NAME, "wb") as fh:
@@ -228,7 +233,7 @@ def write_sage_checkpoint(directory: str | Path, served: ServedSagePolicy, manif
                 "versions": {"python": platform.python_version(), "numpy": np.__version__,
                              "scikit-learn": sklearn.__version__, "joblib": joblib.__version__},
                 "sha256": artifacts.file_sha256(tmp / JOBLIB_NAME),
-                "sage_env": {"SAGE_RL_POLICY": "1", "SAGE_RL_CHECKPOINT": str(path.resolve()),
+                "sage_env": {"SAGE_RL_POLICY": "1", "SAGE_RL_CHECKPOINT": str(public),
                              "SAGE_RL_MIN_CONFIDENCE": str(float(served.min_confidence))}}
         artifacts.write_json(tmp / MANIFEST_NAME, full)
     return path, directory / MANIFEST_NAME

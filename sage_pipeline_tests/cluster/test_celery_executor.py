@@ -224,11 +224,12 @@ def _strip_clock(obj):
 
 
 def _files(root: Path) -> dict[str, Path]:
-    """Every file under ``root`` by relative path, following the sessions/synthetic link; the
-    folders behind that link (.synthetic_versions/<timestamped name>) are compared through it."""
+    """Every file under ``root`` by relative path, following the sessions/synthetic link and the
+    links of each asset's set; the folders behind them (.synthetic_versions/ and .sets/, with
+    timestamped names) are compared through those links."""
     out = {}
     for folder, dirs, files in os.walk(root, followlinks=True):
-        dirs[:] = [d for d in dirs if d != ".synthetic_versions"]
+        dirs[:] = [d for d in dirs if d not in (".synthetic_versions", ".sets")]
         for f in files:
             p = Path(folder) / f
             out[str(p.relative_to(root))] = p

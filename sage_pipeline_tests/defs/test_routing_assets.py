@@ -184,6 +184,10 @@ def test_sage_binary_space_judges_what_sage_serves(chain):
         assert sage["written"] is True and (root / "checkpoints" / "sage" / "policy.joblib").is_file()
         assert sage["decisions_checked_as_sage"] > 0
         assert "export SAGE_RL_POLICY=1" in sage["sage_env"]
+        # the promoted copy names where SAGE finds it, not the staged version it was written into
+        promoted = root / "checkpoints" / "promoted_sage"
+        env = json.loads((promoted / "manifest.json").read_text())["sage_env"]
+        assert env["SAGE_RL_CHECKPOINT"] == str(promoted / "policy.joblib") and promoted.is_symlink()
     else:
         assert sage["written"] is False and not (root / "checkpoints" / "sage").exists()
 
