@@ -664,10 +664,6 @@ def file_sha256(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-def bytes_sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 def png_bytes(fig: Any) -> bytes:
     """Render a matplotlib figure to PNG bytes and close it."""
     import matplotlib.pyplot as plt
