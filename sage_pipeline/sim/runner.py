@@ -67,29 +67,16 @@ def write_line(fd, obj):
 
 
 class LineReader:
-    def __init__(self, fd):
-        self.fd, self.buf = fd, b""
+    """JSON objects, one a line (the host's requests, the zygote's commands and events), read
+    through :class:`RawLines` (linear in the bytes, capped)."""
+
+    def __init__(self, fd, cap=1 << 30):
+        self.raw = RawLines(fd, cap)
 
     def read(self, timeout=None):
         """The next line as an object; None at EOF; raises TimeoutError past ``timeout``."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while b"\n" not in self.buf:
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError
-                sel = selectors.DefaultSelector()
-                sel.register(self.fd, selectors.EVENT_READ)
-                ready = sel.select(left)
-                sel.close()
-                if not ready:
-                    raise TimeoutError
-            chunk = os.read(self.fd, 1 << 16)
-            if not chunk:
-                return None
-            self.buf += chunk
-        line, self.buf = self.buf.split(b"\n", 1)
-        return json.loads(line)
+        line = self.raw.read(None if timeout is None else time.monotonic() + timeout)
+        return None if line is None else json.loads(line)
 
 
 # -- the child ---------------------------------------------------------------------------
