@@ -14,32 +14,17 @@ Without paths, the project's samples (sim/suites/). Goals: >= 50 problems/s with
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the baseline of sandbox_throughput.py
 
-from sage_pipeline.sim.sandbox import SandboxConfig, docker_run_args, open_sandbox
-from sage_pipeline.sim.schema import ExecJob
+from sandbox_throughput import container_per_task
+
+from sage_pipeline.sim.sandbox import open_sandbox
 from sage_pipeline.sim.suites import FORGERS, SAMPLE_FILES, broken, forger, read_suite, verify_suite
-
-
-def container_per_problem(jobs: list[ExecJob]) -> float:
-    """Executions per second when every execution gets its own fresh `docker run --rm` container."""
-    cfg = SandboxConfig()
-    t0 = time.perf_counter()
-    for i, job in enumerate(jobs):
-        args = docker_run_args(cfg, f"sage-bench-suite-{i}-{time.time_ns()}", "bench-suite-per-problem")
-        req = json.dumps({"id": 0, "code": job.code, "entry_point": job.entry_point, "tests": job.tests,
-                          "timeout_s": job.timeout_s}) + "\n"
-        out = subprocess.run(args, input=req, capture_output=True, text=True, timeout=120)
-        lines = out.stdout.splitlines()
-        if len(lines) != 2 or json.loads(lines[1]).get("outcome") != "pass":
-            raise SystemExit(f"container-per-problem baseline: unexpected answer {lines[-1:]} {out.stderr[-300:]}")
-    return len(jobs) / (time.perf_counter() - t0)
 
 
 def main() -> int:
@@ -88,7 +73,7 @@ def main() -> int:
         sb.run(mixed)
         mixed_rate = len(mixed) / (time.perf_counter() - t0)
     base_jobs = [p.job(p.canonical, t) for plist in kept.values() for p, t in plist][: args.per_container]
-    per_problem = container_per_problem(base_jobs)
+    per_problem = container_per_task(base_jobs, must_pass=True)
     print(f"\nexecutions/s, {args.workers} workers (the judge and the candidate in separate processes):")
     print(f"  docker run --rm per problem           : {per_problem:7.1f}/s  (first {len(base_jobs)} canonical)")
     print(f"  warm pool, canonical solutions        : {canon_rate:7.1f}/s  = {canon_rate / per_problem:5.1f}x  "

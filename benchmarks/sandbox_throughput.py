@@ -29,8 +29,9 @@ from sage_pipeline.sim.schema import ExecJob
 from sage_pipeline.sim.tasks import generate_tasks
 
 
-def container_per_task(jobs: list[ExecJob]) -> float:
-    """Executions per second when every execution gets its own fresh container."""
+def container_per_task(jobs: list[ExecJob], must_pass: bool = False) -> float:
+    """Executions per second when every execution gets its own fresh `docker run --rm` container
+    (the same hardening flags and runner). ``must_pass``: each answer must be a pass."""
     cfg = SandboxConfig()
     t0 = time.perf_counter()
     for i, job in enumerate(jobs):
@@ -39,7 +40,9 @@ def container_per_task(jobs: list[ExecJob]) -> float:
                           "timeout_s": job.timeout_s}) + "\n"
         out = subprocess.run(args, input=req, capture_output=True, text=True, timeout=120)
         lines = out.stdout.splitlines()
-        assert len(lines) == 2 and "outcome" in json.loads(lines[1]), out.stderr[-300:]
+        answer = json.loads(lines[1]) if len(lines) == 2 else {}
+        if "outcome" not in answer or (must_pass and answer["outcome"] != "pass"):
+            raise SystemExit(f"container-per-execution baseline: unexpected answer {lines[-1:]} {out.stderr[-300:]}")
     return len(jobs) / (time.perf_counter() - t0)
 
 
