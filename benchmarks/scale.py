@@ -115,8 +115,13 @@ def main() -> None:
     ap.add_argument("--cql-seeds", type=int, default=1, help="train and judge CQL with this many seeds per size "
                     "(cql_policy and offline_eval again for seeds 1..N-1 on the same data): closure mean and spread")
     ap.add_argument("--cql-steps", type=int, default=0, help="CQL gradient steps (0: the asset's default)")
+    ap.add_argument("--cql-min-passes", type=float, nargs="+", default=None,
+                    help="CQL's min_passes (default: the asset's); several values: each seed is trained and judged "
+                    "with each, on the same data, side by side (the first value is the chain's own)")
     args = ap.parse_args()
+    passes = args.cql_min_passes or [None]
     steps = {"steps": args.cql_steps} if args.cql_steps else {}
+    steps |= {"min_passes": passes[0]} if passes[0] is not None else {}
     sizes = sorted(args.episodes)
     results: dict[int, dict[str, dict]] = {}
     closures: dict[int, dict[str, float]] = {}
@@ -130,12 +135,19 @@ def main() -> None:
             r = results[n][label] = run_step(root, label, n, ops)
             print(f"  {label:24s} {r['wall_s']:8.1f} s  {r['rss_mb']:8.0f} MB", flush=True)
         closures[n] = served_closures(root)
-        seeds[n] = [closures[n]]
-        for seed in range(1, args.cql_seeds):  # the same data, CQL (and OPE's choices) with another seed
-            run_step(root, "cql_policy", n, {"cql_policy": {"config": {**steps, "seed": seed}}})
-            run_step(root, "offline_eval", n, {"offline_eval": {"config": {"seed": seed}}})
-            seeds[n].append(served_closures(root))
-            print(f"  CQL seed {seed}: " + ", ".join(f"{k} {v:.3f}" for k, v in seeds[n][-1].items()), flush=True)
+        seeds[n] = [closures[n] | {"min_passes": passes[0], "seed": 0}]
+        for seed in range(args.cql_seeds):  # the same data, CQL (and OPE's choices) with another seed / rule
+            for p in passes:
+                if seed == 0 and p == passes[0]:
+                    continue  # the chain's own run
+                cfg = {**steps, "seed": seed} | ({"min_passes": p} if p is not None else {})
+                r = run_step(root, "cql_policy", n, {"cql_policy": {"config": cfg}})
+                run_step(root, "offline_eval", n, {"offline_eval": {"config": {"seed": seed}}})
+                seeds[n].append(served_closures(root) | {"min_passes": p, "seed": seed})
+                print(f"  CQL seed {seed}, min_passes {p if p is not None else 'default'} "
+                      f"({r['meta'].get('steps', '?')} steps, {r['wall_s']:.0f} s): "
+                      + ", ".join(f"{k} {v:.3f}" for k, v in seeds[n][-1].items()
+                                  if k not in ("min_passes", "seed")), flush=True)
         if not args.keep:
             subprocess.run(["rm", "-rf", str(root)], check=True)
     decisions = {n: results[n]["routing_dataset"]["meta"].get("dagster/row_count") for n in sizes}
@@ -157,13 +169,15 @@ def main() -> None:
         print(f"regret closure at {n:,} episodes (ground truth): "
               + ", ".join(f"{k} {v:.3f}" for k, v in closures[n].items())
               + f"; promoted: {results[n]['offline_eval']['meta'].get('promoted')}")
-    if args.cql_seeds > 1:
-        print(f"\nCQL over {args.cql_seeds} seeds (steps: {args.cql_steps or 'default'}): mean [min, max]")
+    if args.cql_seeds > 1 or len(passes) > 1:
+        print(f"\nCQL over {args.cql_seeds} seed(s) (steps: {args.cql_steps or 'default'}): mean [min, max]")
         for n in sizes:
-            keys = seeds[n][0].keys()
-            print(f"  {n:,} episodes: " + ", ".join(
-                f"{k} {sum(c[k] for c in seeds[n]) / len(seeds[n]):.3f} "
-                f"[{min(c[k] for c in seeds[n]):.3f}, {max(c[k] for c in seeds[n]):.3f}]" for k in keys))
+            for p in passes:
+                runs = [c for c in seeds[n] if c["min_passes"] == p]
+                keys = [k for k in runs[0] if k not in ("min_passes", "seed")]
+                print(f"  {n:,} episodes, min_passes {p if p is not None else 'default'}: " + ", ".join(
+                    f"{k} {sum(c[k] for c in runs) / len(runs):.3f} "
+                    f"[{min(c[k] for c in runs):.3f}, {max(c[k] for c in runs):.3f}]" for k in keys))
 
 
 if __name__ == "__main__":

@@ -113,7 +113,10 @@ class CQLPolicyConfig(dg.Config):
                            "gate's clipped step-wise DR; 'lower_bound': the best lower bound of its interval "
                            "(favours policies near "
                            "the logs). See docs/benchmarks.md for how they compare")
-    steps: int = Field(2000, description="gradient steps")
+    steps: int = Field(2000, description="gradient steps, at least (see min_passes)")
+    min_passes: float = Field(cql.CQLConfig.min_passes, description="and at least this many passes over the "
+                              "training rows (ceil(min_passes * rows / 256) steps; binds on large logs only: "
+                              "about 9,000 steps at 2M episodes); 0 trains exactly `steps`")
     n_critics: int = 2
     seed: int = 0
     n_boot: int = Field(300, description="bootstrap resamples for the alpha selection")
@@ -132,7 +135,8 @@ def cql_policy(context: dg.AssetExecutionContext, config: CQLPolicyConfig, sage:
     multi = _space(sage)
     bc_model = load_policy(sage.path("checkpoints", "bc"), FeatureSpec(roles=multi.roles), multi.actions)
     df, n_estimated = oe.fill_missing_propensities(df, bc_model)
-    cfg = cql.CQLConfig(mode=config.mode, steps=config.steps, n_critics=config.n_critics, seed=config.seed)
+    cfg = cql.CQLConfig(mode=config.mode, steps=config.steps, min_passes=config.min_passes,
+                        n_critics=config.n_critics, seed=config.seed)
     meta = {"mode": config.mode, "propensities_estimated_by_bc": n_estimated}
     with sage.writing("cql_policy", [_checkpoint_rel("cql", s) for s in SPACES], context.log.info) as stage:
         for name in _check_spaces(config.action_spaces):
@@ -146,7 +150,8 @@ def cql_policy(context: dg.AssetExecutionContext, config: CQLPolicyConfig, sage:
             sfx = "" if name == "multi_model" else f"_{name}"
             meta |= {
                 f"path{sfx}": dg.MetadataValue.path(str(ck)), f"alpha{sfx}": chosen.config.alpha,
-                f"selected_by{sfx}": how, f"select_episodes{sfx}": sel.n_episodes,
+                f"steps{sfx}": chosen.metrics["steps"], f"selected_by{sfx}": how,
+                f"select_episodes{sfx}": sel.n_episodes,
                 f"sample_size_warning{sfx}": sel.warning or "none",
                 f"alpha_selection{sfx}": dg.MetadataValue.md(
                     f"Chosen by {how}. These estimates are optimistic for the winner (it was chosen on "

@@ -73,7 +73,10 @@ class CQLConfig:
     hidden: tuple[int, ...] = (64, 64)
     lr: float = 1e-3
     weight_decay: float = 1e-4  # AdamW, decoupled
-    steps: int = 2000  # gradient steps (~85 epochs of 6k rows; more overfits the noisy rewards)
+    steps: int = 2000  # gradient steps at least (~85 epochs of 6k rows; more overfits the noisy rewards) ...
+    min_passes: float = 1.0  # ... and at least this many passes over the training rows: large logs get
+    # ceil(min_passes * rows / batch_size) steps (2M episodes: ~9k), so they are not trained on a fraction of
+    # themselves; at the default 20k episodes one pass is ~100 steps and `steps` binds (docs/benchmarks.md, Scale)
     batch_size: int = 256
     gamma: float = 1.0  # 1.0: the value is the undiscounted return of an episode (<= 4 attempts)
     n_critics: int = 2
@@ -101,6 +104,8 @@ class CQLConfig:
             problems.append(f"weight_decay must be >= 0, got {self.weight_decay}")
         if self.steps < 1 or self.batch_size < 1:
             problems.append(f"steps and batch_size must be >= 1, got {self.steps} and {self.batch_size}")
+        if not (math.isfinite(self.min_passes) and self.min_passes >= 0):
+            problems.append(f"min_passes must be a finite number >= 0 (0: exactly `steps`), got {self.min_passes}")
         if not 0.0 <= self.gamma <= 1.0:
             problems.append(f"gamma must be in [0, 1], got {self.gamma}")
         if self.n_critics < 1:
@@ -120,6 +125,11 @@ class CQLConfig:
 
     def to_dict(self) -> dict:
         return asdict(self) | {"hidden": list(self.hidden)}
+
+    def n_steps(self, rows: int) -> int:
+        """Gradient steps on ``rows`` training rows: ``steps``, or ``min_passes`` passes if that is more."""
+        batch = max(1, min(self.batch_size, rows))
+        return max(self.steps, math.ceil(self.min_passes * rows / batch))
 
 
 @dataclass(frozen=True)
@@ -295,12 +305,14 @@ def _train(data_train: LoggedDecisions, spec: FeatureSpec, config: CQLConfig, al
     opt = torch.optim.AdamW(q.parameters(), lr=c.lr, weight_decay=c.weight_decay)
     gen = torch.Generator().manual_seed(c.seed)
     n, B = len(data_train), min(c.batch_size, len(data_train))
-    log(f"cql[{c.mode}]: {n} decisions, {K} actions, alphas {alphas}, {C} critics, {c.steps} steps of {B}")
+    n_steps = c.n_steps(n)
+    log(f"cql[{c.mode}]: {n} decisions, {K} actions, alphas {alphas}, {C} critics, {n_steps} steps of {B} "
+        f"({n_steps * B / n:.1f} passes; steps >= {c.steps} and >= {c.min_passes:g} passes)")
 
     # ---- update loop
     td_hist, gap_hist = [], []
     last_log = time.perf_counter()
-    for step in range(1, c.steps + 1):
+    for step in range(1, n_steps + 1):
         idx = torch.randint(0, n, (B,), generator=gen)
         x, a, mask = X[idx], A[idx], MASK[idx]
         with torch.no_grad():
@@ -334,13 +346,13 @@ def _train(data_train: LoggedDecisions, spec: FeatureSpec, config: CQLConfig, al
                         p_t.lerp_(p, c.target_tau)
         td_hist.append(td.detach())
         gap_hist.append(gap.detach())
-        if time.perf_counter() - last_log >= c.log_every_s or step == c.steps:
+        if time.perf_counter() - last_log >= c.log_every_s or step == n_steps:
             last_log = time.perf_counter()
             rate = step / (last_log - t_start)
             td_g = torch.stack(td_hist[-100:]).mean(0).view(G, C).mean(1)
             gap_g = torch.stack(gap_hist[-100:]).mean(0).view(G, C).mean(1)
             per_alpha = zip(alphas, td_g.tolist(), gap_g.tolist())
-            log(f"cql[{c.mode}] step {step}/{c.steps}  "
+            log(f"cql[{c.mode}] step {step}/{n_steps}  "
                 + "  ".join(f"alpha={al:g}: td={t:.4f} gap={gp:.3f}" for al, t, gp in per_alpha)
                 + f"  {rate:.0f} steps/s")
 
@@ -359,11 +371,11 @@ def _train(data_train: LoggedDecisions, spec: FeatureSpec, config: CQLConfig, al
             layers[-1] = ((w_last * scale).astype(np.float32), (b_last * scale + shift).astype(np.float32))
             nets.append(layers)
         metrics = {
-            "mode": c.mode, "alpha": cfg.alpha, "rows": n, "steps": c.steps,
+            "mode": c.mode, "alpha": cfg.alpha, "rows": n, "steps": n_steps, "passes": n_steps * B / n,
             "td_loss": td_last[g], "conservative_gap": gap_last[g],  # last 100 steps, normalised units
             "reward_mean": float(r.mean()), "reward_std": float(r.std()),
             "reward_shift": shift, "reward_scale": scale,  # trained on (r - shift) / scale; undone in nets
-            "steps_per_s": c.steps / seconds, "seconds": seconds, "alphas_trained_together": G,
+            "steps_per_s": n_steps / seconds, "seconds": seconds, "alphas_trained_together": G,
             "unlogged_pairs": unlogged,
         }
         res = CQLResult(nets, cfg, spec, tuple(data_train.actions), np.asarray(data_train.role_mask, bool),
@@ -372,5 +384,5 @@ def _train(data_train: LoggedDecisions, spec: FeatureSpec, config: CQLConfig, al
         res.metrics["agreement_with_logged"] = float((greedy == data_train.action).mean())
         results.append(res)
     log(f"cql[{c.mode}]: trained {G} alpha(s) x {C} critics in {seconds:.1f}s "
-        f"({c.steps / seconds:.0f} steps/s)")
+        f"({n_steps / seconds:.0f} steps/s)")
     return results

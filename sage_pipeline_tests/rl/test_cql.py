@@ -228,3 +228,21 @@ def test_other_options_train_and_serve(options, train):
     np.testing.assert_allclose(res.policy().outputs(train.contexts), res.torch_q(SPEC.encode(train.contexts)),
                                rtol=1e-5, atol=1e-5)
     assert np.isfinite(res.metrics["td_loss"]) and np.isfinite(res.metrics["conservative_gap"])
+
+
+def test_large_logs_get_at_least_min_passes_over_their_rows(train):
+    """`steps` is a floor; `min_passes` passes over the rows bind on large logs (2M episodes: ~9k steps)."""
+    cfg = CQLConfig(steps=2000, batch_size=256)
+    assert cfg.n_steps(29_000) == 2000  # the default 20k episodes: one pass is ~114 steps, `steps` binds
+    assert cfg.n_steps(2_300_000) == 8985  # ceil(2.3M / 256)
+    assert CQLConfig(steps=10, min_passes=2.5, batch_size=100).n_steps(1000) == 25
+    assert CQLConfig(steps=10, min_passes=0.0).n_steps(10**7) == 10  # 0: exactly `steps`
+    assert CQLConfig(steps=10, batch_size=256).n_steps(50) == 10  # a batch never exceeds the rows
+    lines: list[str] = []
+    res = train_cql(train, SPEC, CQLConfig(mode="bandit", steps=5, log_every_s=0.0), log=lines.append)
+    want = -(-len(train) // 256)
+    assert want > 5 and res.metrics["steps"] == want and abs(res.metrics["passes"] - want * 256 / len(train)) < 1e-9
+    assert any(f"step {want}/{want}" in ln for ln in lines), lines
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=r"min_passes must be a finite number >= 0"):
+            CQLConfig(min_passes=bad)
