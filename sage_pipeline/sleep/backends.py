@@ -141,7 +141,8 @@ class OpenAIConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     base_url: str = Field(default_factory=lambda: os.environ.get("SAGE_SLEEP_BASE_URL") or DEFAULT_BASE_URL,
-                          validate_default=True, description="base URL ending in /v1 (default: $SAGE_SLEEP_BASE_URL when the config is "
+                          validate_default=True,
+                          description="base URL ending in /v1 (default: $SAGE_SLEEP_BASE_URL when the config is "
                                       f"made, else {DEFAULT_BASE_URL})")
     model: str = Field(default_factory=lambda: os.environ.get("SAGE_SLEEP_MODEL", ""),
                        description="model name on the server (default: $SAGE_SLEEP_MODEL when the config is made; "

@@ -24,6 +24,8 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from sage_pipeline.sleep.backends import Backend, BackendError
 from sage_pipeline.sleep.block import EditLimits, LearnedDoc, apply_edit, screen_edits
 from sage_pipeline.sleep.gate import GateConfig, Trial, compare, summary
@@ -41,14 +43,18 @@ STATUSES = ("accepted", "rejected", "reject_unverified", "no_edits", "reflect_in
 ERROR_STATUSES = ("backend_error", "judge_error", "input_error", "store_error", "internal_error", "aborted")
 
 
-@dataclass(frozen=True)
-class CycleConfig:
-    limits: EditLimits = field(default_factory=EditLimits)
-    gate: GateConfig = field(default_factory=GateConfig)
-    evolve_skill: bool = True
-    evolve_memory: bool = True
-    workers: int = 1  # parallel backend calls during replay
-    reflect_examples: int = 16  # train failures shown to reflect (and half as many successes)
+class CycleConfig(BaseModel):
+    """One night's consolidation: what may change, how the gate decides, how hard to work."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    limits: EditLimits = Field(default_factory=EditLimits, description="how much one night may change")
+    gate: GateConfig = Field(default_factory=GateConfig, description="when a candidate survives")
+    evolve_skill: bool = Field(True, description="let the night edit the skill document's learned block")
+    evolve_memory: bool = Field(True, description="let the night edit the memory's learned block")
+    workers: int = Field(1, ge=1, description="parallel backend calls while replaying")
+    reflect_examples: int = Field(16, ge=1, description="train failures shown to reflect (and half as many "
+                                  "successes)")
 
     def targets(self) -> tuple[str, ...]:
         return tuple(t for t, on in (("skill", self.evolve_skill), ("memory", self.evolve_memory)) if on)
@@ -137,7 +143,7 @@ class Cycle:
                    "by_kind": {k: sum(t.reference_kind == k for t in self.tasks)
                                for k in sorted({t.reference_kind for t in self.tasks})},
                    "val_overlapping_train": overlap}
-        r.gate = asdict(cfg.gate)
+        r.gate = cfg.gate.model_dump()
         if not self.tasks:
             self._stop("no_tasks", "no usable tasks for this night: nothing to learn from or to verify with")
             return r
