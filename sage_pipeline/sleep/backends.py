@@ -42,6 +42,8 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import httpx2
+import openai
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sage_pipeline.sleep import prompts
@@ -268,9 +270,6 @@ class OpenAIBackend(Backend):
 
     def _post(self, body: dict) -> Reply:
         """One attempt: the SDK sends the request, its body is read here under the deadline."""
-        import httpx2
-        import openai
-
         t = self.config.timeout_s
         deadline = self._attempt.deadline = _Deadline(t)
         try:
@@ -465,9 +464,6 @@ def _client(config: OpenAIConfig, on_request: Callable):
     """The SDK's client for ``config``: no retries of its own (the backend's loop retries), no
     pooled connections (each attempt's deadline watches the connection it opens), and each socket
     operation bounded by ``timeout_s`` (the deadline bounds them together)."""
-    import httpx2
-    import openai
-
     http = openai.DefaultHttpxClient(event_hooks={"request": [on_request]},
                                      limits=httpx2.Limits(max_keepalive_connections=0))
     # the key is set per request by on_request (or none is sent); the SDK only insists on one
