@@ -1507,8 +1507,8 @@ def pool_trial(workdir: Path) -> Trial:
     try:
         wait("the daemon's heartbeats", lambda: {"MONITORING", "QUEUED_RUN_COORDINATOR"}
              <= set(instance.get_daemon_heartbeats()), 90)
-        launch("hung", {"backend": "openai", "base_url": server.base_url, "model": "m", "timeout_s": 600,
-                        "max_retries": 0, "sandbox": "local"})
+        launch("hung", {"backend": "openai", "sandbox": "local", "openai": {
+            "base_url": server.base_url, "model": "m", "timeout_s": 600, "max_retries": 0}})
         wait("the first night to call the LLM server", lambda: server.requests > 0, 120)
         first = run_of("hung")
         claimed = instance.event_log_storage.get_concurrency_info("sleep_cycle").claimed_slots

@@ -2,10 +2,16 @@
 the ``nightly_sleep`` job and its schedule, and the ``sleep_rollback`` job.
 
 Thin: the night is ``sage_pipeline.sleep.nightly.run_night``; this module maps config in
-and the night's result out as metadata. Set at load time from the environment:
-``SAGE_SLEEP_SKILLS`` (default: the packaged skills), ``SAGE_SLEEP_TIMEZONE`` (UTC),
-``SAGE_SLEEP_AT`` (03:17), ``SAGE_SLEEP_START_DATE`` (2026-11-01) and
-``SAGE_SLEEP_SCHEDULE_RUNNING`` (1: the schedule starts on).
+and the night's result out as metadata. The asset's config is the core's ``NightSettings``,
+section by section (``openai``, ``cycle: {limits, gate}``, ``split``): each field, default,
+description and check is declared once, in the core model, and inherited here.
+
+The partitions and the schedule are built from :class:`SleepSchedule` (first night, time zone,
+time of day), fixed in code, never read from the environment; a deployment that wants
+another schedule builds its own with :func:`build_sleep_defs`, and stops or starts it in the UI
+or with ``dagster schedule stop|start nightly_sleep_schedule``. Which skills have a night
+asset is the one thing read when the code loads (it decides which assets exist):
+``SAGE_SLEEP_SKILLS`` (comma-separated; default: the packaged skills).
 
 Two nights never run at once: every night asset is in the ``sleep_cycle`` pool (give the
 pool a limit of 1: ``dagster instance concurrency set sleep_cycle 1``), the job's runs
@@ -15,9 +21,11 @@ a per-skill lock for the whole night whatever the instance says.
 # No `from __future__ import annotations`: Dagster reads the real annotations.
 
 import os
+from datetime import date
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import dagster as dg
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sage_pipeline import markdown
 from sage_pipeline.defs.resources import SageResource
@@ -27,6 +35,7 @@ from sage_pipeline.sleep.block import EditLimits
 from sage_pipeline.sleep.cycle import ERROR_STATUSES, CycleConfig, NightResult
 from sage_pipeline.sleep.gate import GateConfig
 from sage_pipeline.sleep.nightly import NightSettings, run_night
+from sage_pipeline.sleep.records import SplitSpec
 from sage_pipeline.sleep.store import PACKAGED_SKILLS, SkillStore
 
 GROUP = POOL = "sleep_cycle"
@@ -34,70 +43,80 @@ RUN_TAG = {"sage/sleep_cycle": "night"}
 HEALTHY = ("accepted", "rejected", "no_edits", "no_tasks")
 
 
-def _skills() -> tuple[str, ...]:
-    env = os.environ.get("SAGE_SLEEP_SKILLS", "")
-    if env.strip():
-        return tuple(dict.fromkeys(s.strip() for s in env.split(",") if s.strip()))
-    return tuple(sorted(p.stem for p in PACKAGED_SKILLS.glob("*.md") if not p.stem.endswith(".memory")))
+def packaged_skills() -> list[str]:
+    return sorted(p.stem for p in PACKAGED_SKILLS.glob("*.md") if not p.stem.endswith(".memory"))
 
 
-SKILLS = _skills()
-TIMEZONE = os.environ.get("SAGE_SLEEP_TIMEZONE", "UTC")
-HOUR, MINUTE = (int(x) for x in os.environ.get("SAGE_SLEEP_AT", "03:17").split(":"))
-NIGHTS = dg.DailyPartitionsDefinition(start_date=os.environ.get("SAGE_SLEEP_START_DATE", "2026-11-01"),
-                                      timezone=TIMEZONE)
+class SleepSchedule(BaseModel):
+    """What the night partitions and the nightly schedule are built from."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    skills: list[str] = Field(default_factory=packaged_skills, min_length=1,
+                              description="one night asset per skill (default: the packaged skills)")
+    start_date: date = Field(date(2026, 11, 1), description="the first night (partition): the day the synthetic "
+                             "session logs start on")
+    timezone: str = Field("UTC", description="time zone of the days (partitions) and of the schedule")
+    at: str = Field("03:17", pattern=r"^([01][0-9]|2[0-3]):[0-5][0-9]$",
+                    description="HH:MM: when the schedule starts the night of the day that just ended")
+    running: bool = Field(True, description="the schedule's default status (running, or stopped until started)")
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_zone(cls, v: str) -> str:
+        try:
+            ZoneInfo(v)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"time zone {v!r} is not an IANA zone name such as 'UTC' or 'Europe/Berlin'") from None
+        return v
+
+    def nights(self) -> dg.DailyPartitionsDefinition:
+        return dg.DailyPartitionsDefinition(start_date=self.start_date.isoformat(), timezone=self.timezone)
 
 
-def default_nights(n: int = 3) -> list[str]:
-    """The first ``n`` nights (partition keys, oldest first): the days the synthetic session
-    logs start on; what ``make run`` materializes one after the other."""
-    if n < 0:
-        raise ValueError(f"number of nights must be >= 0, got {n}")
-    return NIGHTS.get_partition_keys()[:n]
+def _skills_from_env() -> SleepSchedule:
+    """The default schedule, for the skills ``SAGE_SLEEP_SKILLS`` names (if set)."""
+    env = [s.strip() for s in os.environ.get("SAGE_SLEEP_SKILLS", "").split(",") if s.strip()]
+    return SleepSchedule(skills=list(dict.fromkeys(env))) if env else SleepSchedule()
 
 
-class SleepNightConfig(dg.Config):
-    backend: str = Field("simulated", description="'simulated' (deterministic, embedded default) or 'openai' "
-                         "(any OpenAI-compatible chat-completions server)")
-    sim_seed: int = Field(0, description="seed of the simulated backend")
-    base_url: str = Field("", description="openai: base URL ending in /v1 ('' = $SAGE_SLEEP_BASE_URL, else "
-                          "http://127.0.0.1:8000/v1)")
-    model: str = Field("", description="openai: model name ('' = $SAGE_SLEEP_MODEL)")
-    api_key_env: str = Field("SAGE_SLEEP_API_KEY", description="openai: environment variable holding the API key")
-    timeout_s: float = Field(60.0, description="openai: seconds per call")
-    max_retries: int = Field(4, description="openai: retries of a transient failure (timeout, 429, 5xx, empty reply)")
-    workers: int = Field(1, description="parallel backend calls while replaying")
-    edit_budget: int = Field(4, description="at most this many edits per night")
-    block_max_chars: int = Field(1500, description="size cap of each learned block: past it, edits must replace "
-                                 "or delete")
-    gate_metric: str = Field("mixed", description="'hard', 'soft' or 'mixed' (hard_weight * hard + rest * soft)")
-    hard_weight: float = Field(0.5, description="weight of hard in the mixed metric")
-    no_regression: bool = Field(True, description="reject a candidate that lowers any single val task, even if "
-                                "the mean rises")
-    gate_granularity: str = Field("edit", description="'edit': gate each edit on its own; 'bundle': all together")
-    evolve_skill: bool = Field(True, description="let the night edit the skill document's learned block")
-    evolve_memory: bool = Field(True, description="let the night edit the memory's learned block")
-    log_dirs: list[str] = Field(["sessions"], description="session-log folders (relative to the artifact root, or "
-                                "absolute) harvested for the night's day")
-    task_dirs: list[str] = Field([], description="more task-file folders (sleep/tasks and sleep/<skill>/tasks "
-                                 "are always read)")
-    embedded_tasks: bool = Field(True, description="also use the skill's packaged tasks")
-    skill_path: str = Field("", description="the live skill document ('' = <root>/sleep/<skill>/SKILL.md)")
-    memory_path: str = Field("", description="the live memory document ('' = <root>/sleep/<skill>/MEMORY.md)")
-    sandbox: str = Field("auto", description="unit-test sandbox: 'auto' (local for the simulated backend's own "
-                         "answers, docker otherwise), 'local' or 'docker'")
+def _section(core: type[BaseModel], name: str, section: type) -> object:
+    """A nested Dagster config section standing for ``core``'s field ``name`` (its description kept)."""
+    return Field(default_factory=section, description=core.model_fields[name].description)
+
+
+class OpenAISection(dg.Config, OpenAIConfig):
+    """openai backend: ``sage_pipeline.sleep.backends.OpenAIConfig``."""
+
+
+class EditLimitsSection(dg.Config, EditLimits):
+    """``sage_pipeline.sleep.block.EditLimits``."""
+
+
+class GateSection(dg.Config, GateConfig):
+    """``sage_pipeline.sleep.gate.GateConfig``."""
+
+
+class CycleSection(dg.Config, CycleConfig):
+    """``sage_pipeline.sleep.cycle.CycleConfig``."""
+
+    limits: EditLimitsSection = _section(CycleConfig, "limits", EditLimitsSection)
+    gate: GateSection = _section(CycleConfig, "gate", GateSection)
+
+
+class SplitSection(dg.Config, SplitSpec):
+    """``sage_pipeline.sleep.records.SplitSpec``."""
+
+
+class SleepNightConfig(dg.Config, NightSettings):
+    """A night's run config: ``sage_pipeline.sleep.nightly.NightSettings``, nested sections included."""
+
+    openai: OpenAISection = _section(NightSettings, "openai", OpenAISection)
+    cycle: CycleSection = _section(NightSettings, "cycle", CycleSection)
+    split: SplitSection = _section(NightSettings, "split", SplitSection)
 
     def settings(self) -> NightSettings:
-        return NightSettings(
-            backend=self.backend, sim_seed=self.sim_seed,
-            openai=OpenAIConfig(base_url=self.base_url, model=self.model, api_key_env=self.api_key_env,
-                                timeout_s=self.timeout_s, max_retries=self.max_retries),
-            cycle=CycleConfig(limits=EditLimits(edit_budget=self.edit_budget, block_max_chars=self.block_max_chars),
-                              gate=GateConfig(metric=self.gate_metric, hard_weight=self.hard_weight,
-                                              no_regression=self.no_regression, granularity=self.gate_granularity),
-                              evolve_skill=self.evolve_skill, evolve_memory=self.evolve_memory, workers=self.workers),
-            log_dirs=tuple(self.log_dirs), task_dirs=tuple(self.task_dirs), embedded_tasks=self.embedded_tasks,
-            skill_path=self.skill_path, memory_path=self.memory_path, sandbox=self.sandbox)
+        return NightSettings.model_validate(self.model_dump())
 
 
 def _score(r: NightResult, key: str) -> dg.MetadataValue:
@@ -138,11 +157,11 @@ def _health(r: NightResult, key: dg.AssetKey) -> dg.AssetCheckResult:
         metadata={"status": r.status, "cause": r.cause or "-"})
 
 
-def sleep_cycle_asset(skill: str) -> dg.AssetsDefinition:
+def sleep_cycle_asset(skill: str, nights: dg.PartitionsDefinition) -> dg.AssetsDefinition:
     """The night asset of one skill: partition = the day whose tasks are harvested."""
     key = dg.AssetKey([GROUP, skill])
 
-    @dg.asset(key=key, group_name=GROUP, partitions_def=NIGHTS, pool=POOL, kinds={"python", "markdown"},
+    @dg.asset(key=key, group_name=GROUP, partitions_def=nights, pool=POOL, kinds={"python", "markdown"},
               description=f"One night of the sleep cycle for the {skill!r} skill: harvest the day's tasks, replay, "
                           "reflect, edit the protected learned block, keep an edit only if it strictly improves "
                           "val, then score test. Writes sleep/" + skill + "/ (live SKILL.md and MEMORY.md, "
@@ -160,19 +179,6 @@ def sleep_cycle_asset(skill: str) -> dg.AssetsDefinition:
         return dg.MaterializeResult(metadata=night_metadata(r, files), check_results=[_health(r, key)])
 
     return _night
-
-
-SLEEP_ASSETS = [sleep_cycle_asset(s) for s in SKILLS]
-
-nightly_sleep_job = dg.define_asset_job(
-    "nightly_sleep", selection=dg.AssetSelection.groups(GROUP), tags=RUN_TAG,
-    description="The nightly sleep cycle of every skill for one day (a partition).")
-
-nightly_sleep_schedule = dg.build_schedule_from_partitioned_job(
-    nightly_sleep_job, name="nightly_sleep_schedule", hour_of_day=HOUR, minute_of_hour=MINUTE,
-    description=f"Every day at {HOUR:02d}:{MINUTE:02d} {TIMEZONE}: the night of the day that just ended.",
-    default_status=(dg.DefaultScheduleStatus.RUNNING if os.environ.get("SAGE_SLEEP_SCHEDULE_RUNNING", "1") == "1"
-                    else dg.DefaultScheduleStatus.STOPPED))
 
 
 class RollbackConfig(dg.Config):
@@ -200,5 +206,36 @@ def sleep_rollback_job():
     rollback_skill()
 
 
-sleep_defs = dg.Definitions(assets=SLEEP_ASSETS, jobs=[nightly_sleep_job, sleep_rollback_job],
-                            schedules=[nightly_sleep_schedule])
+nightly_sleep_job = dg.define_asset_job(
+    "nightly_sleep", selection=dg.AssetSelection.groups(GROUP), tags=RUN_TAG,
+    description="The nightly sleep cycle of every skill for one day (a partition).")
+
+
+def nightly_schedule(schedule: SleepSchedule) -> dg.ScheduleDefinition:
+    hour, minute = (int(x) for x in schedule.at.split(":"))
+    return dg.build_schedule_from_partitioned_job(
+        nightly_sleep_job, name="nightly_sleep_schedule", hour_of_day=hour, minute_of_hour=minute,
+        description=f"Every day at {schedule.at} {schedule.timezone}: the night of the day that just ended.",
+        default_status=dg.DefaultScheduleStatus.RUNNING if schedule.running else dg.DefaultScheduleStatus.STOPPED)
+
+
+def build_sleep_defs(schedule: SleepSchedule) -> dg.Definitions:
+    """The sleep cycle's assets, jobs and schedule for ``schedule``."""
+    nights = schedule.nights()
+    return dg.Definitions(assets=[sleep_cycle_asset(s, nights) for s in schedule.skills],
+                          jobs=[nightly_sleep_job, sleep_rollback_job], schedules=[nightly_schedule(schedule)])
+
+
+SCHEDULE = _skills_from_env()
+NIGHTS = SCHEDULE.nights()
+sleep_defs = build_sleep_defs(SCHEDULE)
+SLEEP_ASSETS = list(sleep_defs.assets)
+nightly_sleep_schedule = next(iter(sleep_defs.schedules))
+
+
+def default_nights(n: int = 3) -> list[str]:
+    """The first ``n`` nights (partition keys, oldest first): the days the synthetic session
+    logs start on; what ``make run`` materializes one after the other."""
+    if n < 0:
+        raise ValueError(f"number of nights must be >= 0, got {n}")
+    return NIGHTS.get_partition_keys()[:n]

@@ -927,7 +927,8 @@ def _judge(tests, result_text, status, timed_out):
     return {"outcome": outcome, "tests_passed": passed, "tests_total": total, "first_fail": detail}
 
 
-def main(argv):
+def _config(argv):
+    """The runner's settings (JSON in argv[1]) with their defaults; no uid to drop to unless root."""
     cfg = json.loads(argv[1]) if len(argv) > 1 else {}
     cfg.setdefault("workroot", "/tmp")
     cfg.setdefault("memory_bytes", 384 << 20)
@@ -940,7 +941,21 @@ def main(argv):
     cfg.setdefault("judge_uid", None if cfg["drop_uid"] is None else cfg["drop_uid"] - 1)
     if cfg["drop_uid"] is None:
         cfg["judge_uid"] = None
-    # The answer channel: private, close-on-exec copies; 0 and 1 point at /dev/null.
+    return cfg
+
+
+class _Channels:
+    """The runner's ends: the host's requests and the answers to it, the zygote's commands and
+    events, the socket that passes a suite job's pipe ends, and the zygote's pid."""
+
+    def __init__(self, proto_in, proto_out, cmd_w, evt_r, fd_runner, zpid):
+        self.requests, self.proto_out, self.cmd_w = LineReader(proto_in), proto_out, cmd_w
+        self.events, self.fd_runner, self.zpid = LineReader(evt_r), fd_runner, zpid
+
+
+def _start(cfg):
+    """Moves the answer channel off fds 0 and 1 (private copies; 0 and 1 point at /dev/null) and
+    forks the zygote, which never returns here."""
     proto_in, proto_out = os.dup(0), os.dup(1)
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 0)
@@ -960,111 +975,151 @@ def main(argv):
     os.close(evt_w)
     fd_zygote.close()
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    write_line(proto_out, {"ready": True, "python": sys.version.split()[0], "pid": os.getpid(),
-                           "isolated_uid": cfg["drop_uid"], "zygote": zpid})
-    requests, events = LineReader(proto_in), LineReader(evt_r)
+    return _Channels(proto_in, proto_out, cmd_w, evt_r, fd_runner, zpid)
+
+
+def _start_task(cfg, ch, req, suite, timeout_s):
+    """Hands the task to the zygote (a suite job: the candidate's code and its pipe ends only, and a
+    judge forked here with the test code). (the zygote's "started" event, the judge), the event
+    None when the zygote is gone."""
+    judge = None
+    try:
+        if suite:  # an external suite's job: [{"check": statement, "setup": source}, ...]
+            call_r, call_w = os.pipe()
+            reply_r, reply_w = os.pipe()
+            # the zygote gets the candidate's code and its pipe ends, never the test code
+            write_line(ch.cmd_w, {"suite": True, "code": req["code"], "entry_point": req["entry_point"],
+                                  "timeout_s": timeout_s})
+            socket.send_fds(ch.fd_runner, [b"f"], [call_r, reply_w])
+            os.close(call_r)
+            os.close(reply_w)
+            judge = _fork_judge(cfg, req, call_w, reply_r)
+            os.close(call_w)
+            os.close(reply_r)
+        else:
+            write_line(ch.cmd_w, {"code": req["code"], "entry_point": req["entry_point"],
+                                  "args_list": [t["args"] for t in req["tests"]], "timeout_s": timeout_s})
+        return ch.events.read(timeout=10.0), judge
+    except (OSError, TimeoutError):
+        return None, judge
+
+
+def _await_judge(cfg, judge, pids, deadline):
+    """The judge decides; the candidate exits when the judge's end of the call pipe closes. A judge
+    past the deadline is killed with everything else. (pids, what the judge said, timed out)."""
+    jpid, jres_r, jsetup_r = judge
+    pids = pids + [jpid]
+    bufs, (jstatus,) = _drain([jpid], {"result": (jres_r, MAX_RESULT_BYTES), "setup": (jsetup_r, MAX_CAPTURE_BYTES)},
+                              deadline=deadline)
+    timed_out = False
+    if jstatus is None:
+        timed_out = True
+        _kill_everything(cfg, pids)
+        _, jstatus = os.waitpid(jpid, 0)
+    judged = {"result": bufs["result"].decode("utf-8", "replace"), "judge_status": jstatus,
+              "judge_setup": bufs["setup"].decode("utf-8", "replace")}
+    return pids, judged, timed_out
+
+
+def _await_task(cfg, events, judged, timed_out, pids, timeout_s):
+    """The zygote's "done" event for the task: (event, timed out). A task past its time is killed
+    (a candidate still running after its judge is stopped, not blamed); the event is None when the
+    zygote died with the task."""
+    try:
+        done = events.read(timeout=timeout_s if judged is None else (10.0 if timed_out else 1.0))
+    except TimeoutError:
+        if judged is None:
+            timed_out = True
+        else:  # judged already; a candidate still running after it is stopped, not blamed
+            judged["candidate_stopped"] = True
+        _kill_everything(cfg, pids)
+        try:
+            done = events.read(timeout=10.0)
+        except TimeoutError:
+            done = None
+    return done, timed_out
+
+
+def _sweep(cfg, pids):
+    """Kills what is left of the task and empties the work folder. Anything the task leaves that
+    the next task could see makes this runner unfit for another task: the reasons why (the host
+    replaces the runner after taking this answer)."""
+    left = _kill_everything(cfg, pids)
+    files_left = _clean_workroot(cfg)
+    dirty = []
+    if left:
+        dirty.append("%d processes survived the sweep" % left)
+    if files_left:
+        dirty.append("%d entries left in %s (%s)" % (len(files_left), cfg["workroot"],
+                                                    ", ".join(files_left[:3])[:100]))
+    if cfg.get("drop_uid") is not None:
+        dirty += _ipc_left()
+    return dirty
+
+
+def _reply(req, suite, done, judged, timed_out, runtime, dirty):
+    """The answer to the host: the verdict, or an infra_error when the child's set-up failed."""
+    tests = req["tests"]
+    if judged is not None:
+        done["setup"] = (done.get("setup", "") + judged["judge_setup"]).strip()
+        done["result"], done["judge_status"] = judged["result"], judged["judge_status"]
+        if judged.get("candidate_stopped"):
+            done["status"] = None
+    if done.get("setup"):  # written before the candidate's code ran: the sandbox's failure
+        return {"id": req.get("id"), "infra_error": "sandbox child set-up failed: " + done["setup"][:EXCERPT],
+                "dirty": "; ".join(dirty)}
+    if suite:
+        verdict = _judge_suite(len(tests), done["result"], done["status"], done.get("judge_status"), timed_out)
+    else:
+        verdict = _judge(tests, done["result"], done["status"], timed_out)
+    output = verdict.pop("first_fail")
+    if done["output"]:
+        output = (output + " | output: " if output else "output: ") + done["output"]
+    verdict.update({"id": req.get("id"), "runtime_s": runtime, "output": output[:EXCERPT]})
+    if dirty:
+        verdict["dirty"] = "; ".join(dirty)
+    return verdict
+
+
+def _serve(cfg, ch, req):
+    """One task, start to answer: (the answer, whether this runner can take another task)."""
+    tests, timeout_s = req["tests"], float(req["timeout_s"])
+    suite = bool(tests) and all(isinstance(t, dict) and "check" in t for t in tests)
+    t0 = time.monotonic()
+    started, judge = _start_task(cfg, ch, req, suite, timeout_s)
+    if started is None:  # the zygote is gone: nothing more can run in this runner
+        return {"id": req.get("id"), "infra_error": "the sandbox zygote died"}, False
+    pids, judged, timed_out = started["pids"], None, False
+    if judge is not None:
+        pids, judged, timed_out = _await_judge(cfg, judge, pids, t0 + timeout_s)
+    done, timed_out = _await_task(cfg, ch.events, judged, timed_out, pids, timeout_s)
+    runtime = time.monotonic() - t0
+    if done is None:  # the zygote died with the task (a task that kills its parent)
+        return {"id": req.get("id"), "outcome": "killed", "tests_passed": 0, "tests_total": len(tests),
+                "runtime_s": runtime, "output": "the task killed the sandbox's process supervisor",
+                "dirty": "the runner exits: its zygote is gone"}, False
+    return _reply(req, suite, done, judged, timed_out, runtime, _sweep(cfg, pids)), True
+
+
+def main(argv):
+    cfg = _config(argv)
+    ch = _start(cfg)
+    write_line(ch.proto_out, {"ready": True, "python": sys.version.split()[0], "pid": os.getpid(),
+                              "isolated_uid": cfg["drop_uid"], "zygote": ch.zpid})
     while True:
-        req = requests.read()
+        req = ch.requests.read()
         if req is None:
             break
         if req.get("ping"):
-            write_line(proto_out, {"id": req.get("id"), "pong": True})
+            write_line(ch.proto_out, {"id": req.get("id"), "pong": True})
             continue
-        tests, timeout_s = req["tests"], float(req["timeout_s"])
-        suite = bool(tests) and all(isinstance(t, dict) and "check" in t for t in tests)
-        t0 = time.monotonic()
-        judge = None
-        try:
-            if suite:  # an external suite's job: [{"check": statement, "setup": source}, ...]
-                call_r, call_w = os.pipe()
-                reply_r, reply_w = os.pipe()
-                # the zygote gets the candidate's code and its pipe ends, never the test code
-                write_line(cmd_w, {"suite": True, "code": req["code"], "entry_point": req["entry_point"],
-                                   "timeout_s": timeout_s})
-                socket.send_fds(fd_runner, [b"f"], [call_r, reply_w])
-                os.close(call_r)
-                os.close(reply_w)
-                judge = _fork_judge(cfg, req, call_w, reply_r)
-                os.close(call_w)
-                os.close(reply_r)
-            else:
-                write_line(cmd_w, {"code": req["code"], "entry_point": req["entry_point"],
-                                   "args_list": [t["args"] for t in tests], "timeout_s": timeout_s})
-            started = events.read(timeout=10.0)
-        except (OSError, TimeoutError):
-            started = None
-        if started is None:  # the zygote is gone: nothing more can run in this runner
-            write_line(proto_out, {"id": req.get("id"), "infra_error": "the sandbox zygote died"})
+        answer, more = _serve(cfg, ch, req)
+        write_line(ch.proto_out, answer)
+        if not more:
             break
-        pids, timed_out = started["pids"], False
-        judged = None
-        if judge is not None:
-            # the judge decides; the candidate exits when the judge's end of the call pipe closes
-            jpid, jres_r, jsetup_r = judge
-            pids = pids + [jpid]
-            bufs, (jstatus,) = _drain([jpid], {"result": (jres_r, MAX_RESULT_BYTES),
-                                               "setup": (jsetup_r, MAX_CAPTURE_BYTES)},
-                                      deadline=t0 + timeout_s)
-            if jstatus is None:
-                timed_out = True
-                _kill_everything(cfg, pids)
-                _, jstatus = os.waitpid(jpid, 0)
-            judged = {"result": bufs["result"].decode("utf-8", "replace"), "judge_status": jstatus,
-                      "judge_setup": bufs["setup"].decode("utf-8", "replace")}
-        try:
-            done = events.read(timeout=timeout_s if judge is None else (10.0 if timed_out else 1.0))
-        except TimeoutError:
-            if judge is None:
-                timed_out = True
-            else:  # judged already; a candidate still running after it is stopped, not blamed
-                judged["candidate_stopped"] = True
-            _kill_everything(cfg, pids)
-            try:
-                done = events.read(timeout=10.0)
-            except TimeoutError:
-                done = None
-        runtime = time.monotonic() - t0
-        if done is None:  # the zygote died with the task (a task that kills its parent)
-            write_line(proto_out, {"id": req.get("id"), "outcome": "killed", "tests_passed": 0,
-                                   "tests_total": len(tests), "runtime_s": runtime,
-                                   "output": "the task killed the sandbox's process supervisor",
-                                   "dirty": "the runner exits: its zygote is gone"})
-            break
-        left = _kill_everything(cfg, pids)
-        files_left = _clean_workroot(cfg)
-        # Anything the task leaves that the next task could see makes this runner unfit for
-        # another task: the host replaces it after taking this answer.
-        dirty = []
-        if left:
-            dirty.append("%d processes survived the sweep" % left)
-        if files_left:
-            dirty.append("%d entries left in %s (%s)" % (len(files_left), cfg["workroot"],
-                                                        ", ".join(files_left[:3])[:100]))
-        if cfg.get("drop_uid") is not None:
-            dirty += _ipc_left()
-        if judged is not None:
-            done["setup"] = (done.get("setup", "") + judged["judge_setup"]).strip()
-            done["result"], done["judge_status"] = judged["result"], judged["judge_status"]
-            if judged.get("candidate_stopped"):
-                done["status"] = None
-        if done.get("setup"):  # written before the candidate's code ran: the sandbox's failure
-            write_line(proto_out, {"id": req.get("id"), "infra_error": "sandbox child set-up failed: "
-                                   + done["setup"][:EXCERPT], "dirty": "; ".join(dirty)})
-            continue
-        if suite:
-            verdict = _judge_suite(len(tests), done["result"], done["status"], done.get("judge_status"), timed_out)
-        else:
-            verdict = _judge(tests, done["result"], done["status"], timed_out)
-        output = verdict.pop("first_fail")
-        if done["output"]:
-            output = (output + " | output: " if output else "output: ") + done["output"]
-        verdict.update({"id": req.get("id"), "runtime_s": runtime, "output": output[:EXCERPT]})
-        if dirty:
-            verdict["dirty"] = "; ".join(dirty)
-        write_line(proto_out, verdict)
     try:
-        os.close(cmd_w)
-        os.waitpid(zpid, 0)
+        os.close(ch.cmd_w)
+        os.waitpid(ch.zpid, 0)
     except OSError as e:
         if e.errno != errno.ECHILD:
             raise

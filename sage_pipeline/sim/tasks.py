@@ -379,38 +379,141 @@ def verify_tasks(tasks: Sequence[TaskRecord], run_jobs: RunJobs, log: Log | None
     of a family's references fail (the family is broken, or the sandbox is).
     """
     t0 = time.perf_counter()
-    report = VerifyReport(tasks_in=len(tasks))
-    runner = _Runner(run_jobs, log, chunk)
-    outcomes: dict[str, Counter] = defaultdict(Counter)
-    runner.run([_job(t, c.code) for t in tasks for c in t.candidates])
-    report.rounds = 1
+    v = _Verification(_Runner(run_jobs, log, chunk), VerifyReport(tasks_in=len(tasks)))
+    v.runner.run([_job(t, c.code) for t in tasks for c in t.candidates])
+    v.report.rounds = 1
+    alive = v.references(tasks)
+    alive = v.top_up(alive, min_wrong, max_rounds)
+    kept = v.keep(tasks, alive, min_wrong)
+    v.finish(kept, time.perf_counter() - t0, log)
+    return kept, v.report
 
-    # references; one that timed out or was killed gets a second run (a load spike is not a broken task)
-    refs = {t.task_id: next((c for c in t.candidates if c.kind == "reference"), None) for t in tasks}
-    again = [_job(t, refs[t.task_id].code) for t in tasks if refs[t.task_id] is not None
-             and runner[_job(t, refs[t.task_id].code)].outcome in ("timeout", "killed")]
-    report.reference_retries = runner.rerun(again)
-    alive: dict[str, TaskRecord] = {}
-    failed: dict[str, list[tuple[str, str]]] = defaultdict(list)
-    for t in tasks:
-        ref = refs[t.task_id]
-        if ref is None:
-            failed[t.family].append((t.task_id, "no reference candidate"))
-            continue
-        r = runner[_job(t, ref.code)]
-        outcomes["reference"][r.outcome] += 1
-        if r.passed:
-            alive[t.task_id] = t
-        else:
-            why = f"reference {r.outcome}: {r.tests_passed}/{r.tests_total} tests passed ({_excerpt(r)})"
-            failed[t.family].append((t.task_id, why))
-    family_size = Counter(t.family for t in tasks)
+
+class _Verification:
+    """The phases of :func:`verify_tasks` over one runner (its results by job) and one report."""
+
+    def __init__(self, runner: _Runner, report: VerifyReport) -> None:
+        self.runner, self.report = runner, report
+        self.outcomes: dict[str, Counter] = defaultdict(Counter)  # candidate kind -> outcome -> count
+        self.counted: set[str] = set()  # candidates marked so far
+
+    def references(self, tasks: Sequence[TaskRecord]) -> dict[str, TaskRecord]:
+        """The tasks whose reference passes (one that timed out or was killed gets a second run: a
+        load spike is not a broken task); the others are dropped, or raise if a family is broken."""
+        refs = {t.task_id: next((c for c in t.candidates if c.kind == "reference"), None) for t in tasks}
+        again = [_job(t, refs[t.task_id].code) for t in tasks if refs[t.task_id] is not None
+                 and self.runner[_job(t, refs[t.task_id].code)].outcome in ("timeout", "killed")]
+        self.report.reference_retries = self.runner.rerun(again)
+        alive: dict[str, TaskRecord] = {}
+        failed: dict[str, list[tuple[str, str]]] = defaultdict(list)
+        for t in tasks:
+            ref = refs[t.task_id]
+            if ref is None:
+                failed[t.family].append((t.task_id, "no reference candidate"))
+                continue
+            r = self.runner[_job(t, ref.code)]
+            self.outcomes["reference"][r.outcome] += 1
+            if r.passed:
+                alive[t.task_id] = t
+            else:
+                why = f"reference {r.outcome}: {r.tests_passed}/{r.tests_total} tests passed ({_excerpt(r)})"
+                failed[t.family].append((t.task_id, why))
+        _raise_for_broken_families(failed, Counter(t.family for t in tasks), len(tasks))
+        for fam, fails in failed.items():
+            self.report.dropped += [{"task_id": tid, "family": fam, "reason": why} for tid, why in fails]
+        return alive
+
+    def mark(self, t: TaskRecord, first_round: bool) -> TaskRecord:
+        """``t`` with each executed wrong candidate marked equivalent when it passed every test. Every
+        outcome of the first round is counted; later, only those of candidates not marked before."""
+        cands = []
+        for c in t.candidates:
+            if c.kind == "reference" or c.equivalent:
+                cands.append(c)
+                continue
+            r = self.runner[_job(t, c.code)]
+            if first_round or c.candidate_id not in self.counted:
+                self.outcomes[c.kind][r.outcome] += 1
+            cands.append(dataclasses.replace(c, equivalent=r.passed))
+        self.counted.update(c.candidate_id for c in t.candidates)
+        return dataclasses.replace(t, candidates=cands)
+
+    def top_up(self, alive: dict[str, TaskRecord], min_wrong: int, max_rounds: int) -> dict[str, TaskRecord]:
+        """Marks equivalent mutants, then, for up to ``max_rounds`` rounds in all, gives the tasks short
+        of ``min_wrong`` wrong candidates new mutants and runs them."""
+        alive = {tid: self.mark(t, True) for tid, t in alive.items()}
+        for rnd in range(2, max_rounds + 1):
+            short = [t for t in alive.values() if len(t.wrong_candidates()) < min_wrong]
+            if not short:
+                break
+            self.report.rounds = rnd
+            jobs = []
+            for t in short:
+                t, added = self._with_new_mutants(t, min_wrong, rnd)
+                if added:
+                    alive[t.task_id] = t
+                    jobs += [_job(t, c.code) for c in added]
+            if not jobs:
+                break
+            self.runner.run(jobs)
+            alive = {tid: self.mark(t, False) for tid, t in alive.items()}
+        return alive
+
+    def _with_new_mutants(self, t: TaskRecord, min_wrong: int, rnd: int) -> tuple[TaskRecord, list]:
+        rng = random.Random(f"verify:{t.task_id}:{rnd}")
+        need = min_wrong - len(t.wrong_candidates()) + 1
+        extra = mutants.choose_mutants(t.reference, t.entry_point, rng, n=need, exclude=[c.code for c in t.candidates])
+        if not extra:
+            return t, []
+        added = _with_ids(t.task_id, extra, t.candidates)
+        if t.task_id not in self.report.regenerated:
+            self.report.regenerated.append(t.task_id)
+        return dataclasses.replace(t, candidates=list(t.candidates) + added), added
+
+    def keep(self, tasks: Sequence[TaskRecord], alive: dict[str, TaskRecord], min_wrong: int) -> list[TaskRecord]:
+        """The alive tasks, in their input order, that have ``min_wrong`` wrong candidates; the rest dropped."""
+        kept = []
+        for t in tasks:
+            t = alive.get(t.task_id)
+            if t is None:
+                continue
+            n_wrong = len(t.wrong_candidates())
+            if n_wrong < min_wrong:
+                self.report.dropped.append({"task_id": t.task_id, "family": t.family,
+                                            "reason": f"only {n_wrong} non-equivalent wrong candidates after "
+                                                      f"{self.report.rounds} rounds (need {min_wrong})"})
+                continue
+            kept.append(t)
+        return kept
+
+    def finish(self, kept: list[TaskRecord], seconds: float, log: Log | None) -> None:
+        """The report's counts of what was kept, and a closing log line."""
+        report = self.report
+        report.tasks_out = len(kept)
+        report.jobs = len(self.runner.results)
+        report.per_family = dict(Counter(t.family for t in kept))
+        report.per_level = {lvl: sum(t.difficulty_level == lvl for t in kept) for lvl in DIFFICULTY_LEVELS}
+        report.per_kind = {k: sum(1 for t in kept for c in t.wrong_candidates() if c.kind == k)
+                           for k in CANDIDATE_KINDS if k != "reference"}
+        report.equivalent = {k: sum(1 for t in kept for c in t.candidates if c.equivalent and c.kind == k)
+                             for k in CANDIDATE_KINDS if k != "reference"}
+        report.outcomes = {k: dict(v) for k, v in self.outcomes.items()}
+        report.seconds = round(seconds, 2)
+        if log:
+            log(f"verify_tasks: kept {len(kept)}/{report.tasks_in} tasks, {report.jobs} executions, "
+                f"{sum(report.equivalent.values())} equivalent mutants, {len(report.dropped)} dropped, "
+                f"{report.seconds:.1f} s")
+
+
+def _raise_for_broken_families(failed: dict[str, list[tuple[str, str]]], family_size: Counter, n_tasks: int) -> None:
+    """TaskGenerationError when more than half of a family's references failed (at least two), naming
+    the sandbox as the suspect when that happened in several families and to most tasks."""
     broken = [f for f, fails in failed.items() if len(fails) >= 2 and len(fails) > family_size[f] / 2]
     n_failed = sum(len(v) for v in failed.values())
-    if len(broken) > 1 and n_failed > len(tasks) / 2:
+    if len(broken) > 1 and n_failed > n_tasks / 2:
         first = failed[broken[0]][0]
         raise TaskGenerationError(
-            f"{n_failed} of {len(tasks)} references failed in the sandbox, in {len(broken)} families "
+            f"{n_failed} of {n_tasks} references failed in the sandbox, in {len(broken)} families "
             f"(first: {first[0]}: {first[1]}); with so many, suspect the sandbox (its timeouts, memory "
             "limit or Python) before the families")
     if broken:
@@ -419,77 +522,6 @@ def verify_tasks(tasks: Sequence[TaskRecord], run_jobs: RunJobs, log: Log | None
         raise TaskGenerationError(
             f"family {fam} is broken: {len(fails)} of {family_size[fam]} references failed in the sandbox "
             f"(first: {fails[0][0]}: {fails[0][1]}); fix its reference template in {module}")
-    for fam, fails in failed.items():
-        report.dropped += [{"task_id": tid, "family": fam, "reason": why} for tid, why in fails]
-
-    # mutants: equivalent ones are marked, tasks short of wrong ones get new candidates
-    def mark(t: TaskRecord, first_round: bool) -> TaskRecord:
-        cands = []
-        for c in t.candidates:
-            if c.kind == "reference" or c.equivalent:
-                cands.append(c)
-                continue
-            r = runner[_job(t, c.code)]
-            if first_round or c.candidate_id not in seen_ids:
-                outcomes[c.kind][r.outcome] += 1
-            cands.append(dataclasses.replace(c, equivalent=r.passed))
-        seen_ids.update(c.candidate_id for c in t.candidates)
-        return dataclasses.replace(t, candidates=cands)
-
-    seen_ids: set[str] = set()
-    alive = {tid: mark(t, True) for tid, t in alive.items()}
-    for rnd in range(2, max_rounds + 1):
-        short = [t for t in alive.values() if len(t.wrong_candidates()) < min_wrong]
-        if not short:
-            break
-        report.rounds = rnd
-        jobs = []
-        for t in short:
-            rng = random.Random(f"verify:{t.task_id}:{rnd}")
-            need = min_wrong - len(t.wrong_candidates()) + 1
-            extra = mutants.choose_mutants(t.reference, t.entry_point, rng, n=need,
-                                           exclude=[c.code for c in t.candidates])
-            if not extra:
-                continue
-            added = _with_ids(t.task_id, extra, t.candidates)
-            t = dataclasses.replace(t, candidates=list(t.candidates) + added)
-            alive[t.task_id] = t
-            if t.task_id not in report.regenerated:
-                report.regenerated.append(t.task_id)
-            jobs += [_job(t, c.code) for c in added]
-        if not jobs:
-            break
-        runner.run(jobs)
-        alive = {tid: mark(t, False) for tid, t in alive.items()}
-
-    kept = []
-    for t in tasks:
-        t = alive.get(t.task_id)
-        if t is None:
-            continue
-        n_wrong = len(t.wrong_candidates())
-        if n_wrong < min_wrong:
-            report.dropped.append({"task_id": t.task_id, "family": t.family,
-                                   "reason": f"only {n_wrong} non-equivalent wrong candidates after "
-                                             f"{report.rounds} rounds (need {min_wrong})"})
-            continue
-        kept.append(t)
-
-    report.tasks_out = len(kept)
-    report.jobs = len(runner.results)
-    report.per_family = dict(Counter(t.family for t in kept))
-    report.per_level = {lvl: sum(t.difficulty_level == lvl for t in kept) for lvl in DIFFICULTY_LEVELS}
-    report.per_kind = {k: sum(1 for t in kept for c in t.wrong_candidates() if c.kind == k)
-                       for k in CANDIDATE_KINDS if k != "reference"}
-    report.equivalent = {k: sum(1 for t in kept for c in t.candidates if c.equivalent and c.kind == k)
-                         for k in CANDIDATE_KINDS if k != "reference"}
-    report.outcomes = {k: dict(v) for k, v in outcomes.items()}
-    report.seconds = round(time.perf_counter() - t0, 2)
-    if log:
-        log(f"verify_tasks: kept {len(kept)}/{len(tasks)} tasks, {report.jobs} executions, "
-            f"{sum(report.equivalent.values())} equivalent mutants, {len(report.dropped)} dropped, "
-            f"{report.seconds:.1f} s")
-    return kept, report
 
 
 # ----------------------------------------------------------------------------- summary

@@ -68,20 +68,21 @@ def positive_seconds(text: str) -> float:
     return value
 
 
+def _given(**values) -> dict:
+    """The options given on the command line (None: not given, so the settings' own default holds)."""
+    return {k: v for k, v in values.items() if v is not None}
+
+
 def cmd_run_night(args) -> int:
-    from sage_pipeline.sleep.backends import OpenAIConfig
-    from sage_pipeline.sleep.block import EditLimits
-    from sage_pipeline.sleep.cycle import ERROR_STATUSES, CycleConfig
-    from sage_pipeline.sleep.gate import GateConfig
+    from sage_pipeline.sleep.cycle import ERROR_STATUSES
     from sage_pipeline.sleep.nightly import NightSettings, day_window, run_night
 
-    settings = NightSettings(
-        backend=args.backend, sim_seed=args.seed,
-        openai=OpenAIConfig(base_url=args.base_url, model=args.model, timeout_s=args.timeout),
-        cycle=CycleConfig(limits=EditLimits(edit_budget=args.edit_budget, block_max_chars=args.block_max_chars),
-                          gate=GateConfig(metric=args.metric, no_regression=not args.allow_regression),
-                          workers=args.workers),
-        sandbox=args.sandbox)
+    settings = NightSettings.model_validate(_given(
+        backend=args.backend, sim_seed=args.seed, sandbox=args.sandbox,
+        openai=_given(base_url=args.base_url, model=args.model, timeout_s=args.timeout),
+        cycle=_given(limits=_given(edit_budget=args.edit_budget, block_max_chars=args.block_max_chars),
+                     gate=_given(metric=args.metric, no_regression=False if args.allow_regression else None),
+                     workers=args.workers)))
     r, files = run_night(artifacts.data_dir(args.data_dir), args.skill, args.date, day_window(args.date, args.tz),
                          settings, log=lambda m: print(m, file=sys.stderr))
     print(f"{args.skill} {args.date}: {r.status} (gate {r.gate_action}): {r.reason}")
@@ -91,9 +92,40 @@ def cmd_run_night(args) -> int:
     return 1 if r.status in ERROR_STATUSES else 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    from sage_pipeline.sleep.backends import OpenAIConfig
+def _run_night_parser(sub) -> None:
+    """run-night's options: each default (and choice) is the settings model's, named in the help."""
+    from typing import get_args
 
+    from sage_pipeline.sleep.backends import OpenAIConfig
+    from sage_pipeline.sleep.block import EditLimits
+    from sage_pipeline.sleep.cycle import CycleConfig
+    from sage_pipeline.sleep.gate import GateConfig
+    from sage_pipeline.sleep.nightly import NightSettings
+
+    def field(model, name: str, **kw) -> dict:
+        f = model.model_fields[name]
+        choices = get_args(f.annotation) or None
+        default = "" if f.default_factory else f" (default {f.default})"
+        return {"help": f"{f.description}{default}", "choices": choices, **kw}
+
+    rn = sub.add_parser("run-night", help="run one night for one skill")
+    rn.add_argument("--skill", required=True)
+    rn.add_argument("--date", required=True, help="YYYY-MM-DD: the day whose tasks are harvested")
+    rn.add_argument("--tz", default="UTC", help="time zone of the day (default UTC)")
+    rn.add_argument("--backend", **field(NightSettings, "backend"))
+    rn.add_argument("--seed", type=int, **field(NightSettings, "sim_seed"))
+    rn.add_argument("--base-url", **field(OpenAIConfig, "base_url"))
+    rn.add_argument("--model", **field(OpenAIConfig, "model"))
+    rn.add_argument("--timeout", type=positive_seconds, metavar="SECONDS", **field(OpenAIConfig, "timeout_s"))
+    rn.add_argument("--metric", **field(GateConfig, "metric"))
+    rn.add_argument("--allow-regression", action="store_true", help="accept a better mean even if a val task drops")
+    rn.add_argument("--edit-budget", type=int, **field(EditLimits, "edit_budget"))
+    rn.add_argument("--block-max-chars", type=int, **field(EditLimits, "block_max_chars"))
+    rn.add_argument("--workers", type=int, **field(CycleConfig, "workers"))
+    rn.add_argument("--sandbox", **field(NightSettings, "sandbox"))
+
+
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m sage_pipeline.sleep", description=__doc__.split("\n\n")[0])
     p.add_argument("--data-dir", default=None, help="artifact root (default: $SAGE_DATA_DIR or ./datasets)")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -107,23 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     sh.add_argument("--skill", required=True)
     sh.add_argument("--version", required=True)
     sh.add_argument("--memory", action="store_true")
-    rn = sub.add_parser("run-night", help="run one night for one skill")
-    rn.add_argument("--skill", required=True)
-    rn.add_argument("--date", required=True, help="YYYY-MM-DD: the day whose tasks are harvested")
-    rn.add_argument("--tz", default="UTC", help="time zone of the day (default UTC)")
-    rn.add_argument("--backend", default="simulated", choices=("simulated", "openai"))
-    rn.add_argument("--seed", type=int, default=0, help="simulated backend seed")
-    rn.add_argument("--base-url", default="", help="OpenAI-compatible base URL (default $SAGE_SLEEP_BASE_URL)")
-    rn.add_argument("--model", default="", help="model name (default $SAGE_SLEEP_MODEL)")
-    rn.add_argument("--timeout", type=positive_seconds, default=OpenAIConfig.timeout_s, metavar="SECONDS",
-                    help="openai: wall-clock deadline of each request (connect, send, headers, body); each retry "
-                         f"gets its own (default {OpenAIConfig.timeout_s:g})")
-    rn.add_argument("--metric", default="mixed", choices=("hard", "soft", "mixed"))
-    rn.add_argument("--allow-regression", action="store_true", help="accept a better mean even if a val task drops")
-    rn.add_argument("--edit-budget", type=int, default=4)
-    rn.add_argument("--block-max-chars", type=int, default=1500)
-    rn.add_argument("--workers", type=int, default=1, help="parallel backend calls")
-    rn.add_argument("--sandbox", default="auto", choices=("auto", "local", "docker"))
+    _run_night_parser(sub)
     args = p.parse_args(argv)
     from sage_pipeline.sleep.store import StoreError
 

@@ -5,28 +5,32 @@ Two implementations share one interface (``solve``, ``grade``, ``reflect``, each
 
 - :class:`~sage_pipeline.sleep.sim.SimulatedBackend`, the deterministic embedded default;
 - :class:`OpenAIBackend`, any OpenAI-compatible ``/chat/completions`` server (vLLM,
-  llama.cpp server, Ollama, hosted APIs), standard library only.
+  llama.cpp server, Ollama, hosted APIs), through the ``openai`` SDK.
 
 A call that fails raises :class:`BackendError` with its cause. The night stops there and
 ends ``backend_error``: a failed call is never cached and never scored as a wrong answer.
-Transient failures (timeouts, connection errors, 408/409/429, 5xx, empty, non-JSON or
+Transient failures (timeouts, connection errors, 408/409/425/429, 5xx, empty, non-JSON or
 malformed replies) are retried with exponential backoff and jitter, honouring
 ``Retry-After``; authentication (401/403), not-found (404: model or URL) and other request
 errors fail at once.
 
+The SDK sends the request (HTTP and TLS, proxies from the environment, the API key,
+status codes as typed errors); the retries are this module's, with the SDK's own turned
+off, because a night needs what the SDK's loop does not give: every failed attempt in the
+night's report, a malformed 200 reply retried like a 5xx, and a seeded, injectable clock.
+
 Deadlines: ``timeout_s`` is the wall-clock deadline of one attempt, the whole request
-(connect, TLS, send, headers, body), not of one socket read: a server that trickles a byte
-at a time is cut off when it passes. Each retry gets a fresh deadline after its backoff
-wait, so one call lasts at most ``(max_retries + 1) * timeout_s + max_retries *
-max(backoff_max_s, max_retry_after_s)`` (plus name resolution, which the standard library
-cannot bound).
+(connect, TLS, send, headers, body), not of one socket read, which is all the SDK's timeout
+bounds (a server trickling a byte at a time would hold it for ever): a timer shuts the
+attempt's connection down when the deadline passes. Each retry gets a fresh deadline after
+its backoff wait, so one call lasts at most ``(max_retries + 1) * timeout_s + max_retries *
+max(backoff_max_s, max_retry_after_s)`` (plus name resolution, which nothing here can bound).
 """
 
 from __future__ import annotations
 
 import abc
 import hashlib
-import http.client
 import json
 import math
 import os
@@ -34,17 +38,19 @@ import random
 import socket
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+import httpx2
+import openai
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sage_pipeline.sleep import prompts
 from sage_pipeline.sleep.records import ReflectRequest, TaskRecord
 
 TRANSIENT_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
-
+DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"
 
 class BackendError(RuntimeError):
     """A backend call failed for good. ``kind``: transient (retries used up), auth, not_found,
@@ -129,29 +135,42 @@ class Backend(abc.ABC):
         return {"name": self.name}
 
 
-@dataclass(frozen=True)
-class OpenAIConfig:
-    base_url: str = ""  # "" -> $SAGE_SLEEP_BASE_URL, else http://127.0.0.1:8000/v1
-    model: str = ""  # "" -> $SAGE_SLEEP_MODEL
-    api_key_env: str = "SAGE_SLEEP_API_KEY"  # the environment variable holding the key ("" or unset: no key)
-    timeout_s: float = 60.0  # wall-clock deadline of one attempt: connect, send, headers and body
-    max_retries: int = 4
-    backoff_s: float = 1.0  # first retry waits about this long, doubling each time
-    backoff_max_s: float = 30.0
-    max_retry_after_s: float = 60.0  # a server's Retry-After is honoured up to this
-    temperature: float = 0.0
-    max_tokens: int = 1024
-    reflect_max_tokens: int = 2048
-    seed: int = 0  # jitter of the backoff
+class OpenAIConfig(BaseModel):
+    """An OpenAI-compatible chat-completions server and how to call it. ``base_url`` and
+    ``model`` default to ``$SAGE_SLEEP_BASE_URL`` and ``$SAGE_SLEEP_MODEL`` as they are when
+    the config is made (at run time in Dagster, never at import)."""
 
-    def resolved(self) -> OpenAIConfig:
-        base = self.base_url or os.environ.get("SAGE_SLEEP_BASE_URL", "") or "http://127.0.0.1:8000/v1"
-        model = self.model or os.environ.get("SAGE_SLEEP_MODEL", "")
-        return OpenAIConfig(**{**self.__dict__, "base_url": base.rstrip("/"), "model": model})
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    base_url: str = Field(default_factory=lambda: os.environ.get("SAGE_SLEEP_BASE_URL") or DEFAULT_BASE_URL,
+                          validate_default=True,
+                          description="base URL ending in /v1 (default: $SAGE_SLEEP_BASE_URL when the config is "
+                                      f"made, else {DEFAULT_BASE_URL})")
+    model: str = Field(default_factory=lambda: os.environ.get("SAGE_SLEEP_MODEL", ""),
+                       description="model name on the server (default: $SAGE_SLEEP_MODEL when the config is made; "
+                                   "the openai backend refuses to start without one)")
+    api_key_env: str = Field("SAGE_SLEEP_API_KEY", description="the environment variable holding the API key, read "
+                             "at each request; unset or empty: no key is sent (local servers)")
+    timeout_s: float = Field(60.0, description="wall-clock deadline of one attempt: connect, send, headers and "
+                             "body; each retry gets its own")
+    max_retries: int = Field(4, ge=0, description="retries of a transient failure (timeout, connection error, "
+                             "408/409/425/429, 5xx, empty or malformed reply)")
+    backoff_s: float = Field(1.0, ge=0, description="the first retry waits about this long, doubling each time")
+    backoff_max_s: float = Field(30.0, ge=0, description="the longest backoff wait")
+    max_retry_after_s: float = Field(60.0, ge=0, description="a server's Retry-After is honoured up to this")
+    temperature: float = Field(0.0, ge=0, description="sampling temperature of every call")
+    max_tokens: int = Field(1024, ge=1, description="completion tokens of an answer")
+    reflect_max_tokens: int = Field(2048, ge=1, description="completion tokens of reflect's reply")
+    seed: int = Field(0, description="seed of the backoff jitter")
+
+    @field_validator("base_url")
+    @classmethod
+    def _no_trailing_slash(cls, v: str) -> str:
+        return v.rstrip("/")
 
 
 class OpenAIBackend(Backend):
-    """An OpenAI-compatible chat-completions server over HTTP (urllib; no SDK).
+    """An OpenAI-compatible chat-completions server, through the ``openai`` SDK.
 
     Successful replies are cached by request (model, messages, sampling), so replaying an
     unchanged document costs nothing; failed calls are never cached.
@@ -159,29 +178,30 @@ class OpenAIBackend(Backend):
 
     name = "openai"
 
-    def __init__(self, config: OpenAIConfig = OpenAIConfig(), sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(self, config: OpenAIConfig | None = None, sleep: Callable[[float], None] = time.sleep) -> None:
         super().__init__()
-        self.config = config.resolved()
-        if not self.config.model:
+        self.config = config = config if config is not None else OpenAIConfig()
+        if not config.model:
             raise BackendError("no model set for the OpenAI-compatible backend: set $SAGE_SLEEP_MODEL or the "
                                "config field model", kind="config")
-        if not self.config.base_url.startswith(("http://", "https://")):
-            raise BackendError(f"base URL {self.config.base_url!r} must start with http:// or https://", kind="config")
-        t = self.config.timeout_s
+        if not config.base_url.startswith(("http://", "https://")):
+            raise BackendError(f"base URL {config.base_url!r} must start with http:// or https://", kind="config")
+        t = config.timeout_s
         if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t) or t <= 0:
             raise BackendError(f"timeout_s {t!r}: the deadline of one request must be a positive number of seconds",
                                kind="config")
-        self.url = f"{self.config.base_url}/chat/completions"
+        self.url = f"{config.base_url}/chat/completions"
         self._sleep = sleep
-        self._rng = random.Random(self.config.seed)
+        self._rng = random.Random(config.seed)
         self._cache: dict[str, Reply] = {}
         self._lock = threading.Lock()
+        self._attempt = threading.local()  # the deadline of the attempt this thread is making
+        self._client = _client(config, self._on_request)
 
     def describe(self) -> dict:
         c = self.config
         return {"name": self.name, "url": self.url, "model": c.model, "api_key_env": c.api_key_env,
-                "api_key_set": bool(c.api_key_env and os.environ.get(c.api_key_env)),
-                "timeout_s": c.timeout_s, "max_retries": c.max_retries}
+                "api_key_set": bool(self._api_key()), "timeout_s": c.timeout_s, "max_retries": c.max_retries}
 
     # the three uses ------------------------------------------------------------------
     def solve(self, task: TaskRecord, skill: str, memory: str) -> Reply:
@@ -193,7 +213,7 @@ class OpenAIBackend(Backend):
     def reflect(self, request: ReflectRequest) -> Reply:
         return self.complete(prompts.reflect_messages(request), "reflect", self.config.reflect_max_tokens)
 
-    # the HTTP call ----------------------------------------------------------------------
+    # the call, its retries and its cache -------------------------------------------------
     def complete(self, messages: list[dict], purpose: str, max_tokens: int) -> Reply:
         body = {"model": self.config.model, "messages": messages, "temperature": self.config.temperature,
                 "max_tokens": max_tokens}
@@ -204,11 +224,10 @@ class OpenAIBackend(Backend):
             reply = Reply(hit.text, hit.prompt_tokens, hit.completion_tokens, cached=True)
             self.calls.record(purpose, reply)
             return reply
-        data = json.dumps(body).encode("utf-8")
-        attempts = 1 + max(0, self.config.max_retries)
+        attempts = 1 + self.config.max_retries
         for attempt in range(1, attempts + 1):
             try:
-                reply = self._post(data)
+                reply = self._post(body)
             except _Retry as e:
                 final = attempt == attempts
                 self.calls.error(purpose, attempt, e.cause, final)
@@ -235,32 +254,43 @@ class OpenAIBackend(Backend):
         with self._lock:
             return base * (0.5 + 0.5 * self._rng.random())
 
-    def _headers(self) -> dict:
-        h = {"Content-Type": "application/json", "Accept": "application/json"}
-        key = os.environ.get(self.config.api_key_env, "") if self.config.api_key_env else ""
-        if key:
-            h["Authorization"] = f"Bearer {key}"
-        return h
+    def _api_key(self) -> str:
+        env = self.config.api_key_env
+        return os.environ.get(env, "") if env else ""
 
-    def _post(self, data: bytes) -> Reply:
-        req = urllib.request.Request(self.url, data=data, headers=self._headers(), method="POST")
+    def _on_request(self, request) -> None:
+        """The HTTP client's request hook: this attempt's deadline watches the connection (httpcore's
+        ``trace`` extension), and the API key is the one in the environment now, or none at all."""
+        request.extensions["trace"] = self._attempt.deadline.trace
+        key = self._api_key()
+        if key:
+            request.headers["Authorization"] = f"Bearer {key}"
+        else:
+            request.headers.pop("Authorization", None)
+
+    def _post(self, body: dict) -> Reply:
+        """One attempt: the SDK sends the request, its body is read here under the deadline."""
         t = self.config.timeout_s
-        deadline = _Deadline(t)
+        deadline = self._attempt.deadline = _Deadline(t)
         try:
-            with deadline:
-                status, headers, raw = _exchange(req, deadline)
-        except (OSError, http.client.HTTPException) as e:  # URLError and TimeoutError are OSErrors
-            reason = e.reason if isinstance(e, urllib.error.URLError) else e
-            if deadline.expired or isinstance(reason, TimeoutError):
-                raise _Retry(f"request timed out after {t:g} s (the deadline of one attempt: connect, send, "
-                             f"headers and body; {deadline.progress()}; if the model is only slow, raise "
-                             "timeout_s or --timeout)") from None
-            if isinstance(e, urllib.error.URLError):
-                raise _Retry(f"connection to {self.url} failed ({e.reason})") from None
-            raise _Retry(f"connection to {self.url} failed ({type(e).__name__}: {e})") from None
-        if status >= 300:
-            self._raise_for_status(status, raw, headers)
+            with deadline, self._client.chat.completions.with_streaming_response.create(**body) as resp:
+                raw = deadline.read(resp.iter_bytes())
+                headers = resp.headers
+        except openai.APIStatusError as e:
+            if not deadline.expired:
+                self._raise_for_status(e.status_code, e.response.content, e.response.headers)
+            raise self._timed_out(deadline) from None
+        except (openai.APIConnectionError, httpx2.TransportError, OSError) as e:
+            if deadline.expired or isinstance(e, openai.APITimeoutError | httpx2.TimeoutException | TimeoutError):
+                raise self._timed_out(deadline) from None
+            cause = e.__cause__ if isinstance(e, openai.APIConnectionError) and e.__cause__ else e
+            raise _Retry(f"connection to {self.url} failed ({type(cause).__name__}: {cause})") from None
         return self._parse(raw, headers)
+
+    def _timed_out(self, deadline: _Deadline) -> _Retry:
+        return _Retry(f"request timed out after {deadline.seconds:g} s (the deadline of one attempt: connect, send, "
+                      f"headers and body; {deadline.progress()}; if the model is only slow, raise timeout_s or "
+                      "--timeout)")
 
     def _raise_for_status(self, status: int, raw: bytes, headers) -> None:
         msg = _server_message(raw)
@@ -354,16 +384,17 @@ def _ctype(headers) -> str:
 
 
 class _Deadline:
-    """The wall-clock deadline of one HTTP attempt (``with``: armed on entry, disarmed on exit).
+    """The wall-clock deadline of one attempt (``with``: armed on entry, disarmed on exit).
 
-    Every socket the attempt opens is registered; when the deadline passes a timer shuts them
-    down, which ends a blocked connect, send or read at once, however slowly the server
-    trickles. Each socket's timeout is also the time left, set again before each body read.
+    httpcore reports each connection it opens to :meth:`trace`, its ``trace`` extension; a
+    duplicate of the connection's socket is kept, and when the deadline passes a timer shuts
+    it down, which ends a blocked connect, TLS handshake, send or read at once, however slowly
+    the server trickles (a shutdown reaches the socket under TLS too, and, unlike a close, never
+    frees a descriptor another thread is reading).
     """
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
-        self.at = time.monotonic() + seconds
         self.expired = False
         self.body_bytes = -1  # -1: the headers have not arrived
         self._socks: list[socket.socket] = []
@@ -377,40 +408,42 @@ class _Deadline:
 
     def __exit__(self, *exc) -> None:
         self._timer.cancel()
-
-    def left(self) -> float:
-        """Seconds left, raising TimeoutError when none are."""
-        left = self.at - time.monotonic()
-        if left <= 0 or self.expired:
-            raise TimeoutError(f"deadline of {self.seconds:g} s passed")
-        return left
-
-    def register(self, sock):
         with self._lock:
-            self._socks.append(sock)
-            expired = self.expired
-        if expired:
-            _shutdown(sock)
-        return sock
-
-    def settimeout(self) -> None:
-        left = self.left()
-        with self._lock:
-            socks = list(self._socks)
+            socks, self._socks = self._socks, []
         for s in socks:
-            try:
-                s.settimeout(left)
-            except OSError:  # closed or detached (the plain socket under TLS)
-                pass
+            s.close()
 
-    def connect(self, address, timeout=None, source_address=None):
-        """``socket.create_connection`` with the time left as its timeout, registered."""
-        return self.register(socket.create_connection(address, self.left(), source_address))
+    def trace(self, event: str, info: dict) -> None:
+        """httpcore's trace callback: a new connection's socket is watched; headers are noted."""
+        if event == "connection.connect_tcp.complete":
+            sock = info["return_value"].get_extra_info("socket")
+            if sock is not None:
+                self._watch(sock.dup())
+        elif event == "http11.receive_response_headers.complete":
+            self.body_bytes = max(self.body_bytes, 0)
+
+    def read(self, chunks) -> bytes:
+        """The body, counted as it comes (for the timeout's message)."""
+        self.body_bytes = 0
+        out = []
+        for chunk in chunks:
+            out.append(chunk)
+            self.body_bytes += len(chunk)
+        if self.expired:  # the timer shut the socket: what looked like the end was the cut
+            raise TimeoutError(f"deadline of {self.seconds:g} s passed")
+        return b"".join(out)
 
     def progress(self) -> str:
         if self.body_bytes < 0:
             return "no complete response headers by then"
         return f"headers received, {self.body_bytes} byte(s) of the body by then"
+
+    def _watch(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._socks.append(sock)
+            expired = self.expired
+        if expired:
+            _shutdown(sock)
 
     def _expire(self) -> None:
         with self._lock:
@@ -420,100 +453,22 @@ class _Deadline:
             _shutdown(s)
 
 
-def _shutdown(sock) -> None:
+def _shutdown(sock: socket.socket) -> None:
     try:
         sock.shutdown(socket.SHUT_RDWR)
-    except OSError:  # already closed, or the plain socket a TLS one took over
+    except OSError:  # already closed by the other side
         pass
 
 
-class _DeadlineContext:
-    """An SSL context whose sockets are registered with the deadline before their handshake."""
-
-    def __init__(self, context, deadline: _Deadline) -> None:
-        self._context, self._deadline = context, deadline
-
-    def wrap_socket(self, sock, server_hostname=None, **kw):
-        tls = self._context.wrap_socket(sock, server_hostname=server_hostname, do_handshake_on_connect=False)
-        self._deadline.register(tls)
-        tls.settimeout(self._deadline.left())
-        tls.do_handshake()
-        return tls
-
-    def __getattr__(self, name):
-        return getattr(self._context, name)
-
-
-class _HTTPConnection(http.client.HTTPConnection):
-    def __init__(self, *args, deadline: _Deadline, **kw) -> None:
-        super().__init__(*args, **kw)
-        self._create_connection = deadline.connect
-
-
-class _HTTPSConnection(http.client.HTTPSConnection):
-    def __init__(self, *args, deadline: _Deadline, **kw) -> None:
-        super().__init__(*args, **kw)
-        self._create_connection = deadline.connect
-        self._context = _DeadlineContext(self._context, deadline)
-
-
-class _DeadlineHTTPHandler(urllib.request.HTTPHandler):
-    def __init__(self, deadline: _Deadline) -> None:
-        super().__init__()
-        self.deadline = deadline
-
-    def http_open(self, req):
-        return self.do_open(_HTTPConnection, req, deadline=self.deadline)
-
-
-class _DeadlineHTTPSHandler(urllib.request.HTTPSHandler):
-    def __init__(self, deadline: _Deadline) -> None:
-        super().__init__()
-        self.deadline = deadline
-
-    def https_open(self, req):
-        kw = {"context": self._context}
-        if getattr(self, "_check_hostname", None) is not None:
-            kw["check_hostname"] = self._check_hostname
-        return self.do_open(_HTTPSConnection, req, deadline=self.deadline, **kw)
-
-
-def _exchange(req: urllib.request.Request, deadline: _Deadline) -> tuple[int, object, bytes]:
-    """(status, headers, body) of one request under ``deadline`` (urllib, proxies from the
-    environment as usual). An HTTP error status is returned, not raised."""
-    opener = urllib.request.build_opener(_DeadlineHTTPHandler(deadline), _DeadlineHTTPSHandler(deadline))
-    try:
-        with opener.open(req, timeout=deadline.left()) as resp:
-            return resp.status, resp.headers, _read_body(resp, deadline)
-    except urllib.error.HTTPError as e:
-        try:
-            raw = _read_body(e.fp, deadline, limit=64 * 1024) if e.fp is not None else b""
-        except (OSError, http.client.HTTPException):  # the body is only for the message
-            raw = b""
-        finally:
-            e.close()
-        return e.code, e.headers, raw
-
-
-def _read_body(resp, deadline: _Deadline, limit: int | None = None) -> bytes:
-    """The body in chunks, each read given only the time left."""
-    deadline.body_bytes = 0
-    chunks: list[bytes] = []
-    read = getattr(resp, "read1", None) or resp.read
-    while limit is None or deadline.body_bytes < limit:
-        deadline.settimeout()
-        chunk = read(64 * 1024)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        deadline.body_bytes += len(chunk)
-    if deadline.expired:  # the timer shut the socket: what looked like the end was the cut
-        raise TimeoutError(f"deadline of {deadline.seconds:g} s passed")
-    raw = b"".join(chunks)
-    length = getattr(resp, "length", None)
-    if limit is None and length:  # Content-Length promised more than came
-        raise http.client.IncompleteRead(raw, length)
-    return raw
+def _client(config: OpenAIConfig, on_request: Callable):
+    """The SDK's client for ``config``: no retries of its own (the backend's loop retries), no
+    pooled connections (each attempt's deadline watches the connection it opens), and each socket
+    operation bounded by ``timeout_s`` (the deadline bounds them together)."""
+    http = openai.DefaultHttpxClient(event_hooks={"request": [on_request]},
+                                     limits=httpx2.Limits(max_keepalive_connections=0))
+    # the key is set per request by on_request (or none is sent); the SDK only insists on one
+    return openai.OpenAI(api_key="set-per-request", base_url=config.base_url, max_retries=0,
+                         timeout=httpx2.Timeout(config.timeout_s), http_client=http)
 
 
 class _Retry(Exception):

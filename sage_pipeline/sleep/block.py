@@ -19,6 +19,8 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field, replace
 
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
 BEGIN_MARK = "<!-- sage:learned:begin"
 END_MARK = "<!-- sage:learned:end"
 BEGIN_LINE = "<!-- sage:learned:begin (the nightly sleep cycle edits only between these markers) -->"
@@ -147,18 +149,22 @@ class Edit:
         return f"{self.op} in {self.target}: {self.anchor!r}"
 
 
-@dataclass(frozen=True)
-class EditLimits:
-    edit_budget: int = 4
-    block_max_chars: int = 1500
-    max_rule_chars: int = 300
+class EditLimits(BaseModel):
+    """How much one night may change the learned blocks."""
 
-    def __post_init__(self) -> None:
-        if self.edit_budget < 1:
-            raise ValueError(f"edit_budget must be >= 1, got {self.edit_budget}")
-        if self.max_rule_chars < 10 or self.block_max_chars < self.max_rule_chars + 3:
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    edit_budget: int = Field(4, ge=1, description="at most this many edits per night")
+    block_max_chars: int = Field(1500, description="size cap of each learned block: past it, edits must replace or "
+                                 "delete")
+    max_rule_chars: int = Field(300, ge=10, description="the longest rule an edit may write")
+
+    @model_validator(mode="after")
+    def _a_block_holds_a_rule(self) -> EditLimits:
+        if self.block_max_chars < self.max_rule_chars + 3:
             raise ValueError(f"block_max_chars ({self.block_max_chars}) must hold at least one rule of "
-                             f"max_rule_chars ({self.max_rule_chars}, >= 10)")
+                             f"max_rule_chars ({self.max_rule_chars}) and its 3-character bullet")
+        return self
 
 
 @dataclass

@@ -21,11 +21,14 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from sage_pipeline.sleep.backends import Backend, BackendError
-from sage_pipeline.sleep.block import EditLimits, LearnedDoc, apply_edit, screen_edits
+from sage_pipeline.sleep.block import Edit, EditLimits, LearnedDoc, apply_edit, screen_edits
 from sage_pipeline.sleep.gate import GateConfig, Trial, compare, summary
 from sage_pipeline.sleep.judges import JudgeError, UnitTestJudge
 from sage_pipeline.sleep.prompts import ReplyFormatError, parse_reflect_reply
@@ -41,14 +44,18 @@ STATUSES = ("accepted", "rejected", "reject_unverified", "no_edits", "reflect_in
 ERROR_STATUSES = ("backend_error", "judge_error", "input_error", "store_error", "internal_error", "aborted")
 
 
-@dataclass(frozen=True)
-class CycleConfig:
-    limits: EditLimits = field(default_factory=EditLimits)
-    gate: GateConfig = field(default_factory=GateConfig)
-    evolve_skill: bool = True
-    evolve_memory: bool = True
-    workers: int = 1  # parallel backend calls during replay
-    reflect_examples: int = 16  # train failures shown to reflect (and half as many successes)
+class CycleConfig(BaseModel):
+    """One night's consolidation: what may change, how the gate decides, how hard to work."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    limits: EditLimits = Field(default_factory=EditLimits, description="how much one night may change")
+    gate: GateConfig = Field(default_factory=GateConfig, description="when a candidate survives")
+    evolve_skill: bool = Field(True, description="let the night edit the skill document's learned block")
+    evolve_memory: bool = Field(True, description="let the night edit the memory's learned block")
+    workers: int = Field(1, ge=1, description="parallel backend calls while replaying")
+    reflect_examples: int = Field(16, ge=1, description="train failures shown to reflect (and half as many "
+                                  "successes)")
 
     def targets(self) -> tuple[str, ...]:
         return tuple(t for t, on in (("skill", self.evolve_skill), ("memory", self.evolve_memory)) if on)
@@ -110,6 +117,16 @@ def _rows(phase: str, results: list[TaskResult]) -> list[dict]:
     return [{"phase": phase, **r.to_dict()} for r in results]
 
 
+@dataclass
+class _Gated:
+    """Where the gate got to: the documents and val results of everything accepted so far."""
+
+    docs: dict[str, LearnedDoc]
+    val: list[TaskResult]
+    trials: list[Trial] = field(default_factory=list)
+    accepted: list[Edit] = field(default_factory=list)
+
+
 class Cycle:
     """Runs the steps above, recording into ``result`` as it goes."""
 
@@ -137,7 +154,7 @@ class Cycle:
                    "by_kind": {k: sum(t.reference_kind == k for t in self.tasks)
                                for k in sorted({t.reference_kind for t in self.tasks})},
                    "val_overlapping_train": overlap}
-        r.gate = asdict(cfg.gate)
+        r.gate = cfg.gate.model_dump()
         if not self.tasks:
             self._stop("no_tasks", "no usable tasks for this night: nothing to learn from or to verify with")
             return r
@@ -175,18 +192,40 @@ class Cycle:
 
     def _reflect_and_gate(self, base_val: list[TaskResult], train_res: list[TaskResult],
                           overlap: list[str]) -> dict | None:
-        r, cfg = self.r, self.cfg
+        """Steps 3-5: reflect on train, screen the proposed edits, gate them on val, commit the
+        accepted ones. Returns the documents the test split is scored under after the night, or
+        None when they are the night's starting ones (``self.r`` says why)."""
+        examples = self._examples(train_res)
+        edits = self._reflect(*examples) if examples else None
+        screened = self._screen(edits) if edits is not None else None
+        if screened is None:
+            return None
+        candidates, dropped = screened
+        gated = self._gate(candidates, base_val)
+        self._record_gate(gated, candidates, dropped, base_val)
+        if not self._verdict(gated, candidates, dropped, overlap):
+            return None
+        return self._commit_accepted(gated, len(candidates))
+
+    def _examples(self, train_res: list[TaskResult]) -> tuple[list, list] | None:
+        """Train failures and successes as (task, result), in an order salted by the night; None
+        (``no_edits``) when every train task passes."""
         by_id = {t.id: t for t in self.split["train"]}
-        salt = r.date
-        failures = sorted(((by_id[x.task_id], x) for x in train_res if x.hard < 1.0),
-                          key=lambda p: _order_key(p[0].id, salt))
-        successes = sorted(((by_id[x.task_id], x) for x in train_res if x.hard >= 1.0),
-                           key=lambda p: _order_key(p[0].id, salt))
+
+        def ordered(rows) -> list:
+            return sorted(((by_id[x.task_id], x) for x in rows), key=lambda p: _order_key(p[0].id, self.r.date))
+
+        failures = ordered(x for x in train_res if x.hard < 1.0)
         if not failures:
             self._stop("no_edits", f"all {len(train_res)} train tasks pass: nothing to learn tonight")
             return None
-        targets = cfg.targets()
-        editable = {t: d for t, d in self.docs.items() if t in targets}
+        return failures, ordered(x for x in train_res if x.hard >= 1.0)
+
+    def _reflect(self, failures: list, successes: list) -> list[Edit] | None:
+        """Asks the backend for edits to the editable learned blocks; None (``reflect_invalid``) when
+        its reply is not the JSON asked for."""
+        r, cfg = self.r, self.cfg
+        editable = {t: d for t, d in self.docs.items() if t in cfg.targets()}
         req = ReflectRequest(
             skill_name=r.skill, documents={t: d.render() for t, d in editable.items()},
             blocks={t: d.rules for t, d in editable.items()}, failures=failures[:cfg.reflect_examples],
@@ -204,25 +243,31 @@ class Cycle:
                        "unchanged tonight")
             return None
         r.reflect["proposed"] = len(edits)
+        return edits
+
+    def _screen(self, edits: list[Edit]) -> tuple[list[Edit], list[Edit]] | None:
+        """(candidates, dropped): invalid, duplicate, no-op, over-cap... edits are dropped with their
+        reason; None (``no_edits``) when no candidate is left."""
         pre_invalid = [e for e in edits if e.status == "invalid"]
-        screened = screen_edits(self.docs, [e for e in edits if e.status != "invalid"], cfg.limits, targets)
+        screened = screen_edits(self.docs, [e for e in edits if e.status != "invalid"], self.cfg.limits,
+                                self.cfg.targets())
         dropped = pre_invalid + screened.dropped
-        r.edits = [e.to_dict() for e in dropped]
+        self.r.edits = [e.to_dict() for e in dropped]
         if not screened.candidates:
-            counts: dict[str, int] = {}
-            for e in dropped:
-                counts[e.status] = counts.get(e.status, 0) + 1
+            counts = Counter(e.status for e in dropped)
             detail = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "none proposed"
             self._stop("no_edits", f"reflect proposed {len(edits)} edit(s), none applicable ({detail})")
             return None
-        r.phase = "gate"
-        current, current_val = self.docs, base_val
-        trials: list[Trial] = []
-        groups = ([[e] for e in screened.candidates] if cfg.gate.granularity == "edit"
-                  else [screened.candidates])
-        accepted = []
-        for group in groups:
-            trial_docs, ok = current, []
+        return screened.candidates, dropped
+
+    def _gate(self, candidates: list[Edit], base_val: list[TaskResult]) -> _Gated:
+        """Each group (one edit, or all of them: ``granularity``) is applied on top of what was
+        accepted so far, replayed on val and kept only if the gate accepts it."""
+        cfg, targets = self.cfg, self.cfg.targets()
+        self.r.phase = "gate"
+        g = _Gated(self.docs, base_val)
+        for group in ([[e] for e in candidates] if cfg.gate.granularity == "edit" else [candidates]):
+            trial_docs, ok = g.docs, []
             for e in group:
                 res = apply_edit(trial_docs, e, cfg.limits, targets)
                 if res.docs is None:  # its anchor came from an edit the gate rejected
@@ -231,59 +276,73 @@ class Cycle:
                 trial_docs, ok = res.docs, ok + [e]
             if not ok:
                 continue
-            cand_val = self._replay("val", trial_docs, f"val (trial {len(trials) + 1})")
-            trial = compare(current_val, cand_val, cfg.gate, [e.describe() for e in ok])
-            trials.append(trial)
-            r.per_task += _rows(f"val trial {len(trials)}", cand_val)
+            cand_val = self._replay("val", trial_docs, f"val (trial {len(g.trials) + 1})")
+            trial = compare(g.val, cand_val, cfg.gate, [e.describe() for e in ok])
+            g.trials.append(trial)
+            self.r.per_task += _rows(f"val trial {len(g.trials)}", cand_val)
             for e in ok:
-                e.status = "accepted" if trial.accepted else "rejected"
-                e.reason = trial.reason
+                e.status, e.reason = ("accepted" if trial.accepted else "rejected"), trial.reason
             if trial.accepted:
-                current, current_val = trial_docs, cand_val
-                accepted += ok
-        r.trials = [t.to_dict() for t in trials]
-        r.edits = [e.to_dict() for e in screened.candidates] + [e.to_dict() for e in dropped]
-        best = max(trials, key=lambda t: t.candidate) if trials else None
-        r.scores["candidate_val"] = (summary(current_val, cfg.gate) if accepted else
+                g.docs, g.val, g.accepted = trial_docs, cand_val, g.accepted + ok
+        return g
+
+    def _record_gate(self, g: _Gated, candidates: list[Edit], dropped: list[Edit],
+                     base_val: list[TaskResult]) -> None:
+        """The trials, every edit with its status, the candidate's val score and what changed on val."""
+        r, cfg = self.r, self.cfg
+        r.trials = [t.to_dict() for t in g.trials]
+        r.edits = [e.to_dict() for e in candidates] + [e.to_dict() for e in dropped]
+        best = max(g.trials, key=lambda t: t.candidate) if g.trials else None
+        r.scores["candidate_val"] = (summary(g.val, cfg.gate) if g.accepted else
                                      (best and {"score": best.candidate, "hard": None, "soft": None,
                                                 "tasks": len(base_val), "note": "best rejected trial"}))
-        if accepted:
-            final = compare(base_val, current_val, cfg.gate)
+        if g.accepted:
+            final = compare(base_val, g.val, cfg.gate)
             r.val_changes = {"improved": final.improved, "regressed": final.regressed}
-        if not accepted:
+
+    def _verdict(self, g: _Gated, candidates: list[Edit], dropped: list[Edit], overlap: list[str]) -> bool:
+        """True when the night may commit; else ``rejected`` (nothing passed) or ``reject_unverified``
+        (edits passed, but val overlaps train)."""
+        r = self.r
+        if not g.accepted:
             r.gate_action = "reject"
-            verdicts: dict[str, int] = {}
-            for t in trials:
-                verdicts[t.verdict] = verdicts.get(t.verdict, 0) + 1
-            self._stop("rejected", f"none of {len(screened.candidates)} candidate edit(s) strictly improved val ("
+            verdicts = Counter(t.verdict for t in g.trials)
+            self._stop("rejected", f"none of {len(candidates)} candidate edit(s) strictly improved val ("
                        + ", ".join(f"{n} {v}" for v, n in verdicts.items()) + ")")
-            return None
+            return False
         if overlap:
-            for e in accepted:
+            for e in g.accepted:
                 e.status, e.reason = "rejected", f"passed the gate, but val overlaps train: {e.reason}"
-            r.edits = [e.to_dict() for e in screened.candidates] + [e.to_dict() for e in dropped]
+            r.edits = [e.to_dict() for e in candidates] + [e.to_dict() for e in dropped]
             r.gate_action = "reject_unverified"
-            self._stop("reject_unverified", f"{len(accepted)} edit(s) passed the gate but {len(overlap)} val task(s) "
-                       f"also appear in train ({', '.join(overlap[:5])}): an improvement there is not verified")
-            return None
+            self._stop("reject_unverified", f"{len(g.accepted)} edit(s) passed the gate but {len(overlap)} val "
+                       f"task(s) also appear in train ({', '.join(overlap[:5])}): an improvement there is not "
+                       "verified")
+            return False
         r.gate_action = "accept"
-        self._final_docs = current
+        return True
+
+    def _commit_accepted(self, g: _Gated, n_candidates: int) -> dict | None:
+        """Writes the accepted documents (the caller's ``commit``). A live file changed meanwhile is a
+        ``conflict`` (the test split is still scored under the candidate), a write that failed a
+        ``store_error``; either way the candidate is kept in the report."""
+        r = self.r
         r.phase = "commit"
-        texts = {t: d.render() for t, d in self._final_docs.items()}
+        texts = {t: d.render() for t, d in g.docs.items()}
         try:
             r.versions["after"] = self.commit(texts)
         except LiveChanged as e:
             r.candidate = texts
-            self._stop("conflict", f"the gate accepted {len(accepted)} edit(s) but {e}")
-            return self._final_docs
+            self._stop("conflict", f"the gate accepted {len(g.accepted)} edit(s) but {e}")
+            return g.docs
         except OSError as e:
             r.candidate = texts
-            self._stop("store_error", f"the gate accepted {len(accepted)} edit(s) but writing them failed: {e}")
+            self._stop("store_error", f"the gate accepted {len(g.accepted)} edit(s) but writing them failed: {e}")
             r.cause = str(e)
             return None
-        self._stop("accepted", f"{len(accepted)} of {len(screened.candidates)} candidate edit(s) accepted: "
-                   f"val {cfg.gate.metric} {trials[0].baseline:.3f} -> {r.scores['candidate_val']['score']:.3f}")
-        return self._final_docs
+        self._stop("accepted", f"{len(g.accepted)} of {n_candidates} candidate edit(s) accepted: "
+                   f"val {self.cfg.gate.metric} {g.trials[0].baseline:.3f} -> {r.scores['candidate_val']['score']:.3f}")
+        return g.docs
 
     def _test(self, final_docs: dict[str, LearnedDoc]) -> None:
         r = self.r

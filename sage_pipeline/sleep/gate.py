@@ -12,34 +12,31 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Literal
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 
 from sage_pipeline.sleep.records import TaskResult
 
-METRICS = ("hard", "soft", "mixed")
-GRANULARITIES = ("edit", "bundle")
-MODES = ("on", "off")
 EPS = 1e-9
 
 
-@dataclass(frozen=True)
-class GateConfig:
-    metric: str = "mixed"
-    hard_weight: float = 0.5  # weight of hard in the mixed metric
-    no_regression: bool = True  # reject a candidate that lowers any single val task
-    granularity: str = "edit"  # "edit": gate each edit on its own, in order; "bundle": all together
-    mode: str = "on"  # "off" accepts every applicable edit (for comparison only; never the default)
+class GateConfig(BaseModel):
+    """How the gate scores val and when a candidate survives."""
 
-    def __post_init__(self) -> None:
-        if self.metric not in METRICS:
-            raise ValueError(f"gate metric {self.metric!r}: use one of {', '.join(METRICS)}")
-        if not 0.0 <= self.hard_weight <= 1.0:
-            raise ValueError(f"gate hard_weight {self.hard_weight} must be in [0, 1]")
-        if self.granularity not in GRANULARITIES:
-            raise ValueError(f"gate granularity {self.granularity!r}: use one of {', '.join(GRANULARITIES)}")
-        if self.mode not in MODES:
-            raise ValueError(f"gate mode {self.mode!r}: use one of {', '.join(MODES)}")
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    metric: Literal["hard", "soft", "mixed"] = Field(
+        "mixed", description="a task's score: its hard result, its soft result, or hard_weight * hard + "
+                             "(1 - hard_weight) * soft")
+    hard_weight: float = Field(0.5, ge=0.0, le=1.0, description="weight of hard in the mixed metric, in [0, 1]")
+    no_regression: bool = Field(True, description="reject a candidate that lowers any single val task, even if "
+                                "the mean rises")
+    granularity: Literal["edit", "bundle"] = Field(
+        "edit", description="'edit': gate each edit on its own, in order; 'bundle': all together")
+    mode: Literal["on", "off"] = Field(
+        "on", description="'off' accepts every applicable edit (for comparison only; never the default)")
 
     def task_scores(self, results: Sequence[TaskResult]) -> np.ndarray:
         hard = np.fromiter((r.hard for r in results), float, len(results))

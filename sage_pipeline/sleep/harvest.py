@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+from pydantic import BaseModel, ConfigDict, Field
 
 from sage_pipeline.sleep.records import (
     DEFAULT_SPLIT,
@@ -63,12 +64,15 @@ class LogEvent(msgspec.Struct):
 _decode = msgspec.json.Decoder(LogEvent).decode
 
 
-@dataclass(frozen=True)
-class HarvestConfig:
-    log_dirs: tuple[Path, ...] = ()
-    task_dirs: tuple[Path, ...] = ()
-    embedded_tasks: bool = True
-    split: SplitSpec = DEFAULT_SPLIT
+class HarvestConfig(BaseModel):
+    """Where one night's tasks come from (folders resolved by the caller)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    log_dirs: tuple[Path, ...] = Field((), description="session-log folders harvested for the day")
+    task_dirs: tuple[Path, ...] = Field((), description="task-file folders")
+    embedded_tasks: bool = Field(True, description="also use the skill's packaged tasks")
+    split: SplitSpec = Field(DEFAULT_SPLIT, description="shares of train and val")
 
 
 @dataclass

@@ -22,8 +22,6 @@ from sage_pipeline.sleep.backends import Backend, BackendError
 from sage_pipeline.sleep.prompts import ReplyFormatError, parse_grade_reply
 from sage_pipeline.sleep.records import TaskRecord
 
-SANDBOXES = ("auto", "local", "docker")
-
 
 class JudgeError(RuntimeError):
     """A judge could not give a verdict (sandbox down): the night stops, nothing is scored."""

@@ -17,45 +17,51 @@ from __future__ import annotations
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from sage_pipeline.sleep import report
 from sage_pipeline.sleep.backends import Backend, BackendError, OpenAIBackend, OpenAIConfig
 from sage_pipeline.sleep.block import DocumentError, decode_document, parse_document
 from sage_pipeline.sleep.cycle import CycleConfig, NightResult, run_cycle
 from sage_pipeline.sleep.harvest import HarvestConfig, harvest
-from sage_pipeline.sleep.judges import SANDBOXES, UnitTestJudge
+from sage_pipeline.sleep.judges import UnitTestJudge
 from sage_pipeline.sleep.records import DEFAULT_SPLIT, SplitSpec
 from sage_pipeline.sleep.sim import SimulatedBackend, SimWorld
 from sage_pipeline.sleep.store import LiveChanged, SkillStore, StoreError
 
-BACKENDS = ("simulated", "openai")
 
+class NightSettings(BaseModel):
+    """Everything one night of one skill is run with (the Dagster asset's config is this model,
+    section by section: ``sage_pipeline.defs.sleep_assets.SleepNightConfig``)."""
 
-@dataclass(frozen=True)
-class NightSettings:
-    backend: str = "simulated"  # simulated | openai
-    sim_seed: int = 0
-    openai: OpenAIConfig = field(default_factory=OpenAIConfig)
-    cycle: CycleConfig = field(default_factory=CycleConfig)
-    log_dirs: tuple[str, ...] = ("sessions",)  # relative to the artifact root, or absolute
-    task_dirs: tuple[str, ...] = ()  # more task-file folders (sleep/tasks and sleep/<skill>/tasks always)
-    embedded_tasks: bool = True  # the packaged tasks of the skill (data/tasks/<skill>.jsonl)
-    skill_path: str = ""  # "" -> <root>/sleep/<skill>/SKILL.md
-    memory_path: str = ""  # "" -> <root>/sleep/<skill>/MEMORY.md
-    sandbox: str = "auto"  # auto (local for the simulated backend, docker otherwise) | local | docker
-    sandbox_workers: int = 1
-    lock_timeout_s: float = 3600.0
-    split: SplitSpec = DEFAULT_SPLIT
-    extra_notes: tuple[str, ...] = field(default=())
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
-    def __post_init__(self) -> None:
-        if self.backend not in BACKENDS:
-            raise ValueError(f"backend {self.backend!r}: use one of {', '.join(BACKENDS)}")
-        if self.sandbox not in SANDBOXES:
-            raise ValueError(f"sandbox {self.sandbox!r}: use one of {', '.join(SANDBOXES)}")
+    backend: Literal["simulated", "openai"] = Field(
+        "simulated", description="'simulated' (deterministic, embedded default) or 'openai' (any OpenAI-compatible "
+                                 "chat-completions server)")
+    sim_seed: int = Field(0, description="seed of the simulated backend")
+    openai: OpenAIConfig = Field(default_factory=OpenAIConfig, description="the openai backend's server")
+    cycle: CycleConfig = Field(default_factory=CycleConfig, description="the night's consolidation")
+    log_dirs: list[str] = Field(["sessions"], description="session-log folders (relative to the artifact root, "
+                                "or absolute) harvested for the night's day")
+    task_dirs: list[str] = Field([], description="more task-file folders (sleep/tasks and sleep/<skill>/tasks are "
+                                 "always read)")
+    embedded_tasks: bool = Field(True, description="also use the skill's packaged tasks (data/tasks/<skill>.jsonl)")
+    skill_path: str | None = Field(None, description="the live skill document (default <root>/sleep/<skill>/SKILL.md)")
+    memory_path: str | None = Field(None, description="the live memory document (default "
+                                    "<root>/sleep/<skill>/MEMORY.md)")
+    sandbox: Literal["auto", "local", "docker"] = Field(
+        "auto", description="unit-test sandbox: 'auto' (local for the simulated backend's own answers, docker "
+                            "otherwise), 'local' or 'docker'")
+    sandbox_workers: int = Field(1, ge=1, description="parallel sandbox workers of the unit-test judge")
+    lock_timeout_s: float = Field(3600.0, ge=0, description="how long a night waits for another night of the same "
+                                  "skill before it gives up")
+    split: SplitSpec = Field(DEFAULT_SPLIT, description="shares of train and val (the rest is test)")
+    extra_notes: list[str] = Field([], description="notes copied into the night's report")
 
     def sandbox_backend(self) -> str:
         if self.sandbox != "auto":
@@ -83,13 +89,14 @@ def _now() -> str:
 
 
 def run_night(data_root: str | Path, skill: str, date: str, window: tuple[datetime, datetime] | None,
-              settings: NightSettings = NightSettings(), log: Callable[[str], None] = lambda m: None,
+              settings: NightSettings | None = None, log: Callable[[str], None] = lambda m: None,
               backend: Backend | None = None, unit_cache: dict | None = None) -> tuple[NightResult, report.NightFiles]:
     """Run the night of ``date`` for ``skill``; returns the result and the files written.
 
     ``backend`` overrides the one the settings name; ``unit_cache`` (a dict) keeps sandbox
     verdicts by (code, tests) across nights run in one process.
     """
+    settings = settings if settings is not None else NightSettings()
     root = Path(data_root)
     store = SkillStore(root / "sleep", skill, settings.skill_path or None, settings.memory_path or None)
     r = NightResult(skill=skill, date=date, started_at=_now(), notes=list(settings.extra_notes))

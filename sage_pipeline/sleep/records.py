@@ -30,6 +30,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
 REFERENCE_KINDS = ("exact", "rules", "rubric", "unit_tests")
 SPLITS = ("train", "val", "test")
 STRING_CHECKS = ("contains", "not_contains", "startswith", "endswith")
@@ -47,17 +49,19 @@ class TaskRecordError(ValueError):
         super().__init__(f"{field_name}: {problem}")
 
 
-@dataclass(frozen=True)
-class SplitSpec:
+class SplitSpec(BaseModel):
     """Shares of train and val; the rest is test. A task's split is a hash of its id."""
 
-    train: float = 0.5
-    val: float = 0.25
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
-    def __post_init__(self) -> None:
-        if not (0 < self.train < 1 and 0 < self.val < 1 and self.train + self.val < 1):
-            raise ValueError(f"split shares train={self.train}, val={self.val}: each in (0, 1) and "
-                             "train + val < 1 (the rest is test)")
+    train: float = Field(0.5, gt=0.0, lt=1.0, description="share of tasks in train, in (0, 1)")
+    val: float = Field(0.25, gt=0.0, lt=1.0, description="share of tasks in val, in (0, 1); the rest is test")
+
+    @model_validator(mode="after")
+    def _test_keeps_a_share(self) -> SplitSpec:
+        if self.train + self.val >= 1:
+            raise ValueError(f"split shares train={self.train}, val={self.val}: train + val < 1 (the rest is test)")
+        return self
 
     def of(self, task_id: str) -> str:
         h = int.from_bytes(hashlib.sha256(f"sleep-split:{task_id}".encode()).digest()[:8], "big") / 2**64

@@ -25,7 +25,6 @@ files were edited by hand since.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -34,6 +33,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import MISSING, asdict, dataclass, fields
 from datetime import UTC, datetime
 from pathlib import Path
+
+import filelock
 
 from sage_pipeline import artifacts
 from sage_pipeline.sleep.block import BEGIN_LINE, END_LINE
@@ -54,6 +55,14 @@ class LiveChanged(RuntimeError):
 
 class NightLocked(TimeoutError):
     """Another night of the same skill holds the lock past the timeout."""
+
+
+def _holder(lock_file: Path) -> str:
+    """Who holds a night lock, as its lock file says."""
+    try:
+        return lock_file.read_text(encoding="utf-8", errors="replace").strip() or "another process"
+    except OSError:
+        return "another process"
 
 
 def version_id(skill: bytes, memory: bytes) -> str:
@@ -205,46 +214,36 @@ class SkillStore:
     def lock(self) -> Iterator[None]:
         """Short exclusive lock for reading-comparing-writing the live files and the index."""
         self.root.mkdir(parents=True, exist_ok=True)
-        with open(self.root / ".store.lock", "a") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(fh, fcntl.LOCK_UN)
+        with filelock.FileLock(self.root / ".store.lock"):
+            yield
 
     @contextlib.contextmanager
     def night_lock(self, timeout_s: float = 3600.0, log: Callable[[str], None] | None = None,
                    night: str = "") -> Iterator[None]:
-        """Held for a whole night: two nights of one skill never run at once (the second waits)."""
+        """Held for a whole night: two nights of one skill never run at once (the second waits up
+        to ``timeout_s``, then raises :class:`NightLocked`). It is a ``flock`` (filelock), which
+        the kernel drops when its holder dies, so a killed night never leaves it held. While held,
+        the lock file says whose it is; it is emptied on release (a killed night's text stays,
+        but nothing holds the lock)."""
         self.root.mkdir(parents=True, exist_ok=True)
         path = self.root / ".night.lock"
-        with open(path, "a+") as fh:
-            deadline, told = time.monotonic() + timeout_s, False
-            while True:
-                try:
-                    fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    fh.seek(0)
-                    holder = fh.read().strip() or "another process"
-                    if time.monotonic() >= deadline:
-                        raise NightLocked(f"{path}: another night of skill {self.skill!r} ({holder}) still runs "
-                                          f"after {timeout_s:g} s; nights never overlap, try again later") from None
-                    if log is not None and not told:
-                        log(f"waiting for the running night of {self.skill!r} ({holder}) to finish")
-                        told = True
-                    time.sleep(0.2)
+        lock = filelock.FileLock(path)
+        try:
+            lock.acquire(timeout=0)
+        except filelock.Timeout:
+            if log is not None:
+                log(f"waiting for the running night of {self.skill!r} ({_holder(path)}) to finish")
             try:
-                fh.seek(0)
-                fh.truncate()
-                fh.write(f"night {night or '?'}, pid {os.getpid()}, since {_now()}\n")
-                fh.flush()
-                yield
-            finally:
-                fh.seek(0)
-                fh.truncate()
-                fh.flush()
-                fcntl.flock(fh, fcntl.LOCK_UN)
+                lock.acquire(timeout=max(timeout_s, 0.0), poll_interval=0.2)
+            except filelock.Timeout:
+                raise NightLocked(f"{path}: another night of skill {self.skill!r} ({_holder(path)}) still runs "
+                                  f"after {timeout_s:g} s; nights never overlap, try again later") from None
+        try:
+            path.write_text(f"night {night or '?'}, pid {os.getpid()}, since {_now()}\n")
+            yield
+        finally:
+            path.write_text("")
+            lock.release()
 
     # versions -------------------------------------------------------------------------------
     def versions(self) -> list[Version]:

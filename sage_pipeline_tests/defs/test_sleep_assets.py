@@ -1,5 +1,6 @@
 """The sleep cycle in Dagster: wiring (partitions, job, schedule, pool), an in-process night with its
-metadata, a failing backend seen by the check, the rollback job, and configuration from the environment."""
+metadata, a failing backend seen by the check, the rollback job, the night config as the core settings,
+and the schedule from typed settings."""
 
 from __future__ import annotations
 
@@ -13,6 +14,12 @@ import pytest
 from sage_pipeline.definitions import defs
 from sage_pipeline.defs import sleep_assets as sa
 from sage_pipeline.defs.resources import SageResource
+from sage_pipeline.sleep.backends import OpenAIConfig
+from sage_pipeline.sleep.block import EditLimits
+from sage_pipeline.sleep.cycle import CycleConfig
+from sage_pipeline.sleep.gate import GateConfig
+from sage_pipeline.sleep.nightly import NightSettings
+from sage_pipeline.sleep.records import SplitSpec
 from sage_pipeline.sleep.store import SkillStore
 
 KEY = dg.AssetKey(["sleep_cycle", "reviewer"])
@@ -83,8 +90,8 @@ def test_failing_backend_shows_in_metadata_and_fails_the_check(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    result = _run(tmp_path, "2026-11-03", {"backend": "openai", "base_url": f"http://127.0.0.1:{port}/v1",
-                                          "model": "m", "max_retries": 0})
+    result = _run(tmp_path, "2026-11-03", {"backend": "openai", "openai": {
+        "base_url": f"http://127.0.0.1:{port}/v1", "model": "m", "max_retries": 0}})
     m = _meta(result)
     assert m["status"] == "backend_error" and "connection to" in m["cause"]
     assert m["test_after_score"] == "-" and "solve" in m["backend_call_errors"]
@@ -92,11 +99,38 @@ def test_failing_backend_shows_in_metadata_and_fails_the_check(tmp_path):
     assert not check.passed and check.severity == dg.AssetCheckSeverity.ERROR and "backend_error" in check.description
 
 
-def test_bad_config_fails_naming_the_field(tmp_path):
-    result = _run(tmp_path, "2026-11-03", {"gate_metric": "f1"})
-    assert not result.success
-    failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
-    assert "gate metric 'f1'" in str(failure.event_specific_data.error)
+def test_bad_config_fails_naming_the_field_and_what_is_allowed(tmp_path):
+    # an option outside its Literal: Dagster refuses the run config before anything runs
+    with pytest.raises(dg.DagsterInvalidConfigError) as ei:
+        _run(tmp_path, "2026-11-03", {"cycle": {"gate": {"metric": "f1"}}})
+    said = str(ei.value)
+    assert "cycle:gate:metric" in said and "got f1" in said and "'hard', 'soft', 'mixed'" in said
+    # a value the core model's checks refuse: the step fails with pydantic's message (field, rule)
+    for config, field, rule in [({"cycle": {"gate": {"hard_weight": 1.5}}}, "cycle.gate.hard_weight",
+                                 "less than or equal to 1"),
+                                ({"cycle": {"limits": {"edit_budget": 0}}}, "cycle.limits.edit_budget",
+                                 "greater than or equal to 1"),
+                                ({"split": {"train": 0.8, "val": 0.3}}, "split", "train + val < 1")]:
+        result = _run(tmp_path, "2026-11-03", config)
+        assert not result.success
+        failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
+        error = str(failure.event_specific_data.error)
+        assert field in error and rule in error, error
+
+
+def test_the_night_config_is_the_core_settings_section_by_section(monkeypatch):
+    """No field of the core is repeated: the Dagster config inherits them, defaults included, and
+    turns back into the core settings unchanged; the openai server's environment is read when the
+    config is made (a run), not when the module is imported."""
+    assert sa.SleepNightConfig().settings() == NightSettings(openai=OpenAIConfig())
+    monkeypatch.setenv("SAGE_SLEEP_MODEL", "from-env-at-run-time")
+    cfg = sa.SleepNightConfig(backend="openai", cycle=sa.CycleSection(gate=sa.GateSection(metric="hard")))
+    s = cfg.settings()
+    assert s.openai.model == "from-env-at-run-time" and s.cycle.gate.metric == "hard" and s.backend == "openai"
+    assert s.cycle.limits == EditLimits() and s.split == SplitSpec()
+    for section, core in [(sa.SleepNightConfig, NightSettings), (sa.CycleSection, CycleConfig),
+                          (sa.GateSection, GateConfig), (sa.OpenAISection, OpenAIConfig)]:
+        assert set(section.model_fields) == set(core.model_fields)
 
 
 def test_rollback_job_restores_a_named_version(tmp_path):
@@ -116,19 +150,34 @@ def test_rollback_job_restores_a_named_version(tmp_path):
     assert not bad.success
 
 
-def test_schedule_time_zone_and_skills_come_from_the_environment(monkeypatch):
-    monkeypatch.setenv("SAGE_SLEEP_TIMEZONE", "Europe/Berlin")
-    monkeypatch.setenv("SAGE_SLEEP_AT", "04:05")
-    monkeypatch.setenv("SAGE_SLEEP_SKILLS", "reviewer")
-    monkeypatch.setenv("SAGE_SLEEP_SCHEDULE_RUNNING", "0")
+def test_schedule_time_zone_and_skills_come_from_typed_settings_not_the_environment(monkeypatch):
+    for var, value in [("SAGE_SLEEP_TIMEZONE", "Europe/Berlin"), ("SAGE_SLEEP_AT", "04:05"),
+                       ("SAGE_SLEEP_START_DATE", "2030-01-01"), ("SAGE_SLEEP_SCHEDULE_RUNNING", "0")]:
+        monkeypatch.setenv(var, value)  # ignored: the partitions and the schedule are code
+    assert sa.SleepSchedule().nights() == sa.NIGHTS and sa.SleepSchedule().at == "03:17"
+    built = sa.build_sleep_defs(sa.SleepSchedule(skills=["reviewer"], timezone="Europe/Berlin", at="04:05",
+                                                 start_date="2026-10-30", running=False))
+    merged = dg.Definitions.merge(built, dg.Definitions(resources={"sage": SageResource()}))
+    sched = merged.resolve_schedule_def("nightly_sleep_schedule")
+    assert sched.cron_schedule == "5 4 * * *" and sched.execution_timezone == "Europe/Berlin"
+    assert sched.default_status == dg.DefaultScheduleStatus.STOPPED
+    (asset,) = built.assets
+    assert asset.keys == {KEY} and asset.partitions_def.timezone == "Europe/Berlin"
+    assert asset.partitions_def.get_partition_keys()[:2] == ["2026-10-30", "2026-10-31"]
+    for bad, field, said in [({"at": "25:00"}, "at", "should match pattern"),
+                             ({"timezone": "Mars/Olympus"}, "timezone", "not an IANA zone name"),
+                             ({"start_date": "the first"}, "start_date", "valid date"),
+                             ({"skills": []}, "skills", "at least 1 item")]:
+        with pytest.raises(ValueError, match=said) as ei:
+            sa.SleepSchedule(**bad)
+        assert field in str(ei.value)
+
+
+def test_skills_come_from_sage_sleep_skills_when_the_code_loads(monkeypatch):
+    monkeypatch.setenv("SAGE_SLEEP_SKILLS", "reviewer, reviewer ,coder")
     try:
         mod = importlib.reload(sa)
-        merged = dg.Definitions.merge(mod.sleep_defs, dg.Definitions(resources={"sage": SageResource()}))
-        sched = merged.resolve_schedule_def("nightly_sleep_schedule")
-        assert sched.cron_schedule == "5 4 * * *" and sched.execution_timezone == "Europe/Berlin"
-        assert mod.NIGHTS.timezone == "Europe/Berlin"
-        assert sched.default_status == dg.DefaultScheduleStatus.STOPPED
-        assert [next(iter(a.keys)) for a in mod.SLEEP_ASSETS] == [KEY]
+        assert [next(iter(a.keys)) for a in mod.SLEEP_ASSETS] == [KEY, dg.AssetKey(["sleep_cycle", "coder"])]
     finally:
         monkeypatch.undo()
         importlib.reload(sa)

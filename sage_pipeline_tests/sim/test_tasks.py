@@ -271,3 +271,55 @@ def test_a_reference_timeout_is_run_again_before_the_task_is_dropped(local_sandb
     assert report.reference_retries == 2
     (drop,) = report.dropped
     assert drop["task_id"] == ts[1].task_id and drop["reason"].startswith("reference timeout")
+
+
+# verify_tasks's phases one at a time ---------------------------------------------------------------
+
+def _verification(results_by_code: dict[str, str]):
+    from sage_pipeline.sim.tasks import VerifyReport, _Runner, _Verification
+
+    def run(jobs):
+        return [ExecResult(results_by_code.get(j.code, "wrong_answer"), 0, 1, 0.0) for j in jobs]
+
+    return _Verification(_Runner(run, None, 100), VerifyReport(tasks_in=1))
+
+
+def test_mark_flags_equivalent_mutants_and_counts_each_outcome_once_after_the_first_round():
+    t = generate_tasks(1, seed=2, families=["bits"])[0]
+    mutant = next(c for c in t.candidates if c.kind != "reference")
+    v = _verification({mutant.code: "pass"})
+    v.runner.run([_job_of(t, c.code) for c in t.candidates])
+    marked = v.mark(t, first_round=True)
+    assert [c.candidate_id for c in marked.candidates if c.equivalent] == [mutant.candidate_id]
+    n_wrong = sum(1 for c in t.candidates if c.kind != "reference")
+    assert sum(sum(k.values()) for k in v.outcomes.values()) == n_wrong
+    v.mark(marked, first_round=False)  # nothing new: nothing counted again
+    assert sum(sum(k.values()) for k in v.outcomes.values()) == n_wrong
+
+
+def test_keep_drops_a_task_short_of_wrong_candidates_with_the_reason_and_keeps_the_input_order():
+    ts = generate_tasks(3, seed=2, families=["bits"])
+    v = _verification({})
+    v.report.rounds = 3
+    short = dataclasses.replace(ts[1], candidates=ts[1].candidates[:2])
+    kept = v.keep(ts, {ts[2].task_id: ts[2], ts[0].task_id: ts[0], short.task_id: short}, min_wrong=3)
+    assert [t.task_id for t in kept] == [ts[0].task_id, ts[2].task_id]
+    assert v.report.dropped == [{"task_id": short.task_id, "family": "bits",
+                                 "reason": "only 1 non-equivalent wrong candidates after 3 rounds (need 3)"}]
+
+
+def test_broken_families_raise_naming_the_family_or_the_sandbox():
+    from sage_pipeline.sim.tasks import _raise_for_broken_families
+
+    _raise_for_broken_families({"bits": [("b-1", "x")]}, Counter(bits=3), 3)  # one failure is not a broken family
+    with pytest.raises(TaskGenerationError, match=r"family bits is broken: 2 of 3 references failed .*b-1: x"):
+        _raise_for_broken_families({"bits": [("b-1", "x"), ("b-2", "y")]}, Counter(bits=3), 3)
+    with pytest.raises(TaskGenerationError, match=r"4 of 5 references failed in the sandbox, in 2 families"):
+        _raise_for_broken_families({"bits": [("b-1", "x"), ("b-2", "y")], "digit_stat": [("d-1", "z"), ("d-2", "z")]},
+                                   Counter(bits=2, digit_stat=3), 5)
+
+
+def _job_of(task, code):
+    from sage_pipeline.sim.tasks import _job
+
+    return _job(task, code)

@@ -77,3 +77,21 @@ def test_timeout_reaches_the_backend(tmp_path, capsys, chat_server):
     assert rc == 1 and "backend_error" in capsys.readouterr().out
     d = json.loads((tmp_path / "sleep" / "reviewer" / "nights" / "2026-11-02" / "diagnostics.json").read_text())
     assert d["backend"]["timeout_s"] == 2.5 and len(chat_server.requests) == 1
+
+
+@pytest.mark.parametrize("option,field,said", [
+    (["--edit-budget", "0"], "cycle.limits.edit_budget", "greater than or equal to 1"),
+    (["--block-max-chars", "100"], "cycle.limits", "must hold at least one rule of max_rule_chars (300)"),
+    (["--workers", "0"], "cycle.workers", "greater than or equal to 1")])
+def test_a_bad_setting_exits_2_naming_the_field_and_what_is_allowed(tmp_path, capsys, option, field, said):
+    rc = main(["--data-dir", str(tmp_path), "run-night", "--skill", "reviewer", "--date", "2026-11-02", *option])
+    err = capsys.readouterr().err
+    assert rc == 2 and field in err and said in err, err
+    assert not (tmp_path / "sleep").exists()  # nothing ran
+
+
+def test_an_option_outside_its_choices_is_refused_by_the_parser(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["--data-dir", str(tmp_path), "run-night", "--skill", "reviewer", "--date", "2026-11-02",
+              "--metric", "f1"])
+    assert "argument --metric: invalid choice: 'f1'" in capsys.readouterr().err

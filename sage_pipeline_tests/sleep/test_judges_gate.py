@@ -109,9 +109,12 @@ def test_no_regression_catches_a_drop_the_mean_hides():
 
 
 def test_gate_config_refuses_nonsense():
-    for kw, msg in [({"metric": "f1"}, "metric"), ({"hard_weight": 2}, "hard_weight"),
-                    ({"granularity": "all"}, "granularity"), ({"mode": "maybe"}, "mode")]:
-        with pytest.raises(ValueError, match=msg):
+    for kw, allowed in [({"metric": "f1"}, "'hard', 'soft' or 'mixed'"),
+                        ({"hard_weight": 2}, "less than or equal to 1"),
+                        ({"granularity": "all"}, "'edit' or 'bundle'"), ({"mode": "maybe"}, "'on' or 'off'")]:
+        with pytest.raises(ValueError) as ei:  # the field, then what is allowed
             GateConfig(**kw)
+        field = next(iter(kw))
+        assert f"\n{field}\n" in str(ei.value) and allowed in str(ei.value), str(ei.value)
     with pytest.raises(ValueError, match="same val tasks"):
         compare(_results({"a": (0, 0)}), _results({"b": (0, 0)}), GateConfig())

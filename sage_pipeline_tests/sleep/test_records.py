@@ -29,7 +29,7 @@ def test_split_is_a_stable_hash_with_the_configured_shares():
     assert abs(shares["train"] / 4000 - 0.5) < 0.03 and abs(shares["val"] / 4000 - 0.25) < 0.03
     assert task_from_dict(GOOD, "x").split == spec.of("t-1")
     with pytest.raises(ValueError, match="train \\+ val < 1"):
-        SplitSpec(0.8, 0.3)
+        SplitSpec(train=0.8, val=0.3)
 
 
 def test_references_are_validated_and_normalised():

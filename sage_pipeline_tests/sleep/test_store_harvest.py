@@ -5,6 +5,8 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 from datetime import UTC, datetime, timedelta
@@ -192,6 +194,33 @@ def test_two_nights_of_one_skill_never_overlap(tmp_path):
     with s.night_lock(timeout_s=1, night="c"), pytest.raises(NightLocked, match="still runs"), \
             other.night_lock(timeout_s=0.3):
         pass
+
+
+def test_a_night_in_another_process_excludes_this_one_until_it_is_killed(tmp_path):
+    """Concurrent nights of one skill in two processes exclude each other; a night killed with
+    SIGKILL (nothing of it runs on the way out) leaves the lock free for the next one."""
+    code = ("import sys, time\nfrom sage_pipeline.sleep.store import SkillStore\n"
+            "with SkillStore(sys.argv[1], 'coder').night_lock(timeout_s=5, night='2026-11-02'):\n"
+            "    print('held', flush=True)\n    time.sleep(60)\n")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "sleep")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        s = SkillStore(tmp_path / "sleep", "coder")
+        waited: list[str] = []
+        with pytest.raises(NightLocked, match=f"night 2026-11-02, pid {holder.pid}") as ei:
+            with s.night_lock(timeout_s=0.3, log=waited.append):
+                pass
+        assert "still runs after 0.3 s" in str(ei.value) and len(waited) == 1 and str(holder.pid) in waited[0]
+        holder.kill()
+        holder.wait(10)
+        t0 = time.monotonic()
+        with s.night_lock(timeout_s=5, night="2026-11-03"):
+            assert "night 2026-11-03" in (s.root / ".night.lock").read_text()
+        assert time.monotonic() - t0 < 1.0  # freed by the kill, not by the timeout
+        assert (s.root / ".night.lock").read_text() == ""  # emptied on release
+    finally:
+        holder.kill()
+        holder.wait(10)
 
 
 # harvest -----------------------------------------------------------------------------------------
