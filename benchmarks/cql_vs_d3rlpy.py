@@ -209,8 +209,8 @@ def main() -> int:
     from sage_pipeline.rl.checkpoint import CheckpointMeta, MLPPolicy
     from sage_pipeline.rl.cql import CQLConfig, train_cql
     from sage_pipeline.rl.offline_eval import eval_tasks, regret_closure
-    from sage_pipeline.rl.policy import StaticTablePolicy
     from sage_pipeline.routing.features import FeatureSpec
+    from sage_pipeline.routing.policy import StaticTablePolicy
 
     if not args.d3rlpy_python.exists():
         print(f"d3rlpy virtualenv not found at {args.d3rlpy_python}: create it with the commands at the top "

@@ -11,10 +11,10 @@ from sage_pipeline.defs.routing_assets import GROUP, reward_report, routing_data
 from sage_pipeline.rl import bc, cql, offline_eval as oe, ope, sage_router
 from sage_pipeline.rl.checkpoint import load_policy, read_meta
 from sage_pipeline.rl.data import REQUIRED, from_dataset
-from sage_pipeline.rl.policy import StaticTablePolicy
 from sage_pipeline.routing import routing_dataset as rd
 from sage_pipeline.routing.action_space import FILE_NAME as ACTION_SPACE_FILE, SPACES, ActionSpace
 from sage_pipeline.routing.features import FeatureSpec
+from sage_pipeline.routing.policy import StaticTablePolicy
 from sage_pipeline.routing.reward import RewardSpec
 
 # What the learners and estimators read; the provenance columns stay on disk.

@@ -49,7 +49,7 @@ import msgspec
 import numpy as np
 
 from sage_pipeline import artifacts
-from sage_pipeline.rl.policy import EpsilonGreedyPolicy, StaticTablePolicy, UniformPolicy, sample_actions
+from sage_pipeline.routing.policy import EpsilonGreedyPolicy, StaticTablePolicy, UniformPolicy, sample_actions
 from sage_pipeline.routing.schema import ROLES, TRAJECTORY_STEP
 from sage_pipeline.routing.simulator import RoutingSimulator, Tasks
 

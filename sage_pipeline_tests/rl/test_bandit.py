@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from sage_pipeline.rl.bandit import BanditConfig, BanditStateError, LinearBandit, load_bandit, run_online
-from sage_pipeline.rl.policy import StaticTablePolicy, check_probs
 from sage_pipeline.rl.router import Router
 from sage_pipeline.routing.action_space import ActionSpace
 from sage_pipeline.routing.collector import binary_mask
+from sage_pipeline.routing.policy import StaticTablePolicy, check_probs
 
 ALGOS = ("thompson", "linucb")
 

@@ -23,10 +23,10 @@ from sage_pipeline.rl.bc import (
     train_bc,
 )
 from sage_pipeline.rl.checkpoint import load_policy, masked_softmax
-from sage_pipeline.rl.policy import EpsilonGreedyPolicy, StaticTablePolicy, UniformPolicy, check_probs
 from sage_pipeline.routing import ingest
 from sage_pipeline.routing.collector import CollectorConfig, collect
 from sage_pipeline.routing.features import FeatureSpec
+from sage_pipeline.routing.policy import EpsilonGreedyPolicy, StaticTablePolicy, UniformPolicy, check_probs
 from sage_pipeline.routing.routing_dataset import build_routing_dataset
 from sage_pipeline.routing.schema import ROLE_INDEX
 

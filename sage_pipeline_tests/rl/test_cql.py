@@ -16,11 +16,11 @@ import pytest
 from sage_pipeline.rl.checkpoint import load_policy, read_meta
 from sage_pipeline.rl.cql import CQLConfig, save_cql, train_cql, train_cql_grid
 from sage_pipeline.rl.data import LoggedDecisions, from_dataset
-from sage_pipeline.rl.policy import StaticTablePolicy, check_probs
 from sage_pipeline.routing import ingest
 from sage_pipeline.routing.catalogue import ModelCatalogue
 from sage_pipeline.routing.collector import CollectorConfig, collect
 from sage_pipeline.routing.features import Contexts, FeatureSpec
+from sage_pipeline.routing.policy import StaticTablePolicy, check_probs
 from sage_pipeline.routing.routing_dataset import build_routing_dataset
 from sage_pipeline.routing.schema import ROLE_INDEX, ROLES
 from sage_pipeline.routing.simulator import RoutingSimulator, Tasks

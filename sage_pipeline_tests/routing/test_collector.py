@@ -18,12 +18,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sage_pipeline.rl.policy import EpsilonGreedyPolicy, StaticTablePolicy, UniformPolicy
 from sage_pipeline.routing import collector
 from sage_pipeline.routing.catalogue import DEFAULT_CATALOGUE
 from sage_pipeline.routing.collector import CollectorConfig, collect
 from sage_pipeline.routing.features import Contexts
 from sage_pipeline.routing.ingest import IngestConfig, ingest
+from sage_pipeline.routing.policy import EpsilonGreedyPolicy, StaticTablePolicy, UniformPolicy
 from sage_pipeline.routing.reward import sage_step_reward
 from sage_pipeline.routing.schema import REWARD_MAX, REWARD_MIN, ROLE_INDEX, ROLES, TRAJECTORY_STEP
 from sage_pipeline.routing.table import DEFAULT_TABLE

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from sage_pipeline.rl.policy import EpsilonGreedyPolicy, StaticTablePolicy, UniformPolicy, check_probs
 from sage_pipeline.routing.collector import simulate_episodes
 from sage_pipeline.routing.features import Contexts
+from sage_pipeline.routing.policy import EpsilonGreedyPolicy, StaticTablePolicy, UniformPolicy, check_probs
 from sage_pipeline.routing.reward import RewardSpec
 from sage_pipeline.routing.schema import REWARD_MAX, REWARD_MIN, ROLE_INDEX, ROLES
 from sage_pipeline.routing.simulator import RoutingSimulator, SimulatorConfig, Tasks

@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 
 from sage_pipeline.rl.cql import CQLConfig
-from sage_pipeline.routing import benchmark_routers as br, benchmark_run as brun, benchmark_train as bt
-from sage_pipeline.routing.benchmark_import import BenchmarkImportError, ImportConfig, import_benchmark
-from sage_pipeline_tests.routing.test_benchmark_routers import synthetic_table
+from sage_pipeline.routing_benchmark import routers as br, run as brun, train as bt
+from sage_pipeline.routing_benchmark.importer import BenchmarkImportError, ImportConfig, import_benchmark
+from sage_pipeline_tests.routing_benchmark.test_routers import synthetic_table
 
 SLICE = Path(__file__).parent / "fixtures" / "routellm_mmlu_slice"
 

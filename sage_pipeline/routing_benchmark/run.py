@@ -2,17 +2,17 @@
 
 :func:`run_benchmark` is what the ``routing_benchmark`` asset calls:
 
-1. import the table (:mod:`benchmark_import`), split it into train and test *by prompt*
+1. import the table (:mod:`importer`), split it into train and test *by prompt*
    (``split: hash``: a stable hash of the prompt text, so a duplicated text never straddles
    the split; ``split: given``: the table's own split, from a test table or a split column);
-2. fit the prompt featurizer on the train prompts only (:mod:`benchmark_features`);
-3. baselines and routers (:mod:`benchmark_routers`) on the train split: the regression,
+2. fit the prompt featurizer on the train prompts only (:mod:`prompt_features`);
+3. baselines and routers (:mod:`routers`) on the train split: the regression,
    predictive (MLP) and kNN routers and BC on the full table, bandit CQL on logged feedback
-   simulated from it (:mod:`benchmark_bandit`, ``train_behaviour``);
+   simulated from it (:mod:`logged_bandit`, ``train_behaviour``);
 4. on the held-out test prompts, every router's cost-quality curve over cost weights from 0
    to its cheap end, its AIQ with a 95% bootstrap interval and its paired margin over the
    random router, AIQ per eval_name and their mean, and for two-model tables RouteLLM's APGR
-   and CPT(50%)/CPT(80%) (:mod:`benchmark_metrics`);
+   and CPT(50%)/CPT(80%) (:mod:`metrics`);
 5. logs simulated on the test prompts under each ``ope_behaviours`` policy, and every
    estimator of ``rl.ope`` for each learned router at one cost weight, next to its exact
    value (with logged propensities, and with propensities estimated by BC).
@@ -29,16 +29,16 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sage_pipeline import artifacts
+from sage_pipeline import artifacts, markdown
 from sage_pipeline.rl.cql import CQLConfig
-from sage_pipeline.routing import (
-    benchmark_bandit as bb,
-    benchmark_features as bfeat,
-    benchmark_metrics as bm,
-    benchmark_routers as br,
-    benchmark_train as bt,
+from sage_pipeline.routing_benchmark import (
+    logged_bandit as bb,
+    metrics as bm,
+    prompt_features as bfeat,
+    routers as br,
+    train as bt,
 )
-from sage_pipeline.routing.benchmark_import import (
+from sage_pipeline.routing_benchmark.importer import (
     BenchmarkImportError,
     BenchmarkTable,
     ImportConfig,
@@ -538,8 +538,6 @@ def write_outputs(result: BenchmarkResult, bundle: br.RouterBundle, reports_dir:
 
 def metadata_markdown(result: BenchmarkResult, max_dropped: int = 20) -> dict[str, str]:
     """Markdown blocks for the asset's metadata: results, OPE, costs, what was dropped, RouteLLM context."""
-    from sage_pipeline import markdown
-
     rep = result.import_report
     z, best = result.aiq["zero_router"], result.best_learned
     verdict = (f"**{best}** has the best AIQ of the learned routers: {result.aiq[best]:.4f} (95% interval "

@@ -2,8 +2,8 @@
 
 Both train every cost weight of the grid together as one batched ensemble
 (``sage_pipeline.rl.cql.Ensemble``: the members share every minibatch, as ``rl.cql`` trains
-its alphas), and return a numpy :class:`~sage_pipeline.routing.benchmark_routers.GridRouter`.
-See :mod:`benchmark_routers` for what the routers learn.
+its alphas), and return a numpy :class:`~sage_pipeline.routing_benchmark.routers.GridRouter`.
+See :mod:`routers` for what the routers learn.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from sage_pipeline.rl.checkpoint import Layers
 from sage_pipeline.rl.cql import CQLConfig, Ensemble
-from sage_pipeline.routing.benchmark_routers import GridRouter, oracle_targets
+from sage_pipeline.routing_benchmark.routers import GridRouter, oracle_targets
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ bootstrap, Kish ESS and support check, its reward model (``ope.LinearQ``, cross-
 over prompt folds; with one "role" it is a per-model linear model of the prompt
 features); ``rl.bc``'s temperature scaling and calibration metrics for propensities
 estimated by behaviour cloning (logs without propensities), floored like
-``rl.bc.estimate_propensities``; and bandit CQL (:mod:`benchmark_routers`) learns from the
+``rl.bc.estimate_propensities``; and bandit CQL (:mod:`routers`) learns from the
 train split's logs. Every estimate is reported next to the exact value.
 """
 
@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from sage_pipeline.rl import bc as rl_bc, ope
 from sage_pipeline.rl.checkpoint import masked_softmax, mlp_forward
-from sage_pipeline.rl.policy import sample_actions
+from sage_pipeline.routing.policy import sample_actions
 
 logger = logging.getLogger(__name__)
 
