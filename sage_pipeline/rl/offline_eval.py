@@ -33,7 +33,7 @@ from sage_pipeline.routing.features import Contexts, FeatureSpec
 from sage_pipeline.routing.policy import StaticTablePolicy
 from sage_pipeline.routing.reward import RewardSpec
 from sage_pipeline.routing.routing_dataset import session_split
-from sage_pipeline.routing.simulator import RoutingSimulator, SimulatorConfig, Tasks
+from sage_pipeline.routing.routing_simulator import RoutingSimulator, SimulatorConfig, Tasks
 from sage_pipeline.routing.table import RoutingTable
 
 log = logging.getLogger(__name__)

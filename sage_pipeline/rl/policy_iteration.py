@@ -49,8 +49,8 @@ from sage_pipeline.routing.catalogue import ModelCatalogue
 from sage_pipeline.routing.policy import EpsilonGreedyPolicy, StaticTablePolicy
 from sage_pipeline.routing.reward import RewardSpec
 from sage_pipeline.routing.routing_dataset import DatasetConfig, build_routing_dataset
+from sage_pipeline.routing.routing_simulator import RoutingSimulator, SimulatorConfig, Tasks
 from sage_pipeline.routing.schema import ROLES, TRAJECTORY_STEP
-from sage_pipeline.routing.simulator import RoutingSimulator, SimulatorConfig, Tasks
 from sage_pipeline.routing.table import RoutingTable
 
 log = logging.getLogger(__name__)

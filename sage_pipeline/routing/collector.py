@@ -50,8 +50,8 @@ import numpy as np
 
 from sage_pipeline import artifacts
 from sage_pipeline.routing.policy import EpsilonGreedyPolicy, StaticTablePolicy, UniformPolicy, sample_actions
+from sage_pipeline.routing.routing_simulator import RoutingSimulator, Tasks
 from sage_pipeline.routing.schema import ROLES, TRAJECTORY_STEP
-from sage_pipeline.routing.simulator import RoutingSimulator, Tasks
 
 log = logging.getLogger(__name__)
 

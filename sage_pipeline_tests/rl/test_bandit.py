@@ -65,7 +65,7 @@ def test_propensities_are_valid_and_logged_as_acted(sim, algo):
 
 
 def _one_context(sim, role: str, complexity: float):
-    from sage_pipeline.routing.simulator import Tasks
+    from sage_pipeline.routing.routing_simulator import Tasks
 
     t = Tasks(np.array([sim.catalogue.roles.index(role)]), np.array([complexity]), np.array([3000.0]))
     return sim.contexts(t, np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64))

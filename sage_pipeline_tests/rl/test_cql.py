@@ -22,8 +22,8 @@ from sage_pipeline.routing.collector import CollectorConfig, collect
 from sage_pipeline.routing.features import Contexts, FeatureSpec
 from sage_pipeline.routing.policy import StaticTablePolicy, check_probs
 from sage_pipeline.routing.routing_dataset import build_routing_dataset
+from sage_pipeline.routing.routing_simulator import RoutingSimulator, Tasks
 from sage_pipeline.routing.schema import ROLE_INDEX, ROLES
-from sage_pipeline.routing.simulator import RoutingSimulator, Tasks
 from sage_pipeline.routing.table import RoutingTable
 
 SPEC = FeatureSpec()

@@ -16,7 +16,7 @@ from sage_pipeline.routing.catalogue import ModelCatalogue
 from sage_pipeline.routing.collector import CollectorConfig, collect, simulate_episodes
 from sage_pipeline.routing.features import Contexts
 from sage_pipeline.routing.policy import EpsilonGreedyPolicy, StaticTablePolicy, UniformPolicy
-from sage_pipeline.routing.simulator import RoutingSimulator, Tasks
+from sage_pipeline.routing.routing_simulator import RoutingSimulator, Tasks
 from sage_pipeline.routing.table import RoutingTable
 
 # ---------------------------------------------------------------- a tiny bandit, by hand
