@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sage_pipeline.rl import nets
 from sage_pipeline.rl.checkpoint import CheckpointMeta, Layers, MLPPolicy, masked_softmax, save_checkpoint
 from sage_pipeline.rl.data import LoggedDecisions
 from sage_pipeline.routing.features import Contexts, FeatureSpec
@@ -117,21 +118,8 @@ class BCResult:
 
 
 # ------------------------------------------------------------------ network
-def make_mlp(in_dim: int, hidden: tuple[int, ...], out_dim: int) -> nn.Sequential:
-    dims = (in_dim, *hidden)
-    layers: list[nn.Module] = []
-    for a, b in zip(dims[:-1], dims[1:]):
-        layers += [nn.Linear(a, b), nn.ReLU()]
-    return nn.Sequential(*layers, nn.Linear(dims[-1], out_dim))
-
-
 def masked_logits(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill(~mask, -math.inf)
-
-
-def export_layers(net: nn.Sequential) -> Layers:
-    as_np = lambda t: t.detach().cpu().numpy().astype(np.float32).copy()  # noqa: E731
-    return [(as_np(m.weight), as_np(m.bias)) for m in net if isinstance(m, nn.Linear)]
 
 
 @torch.no_grad()
@@ -261,7 +249,7 @@ def _train(data: LoggedDecisions, spec: FeatureSpec, config: BCConfig,
     y = torch.as_tensor(data.action, device=dev)
     fit_idx, hold_idx, grouped_by = holdout_rows(data, config.holdout_fraction, config.seed)
     fit_t, hold_t = torch.as_tensor(fit_idx, device=dev), torch.as_tensor(hold_idx, device=dev)
-    net = make_mlp(spec.dim, tuple(config.hidden), len(data.actions)).to(dev)
+    net = nets.mlp(spec.dim, config.hidden, len(data.actions)).to(dev)
     opt = torch.optim.AdamW(net.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     gen = torch.Generator().manual_seed(config.seed)
     log(f"bc: {len(fit_idx)} decisions to fit, {len(hold_idx)} held out by {grouped_by}, "
@@ -331,7 +319,7 @@ def _train(data: LoggedDecisions, spec: FeatureSpec, config: BCConfig,
     metrics["roles_with_one_action"] = one
     metrics["roles_without_data"] = [r for i, r in enumerate(data.roles) if not (data.contexts.role == i).any()]
 
-    layers = export_layers(net)
+    layers = nets.export_layers(net)
     result = BCResult(nets=[layers], temperature=T, metrics=metrics, config=config,
                       feature_spec=spec.to_dict(), actions=tuple(data.actions),
                       role_mask=np.asarray(data.role_mask),

@@ -59,6 +59,7 @@ import torch.nn.functional as F
 
 from sage_pipeline.rl.checkpoint import CheckpointMeta, Layers, MLPPolicy, save_checkpoint
 from sage_pipeline.rl.data import LoggedDecisions
+from sage_pipeline.rl.nets import Ensemble, linear_init
 from sage_pipeline.routing.features import FeatureSpec
 from sage_pipeline.routing.schema import ROLES
 
@@ -200,36 +201,6 @@ def unlogged_pairs(data: LoggedDecisions, roles: Sequence[str] = ROLES) -> list[
     return [f"{roles[r]}/{data.actions[a]}" for r, a in zip(*np.nonzero(never))]
 
 
-# --------------------------------------------------------------------------- networks
-class Ensemble(torch.nn.Module):
-    """M independent ReLU MLPs evaluated as one batched matmul chain: x (B, in) -> (M, B, out)."""
-
-    def __init__(self, inits: list[list[tuple[torch.Tensor, torch.Tensor]]]) -> None:
-        super().__init__()  # inits[m][layer] = (weight (in, out), bias (out,))
-        self.w = torch.nn.ParameterList([torch.stack([m[i][0] for m in inits]) for i in range(len(inits[0]))])
-        self.b = torch.nn.ParameterList([torch.stack([m[i][1] for m in inits])[:, None, :]
-                                         for i in range(len(inits[0]))])
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.expand(self.w[0].shape[0], *x.shape)
-        for i, (w, b) in enumerate(zip(self.w, self.b)):
-            h = torch.baddbmm(b, h, w)
-            if i < len(self.w) - 1:
-                h = torch.relu(h)
-        return h
-
-
-def _init_mlp(sizes: list[int], seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """torch.nn.Linear's default init from its own generator: critic j starts the same for every alpha."""
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
-        bound = 1.0 / math.sqrt(fan_in)
-        out.append(((torch.rand(fan_in, fan_out, generator=g) * 2 - 1) * bound,
-                    (torch.rand(fan_out, generator=g) * 2 - 1) * bound))
-    return out
-
-
 # ------------------------------------------------------------------------------ train
 def train_cql(data_train: LoggedDecisions, spec: FeatureSpec, config: CQLConfig = CQLConfig(),
               log: Callable[[str], None] = print) -> CQLResult:
@@ -289,7 +260,8 @@ def _train(data_train: LoggedDecisions, spec: FeatureSpec, config: CQLConfig, al
 
     # ---- critics, targets, optimiser (seeded)
     sizes = [spec.dim, *map(int, c.hidden), K]
-    inits = [_init_mlp(sizes, c.seed * 1009 + j) for _ in range(G) for j in range(C)]
+    inits = [linear_init(sizes, c.seed * 1009 + j) for _ in range(G) for j in range(C)]  # critic j: same start
+    # for every alpha
     q = Ensemble(inits)
     q_target = Ensemble(inits).requires_grad_(False)
     opt = torch.optim.AdamW(q.parameters(), lr=c.lr, weight_decay=c.weight_decay)
@@ -348,16 +320,9 @@ def _train(data_train: LoggedDecisions, spec: FeatureSpec, config: CQLConfig, al
     seconds = time.perf_counter() - t_start
     td_last = torch.stack(td_hist[-100:]).mean(0).view(G, C).mean(1).tolist()
     gap_last = torch.stack(gap_hist[-100:]).mean(0).view(G, C).mean(1).tolist()
-    ws = [w.detach().numpy().astype(np.float32) for w in q.w]
-    bs = [b.detach().numpy()[:, 0, :].astype(np.float32) for b in q.b]
     results = []
     for g, cfg in enumerate(configs):
-        nets = []
-        for m in range(g * C, (g + 1) * C):
-            layers = [(ws[i][m].T.copy(), bs[i][m].copy()) for i in range(len(ws))]
-            w_last, b_last = layers[-1]
-            layers[-1] = ((w_last * scale).astype(np.float32), (b_last * scale + shift).astype(np.float32))
-            nets.append(layers)
+        nets = q.export(range(g * C, (g + 1) * C), [scale] * C, [shift] * C)
         metrics = {
             "mode": c.mode, "alpha": cfg.alpha, "rows": n, "steps": c.steps,
             "td_loss": td_last[g], "conservative_gap": gap_last[g],  # last 100 steps, normalised units

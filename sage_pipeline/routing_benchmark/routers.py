@@ -31,7 +31,7 @@ Learned routers (fitted on the train split only):
   standardised reward plus ``alpha * (logsumexp_a Q - Q(a_logged))``) trained on *logged
   bandit feedback* (one model per train prompt, drawn by a behaviour policy:
   :mod:`logged_bandit`), with the logged reward ``quality - w * cost`` relabelled for
-  every cost weight of the grid; critics per weight as one batched ensemble (rl.cql's
+  every cost weight of the grid; critics per weight as one batched ensemble (rl.nets'
   ``Ensemble``), served as the greedy argmax of their mean.
 
 The grid routers are trained by :mod:`train` (torch); this module and serving
