@@ -37,6 +37,8 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from scipy.optimize import minimize_scalar
+from scipy.special import logsumexp
 from torch import nn
 
 from sage_pipeline.rl import nets
@@ -49,6 +51,7 @@ logger = logging.getLogger(__name__)
 PROPENSITY_FLOOR = 1e-3  # estimated propensities below this are raised to it: IPS weights stay <= 1000
 SERVING_ATOL = 1e-5  # numpy-served vs torch probabilities
 T_BOUNDS = (0.05, 20.0)  # search interval of the temperature
+T_XATOL = 1e-10  # absolute tolerance of the search on log T
 
 
 @dataclass(frozen=True)
@@ -135,27 +138,18 @@ def torch_action_probs(net: nn.Module, spec: FeatureSpec, ctx: Contexts, role_ma
 # ------------------------------------------------------- calibration tools
 def _nll(logits: np.ndarray, mask: np.ndarray, y: np.ndarray, temperature: float) -> float:
     z = np.where(mask, logits.astype(np.float64) / temperature, -np.inf)
-    m = z.max(axis=1, keepdims=True)
-    lse = m[:, 0] + np.log(np.exp(z - m).sum(axis=1))
-    return float(np.mean(lse - z[np.arange(len(y)), y]))
+    return float(np.mean(logsumexp(z, axis=1) - z[np.arange(len(y)), y]))
 
 
-def fit_temperature(logits: np.ndarray, mask: np.ndarray, y: np.ndarray, iters: int = 80) -> float:
-    """argmin_T NLL(logits / T): golden-section search on log T (NLL is convex in 1/T)."""
-    lo, hi = math.log(T_BOUNDS[0]), math.log(T_BOUNDS[1])
-    g = (math.sqrt(5.0) - 1.0) / 2.0
-    a, b = hi - g * (hi - lo), lo + g * (hi - lo)
-    fa, fb = _nll(logits, mask, y, math.exp(a)), _nll(logits, mask, y, math.exp(b))
-    for _ in range(iters):
-        if fa <= fb:
-            hi, b, fb = b, a, fa
-            a = hi - g * (hi - lo)
-            fa = _nll(logits, mask, y, math.exp(a))
-        else:
-            lo, a, fa = a, b, fb
-            b = lo + g * (hi - lo)
-            fb = _nll(logits, mask, y, math.exp(b))
-    return float(math.exp((lo + hi) / 2.0))
+def fit_temperature(logits: np.ndarray, mask: np.ndarray, y: np.ndarray) -> float:
+    """argmin_T NLL(logits / T) over ``T_BOUNDS``: bounded Brent search on log T (NLL is convex
+    in 1/T), to ``T_XATOL`` in log T."""
+    res = minimize_scalar(lambda log_t: _nll(logits, mask, y, math.exp(log_t)), method="bounded",
+                          bounds=(math.log(T_BOUNDS[0]), math.log(T_BOUNDS[1])), options={"xatol": T_XATOL})
+    if not res.success:
+        raise RuntimeError(f"bc: temperature search did not converge ({res.message}); the held-out logits "
+                           "are not finite or the held-out rows are empty")
+    return float(math.exp(res.x))
 
 
 def _ece(p: np.ndarray, hit: np.ndarray, bins: int) -> float:
