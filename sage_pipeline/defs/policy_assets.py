@@ -140,9 +140,8 @@ def cql_policy(context: dg.AssetExecutionContext, config: CQLPolicyConfig, sage:
                                       ope.OPEConfig(n_boot=config.n_boot, seed=config.seed), config.selection,
                                       progress=context.log.info, behaviour=_behaviour(config.support, bc_model))
             chosen, how, table = sel.result, sel.how, sel.table
-            ck = stage.public(cql.save_cql(stage.path(_checkpoint_rel("cql", name)), chosen,
-                                           artifacts.file_sha256(path),
-                                           metrics={"alpha_selection": table, "selected_by": how}))
+            ck = stage.public(chosen.save(stage.path(_checkpoint_rel("cql", name)), artifacts.file_sha256(path),
+                                          metrics={"alpha_selection": table, "selected_by": how}))
             sfx = "" if name == "multi_model" else f"_{name}"
             meta |= {
                 f"path{sfx}": dg.MetadataValue.path(str(ck)), f"alpha{sfx}": chosen.config.alpha,

@@ -104,11 +104,12 @@ class BCResult:
     training_data_sha256: str  # of the decisions it was trained on (see data_sha256)
     net: nn.Module | None = field(default=None, repr=False, compare=False)  # the torch model, not saved
 
-    def meta(self, training_data_sha256: str | None = None) -> CheckpointMeta:
-        """Checkpoint metadata; pass the routing dataset file's hash to record it instead."""
+    def meta(self, training_data_sha256: str | None = None, metrics: dict | None = None) -> CheckpointMeta:
+        """Checkpoint metadata; pass the routing dataset file's hash to record it instead of the
+        decisions' own, and ``metrics`` to add to the training ones."""
         return CheckpointMeta(kind="bc", head="softmax", temperature=self.temperature,
                               feature_spec=self.feature_spec, actions=list(self.actions),
-                              role_mask=self.role_mask.tolist(), metrics=self.metrics,
+                              role_mask=self.role_mask.tolist(), metrics={**self.metrics, **(metrics or {})},
                               config=asdict(self.config),
                               training_data_sha256=training_data_sha256 or self.training_data_sha256)
 
@@ -116,8 +117,9 @@ class BCResult:
         """The policy exactly as a saved checkpoint serves it (numpy)."""
         return MLPPolicy(self.meta(), self.nets, name="bc")
 
-    def save(self, path: str | Path, training_data_sha256: str | None = None) -> Path:
-        return save_checkpoint(path, self.meta(training_data_sha256), self.nets)
+    def save(self, path: str | Path, training_data_sha256: str | None = None, metrics: dict | None = None) -> Path:
+        """Write the checkpoint folder atomically (:func:`~sage_pipeline.rl.checkpoint.save_checkpoint`)."""
+        return save_checkpoint(path, self.meta(training_data_sha256, metrics), self.nets)
 
 
 # ------------------------------------------------------------------ network

@@ -40,7 +40,7 @@ table's regret in both modes, 0.1 less (bandit ~0.77, multistep ~0.5), and alpha
 gives back the table's own choices; on data with poorer coverage larger alphas matter.
 
 The result's ``nets`` are numpy ``(weight (out, in), bias)`` layers for
-:func:`sage_pipeline.rl.checkpoint.mlp_forward`; :func:`save_cql` writes the checkpoint
+:func:`sage_pipeline.rl.checkpoint.mlp_forward`; :meth:`CQLResult.save` writes the checkpoint
 (``kind="cql"``, ``head="greedy"``) that :func:`sage_pipeline.rl.checkpoint.load_policy`
 serves with numpy only.
 """
@@ -156,11 +156,10 @@ class CQLResult:
         """The trained policy served in numpy, exactly as it will be after save and load."""
         return MLPPolicy(self.meta(), self.nets, name="cql")
 
-
-def save_cql(path: str | Path, result: CQLResult, training_data_sha256: str | None = None,
-             metrics: dict | None = None) -> Path:
-    """Write ``result`` as a checkpoint folder (atomic); ``metrics`` adds to the training ones."""
-    return save_checkpoint(path, result.meta(training_data_sha256, metrics), result.nets)
+    def save(self, path: str | Path, training_data_sha256: str | None = None, metrics: dict | None = None) -> Path:
+        """Write the checkpoint folder atomically (:func:`~sage_pipeline.rl.checkpoint.save_checkpoint`);
+        ``metrics`` adds to the training ones."""
+        return save_checkpoint(path, self.meta(training_data_sha256, metrics), self.nets)
 
 
 # ----------------------------------------------------------------------------- checks

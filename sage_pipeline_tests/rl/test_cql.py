@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from sage_pipeline.rl.checkpoint import load_policy, read_meta
-from sage_pipeline.rl.cql import CQLConfig, save_cql, train_cql, train_cql_grid
+from sage_pipeline.rl.cql import CQLConfig, train_cql, train_cql_grid
 from sage_pipeline.rl.data import LoggedDecisions, from_dataset
 from sage_pipeline.routing import ingest
 from sage_pipeline.routing.catalogue import ModelCatalogue
@@ -123,7 +123,7 @@ def test_served_values_are_in_reward_units(grid, train):
 def test_checkpoint_round_trip_equals_torch(grid, train, tmp_path):
     mode, results = grid
     res = results[CHOSEN]
-    path = save_cql(tmp_path / "cql", res, training_data_sha256="abc", metrics={"note": 1})
+    path = res.save(tmp_path / "cql", training_data_sha256="abc", metrics={"note": 1})
     meta = read_meta(path)
     assert (meta.kind, meta.head, meta.training_data_sha256) == ("cql", "greedy", "abc")
     assert meta.config["mode"] == mode and meta.config["alpha"] == CHOSEN and meta.metrics["note"] == 1
