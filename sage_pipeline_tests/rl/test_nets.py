@@ -43,7 +43,7 @@ def test_orthogonal_init_is_cleanrls_layer_init_with_the_same_draws():
         assert torch.equal(a, b)
     w = net[0].weight.detach()
     assert torch.allclose(w.T @ w, 2.0 * torch.eye(6), atol=1e-5)  # orthonormal columns times gain sqrt(2)
-    assert float(net[-1].bias.abs().max()) == 0.0
+    assert float(net[-1].bias.detach().abs().max()) == 0.0
 
 
 def test_exported_layers_serve_the_same_outputs_in_numpy():
