@@ -72,12 +72,12 @@ def ab_seed(seed: int, episodes: int, ab_episodes: int) -> dict:
 
     from sage_pipeline.rl import bc, cql, offline_eval as oe, online_ab as ab, ope
     from sage_pipeline.rl.data import from_dataset
-    from sage_pipeline.rl.policy import StaticTablePolicy
     from sage_pipeline.routing import collector, ingest
     from sage_pipeline.routing.catalogue import ModelCatalogue
     from sage_pipeline.routing.features import FeatureSpec
+    from sage_pipeline.routing.policy import StaticTablePolicy
     from sage_pipeline.routing.routing_dataset import DatasetConfig, build_routing_dataset
-    from sage_pipeline.routing.simulator import RoutingSimulator
+    from sage_pipeline.routing.routing_simulator import RoutingSimulator
     from sage_pipeline.routing.table import RoutingTable
 
     t0, quiet = time.perf_counter(), (lambda *_: None)

@@ -165,7 +165,7 @@ def make_data(episodes: int, seed: int):
     from sage_pipeline.routing.collector import CollectorConfig, collect
     from sage_pipeline.routing.reward import RewardSpec
     from sage_pipeline.routing.routing_dataset import build_routing_dataset
-    from sage_pipeline.routing.simulator import RoutingSimulator
+    from sage_pipeline.routing.routing_simulator import RoutingSimulator
     from sage_pipeline.routing.table import RoutingTable
 
     cat = ModelCatalogue.load()
@@ -209,8 +209,8 @@ def main() -> int:
     from sage_pipeline.rl.checkpoint import CheckpointMeta, MLPPolicy
     from sage_pipeline.rl.cql import CQLConfig, train_cql
     from sage_pipeline.rl.offline_eval import eval_tasks, regret_closure
-    from sage_pipeline.rl.policy import StaticTablePolicy
     from sage_pipeline.routing.features import FeatureSpec
+    from sage_pipeline.routing.policy import StaticTablePolicy
 
     if not args.d3rlpy_python.exists():
         print(f"d3rlpy virtualenv not found at {args.d3rlpy_python}: create it with the commands at the top "

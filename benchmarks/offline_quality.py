@@ -52,12 +52,12 @@ def run_seed(seed: int, episodes: int, criterion: str = "fqe", eval_fraction: fl
 
     from sage_pipeline.rl import bc, cql, offline_eval as oe, ope
     from sage_pipeline.rl.data import from_dataset
-    from sage_pipeline.rl.policy import StaticTablePolicy, UniformPolicy
     from sage_pipeline.routing import collector, ingest
     from sage_pipeline.routing.catalogue import ModelCatalogue
     from sage_pipeline.routing.features import FeatureSpec
+    from sage_pipeline.routing.policy import StaticTablePolicy, UniformPolicy
     from sage_pipeline.routing.routing_dataset import DatasetConfig, build_routing_dataset
-    from sage_pipeline.routing.simulator import RoutingSimulator
+    from sage_pipeline.routing.routing_simulator import RoutingSimulator
     from sage_pipeline.routing.table import RoutingTable
 
     t0 = time.perf_counter()

@@ -94,10 +94,10 @@ def obp_side(inputs: Path, output: Path) -> None:
 # ---------------------------------------------------------------- project side
 def make_inputs(episodes: int, seed: int) -> dict[str, np.ndarray]:
     from sage_pipeline.rl import ope
-    from sage_pipeline.rl.policy import EpsilonGreedyPolicy, StaticTablePolicy, UniformPolicy
     from sage_pipeline.routing.catalogue import ModelCatalogue
     from sage_pipeline.routing.collector import simulate_episodes
-    from sage_pipeline.routing.simulator import RoutingSimulator, Tasks
+    from sage_pipeline.routing.policy import EpsilonGreedyPolicy, StaticTablePolicy, UniformPolicy
+    from sage_pipeline.routing.routing_simulator import RoutingSimulator, Tasks
     from sage_pipeline.routing.table import RoutingTable
 
     cat = ModelCatalogue.load()

@@ -20,7 +20,7 @@ Contenders, each timed in a fresh subprocess (peak RSS is its own), interleaved 
 * ``pyarrow_read`` (baseline): ``pyarrow.csv.read_csv`` / ``pyarrow.parquet.read_table`` of
   the file and nothing else: the floor for any importer.
 * ``pandas_read`` (baseline): ``pandas.read_csv`` / ``read_parquet``: what a notebook does.
-* ``import_benchmark``: ``sage_pipeline.routing.benchmark_import.import_benchmark``: read,
+* ``import_benchmark``: ``sage_pipeline.routing_benchmark.importer.import_benchmark``: read,
   layout detection, validation of every quality and cost cell, duplicates, the price table
   for missing costs, assembly into the (prompts x models) arrays, and the report.
 
@@ -55,7 +55,7 @@ def generate(rows: int, n_models: int, seed: int = 0) -> dict[str, Path]:
     import pyarrow.csv as pacsv
     import pyarrow.parquet as pq
 
-    from sage_pipeline.routing.benchmark_import import ImportConfig, import_benchmark
+    from sage_pipeline.routing_benchmark.importer import ImportConfig, import_benchmark
 
     SCRATCH.mkdir(parents=True, exist_ok=True)
     stem = f"routerbench_{rows}x{n_models}_s{seed}"
@@ -119,7 +119,7 @@ def child(name: str, path: Path) -> dict:
     import pyarrow.csv as pacsv
     import pyarrow.parquet as pq
 
-    from sage_pipeline.routing.benchmark_import import ImportConfig, import_benchmark
+    from sage_pipeline.routing_benchmark.importer import ImportConfig, import_benchmark
 
     t0 = time.perf_counter()  # after the imports: every contender is timed on its work alone
     parquet = path.suffix == ".parquet"

@@ -8,12 +8,12 @@ Run from the repository root::
 
 Tables: ``mmlu`` is the packaged RouteLLM MMLU table (2 models, contaminated prompts excluded,
 duplicates dropped); ``synK-binary`` / ``synK-graded`` are synthetic tables with K models from
-the routing simulator's catalogue (``sage_pipeline.routing.benchmark_synthetic``: 6,000 prompts,
+the routing simulator's catalogue (``sage_pipeline.routing_benchmark.synthetic``: 6,000 prompts,
 SAGE roles as topics, latent complexity, the simulator's success law with its sharpness 8;
 ``-sharp``: sharpness 40 and less hidden complexity, so outcomes are nearly predictable from the
 text and the oracle nearly achievable), written as RouterBench wide CSVs with pandas' index
 and imported as shipped. For each split seed (a different 75/25
-train/test split by prompt) and featurizer, ``benchmark_run.run_benchmark`` with the asset's
+train/test split by prompt) and featurizer, ``routing_benchmark.run.run_benchmark`` with the asset's
 defaults; side by side on the same held-out prompts: every single model, the zero router,
 random, the oracle, ``cost_only`` and, on synthetic tables, ``bayes`` (routing by the true
 success probability: the best any router can do without seeing outcomes). Prints, per table:
@@ -42,13 +42,13 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
-from sage_pipeline.routing import (
-    benchmark_metrics as bm,
-    benchmark_routers as br,
-    benchmark_run as brun,
-    benchmark_synthetic as bs,
+from sage_pipeline.routing_benchmark import (
+    metrics as bm,
+    routers as br,
+    run as brun,
+    synthetic as bs,
 )
-from sage_pipeline.routing.benchmark_import import ImportConfig, import_benchmark
+from sage_pipeline.routing_benchmark.importer import ImportConfig, import_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / ".scratch" / "routing_benchmark_quality.json"

@@ -48,7 +48,7 @@ from sage_pipeline.sleep.cycle import CycleConfig
 from sage_pipeline.sleep.gate import GateConfig
 from sage_pipeline.sleep.nightly import NightSettings, run_night
 from sage_pipeline.sleep.records import write_task_file
-from sage_pipeline.sleep.sim import FAILURES, SimulatedBackend, SimWorld
+from sage_pipeline.sleep.simulated_backend import FAILURES, SimulatedBackend, SimWorld
 
 GATES = {
     "gate": GateConfig(),

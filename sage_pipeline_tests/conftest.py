@@ -10,7 +10,7 @@ import pytest
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 
 from sage_pipeline.routing.catalogue import ModelCatalogue  # noqa: E402
-from sage_pipeline.routing.simulator import RoutingSimulator  # noqa: E402
+from sage_pipeline.routing.routing_simulator import RoutingSimulator  # noqa: E402
 from sage_pipeline.routing.table import RoutingTable  # noqa: E402
 
 
@@ -72,10 +72,10 @@ _SLOW = (
     "rl/test_ope.py::test_evaluate_policy_on_the_routing_dataset",
     "rl/test_router.py::test_logged_propensity_is_the_exact_frequency_with_exploration",
     "rl/test_sage_router.py::test_sage_loads_the_file_unchanged_in_a_bare_process",
-    "routing/test_benchmark_run.py::test_given_split_from_a_split_column_and_its_errors",
-    "routing/test_benchmark_run.py::test_many_models_in_routerbench_layout",
-    "routing/test_benchmark_run.py::test_precomputed_embeddings_as_features",
-    "routing/test_benchmark_run.py::test_two_model_run_has_every_baseline_router_and_metric",
+    "routing_benchmark/test_run.py::test_given_split_from_a_split_column_and_its_errors",
+    "routing_benchmark/test_run.py::test_many_models_in_routerbench_layout",
+    "routing_benchmark/test_run.py::test_precomputed_embeddings_as_features",
+    "routing_benchmark/test_run.py::test_two_model_run_has_every_baseline_router_and_metric",
     "routing/test_collector.py::test_a_killed_run_leaves_the_old_set_or_the_new_one_and_the_next_run_sweeps_it",
     "routing/test_collector.py::test_ingest_of_sessions_reads_exactly_the_current_set_after_several_runs",
     "routing/test_collector.py::test_two_concurrent_runs_both_succeed_and_the_last_switch_wins",
@@ -85,8 +85,8 @@ _SLOW = (
     "routing/test_expectations.py::test_the_file_contract_on_an_empty_file_and_a_missing_column",
     "routing/test_ingest.py::test_corrupt_gzip_keeps_each_line_decoded_before_the_damage",
     "routing/test_routing_dataset.py::test_a_build_in_session_chunks_writes_the_same_files",
-    "routing/test_simulator.py::test_oracle_matches_simulation",
-    "routing/test_simulator.py::test_values_in_chunks_equal_one_backward_pass",
+    "routing/test_routing_simulator.py::test_oracle_matches_simulation",
+    "routing/test_routing_simulator.py::test_values_in_chunks_equal_one_backward_pass",
     "sim/test_setup_docker.py::test_a_client_without_dockerd_installs_docker_io_and_starts_the_daemon",
     "sim/test_setup_docker.py::test_a_daemon_that_never_answers_fails_within_the_wait_and_shows_its_log",
     "sim/test_tasks.py::test_a_reference_timeout_is_run_again_before_the_task_is_dropped",

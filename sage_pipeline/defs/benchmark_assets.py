@@ -11,9 +11,9 @@ from pydantic import Field
 from sage_pipeline import markdown
 from sage_pipeline.defs.resources import SageResource
 from sage_pipeline.rl.cql import CQLConfig
-from sage_pipeline.routing import benchmark_bandit as bb, benchmark_import as bi, benchmark_run as brun
-from sage_pipeline.routing.benchmark_routers import DEFAULT_SWEEP_POINTS, DEFAULT_WEIGHT_POINTS
-from sage_pipeline.routing.benchmark_train import BCGridConfig
+from sage_pipeline.routing_benchmark import importer as bi, logged_bandit as bb, run as brun
+from sage_pipeline.routing_benchmark.routers import DEFAULT_SWEEP_POINTS, DEFAULT_WEIGHT_POINTS
+from sage_pipeline.routing_benchmark.train import BCGridConfig
 
 GROUP = "routing_benchmark"
 JOB = "routing_benchmark_job"  # not the group's name: that is the asset's, and an op and a job cannot share it

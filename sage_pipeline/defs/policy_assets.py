@@ -11,10 +11,10 @@ from sage_pipeline.defs.routing_assets import GROUP, reward_report, routing_data
 from sage_pipeline.rl import bc, cql, offline_eval as oe, ope, sage_router
 from sage_pipeline.rl.checkpoint import load_policy, read_meta
 from sage_pipeline.rl.data import REQUIRED, from_dataset
-from sage_pipeline.rl.policy import StaticTablePolicy
 from sage_pipeline.routing import routing_dataset as rd
 from sage_pipeline.routing.action_space import FILE_NAME as ACTION_SPACE_FILE, SPACES, ActionSpace
 from sage_pipeline.routing.features import FeatureSpec
+from sage_pipeline.routing.policy import StaticTablePolicy
 from sage_pipeline.routing.reward import RewardSpec
 
 # What the learners and estimators read; the provenance columns stay on disk.
@@ -144,9 +144,8 @@ def cql_policy(context: dg.AssetExecutionContext, config: CQLPolicyConfig, sage:
                                       ope.OPEConfig(n_boot=config.n_boot, seed=config.seed), config.selection,
                                       progress=context.log.info, behaviour=_behaviour(config.support, bc_model))
             chosen, how, table = sel.result, sel.how, sel.table
-            ck = stage.public(cql.save_cql(stage.path(_checkpoint_rel("cql", name)), chosen,
-                                           artifacts.file_sha256(path),
-                                           metrics={"alpha_selection": table, "selected_by": how}))
+            ck = stage.public(chosen.save(stage.path(_checkpoint_rel("cql", name)), artifacts.file_sha256(path),
+                                          metrics={"alpha_selection": table, "selected_by": how}))
             sfx = "" if name == "multi_model" else f"_{name}"
             meta |= {
                 f"path{sfx}": dg.MetadataValue.path(str(ck)), f"alpha{sfx}": chosen.config.alpha,

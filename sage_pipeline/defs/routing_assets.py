@@ -16,8 +16,8 @@ from sage_pipeline.defs.resources import SageResource
 from sage_pipeline.routing import collector, ingest, reward_report as rr, routing_dataset as rd
 from sage_pipeline.routing.action_space import FILE_NAME as ACTION_SPACE_FILE
 from sage_pipeline.routing.reward import RewardSpec
+from sage_pipeline.routing.routing_simulator import RoutingSimulator, SimulatorConfig
 from sage_pipeline.routing.schema import DATASET_COLUMNS, ROLES
-from sage_pipeline.routing.simulator import RoutingSimulator, SimulatorConfig
 
 GROUP = "offline_routing"
 

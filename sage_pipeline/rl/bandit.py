@@ -40,7 +40,9 @@ from pathlib import Path
 import numpy as np
 
 from sage_pipeline import artifacts
+from sage_pipeline.routing.collector import simulate_episodes
 from sage_pipeline.routing.features import Contexts
+from sage_pipeline.routing.policy import sample_actions
 
 ALGORITHMS = ("thompson", "linucb")
 FORMAT, VERSION = "sage_linear_bandit", 1
@@ -177,8 +179,6 @@ class LinearBandit:
     # ------------------------------------------------------------------ acting and learning
     def act(self, ctx: Contexts) -> tuple[np.ndarray, np.ndarray]:
         """(actions, logged propensities): one model per row drawn from :meth:`action_probs`."""
-        from sage_pipeline.rl.policy import sample_actions
-
         probs = self.action_probs(ctx)
         a = sample_actions(probs, self.rng)
         return a, probs[np.arange(len(a)), a]
@@ -273,8 +273,6 @@ def run_online(bandit: LinearBandit, sim, tasks, rng: np.random.Generator, batch
     """Route ``tasks`` (a simulator's) with ``bandit``, ``batch`` tasks at a time, learning from every
     decision's reward after each batch; returns the decision rows (as the collector's
     ``simulate_episodes``: task, step, action, propensity, outcome, reward) over all tasks."""
-    from sage_pipeline.routing.collector import simulate_episodes
-
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")
     parts = []

@@ -37,8 +37,11 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from scipy.optimize import minimize_scalar
+from scipy.special import logsumexp
 from torch import nn
 
+from sage_pipeline.rl import nets
 from sage_pipeline.rl.checkpoint import CheckpointMeta, Layers, MLPPolicy, masked_softmax, save_checkpoint
 from sage_pipeline.rl.data import LoggedDecisions
 from sage_pipeline.routing.features import Contexts, FeatureSpec
@@ -48,6 +51,7 @@ logger = logging.getLogger(__name__)
 PROPENSITY_FLOOR = 1e-3  # estimated propensities below this are raised to it: IPS weights stay <= 1000
 SERVING_ATOL = 1e-5  # numpy-served vs torch probabilities
 T_BOUNDS = (0.05, 20.0)  # search interval of the temperature
+T_XATOL = 1e-10  # absolute tolerance of the search on log T
 
 
 @dataclass(frozen=True)
@@ -100,11 +104,12 @@ class BCResult:
     training_data_sha256: str  # of the decisions it was trained on (see data_sha256)
     net: nn.Module | None = field(default=None, repr=False, compare=False)  # the torch model, not saved
 
-    def meta(self, training_data_sha256: str | None = None) -> CheckpointMeta:
-        """Checkpoint metadata; pass the routing dataset file's hash to record it instead."""
+    def meta(self, training_data_sha256: str | None = None, metrics: dict | None = None) -> CheckpointMeta:
+        """Checkpoint metadata; pass the routing dataset file's hash to record it instead of the
+        decisions' own, and ``metrics`` to add to the training ones."""
         return CheckpointMeta(kind="bc", head="softmax", temperature=self.temperature,
                               feature_spec=self.feature_spec, actions=list(self.actions),
-                              role_mask=self.role_mask.tolist(), metrics=self.metrics,
+                              role_mask=self.role_mask.tolist(), metrics={**self.metrics, **(metrics or {})},
                               config=asdict(self.config),
                               training_data_sha256=training_data_sha256 or self.training_data_sha256)
 
@@ -112,26 +117,14 @@ class BCResult:
         """The policy exactly as a saved checkpoint serves it (numpy)."""
         return MLPPolicy(self.meta(), self.nets, name="bc")
 
-    def save(self, path: str | Path, training_data_sha256: str | None = None) -> Path:
-        return save_checkpoint(path, self.meta(training_data_sha256), self.nets)
+    def save(self, path: str | Path, training_data_sha256: str | None = None, metrics: dict | None = None) -> Path:
+        """Write the checkpoint folder atomically (:func:`~sage_pipeline.rl.checkpoint.save_checkpoint`)."""
+        return save_checkpoint(path, self.meta(training_data_sha256, metrics), self.nets)
 
 
 # ------------------------------------------------------------------ network
-def make_mlp(in_dim: int, hidden: tuple[int, ...], out_dim: int) -> nn.Sequential:
-    dims = (in_dim, *hidden)
-    layers: list[nn.Module] = []
-    for a, b in zip(dims[:-1], dims[1:]):
-        layers += [nn.Linear(a, b), nn.ReLU()]
-    return nn.Sequential(*layers, nn.Linear(dims[-1], out_dim))
-
-
 def masked_logits(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill(~mask, -math.inf)
-
-
-def export_layers(net: nn.Sequential) -> Layers:
-    as_np = lambda t: t.detach().cpu().numpy().astype(np.float32).copy()  # noqa: E731
-    return [(as_np(m.weight), as_np(m.bias)) for m in net if isinstance(m, nn.Linear)]
 
 
 @torch.no_grad()
@@ -147,27 +140,18 @@ def torch_action_probs(net: nn.Module, spec: FeatureSpec, ctx: Contexts, role_ma
 # ------------------------------------------------------- calibration tools
 def _nll(logits: np.ndarray, mask: np.ndarray, y: np.ndarray, temperature: float) -> float:
     z = np.where(mask, logits.astype(np.float64) / temperature, -np.inf)
-    m = z.max(axis=1, keepdims=True)
-    lse = m[:, 0] + np.log(np.exp(z - m).sum(axis=1))
-    return float(np.mean(lse - z[np.arange(len(y)), y]))
+    return float(np.mean(logsumexp(z, axis=1) - z[np.arange(len(y)), y]))
 
 
-def fit_temperature(logits: np.ndarray, mask: np.ndarray, y: np.ndarray, iters: int = 80) -> float:
-    """argmin_T NLL(logits / T): golden-section search on log T (NLL is convex in 1/T)."""
-    lo, hi = math.log(T_BOUNDS[0]), math.log(T_BOUNDS[1])
-    g = (math.sqrt(5.0) - 1.0) / 2.0
-    a, b = hi - g * (hi - lo), lo + g * (hi - lo)
-    fa, fb = _nll(logits, mask, y, math.exp(a)), _nll(logits, mask, y, math.exp(b))
-    for _ in range(iters):
-        if fa <= fb:
-            hi, b, fb = b, a, fa
-            a = hi - g * (hi - lo)
-            fa = _nll(logits, mask, y, math.exp(a))
-        else:
-            lo, a, fa = a, b, fb
-            b = lo + g * (hi - lo)
-            fb = _nll(logits, mask, y, math.exp(b))
-    return float(math.exp((lo + hi) / 2.0))
+def fit_temperature(logits: np.ndarray, mask: np.ndarray, y: np.ndarray) -> float:
+    """argmin_T NLL(logits / T) over ``T_BOUNDS``: bounded Brent search on log T (NLL is convex
+    in 1/T), to ``T_XATOL`` in log T."""
+    res = minimize_scalar(lambda log_t: _nll(logits, mask, y, math.exp(log_t)), method="bounded",
+                          bounds=(math.log(T_BOUNDS[0]), math.log(T_BOUNDS[1])), options={"xatol": T_XATOL})
+    if not res.success:
+        raise RuntimeError(f"bc: temperature search did not converge ({res.message}); the held-out logits "
+                           "are not finite or the held-out rows are empty")
+    return float(math.exp(res.x))
 
 
 def _ece(p: np.ndarray, hit: np.ndarray, bins: int) -> float:
@@ -261,7 +245,7 @@ def _train(data: LoggedDecisions, spec: FeatureSpec, config: BCConfig,
     y = torch.as_tensor(data.action, device=dev)
     fit_idx, hold_idx, grouped_by = holdout_rows(data, config.holdout_fraction, config.seed)
     fit_t, hold_t = torch.as_tensor(fit_idx, device=dev), torch.as_tensor(hold_idx, device=dev)
-    net = make_mlp(spec.dim, tuple(config.hidden), len(data.actions)).to(dev)
+    net = nets.mlp(spec.dim, config.hidden, len(data.actions)).to(dev)
     opt = torch.optim.AdamW(net.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     gen = torch.Generator().manual_seed(config.seed)
     log(f"bc: {len(fit_idx)} decisions to fit, {len(hold_idx)} held out by {grouped_by}, "
@@ -331,7 +315,7 @@ def _train(data: LoggedDecisions, spec: FeatureSpec, config: BCConfig,
     metrics["roles_with_one_action"] = one
     metrics["roles_without_data"] = [r for i, r in enumerate(data.roles) if not (data.contexts.role == i).any()]
 
-    layers = export_layers(net)
+    layers = nets.export_layers(net)
     result = BCResult(nets=[layers], temperature=T, metrics=metrics, config=config,
                       feature_spec=spec.to_dict(), actions=tuple(data.actions),
                       role_mask=np.asarray(data.role_mask),

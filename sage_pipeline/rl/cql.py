@@ -40,7 +40,7 @@ table's regret in both modes, 0.1 less (bandit ~0.77, multistep ~0.5), and alpha
 gives back the table's own choices; on data with poorer coverage larger alphas matter.
 
 The result's ``nets`` are numpy ``(weight (out, in), bias)`` layers for
-:func:`sage_pipeline.rl.checkpoint.mlp_forward`; :func:`save_cql` writes the checkpoint
+:func:`sage_pipeline.rl.checkpoint.mlp_forward`; :meth:`CQLResult.save` writes the checkpoint
 (``kind="cql"``, ``head="greedy"``) that :func:`sage_pipeline.rl.checkpoint.load_policy`
 serves with numpy only.
 """
@@ -59,6 +59,7 @@ import torch.nn.functional as F
 
 from sage_pipeline.rl.checkpoint import CheckpointMeta, Layers, MLPPolicy, save_checkpoint
 from sage_pipeline.rl.data import LoggedDecisions
+from sage_pipeline.rl.nets import Ensemble, linear_init
 from sage_pipeline.routing.features import FeatureSpec
 from sage_pipeline.routing.schema import ROLES
 
@@ -165,11 +166,10 @@ class CQLResult:
         """The trained policy served in numpy, exactly as it will be after save and load."""
         return MLPPolicy(self.meta(), self.nets, name="cql")
 
-
-def save_cql(path: str | Path, result: CQLResult, training_data_sha256: str | None = None,
-             metrics: dict | None = None) -> Path:
-    """Write ``result`` as a checkpoint folder (atomic); ``metrics`` adds to the training ones."""
-    return save_checkpoint(path, result.meta(training_data_sha256, metrics), result.nets)
+    def save(self, path: str | Path, training_data_sha256: str | None = None, metrics: dict | None = None) -> Path:
+        """Write the checkpoint folder atomically (:func:`~sage_pipeline.rl.checkpoint.save_checkpoint`);
+        ``metrics`` adds to the training ones."""
+        return save_checkpoint(path, self.meta(training_data_sha256, metrics), self.nets)
 
 
 # ----------------------------------------------------------------------------- checks
@@ -208,36 +208,6 @@ def unlogged_pairs(data: LoggedDecisions, roles: Sequence[str] = ROLES) -> list[
     has = np.bincount(data.contexts.role, minlength=len(roles)) > 0
     never = data.role_mask & ~seen & has[:, None]
     return [f"{roles[r]}/{data.actions[a]}" for r, a in zip(*np.nonzero(never))]
-
-
-# --------------------------------------------------------------------------- networks
-class Ensemble(torch.nn.Module):
-    """M independent ReLU MLPs evaluated as one batched matmul chain: x (B, in) -> (M, B, out)."""
-
-    def __init__(self, inits: list[list[tuple[torch.Tensor, torch.Tensor]]]) -> None:
-        super().__init__()  # inits[m][layer] = (weight (in, out), bias (out,))
-        self.w = torch.nn.ParameterList([torch.stack([m[i][0] for m in inits]) for i in range(len(inits[0]))])
-        self.b = torch.nn.ParameterList([torch.stack([m[i][1] for m in inits])[:, None, :]
-                                         for i in range(len(inits[0]))])
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.expand(self.w[0].shape[0], *x.shape)
-        for i, (w, b) in enumerate(zip(self.w, self.b)):
-            h = torch.baddbmm(b, h, w)
-            if i < len(self.w) - 1:
-                h = torch.relu(h)
-        return h
-
-
-def _init_mlp(sizes: list[int], seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """torch.nn.Linear's default init from its own generator: critic j starts the same for every alpha."""
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
-        bound = 1.0 / math.sqrt(fan_in)
-        out.append(((torch.rand(fan_in, fan_out, generator=g) * 2 - 1) * bound,
-                    (torch.rand(fan_out, generator=g) * 2 - 1) * bound))
-    return out
 
 
 # ------------------------------------------------------------------------------ train
@@ -299,7 +269,8 @@ def _train(data_train: LoggedDecisions, spec: FeatureSpec, config: CQLConfig, al
 
     # ---- critics, targets, optimiser (seeded)
     sizes = [spec.dim, *map(int, c.hidden), K]
-    inits = [_init_mlp(sizes, c.seed * 1009 + j) for _ in range(G) for j in range(C)]
+    inits = [linear_init(sizes, c.seed * 1009 + j) for _ in range(G) for j in range(C)]  # critic j: same start
+    # for every alpha
     q = Ensemble(inits)
     q_target = Ensemble(inits).requires_grad_(False)
     opt = torch.optim.AdamW(q.parameters(), lr=c.lr, weight_decay=c.weight_decay)
@@ -360,16 +331,9 @@ def _train(data_train: LoggedDecisions, spec: FeatureSpec, config: CQLConfig, al
     seconds = time.perf_counter() - t_start
     td_last = torch.stack(td_hist[-100:]).mean(0).view(G, C).mean(1).tolist()
     gap_last = torch.stack(gap_hist[-100:]).mean(0).view(G, C).mean(1).tolist()
-    ws = [w.detach().numpy().astype(np.float32) for w in q.w]
-    bs = [b.detach().numpy()[:, 0, :].astype(np.float32) for b in q.b]
     results = []
     for g, cfg in enumerate(configs):
-        nets = []
-        for m in range(g * C, (g + 1) * C):
-            layers = [(ws[i][m].T.copy(), bs[i][m].copy()) for i in range(len(ws))]
-            w_last, b_last = layers[-1]
-            layers[-1] = ((w_last * scale).astype(np.float32), (b_last * scale + shift).astype(np.float32))
-            nets.append(layers)
+        nets = q.export(range(g * C, (g + 1) * C), [scale] * C, [shift] * C)
         metrics = {
             "mode": c.mode, "alpha": cfg.alpha, "rows": n, "steps": n_steps, "passes": n_steps * B / n,
             "td_loss": td_last[g], "conservative_gap": gap_last[g],  # last 100 steps, normalised units

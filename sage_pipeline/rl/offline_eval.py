@@ -25,13 +25,15 @@ import numpy as np
 import pandas as pd
 
 from sage_pipeline import artifacts
-from sage_pipeline.rl import ope, sage_router
-from sage_pipeline.rl.policy import StaticTablePolicy
+from sage_pipeline.rl import cql, ope, sage_router
+from sage_pipeline.rl.data import from_dataset
 from sage_pipeline.routing.action_space import ActionSpace
 from sage_pipeline.routing.catalogue import ModelCatalogue
-from sage_pipeline.routing.features import Contexts
+from sage_pipeline.routing.features import Contexts, FeatureSpec
+from sage_pipeline.routing.policy import StaticTablePolicy
 from sage_pipeline.routing.reward import RewardSpec
-from sage_pipeline.routing.simulator import RoutingSimulator, SimulatorConfig, Tasks
+from sage_pipeline.routing.routing_dataset import session_split
+from sage_pipeline.routing.routing_simulator import RoutingSimulator, SimulatorConfig, Tasks
 from sage_pipeline.routing.table import RoutingTable
 
 log = logging.getLogger(__name__)
@@ -260,8 +262,6 @@ def eval_part(df: pd.DataFrame, part: str) -> pd.DataFrame:
     estimate optimistic (the winner's curse) and its interval cover too rarely."""
     if part not in ("select", "report"):
         raise ValueError(f"part must be 'select' or 'report', got {part!r}")
-    from sage_pipeline.routing.routing_dataset import session_split
-
     ev = df[df["split"] == "eval"]
     side = session_split(ev["session_id"], SELECT_FRACTION, "sage-eval-part")  # "eval" = select
     return ev[(side == "eval") == (part == "select")]
@@ -303,10 +303,6 @@ def train_select_cql(df: pd.DataFrame, catalogue: ActionSpace | ModelCatalogue, 
     If no alpha is supported there, keep the most conservative (largest) one and say so.
     In the ``sage_binary`` space CQL learns from the decisions that took the primary or the
     fallback (:meth:`LoggedDecisions.restrict`); OPE still reads every eval decision."""
-    from sage_pipeline.rl import cql
-    from sage_pipeline.rl.data import from_dataset
-    from sage_pipeline.routing.features import FeatureSpec
-
     data = from_dataset(df, catalogue).split_rows("train")
     if isinstance(catalogue, ActionSpace):
         data = data.restrict(catalogue)

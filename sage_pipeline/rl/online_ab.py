@@ -25,7 +25,7 @@ import numpy as np
 
 from sage_pipeline.routing.catalogue import known_tokens
 from sage_pipeline.routing.reward import apply_version, sage_step_reward
-from sage_pipeline.routing.simulator import SCORE_LEVELS, RoutingSimulator, Tasks
+from sage_pipeline.routing.routing_simulator import SCORE_LEVELS, RoutingSimulator, Tasks
 
 Z95 = 1.959963984540054
 

@@ -43,14 +43,14 @@ import pyarrow.parquet as pq
 from sage_pipeline import artifacts
 from sage_pipeline.rl import cql, offline_eval as oe, online_ab as ab, ope, sage_router
 from sage_pipeline.rl.bandit import BanditConfig, LinearBandit, run_online
-from sage_pipeline.rl.policy import EpsilonGreedyPolicy, StaticTablePolicy
 from sage_pipeline.routing import collector, ingest
 from sage_pipeline.routing.action_space import ActionSpace
 from sage_pipeline.routing.catalogue import ModelCatalogue
+from sage_pipeline.routing.policy import EpsilonGreedyPolicy, StaticTablePolicy
 from sage_pipeline.routing.reward import RewardSpec
 from sage_pipeline.routing.routing_dataset import DatasetConfig, build_routing_dataset
+from sage_pipeline.routing.routing_simulator import RoutingSimulator, SimulatorConfig, Tasks
 from sage_pipeline.routing.schema import ROLES, TRAJECTORY_STEP
-from sage_pipeline.routing.simulator import RoutingSimulator, SimulatorConfig, Tasks
 from sage_pipeline.routing.table import RoutingTable
 
 log = logging.getLogger(__name__)

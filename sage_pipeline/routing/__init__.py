@@ -1,4 +1,4 @@
-"""Pure routing domain: log ingest, schema, rewards, static table, simulator, features.
+"""Pure routing domain: log ingest, schema, rewards, static table, the policy contract, the routing simulator, features.
 
 Nothing here imports dagster.
 """

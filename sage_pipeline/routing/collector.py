@@ -49,9 +49,9 @@ import msgspec
 import numpy as np
 
 from sage_pipeline import artifacts
-from sage_pipeline.rl.policy import EpsilonGreedyPolicy, StaticTablePolicy, UniformPolicy, sample_actions
+from sage_pipeline.routing.policy import EpsilonGreedyPolicy, StaticTablePolicy, UniformPolicy, sample_actions
+from sage_pipeline.routing.routing_simulator import RoutingSimulator, Tasks
 from sage_pipeline.routing.schema import ROLES, TRAJECTORY_STEP
-from sage_pipeline.routing.simulator import RoutingSimulator, Tasks
 
 log = logging.getLogger(__name__)
 
@@ -217,6 +217,55 @@ def collect(sim: RoutingSimulator, out_dir: str | Path, config: CollectorConfig 
 def _write_set(sim: RoutingSimulator, out_dir: Path, config: CollectorConfig,
                progress: Callable[[str], None]) -> CollectResult:
     """Write the journals and the manifest into ``out_dir`` (a fresh, empty folder)."""
+    ep = _simulate(sim, config)
+    progress(f"simulated {config.episodes} episodes, {ep.decisions} decisions, {len(ep.sizes)} sessions "
+             f"({config.action_space})")
+    files, n_events = _write_journals(sim, ep, config, out_dir)
+    progress(f"wrote {n_events} events to {len(files)} journals in {out_dir}")
+    gt, by_role = _ground_truth(sim, ep, config)
+    manifest = artifacts.write_json(out_dir / MANIFEST, {
+        "collector": asdict(config), "layout": LAYOUT,
+        "simulator": sim.config.to_dict(),
+        "model_catalogue": {"path": sim.catalogue.source, "sha256": _sha(sim.catalogue.source)},
+        "routing_table": {"path": sim.table.source, "sha256": _sha(sim.table.source)},
+        "episodes": config.episodes, "sessions": int(len(ep.sizes)), "decisions": ep.decisions,
+        "files": [p.name for p in files],
+        "ground_truth_value": gt, "ground_truth_value_by_role": by_role,
+    })
+    return CollectResult(files, manifest, config.episodes, int(len(ep.sizes)), ep.decisions, n_events,
+                         gt, by_role, out_dir)
+
+
+@dataclass(frozen=True)
+class Episodes:
+    """What the behaviour policy did, before anything is written: the tasks, one row per decision
+    (``simulate_episodes``'s columns) sorted by task then attempt, and the sessions' sizes."""
+
+    tasks: Tasks
+    rows: dict[str, np.ndarray]
+    sizes: np.ndarray  # tasks per session, in task order
+    static: StaticTablePolicy
+    behaviour: EpsilonGreedyPolicy
+    mask: np.ndarray  # (n_roles, K): the candidates the behaviour policy explores
+
+    @property
+    def decisions(self) -> int:
+        return int(len(self.rows["task"]))
+
+    @property
+    def first_task(self) -> np.ndarray:
+        """Per session, its first task."""
+        return np.concatenate([[0], np.cumsum(self.sizes)[:-1]])
+
+    @property
+    def bounds(self) -> np.ndarray:
+        """Task ``i``'s decisions are rows ``bounds[i]:bounds[i + 1]``."""
+        return np.searchsorted(self.rows["task"], np.arange(len(self.tasks) + 1))
+
+
+def _simulate(sim: RoutingSimulator, config: CollectorConfig) -> Episodes:
+    """Phase 1: sample the tasks, roll them under the epsilon-greedy table, cut them into sessions
+    (one seeded generator, drawn in that order)."""
     rng = np.random.default_rng(config.seed)
     static = StaticTablePolicy(sim.table, sim.catalogue)
     mask = sim.role_mask if config.action_space == "multi_model" else binary_mask(sim)
@@ -224,104 +273,115 @@ def _write_set(sim: RoutingSimulator, out_dir: Path, config: CollectorConfig,
     tasks = sim.sample_tasks(config.episodes, rng)
     rows = simulate_episodes(sim, tasks, behaviour, rng)
     sizes = _session_sizes(config.episodes, config.mean_tasks_per_session, rng)
-    first_task = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    progress(f"simulated {config.episodes} episodes, {len(rows['task'])} decisions, {len(sizes)} sessions "
-             f"({config.action_space})")
-
     order = np.lexsort((rows["step"], rows["task"]))  # by task, then attempt
-    rows = {k: v[order] for k, v in rows.items()}
-    fired = _fired(sim, tasks, rows)
-    bounds = np.searchsorted(rows["task"], np.arange(config.episodes + 1))
+    return Episodes(tasks, {k: v[order] for k, v in rows.items()}, sizes, static, behaviour, mask)
+
+
+def _write_journals(sim: RoutingSimulator, ep: Episodes, config: CollectorConfig,
+                    out_dir: Path) -> tuple[list[Path], int]:
+    """Phase 2: one ``YYYY-MM-DD.log`` per simulated day, ``sessions_per_day`` sessions each, spread
+    over 90% of the day. Returns the files and the number of events."""
+    journal = _Journal(sim, ep, _fired(sim, ep.tasks, ep.rows), sim.table.fallback_index(sim.catalogue), ep.bounds)
     t0 = datetime.fromisoformat(config.start_time).astimezone(timezone.utc)
     spacing = timedelta(seconds=0.9 * 86400 / config.sessions_per_day)  # every session ends on its day
     enc = msgspec.json.Encoder()
-    actions, fallback = sim.actions, sim.table.fallback_index(sim.catalogue)
+    first, per_day = ep.first_task, config.sessions_per_day
     files: list[Path] = []
     n_events = 0
-    n_days = (len(sizes) + config.sessions_per_day - 1) // config.sessions_per_day
-    for day in range(n_days):
+    for day in range((len(ep.sizes) + per_day - 1) // per_day):
         lines: list[bytes] = []
-        for s in range(day * config.sessions_per_day, min((day + 1) * config.sessions_per_day, len(sizes))):
-            sid = f"syn-{config.seed}-{s:06d}"
-            clock = t0 + timedelta(days=day) + spacing * (s - day * config.sessions_per_day)
-            lines.append(enc.encode({"type": "SESSION_START", "timestamp": _stamp(clock), "session_id": sid,
-                                     "extra": {"synthetic": True, "collector": "sage_pipeline.routing.collector"}}))
-            for j in range(sizes[s]):
-                task = first_task[s] + j
-                r_i = int(tasks.role[task])
-                role = ROLES[r_i]
-                tid = f"{sid}-t{j:02d}"
-                for r in range(bounds[task], bounds[task + 1]):
-                    model = actions[rows["action"][r]]
-                    timed_out = bool(rows["timed_out"][r])
-                    passed = bool(rows["verification_passed"][r])
-                    propensity = round(float(rows["propensity"][r]), 10)
-                    tcs, pfc = float(tasks.task_complexity_score[task]), int(rows["primary_failure_count"][r])
-                    table_choice = fallback[r_i] if fired[r] else sim.primary[r_i]
-                    clock += timedelta(milliseconds=5)
-                    lines.append(enc.encode({
-                        "type": "MODEL_ROUTING_DECISION", "timestamp": _stamp(clock), "session_id": sid,
-                        "agent_role": role, "task_complexity_score": tcs, "primary_failure_count": pfc,
-                        "primary_model": actions[sim.primary[r_i]], "fallback_model": actions[fallback[r_i]],
-                        "selected_model": model, "matched_fallback_triggers": fired[r],
-                        "policy_source": "yaml" if rows["action"][r] == table_choice else "learned",
-                        "propensity": propensity}))
-                    clock += timedelta(seconds=float(rows["latency_s"][r]))
-                    lines.append(enc.encode({
-                        "type": "TOKEN_USAGE", "timestamp": _stamp(clock), "session_id": sid, "model": model,
-                        "prompt_tokens": int(rows["prompt_tokens"][r]),
-                        "completion_tokens": 0 if timed_out else COMPLETION_TOKENS_PER_CALL}))
-                    clock += timedelta(milliseconds=5)
-                    lines.append(enc.encode({
-                        "type": TRAJECTORY_STEP, "timestamp": _stamp(clock), "session_id": sid, "task_id": tid,
-                        "agent": role,
-                        "action": {"model_chosen": model, "prompt_strategy_key": "default"},
-                        "propensity": propensity,
-                        "state": {
-                            "task_complexity_score": tcs,
-                            "primary_failure_count": pfc,
-                            "failure_count": int(rows["failure_count"][r]),
-                            "prompt_tokens": int(rows["prompt_tokens"][r]),
-                            "verification_passed": passed,
-                            "timed_out": timed_out,
-                            "failed_reason": "timeout" if timed_out else (None if passed else "verification_failed"),
-                            "reviewer_score": float(rows["reviewer_score"][r]),
-                            "latency_s": round(float(rows["latency_s"][r]), 3),
-                            "cost_usd": round(float(rows["cost_usd"][r]), 6),
-                        },
-                        "reward": round(float(rows["reward_v1"][r]), 6),
-                        "terminal": bool(rows["terminal"][r]),
-                        "extra": {"synthetic": True},
-                    }))
-            clock += timedelta(milliseconds=1)
-            lines.append(enc.encode({"type": "SESSION_END", "timestamp": _stamp(clock), "session_id": sid}))
+        for s in range(day * per_day, min((day + 1) * per_day, len(ep.sizes))):
+            clock = t0 + timedelta(days=day) + spacing * (s - day * per_day)
+            events = journal.session(f"syn-{config.seed}-{s:06d}", first[s], int(ep.sizes[s]), clock)
+            lines += [enc.encode(e) for e in events]
         path = out_dir / f"{(t0 + timedelta(days=day)).date().isoformat()}.log"
         artifacts.write_bytes(path, b"\n".join(lines) + b"\n")
         files.append(path)
         n_events += len(lines)
-    progress(f"wrote {n_events} events to {len(files)} journals in {out_dir}")
+    return files, n_events
 
+
+@dataclass(frozen=True)
+class _Journal:
+    """Simulated decisions as SAGE's events, session by session (phase 2's per-session work)."""
+
+    sim: RoutingSimulator
+    ep: Episodes
+    fired: list[list[str]]  # per decision row: the table triggers that fired
+    fallback: np.ndarray  # per role: the table's fallback model
+    bounds: np.ndarray  # Episodes.bounds
+
+    def session(self, sid: str, first_task: int, n_tasks: int, clock: datetime) -> list[dict]:
+        """``SESSION_START``, every decision of the session's tasks in order, ``SESSION_END``."""
+        events = [{"type": "SESSION_START", "timestamp": _stamp(clock), "session_id": sid,
+                   "extra": {"synthetic": True, "collector": "sage_pipeline.routing.collector"}}]
+        for j in range(n_tasks):
+            task = first_task + j
+            for r in range(self.bounds[task], self.bounds[task + 1]):
+                decision, clock = self.decision(task, r, sid, f"{sid}-t{j:02d}", clock)
+                events += decision
+        clock += timedelta(milliseconds=1)
+        return [*events, {"type": "SESSION_END", "timestamp": _stamp(clock), "session_id": sid}]
+
+    def decision(self, task: int, r: int, sid: str, tid: str, clock: datetime) -> tuple[list[dict], datetime]:
+        """Decision row ``r`` (of ``task``) as ``MODEL_ROUTING_DECISION``, ``TOKEN_USAGE`` and
+        ``TRAJECTORY_STEP``; returns them and the clock after them."""
+        sim, rows, tasks = self.sim, self.ep.rows, self.ep.tasks
+        r_i = int(tasks.role[task])
+        role, model = ROLES[r_i], sim.actions[rows["action"][r]]
+        primary, fallback = sim.primary[r_i], self.fallback[r_i]
+        timed_out, passed = bool(rows["timed_out"][r]), bool(rows["verification_passed"][r])
+        propensity = round(float(rows["propensity"][r]), 10)
+        tcs, pfc = float(tasks.task_complexity_score[task]), int(rows["primary_failure_count"][r])
+        table_choice = fallback if self.fired[r] else primary
+        clock += timedelta(milliseconds=5)
+        decision = {
+            "type": "MODEL_ROUTING_DECISION", "timestamp": _stamp(clock), "session_id": sid,
+            "agent_role": role, "task_complexity_score": tcs, "primary_failure_count": pfc,
+            "primary_model": sim.actions[primary], "fallback_model": sim.actions[fallback],
+            "selected_model": model, "matched_fallback_triggers": self.fired[r],
+            "policy_source": "yaml" if rows["action"][r] == table_choice else "learned", "propensity": propensity}
+        clock += timedelta(seconds=float(rows["latency_s"][r]))
+        usage = {"type": "TOKEN_USAGE", "timestamp": _stamp(clock), "session_id": sid, "model": model,
+                 "prompt_tokens": int(rows["prompt_tokens"][r]),
+                 "completion_tokens": 0 if timed_out else COMPLETION_TOKENS_PER_CALL}
+        clock += timedelta(milliseconds=5)
+        step = {
+            "type": TRAJECTORY_STEP, "timestamp": _stamp(clock), "session_id": sid, "task_id": tid, "agent": role,
+            "action": {"model_chosen": model, "prompt_strategy_key": "default"},
+            "propensity": propensity,
+            "state": {
+                "task_complexity_score": tcs,
+                "primary_failure_count": pfc,
+                "failure_count": int(rows["failure_count"][r]),
+                "prompt_tokens": int(rows["prompt_tokens"][r]),
+                "verification_passed": passed,
+                "timed_out": timed_out,
+                "failed_reason": "timeout" if timed_out else (None if passed else "verification_failed"),
+                "reviewer_score": float(rows["reviewer_score"][r]),
+                "latency_s": round(float(rows["latency_s"][r]), 3),
+                "cost_usd": round(float(rows["cost_usd"][r]), 6),
+            },
+            "reward": round(float(rows["reward_v1"][r]), 6),
+            "terminal": bool(rows["terminal"][r]),
+            "extra": {"synthetic": True},
+        }
+        return [decision, usage, step], clock
+
+
+def _ground_truth(sim: RoutingSimulator, ep: Episodes,
+                  config: CollectorConfig) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+    """Phase 3: the exact value of the table, the behaviour policy, uniform and the oracle on these
+    tasks (and the best binary policy in ``sage_binary``), overall and per role."""
     values = {
-        "static_table": sim.policy_value(static, tasks),
-        "behaviour": sim.policy_value(behaviour, tasks),
-        "uniform": sim.policy_value(UniformPolicy(actions, mask), tasks),
-        "oracle": sim.optimal_value(tasks),
+        "static_table": sim.policy_value(ep.static, ep.tasks),
+        "behaviour": sim.policy_value(ep.behaviour, ep.tasks),
+        "uniform": sim.policy_value(UniformPolicy(sim.actions, ep.mask), ep.tasks),
+        "oracle": sim.optimal_value(ep.tasks),
     }
     if config.action_space == "sage_binary":
-        values["binary_oracle"] = sim.optimal_value(tasks, mask)
-    gt = {k: v.mean for k, v in values.items()}
-    by_role = {k: v.by_role(tasks) for k, v in values.items()}
-    manifest = artifacts.write_json(out_dir / MANIFEST, {
-        "collector": asdict(config), "layout": LAYOUT,
-        "simulator": sim.config.to_dict(),
-        "model_catalogue": {"path": sim.catalogue.source, "sha256": _sha(sim.catalogue.source)},
-        "routing_table": {"path": sim.table.source, "sha256": _sha(sim.table.source)},
-        "episodes": config.episodes, "sessions": int(len(sizes)), "decisions": int(len(rows["task"])),
-        "files": [p.name for p in files],
-        "ground_truth_value": gt, "ground_truth_value_by_role": by_role,
-    })
-    return CollectResult(files, manifest, config.episodes, int(len(sizes)), int(len(rows["task"])), n_events,
-                         gt, by_role, out_dir)
+        values["binary_oracle"] = sim.optimal_value(ep.tasks, ep.mask)
+    return {k: v.mean for k, v in values.items()}, {k: v.by_role(ep.tasks) for k, v in values.items()}
 
 
 def _sha(path: str) -> str | None:

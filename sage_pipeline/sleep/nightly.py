@@ -30,7 +30,7 @@ from sage_pipeline.sleep.cycle import CycleConfig, NightResult, run_cycle
 from sage_pipeline.sleep.harvest import HarvestConfig, harvest
 from sage_pipeline.sleep.judges import UnitTestJudge
 from sage_pipeline.sleep.records import DEFAULT_SPLIT, SplitSpec
-from sage_pipeline.sleep.sim import SimulatedBackend, SimWorld
+from sage_pipeline.sleep.simulated_backend import SimulatedBackend, SimWorld
 from sage_pipeline.sleep.store import LiveChanged, SkillStore, StoreError
 
 

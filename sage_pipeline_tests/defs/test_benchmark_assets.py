@@ -11,9 +11,9 @@ import pytest
 from sage_pipeline.definitions import defs
 from sage_pipeline.defs.benchmark_assets import CHECK, GROUP, JOB, routing_benchmark
 from sage_pipeline.defs.resources import SageResource
-from sage_pipeline.routing.benchmark_routers import load_bundle
+from sage_pipeline.routing_benchmark.routers import load_bundle
 
-SLICE = Path(__file__).parents[1] / "routing" / "fixtures" / "routellm_mmlu_slice"
+SLICE = Path(__file__).parents[1] / "routing_benchmark" / "fixtures" / "routellm_mmlu_slice"
 FAST = {"path": str(SLICE), "n_components": 32, "bc_steps": 80, "cql_steps": 80, "n_boot": 30}
 
 

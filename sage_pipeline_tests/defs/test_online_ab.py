@@ -12,9 +12,9 @@ import pytest
 from sage_pipeline.defs.online_ab import ONLINE_AB_CHECKS, online_ab
 from sage_pipeline.defs.resources import SageResource
 from sage_pipeline.rl import sage_router
-from sage_pipeline.rl.policy import StaticTablePolicy
 from sage_pipeline.routing import collector
 from sage_pipeline.routing.action_space import FILE_NAME, ActionSpace
+from sage_pipeline.routing.policy import StaticTablePolicy
 
 
 def _materialize(root, episodes: int = 600):

@@ -126,7 +126,7 @@ def test_definitions_load_and_lineage_reads_left_to_right():
 
 
 def test_router_import_path_pays_for_no_dagster_or_gx():
-    code = ("import sys, sage_pipeline.rl, sage_pipeline.routing.simulator; "
+    code = ("import sys, sage_pipeline.rl, sage_pipeline.routing.routing_simulator; "
             "bad = [m for m in ('dagster', 'great_expectations', 'docker') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
@@ -196,7 +196,7 @@ def test_logs_without_propensities_use_bc_estimates(tmp_path):
     """Real SAGE logs without propensities: BC estimates them and the report says so."""
     from sage_pipeline.routing import collector
     from sage_pipeline.routing.catalogue import ModelCatalogue
-    from sage_pipeline.routing.simulator import RoutingSimulator
+    from sage_pipeline.routing.routing_simulator import RoutingSimulator
     from sage_pipeline.routing.table import RoutingTable
 
     cat = ModelCatalogue.load()

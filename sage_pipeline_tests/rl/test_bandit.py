@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from sage_pipeline.rl.bandit import BanditConfig, BanditStateError, LinearBandit, load_bandit, run_online
-from sage_pipeline.rl.policy import StaticTablePolicy, check_probs
 from sage_pipeline.rl.router import Router
 from sage_pipeline.routing.action_space import ActionSpace
 from sage_pipeline.routing.collector import binary_mask
+from sage_pipeline.routing.policy import StaticTablePolicy, check_probs
 
 ALGOS = ("thompson", "linucb")
 
@@ -65,7 +65,7 @@ def test_propensities_are_valid_and_logged_as_acted(sim, algo):
 
 
 def _one_context(sim, role: str, complexity: float):
-    from sage_pipeline.routing.simulator import Tasks
+    from sage_pipeline.routing.routing_simulator import Tasks
 
     t = Tasks(np.array([sim.catalogue.roles.index(role)]), np.array([complexity]), np.array([3000.0]))
     return sim.contexts(t, np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64))

@@ -15,6 +15,7 @@ from sage_pipeline.rl import data as rl_data
 from sage_pipeline.rl.bc import (
     PROPENSITY_FLOOR,
     BCConfig,
+    _nll,
     calibration_metrics,
     estimate_propensities,
     fit_temperature,
@@ -23,10 +24,10 @@ from sage_pipeline.rl.bc import (
     train_bc,
 )
 from sage_pipeline.rl.checkpoint import load_policy, masked_softmax
-from sage_pipeline.rl.policy import EpsilonGreedyPolicy, StaticTablePolicy, UniformPolicy, check_probs
 from sage_pipeline.routing import ingest
 from sage_pipeline.routing.collector import CollectorConfig, collect
 from sage_pipeline.routing.features import FeatureSpec
+from sage_pipeline.routing.policy import EpsilonGreedyPolicy, StaticTablePolicy, UniformPolicy, check_probs
 from sage_pipeline.routing.routing_dataset import build_routing_dataset
 from sage_pipeline.routing.schema import ROLE_INDEX
 
@@ -243,6 +244,47 @@ def test_fit_temperature_recovers_a_known_temperature():
     over = calibration_metrics(masked_softmax(z, mask, 1.0), mask, y)
     assert cal["ece"] < 0.01 and cal["ece_top"] < 0.02 and over["ece"] > 3 * cal["ece"]
     assert cal["nll"] < over["nll"]
+
+
+def _calibration_case(seed, n, k, scale, true_t):
+    rng = np.random.default_rng(seed)
+    z = rng.normal(size=(n, k)) * scale
+    mask = rng.random((n, k)) < 0.7
+    mask[np.arange(n), rng.integers(0, k, n)] = True
+    zt = np.where(mask, z / (true_t or 1.0), -np.inf)
+    p = np.exp(zt - zt.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    return z, mask, np.array([rng.choice(k, p=row) for row in p])
+
+
+# (case, T and NLL(T) that rl/bc.py's hand-written golden-section search (80 iterations on log T) and
+# its hand-written logsumexp returned, NLL at T=1.3) before scipy replaced them; the last case sits on
+# the lower bound of T_BOUNDS
+GOLDEN_SECTION = [
+    ((0, 400, 6, 3.0, 2.0), 2.069265096477101, 1.0097976625241505, 1.0817944435166487),
+    ((1, 300, 4, 1.0, 0.5), 0.5486551490582615, 0.6773376697155431, 0.7854647167389803),
+    ((2, 1000, 11, 5.0, 1.0), 1.0432514036700007, 0.5265010290675474, 0.5393778068355768),
+    ((3, 50, 3, 0.2, None), 0.40197187682227636, 0.7378116825108685, 0.7696916870807606),
+    ((4, 200, 6, 40.0, 0.02), 0.05000000000000003, 0.0003094359230152577, 0.024177846316003632),
+]
+
+
+@pytest.mark.parametrize("case,old_t,old_nll_at_t,old_nll_13", GOLDEN_SECTION)
+def test_scipy_temperature_search_and_logsumexp_give_the_hand_written_values(case, old_t, old_nll_at_t,
+                                                                            old_nll_13):
+    z, mask, y = _calibration_case(*case)
+    assert _nll(z, mask, y, 1.3) == pytest.approx(old_nll_13, rel=1e-14)
+    t = fit_temperature(z, mask, y)
+    assert t == pytest.approx(old_t, rel=1e-7)  # measured: within 5e-8
+    assert _nll(z, mask, y, t) == pytest.approx(old_nll_at_t, rel=1e-6)
+
+
+def test_temperature_search_on_non_finite_or_empty_logits_is_an_error():
+    mask, y = np.ones((5, 3), dtype=bool), np.zeros(5, dtype=np.int64)
+    with pytest.raises(RuntimeError, match="did not converge"), np.errstate(all="ignore"):
+        fit_temperature(np.full((5, 3), np.nan), mask, y)
+    with pytest.raises(RuntimeError, match="held-out rows are empty"), np.errstate(all="ignore"):
+        fit_temperature(np.zeros((0, 3)), mask[:0], y[:0])
 
 
 @pytest.mark.parametrize("bad, match", [

@@ -166,3 +166,36 @@ def test_the_forward_pass_in_row_blocks_matches_one_pass(monkeypatch):
     assert blocks.shape == whole.shape == (1000, 5) and blocks.dtype == whole.dtype
     np.testing.assert_allclose(blocks, whole, rtol=1e-6, atol=1e-6)
     assert ck.mlp_forward(layers, x[:64]).shape == (64, 5)
+
+
+def test_bc_cql_and_ppo_results_save_one_way(tmp_path, catalogue):
+    """Every trained result saves itself: ``result.save(path, training_data_sha256=None,
+    metrics=None)``, through the atomic save_checkpoint; BC and CQL add ``metrics`` to their own."""
+    import inspect
+
+    from sage_pipeline.rl import bc, cql, ppo
+
+    params = {cls.__name__: [(p.name, p.default) for p in inspect.signature(cls.save).parameters.values()]
+              for cls in (bc.BCResult, cql.CQLResult, ppo.PPOResult)}
+    assert len({tuple(v) for v in params.values()}) == 1, params
+    assert params["BCResult"] == [("self", inspect.Parameter.empty), ("path", inspect.Parameter.empty),
+                                  ("training_data_sha256", None), ("metrics", None)]
+    assert not [n for n in (*vars(bc), *vars(cql)) if n.startswith("save_") and n != "save_checkpoint"]
+
+    rng, spec = np.random.default_rng(0), FeatureSpec()
+    k, mask = len(catalogue.actions), catalogue.role_mask()
+    results = {
+        "bc": bc.BCResult(nets=[_net(rng, spec, k)], temperature=1.5, metrics={"holdout_nll_after": 0.9},
+                          config=bc.BCConfig(), feature_spec=spec.to_dict(), actions=catalogue.actions,
+                          role_mask=mask, training_data_sha256="d" * 64),
+        "cql": cql.CQLResult(nets=[_net(rng, spec, k), _net(rng, spec, k)], config=cql.CQLConfig(), spec=spec,
+                             actions=catalogue.actions, role_mask=mask, metrics={"td_loss": 0.1}),
+    }
+    ctx = _ctx(50, rng)
+    for kind, res in results.items():
+        path = res.save(tmp_path / kind, training_data_sha256="ab" * 32, metrics={"selected_by": "test"})
+        pol = load_policy(path, spec, catalogue.actions)
+        assert pol.meta.kind == kind and pol.meta.training_data_sha256 == "ab" * 32
+        assert pol.meta.metrics == {**res.metrics, "selected_by": "test"}
+        np.testing.assert_array_equal(pol.action_probs(ctx), res.policy().action_probs(ctx))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bc", "cql"]  # no temporary left over

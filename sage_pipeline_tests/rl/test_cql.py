@@ -14,16 +14,16 @@ import pyarrow.parquet as pq
 import pytest
 
 from sage_pipeline.rl.checkpoint import load_policy, read_meta
-from sage_pipeline.rl.cql import CQLConfig, save_cql, train_cql, train_cql_grid
+from sage_pipeline.rl.cql import CQLConfig, train_cql, train_cql_grid
 from sage_pipeline.rl.data import LoggedDecisions, from_dataset
-from sage_pipeline.rl.policy import StaticTablePolicy, check_probs
 from sage_pipeline.routing import ingest
 from sage_pipeline.routing.catalogue import ModelCatalogue
 from sage_pipeline.routing.collector import CollectorConfig, collect
 from sage_pipeline.routing.features import Contexts, FeatureSpec
+from sage_pipeline.routing.policy import StaticTablePolicy, check_probs
 from sage_pipeline.routing.routing_dataset import build_routing_dataset
+from sage_pipeline.routing.routing_simulator import RoutingSimulator, Tasks
 from sage_pipeline.routing.schema import ROLE_INDEX, ROLES
-from sage_pipeline.routing.simulator import RoutingSimulator, Tasks
 from sage_pipeline.routing.table import RoutingTable
 
 SPEC = FeatureSpec()
@@ -123,7 +123,7 @@ def test_served_values_are_in_reward_units(grid, train):
 def test_checkpoint_round_trip_equals_torch(grid, train, tmp_path):
     mode, results = grid
     res = results[CHOSEN]
-    path = save_cql(tmp_path / "cql", res, training_data_sha256="abc", metrics={"note": 1})
+    path = res.save(tmp_path / "cql", training_data_sha256="abc", metrics={"note": 1})
     meta = read_meta(path)
     assert (meta.kind, meta.head, meta.training_data_sha256) == ("cql", "greedy", "abc")
     assert meta.config["mode"] == mode and meta.config["alpha"] == CHOSEN and meta.metrics["note"] == 1

@@ -76,7 +76,7 @@ def test_regret_closure():
 
 def test_ground_truth_of_the_oracle_is_the_optimum(sim):
     tasks = sim.sample_tasks(300, np.random.default_rng(0))
-    from sage_pipeline.rl.policy import StaticTablePolicy
+    from sage_pipeline.routing.policy import StaticTablePolicy
     gt = oe.ground_truth(sim, tasks, {"static_table": StaticTablePolicy(sim.table, sim.catalogue)})
     assert gt.episode_value["oracle"] == pytest.approx(sim.optimal_value(tasks).mean)
     assert gt.episode_value["oracle"] > gt.episode_value["static_table"]
@@ -106,7 +106,7 @@ def logged_frame(tmp_path_factory):
     from sage_pipeline.routing.collector import CollectorConfig, collect
     from sage_pipeline.routing.ingest import IngestConfig, ingest
     from sage_pipeline.routing.routing_dataset import DatasetConfig, build_routing_dataset
-    from sage_pipeline.routing.simulator import RoutingSimulator
+    from sage_pipeline.routing.routing_simulator import RoutingSimulator
     from sage_pipeline.routing.table import RoutingTable
 
     tmp = tmp_path_factory.mktemp("logged")
@@ -121,7 +121,7 @@ def logged_frame(tmp_path_factory):
 
 
 def test_selection_by_ope_ranks_by_the_criterion_and_never_reads_ground_truth(logged_frame):
-    from sage_pipeline.rl.policy import StaticTablePolicy, UniformPolicy
+    from sage_pipeline.routing.policy import StaticTablePolicy, UniformPolicy
 
     sim, df = logged_frame
     cat = sim.catalogue

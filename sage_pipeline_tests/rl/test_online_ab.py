@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from sage_pipeline.rl import online_ab as ab
-from sage_pipeline.rl.policy import StaticTablePolicy, UniformPolicy
+from sage_pipeline.routing.policy import StaticTablePolicy, UniformPolicy
 
 
 def test_each_arm_follows_the_simulators_outcome_model(sim, table, catalogue):

@@ -12,11 +12,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from sage_pipeline.rl import ope
-from sage_pipeline.rl.policy import EpsilonGreedyPolicy, StaticTablePolicy, UniformPolicy
 from sage_pipeline.routing.catalogue import ModelCatalogue
 from sage_pipeline.routing.collector import CollectorConfig, collect, simulate_episodes
 from sage_pipeline.routing.features import Contexts
-from sage_pipeline.routing.simulator import RoutingSimulator, Tasks
+from sage_pipeline.routing.policy import EpsilonGreedyPolicy, StaticTablePolicy, UniformPolicy
+from sage_pipeline.routing.routing_simulator import RoutingSimulator, Tasks
 from sage_pipeline.routing.table import RoutingTable
 
 # ---------------------------------------------------------------- a tiny bandit, by hand

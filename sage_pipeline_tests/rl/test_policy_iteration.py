@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from sage_pipeline.rl import policy_iteration as pi
-from sage_pipeline.rl.policy import EpsilonGreedyPolicy, StaticTablePolicy
 from sage_pipeline.routing.action_space import ActionSpace
 from sage_pipeline.routing.collector import simulate_episodes
+from sage_pipeline.routing.policy import EpsilonGreedyPolicy, StaticTablePolicy
 from sage_pipeline.routing.reward import RewardSpec
-from sage_pipeline.routing.simulator import RoutingSimulator, SimulatorConfig
+from sage_pipeline.routing.routing_simulator import RoutingSimulator, SimulatorConfig
 
 
 def test_the_drifting_world_changes_on_its_days(catalogue):

@@ -15,9 +15,9 @@ import pytest
 
 from sage_pipeline import artifacts
 from sage_pipeline.rl import sage_router as sr
-from sage_pipeline.rl.policy import check_probs
 from sage_pipeline.routing.action_space import ActionSpace
 from sage_pipeline.routing.features import Contexts
+from sage_pipeline.routing.policy import check_probs
 from sage_pipeline.routing.table import RoutingTable
 
 TABLE = {"routing": {

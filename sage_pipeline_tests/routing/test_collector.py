@@ -18,12 +18,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sage_pipeline.rl.policy import EpsilonGreedyPolicy, StaticTablePolicy, UniformPolicy
 from sage_pipeline.routing import collector
 from sage_pipeline.routing.catalogue import DEFAULT_CATALOGUE
 from sage_pipeline.routing.collector import CollectorConfig, collect
 from sage_pipeline.routing.features import Contexts
 from sage_pipeline.routing.ingest import IngestConfig, ingest
+from sage_pipeline.routing.policy import EpsilonGreedyPolicy, StaticTablePolicy, UniformPolicy
 from sage_pipeline.routing.reward import sage_step_reward
 from sage_pipeline.routing.schema import REWARD_MAX, REWARD_MIN, ROLE_INDEX, ROLES, TRAJECTORY_STEP
 from sage_pipeline.routing.table import DEFAULT_TABLE
@@ -386,6 +386,74 @@ def test_session_sizes_cover_every_task_once():
         sizes = collector._session_sizes(n, 4.0, rng)
         assert sizes.sum() == n and (sizes >= 1).all()
     assert collector._session_sizes(50, 1.0, rng).tolist() == [1] * 50
+
+
+# ------------------------------------------------------------------ the phases of a collection
+def test_simulate_phase_sorts_decisions_by_task_then_attempt_and_frames_sessions(sim):
+    cfg = CollectorConfig(episodes=300, seed=4)
+    ep = collector._simulate(sim, cfg)
+    assert len(ep.tasks) == 300 and ep.sizes.sum() == 300 and (ep.sizes >= 1).all()
+    key = ep.rows["task"] * 10 + ep.rows["step"]
+    assert (np.diff(key) > 0).all()  # by task, then attempt, each (task, attempt) once
+    assert ep.bounds[0] == 0 and ep.bounds[-1] == ep.decisions and len(ep.bounds) == 301
+    for t in (0, 17, 299):  # a task's rows, attempts 0..n-1, the last one terminal
+        rows = slice(ep.bounds[t], ep.bounds[t + 1])
+        assert (ep.rows["task"][rows] == t).all()
+        assert ep.rows["step"][rows].tolist() == list(range(rows.stop - rows.start))
+        assert ep.rows["terminal"][rows].tolist()[-1] and not ep.rows["terminal"][rows][:-1].any()
+    assert ep.first_task.tolist() == np.concatenate([[0], np.cumsum(ep.sizes)[:-1]]).tolist()
+    again = collector._simulate(sim, cfg)  # seeded: the same draws
+    assert all(np.array_equal(ep.rows[k], again.rows[k]) for k in ep.rows) and np.array_equal(ep.sizes, again.sizes)
+    binary = collector._simulate(sim, CollectorConfig(episodes=300, seed=4, action_space="sage_binary"))
+    assert binary.mask[binary.tasks.role[binary.rows["task"]], binary.rows["action"]].all()  # primary or fallback
+
+
+def test_a_decision_is_three_events_on_a_clock_that_moves_by_the_latency(sim):
+    ep = collector._simulate(sim, CollectorConfig(episodes=200, seed=2))
+    journal = collector._Journal(sim, ep, collector._fired(sim, ep.tasks, ep.rows),
+                                 sim.table.fallback_index(sim.catalogue), ep.bounds)
+    start = datetime(2026, 11, 1, 12, 0, 0).astimezone()
+    r = int(np.flatnonzero(ep.rows["step"] > 0)[0])  # a retry: its primary failure count is logged
+    task = int(ep.rows["task"][r])
+    (mrd, usage, step), clock = journal.decision(task, r, "s1", "s1-t00", start)
+    assert [e["type"] for e in (mrd, usage, step)] == ["MODEL_ROUTING_DECISION", "TOKEN_USAGE", TRAJECTORY_STEP]
+    latency = timedelta(seconds=float(ep.rows["latency_s"][r]))
+    assert clock == start + timedelta(milliseconds=10) + latency
+    assert [datetime.fromisoformat(e["timestamp"]) for e in (mrd, usage, step)] == [
+        start + timedelta(milliseconds=5), start + timedelta(milliseconds=5) + latency, clock]
+    model = sim.actions[ep.rows["action"][r]]
+    assert mrd["selected_model"] == usage["model"] == step["action"]["model_chosen"] == model
+    assert mrd["propensity"] == step["propensity"] == round(float(ep.rows["propensity"][r]), 10)
+    assert step["state"]["primary_failure_count"] == mrd["primary_failure_count"] == ep.rows["primary_failure_count"][r]
+    table_choice = journal.fallback[ep.tasks.role[task]] if journal.fired[r] else sim.primary[ep.tasks.role[task]]
+    assert mrd["policy_source"] == ("yaml" if ep.rows["action"][r] == table_choice else "learned")
+
+
+def test_a_session_is_framed_and_holds_its_tasks_decisions_in_order(sim):
+    ep = collector._simulate(sim, CollectorConfig(episodes=200, seed=2))
+    journal = collector._Journal(sim, ep, collector._fired(sim, ep.tasks, ep.rows),
+                                 sim.table.fallback_index(sim.catalogue), ep.bounds)
+    s = 3
+    first, n = int(ep.first_task[s]), int(ep.sizes[s])
+    events = journal.session("syn-0-000003", first, n, datetime(2026, 11, 1).astimezone())
+    assert events[0]["type"] == "SESSION_START" and events[-1]["type"] == "SESSION_END"
+    assert len(events) == 2 + 3 * int(ep.bounds[first + n] - ep.bounds[first])
+    steps = [e for e in events if e["type"] == TRAJECTORY_STEP]
+    assert [e["task_id"] for e in steps] == [f"syn-0-000003-t{j:02d}" for j in range(n)
+                                             for _ in range(ep.bounds[first + j + 1] - ep.bounds[first + j])]
+    stamps = [datetime.fromisoformat(e["timestamp"]) for e in events]
+    assert stamps == sorted(stamps) and {e["session_id"] for e in events} == {"syn-0-000003"}
+
+
+def test_ground_truth_phase_values_the_policies_on_the_simulated_tasks(sim):
+    ep = collector._simulate(sim, CollectorConfig(episodes=400, seed=1))
+    gt, by_role = collector._ground_truth(sim, ep, CollectorConfig(episodes=400, seed=1))
+    assert set(gt) == set(by_role) == {"static_table", "behaviour", "uniform", "oracle"}
+    assert gt["static_table"] == pytest.approx(sim.policy_value(ep.static, ep.tasks).mean)
+    assert gt["oracle"] >= max(gt["static_table"], gt["behaviour"], gt["uniform"])
+    cfg = CollectorConfig(episodes=400, seed=1, action_space="sage_binary")
+    gt_b, _ = collector._ground_truth(sim, collector._simulate(sim, cfg), cfg)
+    assert gt_b["static_table"] <= gt_b["binary_oracle"] <= gt_b["oracle"]
 
 
 @pytest.mark.parametrize(

@@ -17,8 +17,8 @@ from sage_pipeline.routing.collector import CollectorConfig, collect
 from sage_pipeline.routing.expectations import SuiteResult, validate_contract, validate_volume
 from sage_pipeline.routing.ingest import IngestConfig, ingest
 from sage_pipeline.routing.routing_dataset import build_routing_dataset
+from sage_pipeline.routing.routing_simulator import RoutingSimulator
 from sage_pipeline.routing.schema import DATASET_COLUMNS, ROLES
-from sage_pipeline.routing.simulator import RoutingSimulator
 from sage_pipeline.routing.table import RoutingTable
 
 

@@ -25,8 +25,8 @@ from sage_pipeline.routing.routing_dataset import (
     session_split,
     write_routing_dataset,
 )
+from sage_pipeline.routing.routing_simulator import RoutingSimulator
 from sage_pipeline.routing.schema import DATASET_COLUMNS, ROLE_INDEX, SCHEMA_VERSION
-from sage_pipeline.routing.simulator import RoutingSimulator
 
 
 @pytest.fixture(scope="module")
@@ -528,7 +528,7 @@ def test_a_build_in_session_chunks_writes_the_same_files(tmp_path, catalogue, ta
     from sage_pipeline.routing.collector import CollectorConfig, collect
     from sage_pipeline.routing.ingest import IngestConfig, ingest
     from sage_pipeline.routing.routing_dataset import DatasetConfig, build_routing_dataset_files
-    from sage_pipeline.routing.simulator import RoutingSimulator
+    from sage_pipeline.routing.routing_simulator import RoutingSimulator
 
     collect(RoutingSimulator(catalogue, table), tmp_path / "sessions", CollectorConfig(episodes=400, seed=5))
     res = ingest(IngestConfig((tmp_path / "sessions",)), tmp_path / "in")

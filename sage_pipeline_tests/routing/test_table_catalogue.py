@@ -389,7 +389,7 @@ def test_capability_not_a_mapping(capability):
 
 
 def test_a_prices_only_catalogue_prices_sages_models_and_the_simulator_refuses_it(table):
-    from sage_pipeline.routing.simulator import RoutingSimulator
+    from sage_pipeline.routing.routing_simulator import RoutingSimulator
 
     cat = ModelCatalogue.from_dict({"models": {"qwen2.5-coder:1.5b": {"cost_per_call": 0},
                                                "claude-sonnet-4-5": {"cost_per_call": 0.01,

@@ -9,7 +9,7 @@ from functools import cache
 import numpy as np
 import pytest
 
-from sage_pipeline.rl.policy import sample_actions
+from sage_pipeline.routing.policy import sample_actions
 from sage_pipeline.sim.env import PASS, CodeTaskSim, CodeTaskVecEnv, SimConfig
 from sage_pipeline.sim.ground_truth import CHANNELS, GroundTruth, regret_closure
 from sage_pipeline.sim.obs import LAST_OUTCOMES

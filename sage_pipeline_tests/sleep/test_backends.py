@@ -11,7 +11,7 @@ import pytest
 
 from sage_pipeline.sleep.backends import BackendError, OpenAIBackend, OpenAIConfig, Reply
 from sage_pipeline.sleep.records import TaskRecord
-from sage_pipeline.sleep.sim import SimulatedBackend, SimWorld
+from sage_pipeline.sleep.simulated_backend import SimulatedBackend, SimWorld
 from sage_pipeline_tests.sleep.conftest import ChatServer
 
 TASK = TaskRecord(id="t1", intent="What is 2 + 2?", reference_kind="exact", reference="4")

@@ -15,7 +15,7 @@ from sage_pipeline.sleep.records import (
     task_from_dict,
     write_task_file,
 )
-from sage_pipeline.sleep.sim import SimWorld
+from sage_pipeline.sleep.simulated_backend import SimWorld
 
 GOOD = {"id": "t-1", "intent": "Say hi", "reference_kind": "rules", "reference": [{"contains": "hi"}]}
 

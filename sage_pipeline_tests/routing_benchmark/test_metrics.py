@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sage_pipeline.routing import benchmark_metrics as bm
+from sage_pipeline.routing_benchmark import metrics as bm
 
 
 def test_ndch_is_the_upper_non_decreasing_hull():

@@ -2,7 +2,7 @@
 
 Each prompt is a task for one of SAGE's roles (its topic, the ``eval_name``) with a latent
 complexity ``c``; model ``k`` gets it right with the routing simulator's probability
-``p = sigmoid(sharpness * (skill[k, role] - c))`` (``sage_pipeline.routing.simulator``,
+``p = sigmoid(sharpness * (skill[k, role] - c))`` (``sage_pipeline.routing.routing_simulator``,
 sharpness 8 there and by default here), where ``skill`` is the catalogue's capability plus a
 fixed per-(model, role) deviation (``specialisation``), so the best model differs by role. The
 models are the catalogue's six

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from sage_pipeline.rl import EpsilonGreedyPolicy, Policy, StaticTablePolicy, UniformPolicy
-from sage_pipeline.rl.policy import check_probs, sample_actions
 from sage_pipeline.routing.features import Contexts
+from sage_pipeline.routing.policy import check_probs, sample_actions
 from sage_pipeline.routing.schema import ROLE_INDEX, ROLES
 
 

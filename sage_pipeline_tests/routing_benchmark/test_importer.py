@@ -9,7 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sage_pipeline.routing.benchmark_import import (
+from sage_pipeline.routing.errors import ConfigError
+from sage_pipeline.routing_benchmark.importer import (
     COST_SOURCES,
     DEFAULT_TABLE,
     BenchmarkImportError,
@@ -17,7 +18,6 @@ from sage_pipeline.routing.benchmark_import import (
     PriceTable,
     import_benchmark,
 )
-from sage_pipeline.routing.errors import ConfigError
 
 SLICE = Path(__file__).parent / "fixtures" / "routellm_mmlu_slice"
 WEAK, STRONG = "mistralai/Mixtral-8x7B-Instruct-v0.1", "gpt-4-1106-preview"

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sage_pipeline.routing import benchmark_synthetic as bs
-from sage_pipeline.routing.benchmark_import import ImportConfig, import_benchmark
 from sage_pipeline.routing.catalogue import ModelCatalogue
 from sage_pipeline.routing.schema import ROLES
+from sage_pipeline.routing_benchmark import synthetic as bs
+from sage_pipeline.routing_benchmark.importer import ImportConfig, import_benchmark
 
 
 def test_tables_import_as_shipped_with_the_catalogues_models_and_prices(tmp_path):

@@ -9,12 +9,12 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from sage_pipeline.rl.policy import EpsilonGreedyPolicy, StaticTablePolicy, UniformPolicy, check_probs
 from sage_pipeline.routing.collector import simulate_episodes
 from sage_pipeline.routing.features import Contexts
+from sage_pipeline.routing.policy import EpsilonGreedyPolicy, StaticTablePolicy, UniformPolicy, check_probs
 from sage_pipeline.routing.reward import RewardSpec
+from sage_pipeline.routing.routing_simulator import RoutingSimulator, SimulatorConfig, Tasks
 from sage_pipeline.routing.schema import REWARD_MAX, REWARD_MIN, ROLE_INDEX, ROLES
-from sage_pipeline.routing.simulator import RoutingSimulator, SimulatorConfig, Tasks
 
 
 @pytest.fixture(scope="module")
@@ -408,7 +408,7 @@ def test_simulator_refuses_a_table_with_other_roles(catalogue):
 def test_values_in_chunks_equal_one_backward_pass(sim, tasks, monkeypatch):
     """policy_value / optimal_value value VALUE_CHUNK tasks at a time (bounded memory on
     large logs); every task's induction is its own, so the values are the same."""
-    import sage_pipeline.routing.simulator as simulator
+    import sage_pipeline.routing.routing_simulator as simulator
 
     static = StaticTablePolicy(sim.table, sim.catalogue)
     eps = EpsilonGreedyPolicy(static, 0.3)

@@ -1,17 +1,15 @@
 """Training of the grid routers (torch): cost-sensitive BC and bandit CQL, one policy per cost weight.
 
 Both train every cost weight of the grid together as one batched ensemble
-(``sage_pipeline.rl.cql.Ensemble``: the members share every minibatch, as ``rl.cql`` trains
-its alphas), and return a numpy :class:`~sage_pipeline.routing.benchmark_routers.GridRouter`.
-See :mod:`benchmark_routers` for what the routers learn.
+(``sage_pipeline.rl.nets.Ensemble``: the members share every minibatch, as ``rl.cql`` trains
+its alphas), and return a numpy :class:`~sage_pipeline.routing_benchmark.routers.GridRouter`.
+See :mod:`routers` for what the routers learn.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
-import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
@@ -20,36 +18,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from sage_pipeline.rl.checkpoint import Layers
-from sage_pipeline.rl.cql import CQLConfig, Ensemble
-from sage_pipeline.routing.benchmark_routers import GridRouter, oracle_targets
+from sage_pipeline.rl.cql import CQLConfig
+from sage_pipeline.rl.nets import Ensemble, linear_init
+from sage_pipeline.routing_benchmark.routers import GridRouter, oracle_targets
 
 logger = logging.getLogger(__name__)
-
-
-def _init_mlp(sizes: list[int], gen: torch.Generator) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """torch.nn.Linear's default init, (in, out) weights as rl.cql.Ensemble takes them."""
-    out = []
-    for fan_in, fan_out in itertools.pairwise(sizes):
-        bound = 1.0 / math.sqrt(fan_in)
-        out.append(((torch.rand(fan_in, fan_out, generator=gen) * 2 - 1) * bound,
-                    (torch.rand(fan_out, generator=gen) * 2 - 1) * bound))
-    return out
-
-
-def _export(ens: Ensemble, members: range, scale: np.ndarray | None = None,
-            shift: np.ndarray | None = None) -> list[Layers]:
-    """Ensemble members as numpy (out, in) layers; optional per-member affine folded into the last layer."""
-    ws = [w.detach().numpy().astype(np.float32) for w in ens.w]
-    bs = [b.detach().numpy()[:, 0, :].astype(np.float32) for b in ens.b]
-    nets = []
-    for m in members:
-        layers = [(ws[i][m].T.copy(), bs[i][m].copy()) for i in range(len(ws))]
-        if scale is not None:
-            w_last, b_last = layers[-1]
-            layers[-1] = ((w_last * scale[m]).astype(np.float32), (b_last * scale[m] + shift[m]).astype(np.float32))
-        nets.append(layers)
-    return nets
 
 
 @dataclass(frozen=True)
@@ -99,7 +72,7 @@ def train_bc_grid(x: np.ndarray, quality: np.ndarray, cost: np.ndarray, weights:
     with _torch_threads(cfg.torch_threads):
         gen = torch.Generator().manual_seed(cfg.seed)
         sizes = [x.shape[1], *map(int, cfg.hidden), K]
-        net = Ensemble([_init_mlp(sizes, torch.Generator().manual_seed(cfg.seed * 1009 + g)) for g in range(G)])
+        net = Ensemble([linear_init(sizes, cfg.seed * 1009 + g) for g in range(G)])
         opt = torch.optim.AdamW(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         B, last, loss_hist = min(cfg.batch_size, n), time.perf_counter(), []
         log(f"bc grid: {n} train prompts, {K} models, {G} cost weights, {cfg.steps} steps of {B}")
@@ -116,7 +89,7 @@ def train_bc_grid(x: np.ndarray, quality: np.ndarray, cost: np.ndarray, weights:
                 last = time.perf_counter()
                 log(f"bc grid: step {step}/{cfg.steps} mean weighted loss "
                     f"{float(torch.stack(loss_hist[-100:]).mean()):.4f} {step / (last - t0):.0f} steps/s")
-    nets = [[layers] for layers in _export(net, range(G))]
+    nets = [[layers] for layers in net.export(range(G))]
     router = GridRouter("bc", models, np.asarray(weights, dtype=np.float64), nets)
     agree = [float(tied[g][np.arange(n), router.outputs(x, g).argmax(1)].mean()) for g in range(G)]
     router.metrics.update({"steps": cfg.steps, "seconds": time.perf_counter() - t0, "train_agreement": agree,
@@ -146,8 +119,7 @@ def train_cql_grid_bandit(x: np.ndarray, action: np.ndarray, quality: np.ndarray
         gen = torch.Generator().manual_seed(cfg.seed)
         sizes = [x.shape[1], *map(int, cfg.hidden), K]
         # critic j of every weight starts from the same init (as rl.cql does across alphas)
-        inits = [_init_mlp(sizes, torch.Generator().manual_seed(cfg.seed * 1009 + j)) for _ in range(G)
-                 for j in range(C)]
+        inits = [linear_init(sizes, cfg.seed * 1009 + j) for _ in range(G) for j in range(C)]
         q = Ensemble(inits)
         opt = torch.optim.AdamW(q.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         B, last, hist = min(cfg.batch_size, n), time.perf_counter(), []
@@ -170,7 +142,7 @@ def train_cql_grid_bandit(x: np.ndarray, action: np.ndarray, quality: np.ndarray
                 log(f"cql grid: step {step}/{cfg.steps} td {td_m:.4f} gap {gap_m:.3f} "
                     f"{step / (last - t0):.0f} steps/s")
     member_scale, member_shift = np.repeat(scale, C), np.repeat(shift, C)
-    flat = _export(q, range(M), member_scale, member_shift)
+    flat = q.export(range(M), member_scale, member_shift)
     nets = [flat[g * C:(g + 1) * C] for g in range(G)]
     router = GridRouter("cql", models, np.asarray(weights, dtype=np.float64), nets)
     router.metrics.update({"steps": cfg.steps, "seconds": time.perf_counter() - t0, "alpha": cfg.alpha,

@@ -13,7 +13,7 @@ bootstrap, Kish ESS and support check, its reward model (``ope.LinearQ``, cross-
 over prompt folds; with one "role" it is a per-model linear model of the prompt
 features); ``rl.bc``'s temperature scaling and calibration metrics for propensities
 estimated by behaviour cloning (logs without propensities), floored like
-``rl.bc.estimate_propensities``; and bandit CQL (:mod:`benchmark_routers`) learns from the
+``rl.bc.estimate_propensities``; and bandit CQL (:mod:`routers`) learns from the
 train split's logs. Every estimate is reported next to the exact value.
 """
 
@@ -28,9 +28,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from sage_pipeline.rl import bc as rl_bc, ope
+from sage_pipeline.rl import bc as rl_bc, nets, ope
 from sage_pipeline.rl.checkpoint import masked_softmax, mlp_forward
-from sage_pipeline.rl.policy import sample_actions
+from sage_pipeline.routing.policy import sample_actions
 
 logger = logging.getLogger(__name__)
 
@@ -199,7 +199,7 @@ def fit_propensities(x_train: np.ndarray, action_train: np.ndarray, n_actions: i
     X = torch.as_tensor(x_train, dtype=torch.float32)
     Y = torch.as_tensor(action_train, dtype=torch.int64)
     fit_idx = torch.as_tensor(np.flatnonzero(~hold))
-    net = rl_bc.make_mlp(x_train.shape[1], tuple(cfg.hidden), n_actions)
+    net = nets.mlp(x_train.shape[1], cfg.hidden, n_actions)
     opt = torch.optim.AdamW(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     gen = torch.Generator().manual_seed(cfg.seed)
     old = torch.get_num_threads()
@@ -217,7 +217,7 @@ def fit_propensities(x_train: np.ndarray, action_train: np.ndarray, n_actions: i
         torch.set_num_threads(old)
     mask = np.ones((n, n_actions), dtype=bool)
     T = rl_bc.fit_temperature(logits[hold], mask[hold], action_train[hold])
-    layers = rl_bc.export_layers(net)
+    layers = nets.export_layers(net)
     before = rl_bc.calibration_metrics(masked_softmax(logits[hold], mask[hold], 1.0), mask[hold],
                                        action_train[hold])
     after = rl_bc.calibration_metrics(masked_softmax(logits[hold], mask[hold], T), mask[hold],

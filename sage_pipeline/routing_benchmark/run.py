@@ -2,17 +2,17 @@
 
 :func:`run_benchmark` is what the ``routing_benchmark`` asset calls:
 
-1. import the table (:mod:`benchmark_import`), split it into train and test *by prompt*
+1. import the table (:mod:`importer`), split it into train and test *by prompt*
    (``split: hash``: a stable hash of the prompt text, so a duplicated text never straddles
    the split; ``split: given``: the table's own split, from a test table or a split column);
-2. fit the prompt featurizer on the train prompts only (:mod:`benchmark_features`);
-3. baselines and routers (:mod:`benchmark_routers`) on the train split: the regression,
+2. fit the prompt featurizer on the train prompts only (:mod:`prompt_features`);
+3. baselines and routers (:mod:`routers`) on the train split: the regression,
    predictive (MLP) and kNN routers and BC on the full table, bandit CQL on logged feedback
-   simulated from it (:mod:`benchmark_bandit`, ``train_behaviour``);
+   simulated from it (:mod:`logged_bandit`, ``train_behaviour``);
 4. on the held-out test prompts, every router's cost-quality curve over cost weights from 0
    to its cheap end, its AIQ with a 95% bootstrap interval and its paired margin over the
    random router, AIQ per eval_name and their mean, and for two-model tables RouteLLM's APGR
-   and CPT(50%)/CPT(80%) (:mod:`benchmark_metrics`);
+   and CPT(50%)/CPT(80%) (:mod:`metrics`);
 5. logs simulated on the test prompts under each ``ope_behaviours`` policy, and every
    estimator of ``rl.ope`` for each learned router at one cost weight, next to its exact
    value (with logged propensities, and with propensities estimated by BC).
@@ -29,16 +29,16 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sage_pipeline import artifacts
+from sage_pipeline import artifacts, markdown
 from sage_pipeline.rl.cql import CQLConfig
-from sage_pipeline.routing import (
-    benchmark_bandit as bb,
-    benchmark_features as bfeat,
-    benchmark_metrics as bm,
-    benchmark_routers as br,
-    benchmark_train as bt,
+from sage_pipeline.routing_benchmark import (
+    logged_bandit as bb,
+    metrics as bm,
+    prompt_features as bfeat,
+    routers as br,
+    train as bt,
 )
-from sage_pipeline.routing.benchmark_import import (
+from sage_pipeline.routing_benchmark.importer import (
     BenchmarkImportError,
     BenchmarkTable,
     ImportConfig,
@@ -288,17 +288,57 @@ def run_benchmark(cfg: BenchmarkConfig | None = None, log: Callable[[str], None]
 
 def _run(cfg: BenchmarkConfig, log: Callable[[str], None],
          table: tuple[BenchmarkTable, ImportReport] | None) -> tuple[BenchmarkResult, br.RouterBundle]:
-    timings, t0 = {}, time.perf_counter()
-
-    def lap(name: str) -> None:
-        nonlocal t0
-        timings[name] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-
+    laps = _Laps()
     tab, report = table if table is not None else import_benchmark(cfg.table, log)
     if len(tab.models) < 2:
         raise ValueError(f"{report.source}: a routing benchmark needs at least 2 models, got {list(tab.models)}")
-    lap("import")
+    laps.lap("import")
+    tab, tr, te, split_info = split_prompts(tab, report, cfg, log)
+    log(f"routing benchmark: {len(tr):,} train / {len(te):,} test prompts, models {list(tab.models)}")
+    fx = fit_features(tr, te, cfg, report.source)
+    laps.lap("features")
+    scale = br.cost_scale(tr.cost)
+    weights = br.cost_weights(tr.quality, tr.cost, cfg.weight_points)
+    curves, kinds = baseline_curves(te, tab.models, cfg.seed)
+    routers = train_routers(tr, fx, weights, tab.models, cfg, log, laps.lap)
+    pred = predict_test(routers, tr, fx)
+    curves |= learned_curves(routers, pred, fx, te, weights, cfg.sweep_points)
+    kinds |= {"cost_only": "baseline (price only)"} | {n: "learned" for n in LEARNED}
+    scores = score_curves(curves, te, cfg)
+    routellm, strong_weak = routellm_scores(routers, pred, fx, tab.models, tr, te, cfg.seed, log)
+    laps.lap("metrics")
+    w_ope = cfg.ope_multiplier / scale
+    ope_rows, propensity = _run_ope(cfg, tab.models, tr, te, fx.x_tr, fx.x_te, w_ope,
+                                    decisions_at(routers, pred, fx, w_ope), log)
+    laps.lap("ope")
+    result = BenchmarkResult(
+        models=tab.models, n_train=len(tr), n_test=len(te), cost_scale=scale, weights=weights,
+        c_range=scores.c_range, curves=curves, kinds=kinds, aiq=scores.aiq, aiq_code=scores.aiq_code,
+        routellm=routellm, strong_weak=strong_weak, ope_rows=ope_rows, ope_weight=w_ope, propensity=propensity,
+        import_report=report, table_sha256=tab.sha256(), timings=laps.timings, config=cfg,
+        router_metrics={"bc": routers.bc.metrics, "cql": routers.cql.metrics,
+                        "knn": {"k": routers.knn.k, "metric": routers.knn.metric}},
+        aiq_ci=scores.aiq_ci, margin_vs_random_ci=scores.margin_ci, split_info=split_info,
+        aiq_by_eval=scores.aiq_by_eval)
+    log(_summary(result))
+    return result, _bundle(result, routers, fx.featurizer, cfg)
+
+
+class _Laps:
+    """Seconds per phase, in the order they ran (the report's ``timings_s``)."""
+
+    def __init__(self) -> None:
+        self.timings: dict[str, float] = {}
+        self._t0 = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        self.timings[name] = time.perf_counter() - self._t0
+        self._t0 = time.perf_counter()
+
+
+def split_prompts(tab: BenchmarkTable, report: ImportReport, cfg: BenchmarkConfig, log: Callable[[str], None]
+                  ) -> tuple[BenchmarkTable, BenchmarkTable, BenchmarkTable, dict]:
+    """Phase 1: (table, train, test, split info), by ``cfg.split``; at least 10 prompts on each side."""
     if cfg.split == "hash":
         test = split_test(tab, cfg.test_fraction, cfg.seed)
         split_info = {"split": "hash", "test_fraction": cfg.test_fraction, "seed": cfg.seed}
@@ -307,69 +347,124 @@ def _run(cfg: BenchmarkConfig, log: Callable[[str], None],
     if test.sum() < 10 or (~test).sum() < 10:
         raise ValueError(f"{report.source}: {int((~test).sum())} train and {int(test.sum())} test prompts after the "
                          f"split ({split_info}); a benchmark needs at least 10 of each")
-    tr, te = tab.take(np.flatnonzero(~test)), tab.take(np.flatnonzero(test))
-    log(f"routing benchmark: {len(tr):,} train / {len(te):,} test prompts, models {list(tab.models)}")
+    return tab, tab.take(np.flatnonzero(~test)), tab.take(np.flatnonzero(test)), split_info
+
+
+@dataclass(frozen=True)
+class Features:
+    featurizer: bfeat.PromptFeaturizer  # fitted on the train prompts only
+    x_tr: np.ndarray
+    x_te: np.ndarray
+    chars_tr: np.ndarray  # prompt lengths (the regression router's cost model reads them)
+    chars_te: np.ndarray
+
+
+def fit_features(tr: BenchmarkTable, te: BenchmarkTable, cfg: BenchmarkConfig, source: str) -> Features:
+    """Phase 2: the featurizer fitted on the train prompts (text, or the table's embeddings)."""
     feat = bfeat.make_featurizer(cfg.featurizer, **cfg.featurizer_params)
     if bfeat.takes_embeddings(feat):
-        if tab.embedding is None:
-            raise BenchmarkImportError(report.source, f"the {feat.name} featurizer needs the table's precomputed "
-                                                      "embeddings, and none were imported", column="embedding",
+        if tr.embedding is None:
+            raise BenchmarkImportError(source, f"the {feat.name} featurizer needs the table's precomputed "
+                                               "embeddings, and none were imported", column="embedding",
                                        fix="set embedding to the table's embedding column (or 'emb_*' prefix), or "
                                            "use featurizer tfidf_svd")
-        x_tr = feat.fit_transform(tr.embedding)  # fitted on the train prompts only
-        x_te = feat.transform(te.embedding)
+        x_tr, x_te = feat.fit_transform(tr.embedding), feat.transform(te.embedding)
     else:
         if not any(p.strip() for p in tr.prompt):
-            raise BenchmarkImportError(report.source, f"the {feat.name} featurizer reads prompt text and the table "
-                                                      "has none", column="prompt",
+            raise BenchmarkImportError(source, f"the {feat.name} featurizer reads prompt text and the table "
+                                               "has none", column="prompt",
                                        fix="add a prompt column, or import precomputed embeddings (embedding) and "
                                            "use featurizer embedding")
-        x_tr = feat.fit_transform(tr.prompt)  # fitted on the train prompts only
-        x_te = feat.transform(te.prompt)
-    chars_tr = np.array([len(p) for p in tr.prompt], dtype=np.float64)
-    chars_te = np.array([len(p) for p in te.prompt], dtype=np.float64)
-    lap("features")
+        x_tr, x_te = feat.fit_transform(tr.prompt), feat.transform(te.prompt)
+    chars = lambda t: np.array([len(p) for p in t.prompt], dtype=np.float64)  # noqa: E731
+    return Features(feat, x_tr, x_te, chars(tr), chars(te))
 
-    scale = br.cost_scale(tr.cost)
-    weights = br.cost_weights(tr.quality, tr.cost, cfg.weight_points)
+
+def baseline_curves(te: BenchmarkTable, models: tuple[str, ...], seed: int) -> tuple[dict, dict[str, str]]:
+    """Phase 3: the test prompts' single models, zero router, random router and oracle (no learning)."""
     Qt, Ct = te.quality, te.cost
-    curves = {c.name: c for c in br.single_model_curves(Qt, Ct, tab.models)}
+    curves = {c.name: c for c in br.single_model_curves(Qt, Ct, models)}
     kinds = {n: "single model" for n in curves}
     curves["zero_router"] = br.zero_router_curve(Qt, Ct)
-    curves["random"] = br.random_router_curve(Qt, Ct, seed=cfg.seed)
+    curves["random"] = br.random_router_curve(Qt, Ct, seed=seed)
     curves["oracle"] = br.oracle_curve(Qt, Ct)
     kinds |= {"zero_router": "baseline", "random": "baseline", "oracle": "baseline (knows the outcomes)"}
+    return curves, kinds
 
-    reg = br.fit_regression(x_tr, tr.quality, tr.cost, chars_tr, tab.models, cfg.regression)
+
+@dataclass(frozen=True)
+class Routers:
+    regression: br.RegressionRouter
+    predictive: br.PredictiveRouter
+    knn: br.KNNRouter
+    bc: br.GridRouter
+    cql: br.GridRouter
+
+
+def train_routers(tr: BenchmarkTable, fx: Features, weights: np.ndarray, models: tuple[str, ...],
+                  cfg: BenchmarkConfig, log: Callable[[str], None], lap: Callable[[str], None]) -> Routers:
+    """Phase 4: every learned router on the train split (CQL on bandit feedback simulated from it);
+    ``lap(name)`` after each."""
+    reg = br.fit_regression(fx.x_tr, tr.quality, tr.cost, fx.chars_tr, models, cfg.regression)
     lap("regression")
-    pred = br.fit_predictive(x_tr, tr.quality, tab.models, cfg.predictive)
+    pred = br.fit_predictive(fx.x_tr, tr.quality, models, cfg.predictive)
     lap("predictive")
-    knn = br.fit_knn(x_tr, tr.quality, tab.models, cfg.knn)
+    knn = br.fit_knn(fx.x_tr, tr.quality, models, cfg.knn)
     lap("knn")
-    bc = bt.train_bc_grid(x_tr, tr.quality, tr.cost, weights, tab.models, cfg.bc, log=log)
+    bc = bt.train_bc_grid(fx.x_tr, tr.quality, tr.cost, weights, models, cfg.bc, log=log)
     lap("bc")
-    train_log = bb.simulate_logs(tr.quality, tr.cost, tab.models, cfg.train_behaviour, seed=cfg.seed + 1)
-    cql = bt.train_cql_grid_bandit(x_tr, train_log.action, train_log.quality, train_log.cost, weights, tab.models,
+    train_log = bb.simulate_logs(tr.quality, tr.cost, models, cfg.train_behaviour, seed=cfg.seed + 1)
+    cql = bt.train_cql_grid_bandit(fx.x_tr, train_log.action, train_log.quality, train_log.cost, weights, models,
                                    cfg.cql, log=log)
     cql.metrics["behaviour"] = train_log.behaviour
     lap("cql")
+    return Routers(reg, pred, knn, bc, cql)
 
-    c_hat_te = reg.cost(x_te, chars_te)
-    mean_q = np.broadcast_to(tr.quality.mean(axis=0), Qt.shape)
-    curves["cost_only"] = bm.sweep("cost_only", lambda w: bm.decide(mean_q, c_hat_te, w),
-                                   br.cost_weights(mean_q, c_hat_te, cfg.sweep_points), Qt, Ct)
-    kinds["cost_only"] = "baseline (price only)"
-    q_hat_te = reg.quality(x_te)
-    curves["regression"] = bm.sweep("regression", lambda w: bm.decide(q_hat_te, c_hat_te, w),
-                                    br.cost_weights(q_hat_te, c_hat_te, cfg.sweep_points), Qt, Ct)
-    predicted = {"regression": q_hat_te, "predictive": pred.quality(x_te), "knn": knn.quality(x_te)}
-    for name in ("predictive", "knn"):
-        q_hat = predicted[name]
-        curves[name] = bm.sweep(name, lambda w, q_hat=q_hat: bm.decide(q_hat, c_hat_te, w),
-                                br.cost_weights(q_hat, c_hat_te, cfg.sweep_points), Qt, Ct)
-    curves["bc"] = bm.sweep("bc", lambda w: bc.decide(x_te, w), weights, Qt, Ct)
-    curves["cql"] = bm.sweep("cql", lambda w: cql.decide(x_te, w), weights, Qt, Ct)
-    kinds |= {n: "learned" for n in LEARNED}
+
+@dataclass(frozen=True)
+class Predictions:
+    """What the prediction-based routers predict for the test prompts."""
+
+    quality: dict[str, np.ndarray]  # regression, predictive, knn: (n_test, K)
+    cost: np.ndarray  # the regression router's predicted cost, which all three use
+    mean_quality: np.ndarray  # the train split's mean quality per model (the cost_only baseline's)
+
+
+def predict_test(routers: Routers, tr: BenchmarkTable, fx: Features) -> Predictions:
+    q = {"regression": routers.regression.quality(fx.x_te), "predictive": routers.predictive.quality(fx.x_te),
+         "knn": routers.knn.quality(fx.x_te)}
+    return Predictions(q, routers.regression.cost(fx.x_te, fx.chars_te),
+                       np.broadcast_to(tr.quality.mean(axis=0), q["regression"].shape))
+
+
+def learned_curves(routers: Routers, pred: Predictions, fx: Features, te: BenchmarkTable, weights: np.ndarray,
+                   sweep_points: int) -> dict[str, bm.Curve]:
+    """Phase 5: cost_only and every learned router swept over cost weights on the test prompts."""
+    Qt, Ct, c_hat = te.quality, te.cost, pred.cost
+    curves = {"cost_only": bm.sweep("cost_only", lambda w: bm.decide(pred.mean_quality, c_hat, w),
+                                    br.cost_weights(pred.mean_quality, c_hat, sweep_points), Qt, Ct)}
+    for name, q_hat in pred.quality.items():
+        curves[name] = bm.sweep(name, lambda w, q_hat=q_hat: bm.decide(q_hat, c_hat, w),
+                                br.cost_weights(q_hat, c_hat, sweep_points), Qt, Ct)
+    curves["bc"] = bm.sweep("bc", lambda w: routers.bc.decide(fx.x_te, w), weights, Qt, Ct)
+    curves["cql"] = bm.sweep("cql", lambda w: routers.cql.decide(fx.x_te, w), weights, Qt, Ct)
+    return curves
+
+
+@dataclass(frozen=True)
+class Scores:
+    c_range: tuple[float, float]  # the cheapest and the dearest single model's mean cost
+    aiq: dict[str, float]
+    aiq_code: dict[str, float]
+    aiq_ci: dict[str, tuple[float, float]]
+    margin_ci: dict[str, tuple[float, float]]
+    aiq_by_eval: dict[str, dict[str, float]]
+
+
+def score_curves(curves: dict[str, bm.Curve], te: BenchmarkTable, cfg: BenchmarkConfig) -> Scores:
+    """Phase 6: AIQ (the paper's and RouterBench's code's), bootstrap intervals and margins over random,
+    AIQ per eval_name."""
+    Qt, Ct = te.quality, te.cost
     c_min, c_max = bm.cost_range(Ct.mean(axis=0))
     aiq = {n: c.aiq(c_min, c_max) for n, c in curves.items()}
     # RouterBench's code: from each router's own first point, over x_max, the largest cost on any NDCH
@@ -379,55 +474,58 @@ def _run(cfg: BenchmarkConfig, log: Callable[[str], None],
     aiq_ci = {n: tuple(np.percentile(v, [2.5, 97.5]).tolist()) for n, v in boot.items()}
     margin_ci = {n: tuple(np.percentile(v - boot["random"], [2.5, 97.5]).tolist()) for n, v in boot.items()
                  if n != "random"}
-    aiq_eval = bm.aiq_by_group(curves, Qt, Ct, te.eval_name)
+    return Scores((c_min, c_max), aiq, aiq_code, aiq_ci, margin_ci, bm.aiq_by_group(curves, Qt, Ct, te.eval_name))
 
-    routellm, strong_weak = {}, None
-    if len(tab.models) == 2:
-        s = int(np.argmax(tr.quality.mean(axis=0)))
-        wk = 1 - s
-        strong_weak = (tab.models[s], tab.models[wk])
-        if Qt[:, s].mean() > Qt[:, wk].mean():
-            rng = np.random.default_rng(cfg.seed)
-            scores = {"random": rng.random(len(te)), "oracle": None,  # RouteLLM's optimal curve
-                      **{n: predicted[n][:, s] - predicted[n][:, wk] for n in ("regression", "predictive", "knn")},
-                      "bc": _diff(bc.outputs(x_te, 0), s, wk), "cql": _diff(cql.outputs(x_te, 0), s, wk)}
-            routellm = {n: bm.routellm_metrics(v, Qt[:, s], Qt[:, wk]) for n, v in scores.items()}
-        else:
-            log("routing benchmark: the strong model does not beat the weak one on the test prompts; "
-                "APGR and CPT are not defined")
-    lap("metrics")
 
-    w_ope = cfg.ope_multiplier / scale
-    ope_rows, propensity = _run_ope(cfg, tab.models, tr, te, x_tr, x_te, w_ope,
-                                    {**{n: bm.decide(predicted[n], c_hat_te, w_ope)
-                                        for n in ("regression", "predictive", "knn")},
-                                     "cost_only": bm.decide(mean_q, c_hat_te, w_ope),
-                                     "bc": bc.decide(x_te, w_ope), "cql": cql.decide(x_te, w_ope)}, log)
-    lap("ope")
+def routellm_scores(routers: Routers, pred: Predictions, fx: Features, models: tuple[str, ...],
+                    tr: BenchmarkTable, te: BenchmarkTable, seed: int, log: Callable[[str], None]
+                    ) -> tuple[dict[str, bm.RouteLLMMetrics], tuple[str, str] | None]:
+    """Phase 7, two-model tables only: RouteLLM's APGR and CPT from each router's strong-minus-weak score
+    (strong: the better model on the train prompts; undefined when it is not better on the test ones)."""
+    if len(models) != 2:
+        return {}, None
+    s = int(np.argmax(tr.quality.mean(axis=0)))
+    wk = 1 - s
+    Qt = te.quality
+    if not Qt[:, s].mean() > Qt[:, wk].mean():
+        log("routing benchmark: the strong model does not beat the weak one on the test prompts; "
+            "APGR and CPT are not defined")
+        return {}, (models[s], models[wk])
+    rng = np.random.default_rng(seed)
+    scores = {"random": rng.random(len(te)), "oracle": None,  # RouteLLM's optimal curve
+              **{n: q[:, s] - q[:, wk] for n, q in pred.quality.items()},
+              "bc": _diff(routers.bc.outputs(fx.x_te, 0), s, wk), "cql": _diff(routers.cql.outputs(fx.x_te, 0), s, wk)}
+    return {n: bm.routellm_metrics(v, Qt[:, s], Qt[:, wk]) for n, v in scores.items()}, (models[s], models[wk])
 
-    result = BenchmarkResult(
-        models=tab.models, n_train=len(tr), n_test=len(te), cost_scale=scale, weights=weights,
-        c_range=(c_min, c_max), curves=curves, kinds=kinds, aiq=aiq, aiq_code=aiq_code, routellm=routellm,
-        strong_weak=strong_weak, ope_rows=ope_rows, ope_weight=w_ope, propensity=propensity, import_report=report,
-        table_sha256=tab.sha256(), timings=timings, config=cfg,
-        router_metrics={"bc": bc.metrics, "cql": cql.metrics, "knn": {"k": knn.k, "metric": knn.metric}},
-        aiq_ci=aiq_ci, margin_vs_random_ci=margin_ci, split_info=split_info, aiq_by_eval=aiq_eval)
-    bundle = br.RouterBundle(feat, tab.models, reg, {"bc": bc, "cql": cql},
-                             predictors={"predictive": pred, "knn": knn}, manifest={
+
+def decisions_at(routers: Routers, pred: Predictions, fx: Features, w: float) -> dict[str, np.ndarray]:
+    """Every learned router's (and cost_only's) model per test prompt at cost weight ``w`` (what OPE evaluates)."""
+    return {**{n: bm.decide(q, pred.cost, w) for n, q in pred.quality.items()},
+            "cost_only": bm.decide(pred.mean_quality, pred.cost, w),
+            "bc": routers.bc.decide(fx.x_te, w), "cql": routers.cql.decide(fx.x_te, w)}
+
+
+def _bundle(result: BenchmarkResult, routers: Routers, feat: bfeat.PromptFeaturizer,
+            cfg: BenchmarkConfig) -> br.RouterBundle:
+    """The routers as saved for serving, with their manifest."""
+    return br.RouterBundle(feat, result.models, routers.regression, {"bc": routers.bc, "cql": routers.cql},
+                           predictors={"predictive": routers.predictive, "knn": routers.knn}, manifest={
         "kind": "routing_benchmark", "featurizer": feat.name, "training_data_sha256": result.table_sha256,
-        "source": report.source, "test_fraction": cfg.test_fraction, "split_seed": cfg.seed,
-        "split": {k: v for k, v in split_info.items() if k != "test_import"},
-        "cost_scale_usd": scale, "cost_weights": weights.tolist(),
-        "aiq": {n: aiq[n] for n in (*LEARNED, "zero_router", "oracle")},
+        "source": result.import_report.source, "test_fraction": cfg.test_fraction, "split_seed": cfg.seed,
+        "split": {k: v for k, v in result.split_info.items() if k != "test_import"},
+        "cost_scale_usd": result.cost_scale, "cost_weights": result.weights.tolist(),
+        "aiq": {n: result.aiq[n] for n in (*LEARNED, "zero_router", "oracle")},
         "note": "route(prompts, cost_weight): cost_weight in quality units per USD; the grid routers use the "
                 "member trained for the nearest weight"})
-    z = aiq["zero_router"]
-    log("routing benchmark: AIQ " + ", ".join(f"{n} {aiq[n]:.4f}" for n in (*LEARNED, "cost_only", "oracle"))
-        + f" vs zero router {z:.4f}, random {aiq['random']:.4f}; best learned {result.best_learned} "
-        + f"{aiq[result.best_learned]:.4f} (95% interval {_fmt_ci(aiq_ci[result.best_learned])}, margin over random "
-        + f"{_fmt_ci(margin_ci[result.best_learned])}) "
-        + ("beats" if result.beats_random_router else "does NOT beat") + " the random router")
-    return result, bundle
+
+
+def _summary(result: BenchmarkResult) -> str:
+    aiq, best = result.aiq, result.best_learned
+    return ("routing benchmark: AIQ " + ", ".join(f"{n} {aiq[n]:.4f}" for n in (*LEARNED, "cost_only", "oracle"))
+            + f" vs zero router {aiq['zero_router']:.4f}, random {aiq['random']:.4f}; best learned {best} "
+            + f"{aiq[best]:.4f} (95% interval {_fmt_ci(result.aiq_ci[best])}, margin over random "
+            + f"{_fmt_ci(result.margin_vs_random_ci[best])}) "
+            + ("beats" if result.beats_random_router else "does NOT beat") + " the random router")
 
 
 def _diff(out: np.ndarray, s: int, w: int) -> np.ndarray:
@@ -538,8 +636,6 @@ def write_outputs(result: BenchmarkResult, bundle: br.RouterBundle, reports_dir:
 
 def metadata_markdown(result: BenchmarkResult, max_dropped: int = 20) -> dict[str, str]:
     """Markdown blocks for the asset's metadata: results, OPE, costs, what was dropped, RouteLLM context."""
-    from sage_pipeline import markdown
-
     rep = result.import_report
     z, best = result.aiq["zero_router"], result.best_learned
     verdict = (f"**{best}** has the best AIQ of the learned routers: {result.aiq[best]:.4f} (95% interval "

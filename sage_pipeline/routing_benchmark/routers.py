@@ -30,11 +30,11 @@ Learned routers (fitted on the train split only):
 * ``cql``: discrete CQL in bandit mode (``sage_pipeline.rl.cql``'s loss: Huber TD to the
   standardised reward plus ``alpha * (logsumexp_a Q - Q(a_logged))``) trained on *logged
   bandit feedback* (one model per train prompt, drawn by a behaviour policy:
-  :mod:`benchmark_bandit`), with the logged reward ``quality - w * cost`` relabelled for
-  every cost weight of the grid; critics per weight as one batched ensemble (rl.cql's
+  :mod:`logged_bandit`), with the logged reward ``quality - w * cost`` relabelled for
+  every cost weight of the grid; critics per weight as one batched ensemble (rl.nets'
   ``Ensemble``), served as the greedy argmax of their mean.
 
-The grid routers are trained by :mod:`benchmark_train` (torch); this module and serving
+The grid routers are trained by :mod:`train` (torch); this module and serving
 (:func:`save_bundle` / :func:`load_bundle`) need numpy (and scikit-learn's tokenizer) only.
 """
 
@@ -50,7 +50,7 @@ import numpy as np
 
 from sage_pipeline import artifacts
 from sage_pipeline.rl.checkpoint import Layers, mlp_forward
-from sage_pipeline.routing import benchmark_features as bfeat, benchmark_metrics as bm
+from sage_pipeline.routing_benchmark import metrics as bm, prompt_features as bfeat
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ def cost_weights(quality: np.ndarray, cost: np.ndarray, points: int = DEFAULT_WE
     ``argmax_k quality - w * cost`` is every prompt's cheapest model, in between at evenly spaced
     quantiles of the weights where some prompt's choice changes.
 
-    Those weights are the knobs of :func:`benchmark_metrics.optimal_frontier` on (quality, cost):
+    Those weights are the knobs of :func:`metrics.optimal_frontier` on (quality, cost):
     on the train table's outcomes for the grid routers (each member is trained for one weight), on
     a router's own predictions for the prediction-based ones. So the sweep always reaches the cheap
     end (AIQ counts a curve as 0 left of its cheapest point) and spends its points where decisions
@@ -120,7 +120,7 @@ def random_router_curve(quality: np.ndarray, cost: np.ndarray, seed: int = 0, po
 
 
 def oracle_curve(quality: np.ndarray, cost: np.ndarray, max_points: int = 2001) -> bm.Curve:
-    """The exact optimal frontier (:func:`benchmark_metrics.optimal_frontier`): every budget's best
+    """The exact optimal frontier (:func:`metrics.optimal_frontier`): every budget's best
     assignment; at most ``max_points`` of its vertices, evenly spaced along it, first and last kept
     (each a deterministic assignment on the frontier)."""
     fr = bm.optimal_frontier(quality, cost)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sage_pipeline.routing import benchmark_bandit as bb, benchmark_features as bfeat
-from sage_pipeline_tests.routing.test_benchmark_routers import MODELS, synthetic_table
+from sage_pipeline.routing_benchmark import logged_bandit as bb, prompt_features as bfeat
+from sage_pipeline_tests.routing_benchmark.test_routers import MODELS, synthetic_table
 
 W = 2e4  # cost weight (quality per USD): about 0.1-0.5 quality per strong call here
 

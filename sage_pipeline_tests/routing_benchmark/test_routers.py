@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 
 from sage_pipeline.rl.cql import CQLConfig
-from sage_pipeline.routing import (
-    benchmark_bandit as bb,
-    benchmark_features as bfeat,
-    benchmark_metrics as bm,
-    benchmark_routers as br,
-    benchmark_train as bt,
+from sage_pipeline.routing_benchmark import (
+    logged_bandit as bb,
+    metrics as bm,
+    prompt_features as bfeat,
+    routers as br,
+    train as bt,
 )
-from sage_pipeline.routing.benchmark_import import BenchmarkTable
+from sage_pipeline.routing_benchmark.importer import BenchmarkTable
 
 MODELS = ("cheap", "strong")
 
@@ -168,7 +168,7 @@ def test_serving_a_saved_router_imports_no_torch_or_dagster():
     import subprocess
     import sys
 
-    code = ("import sys; from sage_pipeline.routing.benchmark_routers import load_bundle; "
+    code = ("import sys; from sage_pipeline.routing_benchmark.routers import load_bundle; "
             "print(sorted(m for m in ('torch', 'dagster', 'great_expectations') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

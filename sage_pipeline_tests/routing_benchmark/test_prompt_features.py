@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sage_pipeline.routing import benchmark_features as bf
+from sage_pipeline.routing_benchmark import prompt_features as bf
 
 TRAIN = np.array(["solve the equation x + 1 = 2", "who was the first king of France", "solve for y in 2y = 4",
                   "the king and the queen of Spain", "integrate x squared", "history of the roman empire"] * 3,

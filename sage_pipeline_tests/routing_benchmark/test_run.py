@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 
 from sage_pipeline.rl.cql import CQLConfig
-from sage_pipeline.routing import benchmark_routers as br, benchmark_run as brun, benchmark_train as bt
-from sage_pipeline.routing.benchmark_import import BenchmarkImportError, ImportConfig, import_benchmark
-from sage_pipeline_tests.routing.test_benchmark_routers import synthetic_table
+from sage_pipeline.routing_benchmark import metrics as bm, routers as br, run as brun, train as bt
+from sage_pipeline.routing_benchmark.importer import BenchmarkImportError, ImportConfig, import_benchmark
+from sage_pipeline_tests.routing_benchmark.test_routers import synthetic_table
 
 SLICE = Path(__file__).parent / "fixtures" / "routellm_mmlu_slice"
 
@@ -220,3 +220,75 @@ def test_precomputed_embeddings_as_features(tmp_path):
         brun.run_benchmark(_fast(table=ImportConfig(path=tmp_path / "t.csv", price_table=prices,
                                                     models=("cheap", "strong")),
                                  featurizer="embedding", featurizer_params={}), log=lambda s: None)
+
+
+# ------------------------------------------------------------------ run_benchmark's phases, one by one
+def test_split_and_features_phases():
+    tab = synthetic_table(400)
+    cfg = _fast()
+    joined, tr, te, info = brun.split_prompts(tab, brun.ImportReport(source="t"), cfg, log=lambda s: None)
+    assert joined is tab and info == {"split": "hash", "test_fraction": 0.25, "seed": 0}
+    assert len(tr) + len(te) == 400 and not set(tr.prompt) & set(te.prompt)
+    with pytest.raises(ValueError, match="t: .* a benchmark needs at least 10 of each"):
+        brun.split_prompts(tab.take(np.arange(12)), brun.ImportReport(source="t"), cfg, log=lambda s: None)
+    fx = brun.fit_features(tr, te, cfg, "t")
+    assert len(fx.x_tr) == len(tr) and len(fx.x_te) == len(te) and fx.x_tr.shape[1] == fx.x_te.shape[1]
+    assert np.array_equal(fx.x_te, fx.featurizer.transform(te.prompt))  # the featurizer fitted on train, kept
+    assert fx.chars_te.tolist() == [float(len(p)) for p in te.prompt]
+    with pytest.raises(BenchmarkImportError, match="needs the table's precomputed embeddings"):
+        brun.fit_features(tr, te, _fast(featurizer="embedding", featurizer_params={}), "t")
+
+
+def test_baseline_curves_phase():
+    te = synthetic_table(300, seed=3)
+    curves, kinds = brun.baseline_curves(te, te.models, seed=0)
+    assert list(curves) == [*te.models, "zero_router", "random", "oracle"] and list(kinds) == list(curves)
+    assert kinds["oracle"] == "baseline (knows the outcomes)" and kinds["cheap"] == "single model"
+    best_single = max(float(curves[m].quality[0]) for m in te.models)
+    assert float(curves["oracle"].quality.max()) >= best_single
+
+
+@pytest.fixture(scope="module")
+def phases():
+    tab = synthetic_table(600, seed=1)
+    cfg = _fast()
+    _, tr, te, _ = brun.split_prompts(tab, brun.ImportReport(source="t"), cfg, log=lambda s: None)
+    fx = brun.fit_features(tr, te, cfg, "t")
+    weights = br.cost_weights(tr.quality, tr.cost, cfg.weight_points)
+    laps: list[str] = []
+    routers = brun.train_routers(tr, fx, weights, tab.models, cfg, lambda s: None, laps.append)
+    return cfg, tab, tr, te, fx, weights, routers, laps
+
+
+def test_router_training_and_curve_phases(phases):
+    cfg, tab, tr, te, fx, weights, routers, laps = phases
+    assert laps == ["regression", "predictive", "knn", "bc", "cql"]
+    assert routers.cql.metrics["behaviour"] == "uniform"
+    pred = brun.predict_test(routers, tr, fx)
+    assert set(pred.quality) == {"regression", "predictive", "knn"} and pred.cost.shape == (len(te), 2)
+    assert np.allclose(pred.mean_quality, tr.quality.mean(axis=0))
+    curves = brun.learned_curves(routers, pred, fx, te, weights, cfg.sweep_points)
+    assert list(curves) == ["cost_only", "regression", "predictive", "knn", "bc", "cql"]
+    assert len(curves["bc"].cost) == len(weights) and len(curves["regression"].cost) == cfg.sweep_points
+    scores = brun.score_curves(curves | brun.baseline_curves(te, tab.models, cfg.seed)[0], te, cfg)
+    assert scores.aiq["oracle"] >= max(scores.aiq[n] for n in curves)
+    assert scores.c_range == bm.cost_range(te.cost.mean(axis=0)) and "random" not in scores.margin_ci
+    decided = brun.decisions_at(routers, pred, fx, 1e3)
+    assert set(decided) == {"regression", "predictive", "knn", "cost_only", "bc", "cql"}
+    assert all(d.shape == (len(te),) and set(np.unique(d)) <= {0, 1} for d in decided.values())
+
+
+def test_routellm_phase_is_for_two_models_whose_strong_one_wins_on_test(phases):
+    cfg, tab, tr, te, fx, _, routers, _ = phases
+    pred = brun.predict_test(routers, tr, fx)
+    metrics, pair = brun.routellm_scores(routers, pred, fx, tab.models, tr, te, cfg.seed, log=lambda s: None)
+    assert pair == ("strong", "cheap") and set(metrics) == {"random", "oracle", "regression", "predictive", "knn",
+                                                            "bc", "cql"}
+    assert metrics["oracle"].apgr >= metrics["random"].apgr
+    assert brun.routellm_scores(routers, pred, fx, ("a", "b", "c"), tr, te, 0, log=lambda s: None) == ({}, None)
+    swapped = te.take(np.arange(len(te)))
+    swapped.quality[:, 1] = 0.0  # the strong model never right on the test prompts
+    lines: list[str] = []
+    got = brun.routellm_scores(routers, pred, fx, tab.models, tr, swapped, 0, lines.append)
+    assert got == ({}, ("strong", "cheap"))
+    assert "APGR and CPT are not defined" in lines[0]
