@@ -43,7 +43,8 @@ NOT_MIGRATED: dict[str, tuple[set[str], str]] = {
         + _ROUTING),
     "online_ab.OnlineABAssetConfig": ({"episodes", "seed"}, "repeats rl.online_ab.OnlineABConfig; " + _RL),
     "policy_assets.BCPolicyConfig": ({"epochs", "max_updates", "hidden", "seed"}, "repeats rl.bc.BCConfig; " + _RL),
-    "policy_assets.CQLPolicyConfig": ({"mode", "steps", "min_passes", "n_critics", "seed"}, "repeats rl.cql.CQLConfig; " + _RL),
+    "policy_assets.CQLPolicyConfig": ({"mode", "steps", "min_passes", "n_critics", "seed"},
+                                      "repeats rl.cql.CQLConfig; " + _RL),
     "policy_assets.OfflineEvalConfig": ({"n_boot", "seed", "clip_factor"}, "repeats rl.ope.OPEConfig; " + _RL),
     "policy_iteration.PolicyIterationConfig": (
         {"days", "episodes_per_day", "eval_tasks", "seed", "epsilon", "window_days", "cql_steps", "alphas",

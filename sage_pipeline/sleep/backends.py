@@ -3,7 +3,7 @@
 Two implementations share one interface (``solve``, ``grade``, ``reflect``, each returning a
 :class:`Reply`):
 
-- :class:`~sage_pipeline.sleep.sim.SimulatedBackend`, the deterministic embedded default;
+- :class:`~sage_pipeline.sleep.simulated_backend.SimulatedBackend`, the deterministic embedded default;
 - :class:`OpenAIBackend`, any OpenAI-compatible ``/chat/completions`` server (vLLM,
   llama.cpp server, Ollama, hosted APIs), through the ``openai`` SDK.
 

@@ -10,7 +10,7 @@ from sage_pipeline.sleep.cycle import Cycle, CycleConfig, NightResult, _Gated
 from sage_pipeline.sleep.gate import GateConfig, Trial
 from sage_pipeline.sleep.judges import UnitTestJudge
 from sage_pipeline.sleep.records import TaskResult
-from sage_pipeline.sleep.sim import SimulatedBackend, SimWorld
+from sage_pipeline.sleep.simulated_backend import SimulatedBackend, SimWorld
 from sage_pipeline.sleep.store import LiveChanged, default_document
 
 
