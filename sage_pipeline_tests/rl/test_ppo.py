@@ -142,7 +142,7 @@ def _autograd_loss(ac, x, a, old_logp, adv, ret, old_v, args):
     def mlp(i):
         h = x
         for k in range(n):
-            h = torch.relu(h @ w[k][i].T + b[k][i])
+            h = torch.relu(h @ w[k][i] + b[k][i])
         return h
 
     logp_all = torch.log_softmax(mlp(0) @ ha.T + hab, 1)
