@@ -335,9 +335,10 @@ class SageLoopVecEnv(gym.vector.VectorEnv):
     observed state); nothing is truncated. Tasks are drawn uniformly from ``task_idx``; one
     seeded generator drives tasks and outcomes (``reset(seed=...)`` re-seeds it).
 
-    The step is :meth:`SageLoopSim.transition` on lookup tables and running totals (calls,
-    dollars, seconds per row) and writes the encoding directly: the same episodes for the same
-    uniforms (tested), at a fraction of the numpy calls."""
+    The step is :meth:`SageLoopSim.transition` on lookup tables indexed by the action (a row
+    for ``stop`` holds zeros) and running totals per row (budget used, calls per action, the
+    coders' failed-attempt key), and writes the encoding directly: the same episodes for the
+    same uniforms (tested), in a few dozen numpy calls per step."""
 
     metadata: ClassVar[dict] = {"autoreset_mode": AutoresetMode.SAME_STEP, "render_modes": []}
 
@@ -355,35 +356,58 @@ class SageLoopVecEnv(gym.vector.VectorEnv):
         self.single_action_space = gym.spaces.Discrete(self.n_actions)
         self.observation_space = batch_space(self.single_observation_space, n_envs)
         self.action_space = batch_space(self.single_action_space, n_envs)
-        # the encoding's layout (must equal ObsSpec.encode: tested): [family one-hot | difficulty,
-        # calls, usd, seconds, tests passed, calls per action | last outcome one-hot]
-        nf, b = len(sim.families), sim.budget
-        self._static = np.zeros((len(sim), nf + 1), dtype=np.float32)  # per task: family one-hot, difficulty
-        self._static[np.arange(len(sim)), sim.family] = 1.0
-        self._static[:, nf] = sim.difficulty
-        self._c_calls, self._c_tests, self._c_counts = nf + 1, nf + 4, nf + 5
-        self._c_kind = nf + 5 + sim.n_calls
-        self._inv = np.array([1.0 / b.calls, 1.0 / b.usd, 1.0 / b.seconds], dtype=np.float32)
-        self._inv_count = np.float32(1.0 / sim.obs_spec.max_count)
-        self._no_cand = self.sim.reward_table.shape[2] - 1  # reward_table's NO_CANDIDATE column
+        self._tables()
         self._seed = seed
         self.rng = np.random.default_rng(seed)
         n = n_envs
-        self.task = np.zeros(n, np.int64)
+        self.task, self.candidate = np.zeros(n, np.int64), np.full(n, -1, np.int64)
         self.counts = np.zeros((n, sim.n_calls), np.int64)
-        self.candidate = np.full(n, -1, np.int64)
-        self.calls, self.fail_key = np.zeros(n, np.int64), np.zeros(n, np.int64)
-        self.usd, self.seconds = np.zeros(n), np.zeros(n)
+        self.used = np.zeros((n, 3))  # budget used: calls, dollars, seconds
+        self.fail_key = np.zeros(n, np.int64)  # the coders' failed attempts, as an index of sim.fail_combo
         self.ep_return, self.ep_len = np.zeros(n), np.zeros(n, np.int64)
         self._rows = np.arange(n)
         self.reset()
 
+    def _tables(self) -> None:
+        """Per action (the last row ``stop``): what a call costs (calls, dollars, seconds), its
+        calls-per-action increment and failed-attempt key increment; per task the coders' and
+        debuggers' chances by action; the encoding's layout (equal to ObsSpec.encode: tested)."""
+        s, b, K, A = self.sim, self.sim.budget, len(self.sim.actions), self.sim.n_calls
+        self._cost = np.zeros((K, 3))
+        self._cost[:A] = np.column_stack([np.ones(A), s.usd, s.seconds])
+        self._limit = np.array([b.calls, b.usd + _EPS, b.seconds + _EPS])
+        self._onehot = np.eye(K, A, dtype=np.int64)
+        self._fail_inc = np.zeros(K, np.int64)
+        self._fail_inc[:s.n_code] = s.fail_radix
+        n_tasks, n_combo = s.p_code_table.shape[:2]
+        self._p_code = np.zeros((n_tasks, n_combo, K))
+        self._p_code[:, :, :s.n_code] = s.p_code_table
+        self._p_debug = np.zeros((n_tasks, s.W + 1, K))  # slot 0: no candidate yet
+        self._p_debug[:, 1:, s.n_code:A] = s.p_debug
+        self._kind = np.zeros((n_tasks, s.W + 1), np.int64)  # the reward table's kind column per slot
+        self._no_cand = s.reward_table.shape[2] - 1
+        self._kind[:, 0] = self._no_cand
+        self._kind[:, 1:] = s.wrong_kind
+        self._reward = np.zeros((K, *s.reward_table.shape[1:]))
+        self._reward[:A] = s.reward_table
+        nf = len(s.families)
+        self._static = np.zeros((n_tasks, nf + 1), dtype=np.float32)  # per task: family one-hot, difficulty
+        self._static[np.arange(n_tasks), s.family] = 1.0
+        self._static[:, nf] = s.difficulty
+        self._tests = np.zeros((n_tasks, s.W + 1), dtype=np.float32)  # per slot: the share of tests passed
+        self._tests[:, 1:] = s.wrong_tests
+        self._last = np.zeros((n_tasks, s.W + 1), np.int64)  # per slot: the LAST_OUTCOMES column
+        self._last[:, 1:] = s.wrong_kind
+        self._c_used, self._c_counts, self._c_kind = nf + 1, nf + 5, nf + 5 + A
+        self._inv = np.array([1.0 / b.calls, 1.0 / b.usd, 1.0 / b.seconds], dtype=np.float32)
+        self._inv_count = np.float32(1.0 / s.obs_spec.max_count)
+
     def _new(self, rows: np.ndarray) -> None:
-        self.task[rows] = self.rng.choice(self.task_idx, size=len(rows))
+        self.task[rows] = self.task_idx[self.rng.integers(0, len(self.task_idx), size=len(rows))]
         self.counts[rows] = 0
         self.candidate[rows] = -1
-        self.calls[rows] = self.fail_key[rows] = 0
-        self.usd[rows] = self.seconds[rows] = 0.0
+        self.used[rows] = 0.0
+        self.fail_key[rows] = 0
         self.ep_return[rows] = 0.0
         self.ep_len[rows] = 0
 
@@ -394,63 +418,56 @@ class SageLoopVecEnv(gym.vector.VectorEnv):
         self._new(self._rows)
         return self.encode(self._rows), {}
 
+    def set_state(self, rows: np.ndarray, counts: np.ndarray, candidate: np.ndarray) -> None:
+        """Put ``rows`` in the state (calls per action, current candidate) of their task, as if
+        those calls had failed: to replay a state or start from one."""
+        s = self.sim
+        self.counts[rows] = counts
+        self.candidate[rows] = candidate
+        self.used[rows] = self.counts[rows] @ self._cost[:s.n_calls]
+        self.fail_key[rows] = self.counts[rows, :s.n_code] @ s.fail_radix
+
     def observe(self) -> LoopObs:
         return self.sim.observe(self.task, self.counts, self.candidate)
 
     def encode(self, rows: np.ndarray) -> np.ndarray:
         """The ObsSpec encoding of ``rows``' current states, written directly (no LoopObs)."""
-        s = self.sim
-        task, cand = self.task[rows], self.candidate[rows]
+        task, slot = self.task[rows], self.candidate[rows] + 1
         out = np.zeros((len(rows), self.obs_dim), dtype=np.float32)
-        out[:, :self._c_calls] = self._static[task]
-        out[:, self._c_calls] = self.calls[rows] * self._inv[0]
-        out[:, self._c_calls + 1] = self.usd[rows] * self._inv[1]
-        out[:, self._c_calls + 2] = self.seconds[rows] * self._inv[2]
-        slot = np.maximum(cand, 0)
-        has = cand >= 0
-        out[:, self._c_tests] = s.wrong_tests[task, slot] * has
-        out[:, self._c_counts:self._c_kind] = np.minimum(self.counts[rows], s.obs_spec.max_count) * self._inv_count
-        out[np.arange(len(rows)), self._c_kind + s.wrong_kind[task, slot] * has] = 1.0
+        out[:, :self._c_used] = self._static[task]
+        out[:, self._c_used:self._c_used + 3] = self.used[rows] * self._inv
+        out[:, self._c_used + 3] = self._tests[task, slot]
+        out[:, self._c_counts:self._c_kind] = self.counts[rows] * self._inv_count  # counts <= calls = max_count
+        out[np.arange(len(rows)), self._c_kind + self._last[task, slot]] = 1.0
         return out
 
     def step(self, actions) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
-        s, b = self.sim, self.sim.budget
+        s = self.sim
         a = np.asarray(actions, dtype=np.int64)
-        if a.shape != (self.num_envs,) or (a < 0).any() or (a > s.stop).any():
+        if a.shape != (self.num_envs,) or a.min() < 0 or a.max() > s.stop:
             raise ValueError(f"actions must be {(self.num_envs,)} ints in [0, {s.stop}] ({', '.join(s.actions)})")
         u = self.rng.random((self.num_envs, 2))
-        task, cand = self.task, self.candidate
-        call = a < s.stop
-        aa = np.where(call, a, 0)
-        made = (call & (self.calls < b.calls) & (self.usd + s.usd[aa] <= b.usd + _EPS)
-                & (self.seconds + s.seconds[aa] <= b.seconds + _EPS))
-        code = made & s.is_code[aa]
-        has = cand >= 0
-        slot = np.maximum(cand, 0)
-        combo = s.fail_combo[self.fail_key]
-        p_code = s.p_code_table[task, combo, np.minimum(aa, s.n_code - 1)]
-        p_dbg = s.p_debug[task, slot, np.maximum(aa - s.n_code, 0)]
-        p = np.where(code, p_code, np.where(made & has, p_dbg, 0.0))
-        passed = u[:, 0] < p
+        task, slot = self.task, self.candidate + 1
+        cost = self._cost[a]
+        made = (a < s.stop) & ((self.used + cost) <= self._limit).all(axis=1)
+        p = self._p_code[task, s.fail_combo[self.fail_key], a] + self._p_debug[task, slot, a]
+        passed = made & (u[:, 0] < p)
         nw = s.n_wrong[task]
         pick = np.minimum((u[:, 1] * nw).astype(np.int64), nw - 1)
-        new_cand = np.where(code & ~passed, pick, cand)
-        kind = np.where(passed, PASS, np.where(new_cand >= 0, s.wrong_kind[task, np.maximum(new_cand, 0)],
-                                               self._no_cand))
-        reward = np.where(made, s.reward_table[aa, self.calls, kind], 0.0)
-        rows = np.flatnonzero(made)
-        self.counts[rows, aa[rows]] += 1
-        self.calls += made
-        self.usd += s.usd[aa] * made
-        self.seconds += s.seconds[aa] * made
-        self.fail_key += np.where(code, s.fail_radix[np.minimum(aa, s.n_code - 1)], 0)
+        new_cand = np.where(made & ~passed & (a < s.n_code), pick, self.candidate)
+        kind = np.where(passed, PASS, self._kind[task, new_cand + 1])
+        calls = self.used[:, 0].astype(np.int64)
+        reward = self._reward[a, calls, kind] * made
+        self.counts += self._onehot[a] * made[:, None]
+        self.used += cost * made[:, None]
+        self.fail_key += self._fail_inc[a] * made
         self.candidate = new_cand
-        done = ~made | passed | (self.calls >= b.calls)
+        done = ~made | passed | (calls + made >= s.budget.calls)
         self.ep_return += reward
         self.ep_len += 1
         outcome = np.where(made, np.where(kind == self._no_cand, NO_CANDIDATE, kind), -1)
-        info = {"task": task.copy(), "outcome": outcome, "passed": passed, "refused": call & ~made,
-                "usd": s.usd[aa] * made, "seconds": s.seconds[aa] * made,
+        info = {"task": task.copy(), "outcome": outcome, "passed": passed, "refused": (a < s.stop) & ~made,
+                "usd": cost[:, 1] * made, "seconds": cost[:, 2] * made,
                 "episode_return": np.where(done, self.ep_return, np.nan),
                 "episode_length": np.where(done, self.ep_len, 0)}
         obs = self.encode(self._rows)

@@ -96,7 +96,7 @@ def test_the_budget_ends_episodes(config):
     sim = hand_sim(with_budget(config, seconds=50.0, calls=4), ["wrong_answer"], [(0, 4)], difficulty=0.95)
     env = SageLoopVecEnv(sim, n_envs=500, seed=0)
     env.step(np.zeros(500, dtype=np.int64))
-    alive = env.calls == 1
+    alive = env.used[:, 0] == 1
     assert alive.any()
     _, r, done, _, info = env.step(np.full(500, sim.actions.index("debug:qwen2.5-coder:14b")))
     assert info["refused"][alive].all() and done[alive].all() and (r[alive] == 0).all()
@@ -116,7 +116,7 @@ def test_the_budget_ends_episodes(config):
     env = SageLoopVecEnv(sim, n_envs=400, seed=2)
     frontier = np.full(400, f)
     env.step(frontier)
-    alive = env.calls == 1
+    alive = env.used[:, 0] == 1
     _, _, done, _, info = env.step(frontier)
     assert info["refused"][alive].all() and done[alive].all()
 
@@ -131,14 +131,13 @@ def test_the_debuggers_chance_depends_on_the_feedback(config):
     n, d = 6000, sim.actions.index("debug:qwen2.5-coder:14b")
     for j in (0, 3):
         env = SageLoopVecEnv(sim, n_envs=n, seed=4 + j)
-        env.candidate[:] = j
-        env.counts[:, 0] = env.calls[:] = 1  # as after a failed first attempt
-        env.fail_key[:] = sim.fail_radix[0]
-        env.seconds[:], env.usd[:] = sim.seconds[0], sim.usd[0]
+        counts = np.zeros((n, sim.n_calls), dtype=np.int64)
+        counts[:, 0] = 1  # as after a failed first attempt with the 1.5B coder
+        env.set_state(np.arange(n), counts, np.full(n, j))
         _, _, _, _, info = env.step(np.full(n, d))
         expected = p[j, 0]
         assert info["passed"].mean() == pytest.approx(expected, abs=4 * np.sqrt(expected * (1 - expected) / n) + 1e-3)
-        kept = ~info["passed"] & (env.calls == 2)
+        kept = ~info["passed"] & (env.used[:, 0] == 2)
         assert (env.candidate[kept] == j).all()
 
 
@@ -148,7 +147,7 @@ def test_a_debug_call_before_any_candidate_costs_the_call_and_changes_nothing(co
     d = sim.actions.index("debug:codestral:22b")
     _, r, done, _, info = env.step(np.full(8, d))
     assert not info["passed"].any() and not done.any() and (info["outcome"] == NO_CANDIDATE).all()
-    assert (env.candidate == -1).all() and (env.calls == 1).all()
+    assert (env.candidate == -1).all() and (env.used[:, 0] == 1).all()
     expected = sim.call_reward(np.array([d]), np.array([NO_CANDIDATE]), np.array([0]))[0]
     np.testing.assert_allclose(r, expected)
     assert expected == pytest.approx(-0.15 - config.cost_weight * sim.usd[d] - config.latency_weight * sim.seconds[d])
@@ -271,6 +270,8 @@ def test_bad_actions_and_tables_are_clear_errors(sim, config, suite):
     env = SageLoopVecEnv(sim, n_envs=4, seed=0)
     with pytest.raises(ValueError, match=r"actions must be \(4,\) ints in \[0, 6\]"):
         env.step(np.array([0, 1, 2, 7]))
+    with pytest.raises(ValueError, match=r"actions must be \(4,\) ints"):
+        env.step(np.array([0, 1, -1, 2]))
     with pytest.raises(ValueError, match="n_envs must be >= 1"):
         SageLoopVecEnv(sim, n_envs=0)
     no_coder = dataclasses.replace(config, static_roles=("planner_x", "debugger"))
