@@ -349,6 +349,16 @@ class CodeTaskVecEnv(gym.vector.VectorEnv):
         self.single_action_space = gym.spaces.Discrete(self.n_actions)
         self.observation_space = batch_space(self.single_observation_space, n_envs)
         self.action_space = batch_space(self.single_action_space, n_envs)
+        # the encoding's per-task parts (ObsSpec.encode, written directly: tested equal)
+        spec, nf, T = sim.obs_spec, len(sim.families), sim.config.max_attempts
+        self._static = np.zeros((len(sim), nf + 1), dtype=np.float32)  # family one-hot, difficulty
+        self._static[np.arange(len(sim)), sim.family] = 1.0
+        self._static[:, nf] = sim.difficulty
+        tokens = sim.tokens(np.repeat(np.arange(len(sim)), T + 1), np.tile(np.arange(T + 1), len(sim)))
+        self._log_tokens = np.minimum(np.log1p(tokens) / np.log1p(65536.0), 1.0).reshape(len(sim), T + 1)
+        self._counts = np.minimum(np.arange(2 * T + 2), spec.max_count) / spec.max_count  # count -> column
+        self._direct = spec.numeric == ("difficulty", "log_prompt_tokens", "step", "failure_count",
+                                        "primary_failure_count")
         self.rng = np.random.default_rng(seed)
         self.reset()
 
@@ -371,8 +381,20 @@ class CodeTaskVecEnv(gym.vector.VectorEnv):
     def observe(self) -> CodeTaskObs:
         return self.sim.observe(self.task, self.step_i, self.pfc, self.last)
 
-    def encode(self) -> np.ndarray:
-        return self.obs_spec.encode(self.observe())
+    def encode(self, rows: np.ndarray | None = None) -> np.ndarray:
+        """The ObsSpec encoding of the current states (of ``rows``: all by default)."""
+        rows = slice(None) if rows is None else rows
+        if not self._direct:
+            return self.obs_spec.encode(self.observe().take(np.arange(self.num_envs)[rows]))
+        task, step = self.task[rows], self.step_i[rows]
+        nf = len(self.sim.families)
+        out = np.zeros((len(task), self.obs_dim), dtype=np.float32)
+        out[:, :nf + 1] = self._static[task]
+        out[:, nf + 1] = self._log_tokens[task, np.minimum(step, self._log_tokens.shape[1] - 1)]
+        out[:, nf + 2] = out[:, nf + 3] = self._counts[step]
+        out[:, nf + 4] = self._counts[self.pfc[rows]]
+        out[np.arange(len(task)), nf + 5 + self.last[rows]] = 1.0
+        return out
 
     def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
         tr = self.sim.transition(self.task, self.step_i, self.pfc, self.last, actions, self.rng)
@@ -387,9 +409,9 @@ class CodeTaskVecEnv(gym.vector.VectorEnv):
         obs = self.encode()
         finished = np.flatnonzero(done)
         if len(finished):
-            info["final_obs"], info["_final_obs"] = obs, done
+            info["final_obs"], info["_final_obs"] = obs.copy(), done
             self._new(finished)
-            obs = self.encode()
+            obs[finished] = self.encode(finished)
         return obs, tr["reward"], done, np.zeros(self.num_envs, dtype=bool), info
 
 

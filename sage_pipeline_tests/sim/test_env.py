@@ -306,3 +306,14 @@ def test_the_batch_env_is_a_gymnasium_vector_env(sim):
             # the final observation is the finished episode's, the returned one the next episode's first
             assert (obs[term][:, len(sim.families) + 2] == 0).all()  # step column of a fresh episode
     assert seen > 10
+
+
+def test_the_batch_envs_direct_encoding_is_the_specs(sim):
+    env = CodeTaskVecEnv(sim, n_envs=64, seed=2)
+    rng = np.random.default_rng(0)
+    for _ in range(30):
+        np.testing.assert_array_equal(env.encode(), sim.obs_spec.encode(env.observe()))
+        obs, _, done, _, info = env.step(rng.integers(0, env.n_actions, 64))
+        np.testing.assert_array_equal(obs, sim.obs_spec.encode(env.observe()))
+        rows = np.flatnonzero(done)
+        np.testing.assert_array_equal(env.encode(rows), sim.obs_spec.encode(env.observe().take(rows)))
