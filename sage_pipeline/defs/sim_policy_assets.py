@@ -10,8 +10,11 @@ from sage_pipeline import artifacts, markdown
 from sage_pipeline.defs.resources import SageResource
 from sage_pipeline.rl.ppo import PPOConfig
 from sage_pipeline.routing.reward import RewardSpec
+from sage_pipeline.routing.table import RoutingTable
 from sage_pipeline.sim import ppo_policy as pp
 from sage_pipeline.sim.env import CodeTaskSim, SimConfig
+from sage_pipeline.sim.loop_config import DEFAULT_CONFIG, LoopConfig
+from sage_pipeline.sim.loop_env import SageLoopSim
 from sage_pipeline.sim.rollouts import ROLLOUTS_DIR, read_rollouts
 from sage_pipeline.sim.schema import TASKS_FILE, read_tasks
 
@@ -20,46 +23,74 @@ REPORT = ("reports", "ppo_policy.json")
 
 
 class PPOPolicyConfig(dg.Config):
-    total_timesteps: int = Field(200_000, description="env steps (model calls) of training on the train tasks")
-    num_envs: int = Field(128, description="episodes stepped together by the numpy batch environment")
+    env: str = Field("sage_loop", description="'sage_loop' (SAGE's coder/debugger loop with the sandbox's feedback "
+                     "and a per-task budget) or 'escalation' (one coder model per attempt, the earlier env)")
+    total_timesteps: int = Field(200_000, description="env steps (calls and stops) of training on the train tasks")
+    num_envs: int = Field(128, description="episodes stepped together by the numpy vector environment")
     learning_rate: float = Field(2.5e-3, description="Adam learning rate, annealed linearly to 0")
     ent_coef: float = Field(0.01, description="entropy bonus")
     hidden: list[int] = Field([64, 64], description="hidden layer sizes of the actor and the critic")
     head: str = Field("greedy", description="what the checkpoint serves: 'greedy' (argmax) or 'softmax' (sampled)")
     eval_every: int = Field(10, description="updates between learning-curve points (exact held-out values)")
     seed: int = 0
-    max_attempts: int = Field(4, description="attempts per task before the episode ends")
-    reward_version: str = Field("reward_v2", description="reward_v1 (SAGE's) or reward_v2 (minus cost_weight x USD)")
-    latency_weight: float = Field(0.01, description="reward units subtracted per second of model latency")
+    bandit_steps: int = Field(100_000, description="sage_loop: decisions the online LinUCB bandit (rl/bandit.py) "
+                              "learns from before it is valued (0: skip this baseline)")
+    calibration: str = Field("", description="sage_loop: the calibration file (models, sources, budget, reward, "
+                             f"assumptions); empty: the packaged {DEFAULT_CONFIG.name}")
+    routing_table: str = Field("", description="sage_loop: SAGE's models.yaml whose coder and debugger rows are the "
+                               "static policy; empty: the one the calibration file names")
+    max_attempts: int = Field(4, description="escalation: attempts per task before the episode ends")
+    reward_version: str = Field("reward_v2", description="escalation: reward_v1 (SAGE's) or reward_v2 (minus "
+                                "cost_weight x USD); sage_loop reads it from the calibration file")
+    latency_weight: float = Field(0.01, description="escalation: reward units per second of model latency")
+
+
+def _sim(config: PPOPolicyConfig, sage: SageResource, log):
+    tasks, rollouts = read_tasks(sage.path("sim", TASKS_FILE)), read_rollouts(sage.path("sim", ROLLOUTS_DIR))
+    if config.env == "escalation":
+        sim_cfg = SimConfig(max_attempts=config.max_attempts, latency_weight=config.latency_weight,
+                            reward=RewardSpec(version=config.reward_version))
+        return CodeTaskSim.build(tasks, rollouts, sage.catalogue, sage.table, sim_cfg, log=log)
+    if config.env != "sage_loop":
+        raise dg.Failure(f"ppo_policy config field 'env' is {config.env!r}: use one of {pp.ENVS}")
+    loop = LoopConfig.load(config.calibration or DEFAULT_CONFIG)
+    table = RoutingTable.load(config.routing_table or loop.routing_table)
+    return SageLoopSim.build(tasks, rollouts, loop, table, log=log)
 
 
 @dg.asset(group_name=GROUP, deps=[dg.AssetKey("sim_tasks"), dg.AssetKey("sandbox_rollouts")], kinds={"pytorch"},
-          description="PPO over multi-step escalation episodes on the coding-task simulator (each step: a coder "
-                      "model or stop; outcomes are what the sandbox verified). Trained on the train split's tasks, "
-                      "judged on the held-out ones by exact ground truth beside the static table and the oracle: "
-                      "value, regret closure, pass rate, mean cost; learning curve; env steps/s. "
-                      "Checkpoint in checkpoints/ppo/ (the common policy format).")
+          description="PPO on the coding-task simulator, by default SAGE's coder/debugger loop: each step writes a "
+                      "candidate or repairs the failing one with one of SAGE's models (calibrated from published "
+                      "pass rates, cited in the calibration file) or stops; the feedback (outcome kind, tests "
+                      "passed/total) is what the sandbox verified; a per-task budget of calls, dollars and seconds. "
+                      "Trained on the train split's tasks, judged on the held-out ones by exact ground truth beside "
+                      "SAGE's static table, the oracle, the best policies that ignore the feedback and an online "
+                      "bandit: value, regret closure, pass rate, cost; learning curve; env steps/s. Checkpoint in "
+                      "checkpoints/ppo/ (the common policy format).")
 def ppo_policy(context: dg.AssetExecutionContext, config: PPOPolicyConfig, sage: SageResource) -> dg.MaterializeResult:
-    tasks_path = sage.path("sim", TASKS_FILE)
-    sim_cfg = SimConfig(max_attempts=config.max_attempts, latency_weight=config.latency_weight,
-                        reward=RewardSpec(version=config.reward_version))
-    sim = CodeTaskSim.build(read_tasks(tasks_path), read_rollouts(sage.path("sim", ROLLOUTS_DIR)),
-                            sage.catalogue, sage.table, sim_cfg, log=context.log.info)
+    sim = _sim(config, sage, context.log.info)
     cfg = PPOConfig(total_timesteps=config.total_timesteps, num_envs=config.num_envs, seed=config.seed,
                     learning_rate=config.learning_rate, ent_coef=config.ent_coef, hidden=tuple(config.hidden),
                     head=config.head, eval_every=config.eval_every)
-    run = pp.train_and_evaluate(sim, cfg, log=context.log.info)
+    run = pp.train_and_evaluate(sim, cfg, log=context.log.info, bandit_steps=config.bandit_steps)
+    tasks_path = sage.path("sim", TASKS_FILE)
     ck = run.result.save(sage.path("checkpoints", "ppo"), training_data_sha256=artifacts.file_sha256(tasks_path),
                          metrics=run.summary)
     png = pp.plot_learning_curve(run)
     artifacts.write_bytes(sage.path("reports", "ppo_learning_curve.png"), png)
     out = artifacts.write_json(sage.path(*REPORT), pp.report(run, sim))
     s = run.summary
+    extra = {}
+    if isinstance(sim, SageLoopSim):
+        extra = {"calibration": dg.MetadataValue.md(markdown.table(sim.config.table_rows(), digits=4)),
+                 "calibration_file": dg.MetadataValue.path(sim.config.source),
+                 "static_table_pass_rate": s["static_table_pass_rate"], "oracle_pass_rate": s["oracle_pass_rate"],
+                 **{k: s[k] for k in s if k.startswith("closure_")}}
     return dg.MaterializeResult(metadata={
         "heldout": dg.MetadataValue.md(markdown.table(run.rows, digits=4)),
         "learning_curve": dg.MetadataValue.md(markdown.image(png, "held-out exact value during training")),
-        "heldout_regret_closure": s["heldout_regret_closure"], "heldout_value": s["heldout_value"],
-        "heldout_pass_rate": s["heldout_pass_rate"], "heldout_mean_cost_usd": s["heldout_mean_cost_usd"],
+        "env": run.env, "heldout_regret_closure": s["heldout_regret_closure"], "heldout_value": s["heldout_value"],
+        "heldout_pass_rate": s["heldout_pass_rate"], **extra,
         "static_table_value": s["static_table_value"], "oracle_value": s["oracle_value"],
         "env_steps": s["env_steps"], "env_steps_per_s": round(s["env_steps_per_s"], 1),
         "train_seconds": round(s["train_seconds"], 2), "train_tasks": run.n_train, "heldout_tasks": run.n_test,
@@ -70,7 +101,7 @@ def ppo_policy(context: dg.AssetExecutionContext, config: PPOPolicyConfig, sage:
 
 @dg.asset_check(asset=ppo_policy, blocking=False,
                 description="PPO beats SAGE's static table on the held-out tasks (exact ground truth): regret "
-                            "closure above 0. A warning: the checkpoint is written either way; the goal is 0.9.")
+                            "closure above 0. A warning: the checkpoint is written either way; the goal is 0.85.")
 def ppo_policy_beats_static_table(sage: SageResource) -> dg.AssetCheckResult:
     summary = json.loads(sage.path(*REPORT).read_text(encoding="utf-8"))["summary"]
     closure = summary["heldout_regret_closure"]

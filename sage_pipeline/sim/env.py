@@ -37,8 +37,8 @@ default: 5 reward units per USD) and nothing for ``reward_v1``, and ``cost_usd``
 ``latency_s`` are the catalogue's for the model at the current prompt size. A sandbox
 verdict stands in for the reviewer: a candidate that passes every test scores 1.
 
-:class:`CodeTaskVecEnv` steps a batch of episodes with numpy (same-step auto-reset, one
-seeded generator: the same seed and actions give the same episodes);
+:class:`CodeTaskVecEnv` steps a batch of episodes with numpy: a ``gymnasium.vector.VectorEnv``
+(same-step autoreset, one seeded generator: the same seed and actions give the same episodes);
 :class:`CodeTaskEnv` is the single-episode Gymnasium environment on the same transition.
 Ground truth (exact values, the oracle) is in :mod:`sage_pipeline.sim.ground_truth`.
 """
@@ -52,6 +52,8 @@ from typing import ClassVar
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.vector import AutoresetMode
+from gymnasium.vector.utils import batch_space
 
 from sage_pipeline.routing.catalogue import ModelCatalogue
 from sage_pipeline.routing.reward import RewardSpec, apply_version, sage_step_reward
@@ -77,6 +79,14 @@ class TaskOutcomes:
     n_wrong: np.ndarray  # (N,) int >= 1
     wrong_ids: list[list[str]]  # candidate ids, for people reading an episode
     executed: int = 0  # outcomes that were not in the cache and went through the executor
+    # what the sandbox counted: tests passed and the task's total, per wrong candidate (0 past n_wrong)
+    wrong_tests_passed: np.ndarray | None = None  # (N, W) int
+    wrong_tests_total: np.ndarray | None = None  # (N, W) int
+
+    @property
+    def wrong_tests_share(self) -> np.ndarray:
+        """(N, W) share of the tests each wrong candidate passed (0 past n_wrong)."""
+        return self.wrong_tests_passed / np.maximum(self.wrong_tests_total, 1)
 
     def kind_dist(self) -> tuple[np.ndarray, np.ndarray]:
         """(N, n_kinds) one-hot of the reference's kind, and the wrong candidates' kind mix."""
@@ -93,11 +103,13 @@ def resolve_outcomes(tasks: Sequence[TaskRecord], rollouts=None, execute: Execut
                      log: Callable[[str], None] | None = None) -> tuple[list[TaskRecord], TaskOutcomes, dict]:
     """Look up every candidate the environment can produce (reference + verified wrong
     ones) in the rollout cache by its cache key; run the missing ones through ``execute``
-    in one batch. Tasks without a verified wrong candidate are skipped (returned in the
-    third value, task id -> reason)."""
-    known: dict[str, str] = {}
+    in one batch. Records each one's outcome kind and the tests it passed out of the task's
+    total, as the sandbox counted them. Tasks without a verified wrong candidate are skipped
+    (returned in the third value, task id -> reason)."""
+    known: dict[str, tuple[str, int, int]] = {}
     if rollouts is not None and len(rollouts):
-        missing_cols = [c for c in ("cache_key", "outcome", "candidate_id") if c not in rollouts.columns]
+        missing_cols = [c for c in ("cache_key", "outcome", "candidate_id", "tests_passed", "tests_total")
+                        if c not in rollouts.columns]
         if missing_cols:
             raise RolloutsError(f"rollouts lack column(s) {missing_cols}; re-materialize sandbox_rollouts")
         bad = ~rollouts["outcome"].isin(OUTCOME_KINDS).to_numpy()
@@ -106,7 +118,9 @@ def resolve_outcomes(tasks: Sequence[TaskRecord], rollouts=None, execute: Execut
             raise RolloutsError(f"rollouts row {i} (candidate {rollouts['candidate_id'].iloc[i]!r}): field "
                                 f"'outcome' is {rollouts['outcome'].iloc[i]!r}, expected one of {OUTCOME_KINDS} "
                                 "(re-materialize sandbox_rollouts)")
-        known = dict(zip(rollouts["cache_key"].to_numpy(), rollouts["outcome"].to_numpy()))
+        known = dict(zip(rollouts["cache_key"].to_numpy(),
+                         zip(rollouts["outcome"].to_numpy(), rollouts["tests_passed"].to_numpy(dtype=np.int64),
+                             rollouts["tests_total"].to_numpy(dtype=np.int64))))
     usable, skipped = [], {}
     for t in tasks:
         if not t.wrong_candidates():
@@ -132,7 +146,7 @@ def resolve_outcomes(tasks: Sequence[TaskRecord], rollouts=None, execute: Execut
         if len(results) != len(jobs):
             raise RolloutsError(f"the executor returned {len(results)} results for {len(jobs)} jobs")
         for i, r in zip(missing, results):
-            known[keys[i]] = r.outcome
+            known[keys[i]] = (r.outcome, r.tests_passed, r.tests_total)
         if log:
             dt = time.perf_counter() - t0
             log(f"executed {len(jobs)} candidates missing from the rollout cache in {dt:.1f}s "
@@ -142,16 +156,19 @@ def resolve_outcomes(tasks: Sequence[TaskRecord], rollouts=None, execute: Execut
     ref_kind = np.zeros(len(usable), dtype=np.int64)
     wrong_kind = np.full((len(usable), w), -1, dtype=np.int64)
     n_wrong = np.zeros(len(usable), dtype=np.int64)
+    passed, total = np.zeros((len(usable), w), dtype=np.int64), np.zeros((len(usable), w), dtype=np.int64)
     j = 0
     for i, t in enumerate(usable):
-        ref_kind[i] = kind[known[keys[j]]]
+        ref_kind[i] = kind[known[keys[j]][0]]
         j += 1
         n_wrong[i] = len(t.wrong_candidates())
         for m in range(n_wrong[i]):
-            wrong_kind[i, m] = kind[known[keys[j]]]
+            wrong_kind[i, m] = kind[known[keys[j]][0]]
+            passed[i, m], total[i, m] = known[keys[j]][1:]
             j += 1
     ids = [[c.candidate_id for c in t.wrong_candidates()] for t in usable]
-    return usable, TaskOutcomes(ref_kind, wrong_kind, n_wrong, ids, executed=len(missing)), skipped
+    return usable, TaskOutcomes(ref_kind, wrong_kind, n_wrong, ids, executed=len(missing),
+                                wrong_tests_passed=passed, wrong_tests_total=total), skipped
 
 
 def _reference(t: TaskRecord) -> Candidate:
@@ -308,11 +325,15 @@ class CodeTaskSim:
 
 
 # -------------------------------------------------------------- environments
-class CodeTaskVecEnv:
-    """``n_envs`` episodes stepped together with numpy. Tasks are drawn uniformly from
-    ``task_idx`` at every reset. Auto-reset happens in the same step: after a finished
-    episode the returned observation is the next episode's first (every end is a true
-    terminal; nothing is truncated). One seeded generator drives tasks and outcomes."""
+class CodeTaskVecEnv(gym.vector.VectorEnv):
+    """``n_envs`` episodes stepped together with numpy: a Gymnasium ``VectorEnv`` with
+    same-step autoreset (``metadata["autoreset_mode"]``): after a finished episode the
+    returned observation is the next episode's first, and ``infos["final_obs"]`` holds the
+    finished one's last observation (rows flagged by ``infos["_final_obs"]``). Every end is a
+    true terminal; nothing is truncated. Tasks are drawn uniformly from ``task_idx`` at every
+    reset. One seeded generator drives tasks and outcomes (``reset(seed=...)`` re-seeds it)."""
+
+    metadata: ClassVar[dict] = {"autoreset_mode": AutoresetMode.SAME_STEP, "render_modes": []}
 
     def __init__(self, sim: CodeTaskSim, task_idx: np.ndarray | None = None, n_envs: int = 64, seed: int = 0):
         if n_envs < 1:
@@ -324,6 +345,20 @@ class CodeTaskVecEnv:
         self.num_envs, self.n_actions = n_envs, len(sim.actions)
         self.obs_spec, self.actions, self.role_mask = sim.obs_spec, sim.actions, sim.role_mask
         self.obs_dim = sim.obs_spec.dim
+        self.single_observation_space = gym.spaces.Box(0.0, 1.0, shape=(self.obs_dim,), dtype=np.float32)
+        self.single_action_space = gym.spaces.Discrete(self.n_actions)
+        self.observation_space = batch_space(self.single_observation_space, n_envs)
+        self.action_space = batch_space(self.single_action_space, n_envs)
+        # the encoding's per-task parts (ObsSpec.encode, written directly: tested equal)
+        spec, nf, T = sim.obs_spec, len(sim.families), sim.config.max_attempts
+        self._static = np.zeros((len(sim), nf + 1), dtype=np.float32)  # family one-hot, difficulty
+        self._static[np.arange(len(sim)), sim.family] = 1.0
+        self._static[:, nf] = sim.difficulty
+        tokens = sim.tokens(np.repeat(np.arange(len(sim)), T + 1), np.tile(np.arange(T + 1), len(sim)))
+        self._log_tokens = np.minimum(np.log1p(tokens) / np.log1p(65536.0), 1.0).reshape(len(sim), T + 1)
+        self._counts = np.minimum(np.arange(2 * T + 2), spec.max_count) / spec.max_count  # count -> column
+        self._direct = spec.numeric == ("difficulty", "log_prompt_tokens", "step", "failure_count",
+                                        "primary_failure_count")
         self.rng = np.random.default_rng(seed)
         self.reset()
 
@@ -333,19 +368,33 @@ class CodeTaskVecEnv:
         self.ep_return[rows] = 0.0
         self.ep_len[rows] = 0
 
-    def reset(self) -> np.ndarray:
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        if seed is not None:
+            self.rng = np.random.default_rng(seed)
         n = self.num_envs
         self.task, self.step_i = np.zeros(n, np.int64), np.zeros(n, np.int64)
         self.pfc, self.last = np.zeros(n, np.int64), np.zeros(n, np.int64)
         self.ep_return, self.ep_len = np.zeros(n), np.zeros(n, np.int64)
         self._new(np.arange(n))
-        return self.encode()
+        return self.encode(), {}
 
     def observe(self) -> CodeTaskObs:
         return self.sim.observe(self.task, self.step_i, self.pfc, self.last)
 
-    def encode(self) -> np.ndarray:
-        return self.obs_spec.encode(self.observe())
+    def encode(self, rows: np.ndarray | None = None) -> np.ndarray:
+        """The ObsSpec encoding of the current states (of ``rows``: all by default)."""
+        rows = slice(None) if rows is None else rows
+        if not self._direct:
+            return self.obs_spec.encode(self.observe().take(np.arange(self.num_envs)[rows]))
+        task, step = self.task[rows], self.step_i[rows]
+        nf = len(self.sim.families)
+        out = np.zeros((len(task), self.obs_dim), dtype=np.float32)
+        out[:, :nf + 1] = self._static[task]
+        out[:, nf + 1] = self._log_tokens[task, np.minimum(step, self._log_tokens.shape[1] - 1)]
+        out[:, nf + 2] = out[:, nf + 3] = self._counts[step]
+        out[:, nf + 4] = self._counts[self.pfc[rows]]
+        out[np.arange(len(task)), nf + 5 + self.last[rows]] = 1.0
+        return out
 
     def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
         tr = self.sim.transition(self.task, self.step_i, self.pfc, self.last, actions, self.rng)
@@ -355,12 +404,15 @@ class CodeTaskVecEnv:
         info = tr | {"task": self.task.copy(), "episode_return": np.where(done, self.ep_return, np.nan),
                      "episode_length": np.where(done, self.ep_len, 0)}
         self.pfc += tr["is_primary"]
-        self.last = np.where(done, 0, tr["outcome"])
+        self.last = np.where(tr["outcome"] >= 0, tr["outcome"], self.last)  # a stop shows what came before it
         self.step_i += 1
+        obs = self.encode()
         finished = np.flatnonzero(done)
         if len(finished):
+            info["final_obs"], info["_final_obs"] = obs.copy(), done
             self._new(finished)
-        return self.encode(), tr["reward"], done, np.zeros(self.num_envs, dtype=bool), info
+            obs[finished] = self.encode(finished)
+        return obs, tr["reward"], done, np.zeros(self.num_envs, dtype=bool), info
 
 
 class CodeTaskEnv(gym.Env):

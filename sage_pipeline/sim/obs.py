@@ -1,8 +1,20 @@
-"""Observations of the code-task environment: the columnar batch a policy reads
-(:class:`CodeTaskObs`) and its encoding (:class:`ObsSpec`), which a PPO checkpoint saves
-as its ``feature_spec`` with ``spec_kind = "code_task"``.
+"""Observations of the code-task environments: the columnar batches a policy reads and their
+encoding (:class:`ObsSpec`), which a PPO checkpoint saves as its ``feature_spec`` with
+``spec_kind = "code_task"``.
 
-Kept apart from the environment (numpy only) so that serving a checkpoint
+Two environments share the encoding, told apart by ``ObsSpec.env``:
+
+* ``"escalation"`` (:class:`CodeTaskObs`, :mod:`sage_pipeline.sim.env`): pick a coder model
+  or stop; sees the attempt index, failure counts and the last outcome kind;
+* ``"sage_loop"`` (:class:`LoopObs`, :mod:`sage_pipeline.sim.loop_env`): SAGE's coder /
+  debugger loop under a per-task budget; sees the sandbox's feedback on the current
+  candidate (outcome kind, tests passed / total), the budget used and the calls made so far
+  per action.
+
+A checkpoint trained on one environment (or on other families, another action set) is
+refused by name against the other: the specs' ``env``, ``numeric`` or ``families`` differ.
+
+Kept apart from the environments (numpy only) so that serving a checkpoint
 (:func:`sage_pipeline.rl.checkpoint.load_policy`) imports neither gymnasium nor pandas.
 """
 
@@ -15,16 +27,22 @@ import numpy as np
 
 from sage_pipeline.sim.schema import OUTCOME_KINDS
 
-# Index 0 is "no attempt yet"; the failure kinds keep their OUTCOME_KINDS index (pass never
-# precedes another attempt), so ``last_outcome == outcome kind index`` after a failure.
+# Index 0 is "no attempt yet" (no candidate); the failure kinds keep their OUTCOME_KINDS index
+# (pass never precedes another attempt), so ``last_outcome == outcome kind index`` after a failure.
 LAST_OUTCOMES: tuple[str, ...] = ("none", *OUTCOME_KINDS[1:])
+ENVS = ("escalation", "sage_loop")
+ESCALATION_NUMERIC = ("difficulty", "log_prompt_tokens", "step", "failure_count", "primary_failure_count")
+LOOP_NUMERIC = ("difficulty", "calls_used", "usd_used", "seconds_used", "tests_passed")
+COUNT_PREFIX = "calls:"  # a loop observation's per-action call count column: "calls:<action>"
 
 
 @dataclass(frozen=True)
 class CodeTaskObs:
-    """A batch of decision states, columnar. ``task`` identifies the task for the oracle
-    (index into the simulator's task list); the encoding never reads it."""
+    """A batch of decision states of the escalation environment, columnar. ``task``
+    identifies the task for the oracle (index into the simulator's task list); the
+    encoding never reads it."""
 
+    env: ClassVar[str] = "escalation"
     role: np.ndarray  # int64 index into ROLES (the environment's role)
     task: np.ndarray  # int64 index into CodeTaskSim.tasks
     family: np.ndarray  # int64 index into ObsSpec.families
@@ -36,10 +54,7 @@ class CodeTaskObs:
     last_outcome: np.ndarray  # int64 index into LAST_OUTCOMES
 
     def __post_init__(self) -> None:
-        n = len(self.role)
-        for f in fields(self):
-            if len(getattr(self, f.name)) != n:
-                raise ValueError(f"CodeTaskObs.{f.name} has {len(getattr(self, f.name))} rows, role has {n}")
+        _check_rows(self)
 
     def __len__(self) -> int:
         return len(self.role)
@@ -47,20 +62,89 @@ class CodeTaskObs:
     def take(self, idx: np.ndarray) -> CodeTaskObs:
         return CodeTaskObs(**{f.name: getattr(self, f.name)[idx] for f in fields(self)})
 
+    def columns(self, max_count: int) -> dict[str, np.ndarray]:
+        return {"difficulty": self.difficulty,
+                "log_prompt_tokens": np.minimum(np.log1p(self.prompt_tokens) / np.log1p(65536.0), 1.0),
+                "step": np.minimum(self.step, max_count) / max_count,
+                "failure_count": np.minimum(self.failure_count, max_count) / max_count,
+                "primary_failure_count": np.minimum(self.primary_failure_count, max_count) / max_count}
+
+
+@dataclass(frozen=True)
+class LoopObs:
+    """A batch of decision states of the SAGE-loop environment, columnar. ``task`` and
+    ``candidate`` identify the state for the exact ground truth; the encoding reads the
+    task's family and difficulty, the feedback on the current candidate (``last_outcome``:
+    its verified outcome kind, ``tests_passed``: the share of tests it passed), the budget
+    used (shares of the per-task budget) and the calls made so far per call action."""
+
+    env: ClassVar[str] = "sage_loop"
+    role: np.ndarray  # int64 index into ROLES (the role whose row of role_mask applies: coder)
+    task: np.ndarray  # int64 index into the simulator's tasks
+    family: np.ndarray  # int64 index into ObsSpec.families
+    difficulty: np.ndarray  # float64 in [0, 1]
+    counts: np.ndarray  # (n, A) int64 calls made so far per call action (call_actions order)
+    candidate: np.ndarray  # int64 index of the current wrong candidate in the task's list; -1: none yet
+    last_outcome: np.ndarray  # int64 index into LAST_OUTCOMES: the current candidate's verified kind
+    tests_passed: np.ndarray  # float64 share of the task's tests the current candidate passed (0 if none)
+    calls_used: np.ndarray  # float64 share of the call budget used
+    usd_used: np.ndarray  # float64 share of the dollar budget used
+    seconds_used: np.ndarray  # float64 share of the seconds budget used
+    call_actions: tuple[str, ...] = ()  # names of the columns of ``counts``
+
+    def __post_init__(self) -> None:
+        _check_rows(self, skip=("call_actions",))
+        if self.counts.ndim != 2 or self.counts.shape[1] != len(self.call_actions):
+            raise ValueError(f"LoopObs.counts has shape {self.counts.shape}, expected (n, {len(self.call_actions)}) "
+                             f"for call actions {self.call_actions}")
+
+    def __len__(self) -> int:
+        return len(self.role)
+
+    def take(self, idx: np.ndarray) -> LoopObs:
+        return LoopObs(**{f.name: getattr(self, f.name)[idx] for f in fields(self) if f.name != "call_actions"},
+                       call_actions=self.call_actions)
+
+    def columns(self, max_count: int) -> dict[str, np.ndarray]:
+        cols = {"difficulty": self.difficulty, "calls_used": self.calls_used, "usd_used": self.usd_used,
+                "seconds_used": self.seconds_used, "tests_passed": self.tests_passed}
+        scaled = np.minimum(self.counts, max_count) / max_count
+        cols |= {COUNT_PREFIX + a: scaled[:, i] for i, a in enumerate(self.call_actions)}
+        return cols
+
+
+def _check_rows(obs, skip: tuple[str, ...] = ()) -> None:
+    n = len(obs.role)
+    for f in fields(obs):
+        if f.name not in skip and len(getattr(obs, f.name)) != n:
+            raise ValueError(f"{type(obs).__name__}.{f.name} has {len(getattr(obs, f.name))} rows, role has {n}")
+
 
 @dataclass(frozen=True)
 class ObsSpec:
-    """How :class:`CodeTaskObs` becomes a float matrix: one-hot family, scaled numerics,
-    one-hot last outcome. Saved with a checkpoint (``spec_kind = "code_task"``) so that a
-    policy trained on other families or another encoding is refused by name."""
+    """How an observation batch becomes a float matrix: one-hot family, the ``numeric``
+    columns (each in [0, 1]), one-hot last outcome. Saved with a checkpoint (``spec_kind =
+    "code_task"``) so that a policy trained on another environment, other families or
+    another encoding is refused by name. Checkpoints written before ``env`` existed read as
+    ``"escalation"``."""
 
     spec_kind: ClassVar[str] = "code_task"
     version: int = 1
     families: tuple[str, ...] = ()
-    numeric: tuple[str, ...] = ("difficulty", "log_prompt_tokens", "step", "failure_count",
-                                "primary_failure_count")
+    numeric: tuple[str, ...] = ESCALATION_NUMERIC
     last_outcomes: tuple[str, ...] = LAST_OUTCOMES
     max_count: int = 8  # counts are clipped to this and divided by it
+    env: str = "escalation"  # ENVS: which environment's observations this encodes
+
+    def __post_init__(self) -> None:
+        if self.env not in ENVS:
+            raise ValueError(f"ObsSpec.env is {self.env!r}, expected one of {ENVS}")
+
+    @classmethod
+    def for_loop(cls, families: tuple[str, ...], call_actions: tuple[str, ...], max_count: int) -> ObsSpec:
+        """The SAGE-loop environment's spec: its numeric columns, then one count per call action."""
+        return cls(families=tuple(families), numeric=(*LOOP_NUMERIC, *(COUNT_PREFIX + a for a in call_actions)),
+                   max_count=max_count, env="sage_loop")
 
     @property
     def dim(self) -> int:
@@ -74,23 +158,22 @@ class ObsSpec:
         a, b = self.to_dict(), other.to_dict()
         return [f"{k}: {a[k]!r} != {b.get(k)!r}" for k in a if a[k] != b.get(k)]
 
-    def encode(self, obs: CodeTaskObs) -> np.ndarray:
+    def encode(self, obs: CodeTaskObs | LoopObs) -> np.ndarray:
+        if obs.env != self.env:
+            raise ValueError(f"this spec encodes {self.env!r} observations, got {type(obs).__name__} "
+                             f"({obs.env!r})")
         n, nf = len(obs), len(self.families)
         if n and (obs.family.min() < 0 or obs.family.max() >= nf):
             raise ValueError(f"family index {int(obs.family.max())} outside the spec's {nf} families")
         out = np.zeros((n, self.dim), dtype=np.float32)
         rows = np.arange(n)
         out[rows, obs.family] = 1.0
-        cols = {
-            "difficulty": obs.difficulty,
-            "log_prompt_tokens": np.minimum(np.log1p(obs.prompt_tokens) / np.log1p(65536.0), 1.0),
-            "step": np.minimum(obs.step, self.max_count) / self.max_count,
-            "failure_count": np.minimum(obs.failure_count, self.max_count) / self.max_count,
-            "primary_failure_count": np.minimum(obs.primary_failure_count, self.max_count) / self.max_count,
-        }
+        cols = obs.columns(self.max_count)
+        missing = [c for c in self.numeric if c not in cols]
+        if missing:
+            raise ValueError(f"the observations have no column(s) {missing} the spec encodes "
+                             f"(they have {sorted(cols)})")
         for j, name in enumerate(self.numeric):
             out[:, nf + j] = cols[name]
         out[rows, nf + len(self.numeric) + obs.last_outcome] = 1.0
         return out
-
-

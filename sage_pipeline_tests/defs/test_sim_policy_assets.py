@@ -15,7 +15,8 @@ from sage_pipeline.rl.checkpoint import load_policy, read_meta
 from sage_pipeline.sim.schema import write_tasks
 from sage_pipeline_tests.sim.synthetic import synthetic_suite, write_rollouts
 
-SMALL = {"ops": {"ppo_policy": {"config": {"total_timesteps": 30_000, "num_envs": 64, "eval_every": 5}}}}
+SMALL = {"ops": {"ppo_policy": {"config": {"total_timesteps": 30_000, "num_envs": 64, "eval_every": 5,
+                                           "bandit_steps": 6_400}}}}
 
 
 def _root(tmp: Path, n_tasks: int = 120) -> Path:
@@ -25,11 +26,12 @@ def _root(tmp: Path, n_tasks: int = 120) -> Path:
     return tmp
 
 
-def _run(root: Path, raise_on_error: bool = True):
+def _run(root: Path, raise_on_error: bool = True, **config):
     defs = dg.Definitions(assets=[ppo_policy], asset_checks=[ppo_policy_beats_static_table],
                           resources={"sage": SageResource(data_dir=str(root))})
     job = defs.resolve_implicit_global_asset_job_def()
-    return job.execute_in_process(run_config=SMALL, instance=dg.DagsterInstance.ephemeral(),
+    run_config = {"ops": {"ppo_policy": {"config": SMALL["ops"]["ppo_policy"]["config"] | config}}}
+    return job.execute_in_process(run_config=run_config, instance=dg.DagsterInstance.ephemeral(),
                                   raise_on_error=raise_on_error)
 
 
@@ -44,23 +46,49 @@ def test_ppo_policy_materializes_with_heldout_ground_truth(materialized):
     root, result = materialized
     assert result.success
     md = {k: v.value for k, v in result.asset_materializations_for_node("ppo_policy")[-1].metadata.items()}
-    assert md["oracle_value"] > md["static_table_value"]
+    assert md["env"] == "sage_loop" and md["oracle_value"] > md["static_table_value"]
     assert md["heldout_regret_closure"] > 0.5
-    assert 0 < md["heldout_pass_rate"] <= 1 and md["heldout_mean_cost_usd"] > 0
+    assert 0 < md["static_table_pass_rate"] < md["oracle_pass_rate"] <= 1 and 0 < md["heldout_pass_rate"] <= 1
     assert md["env_steps"] == 29 * 1024 and md["env_steps_per_s"] > 0
     assert md["train_tasks"] + md["heldout_tasks"] <= 120
     assert "data:image/png;base64," in md["learning_curve"]
-    for policy in ("static_table", "oracle", "ppo (greedy, served)", "ppo (softmax)"):
+    for policy in ("static_table", "oracle", "best feedback-blind plan", "best one-step route", "best single arm",
+                   "online bandit (LinUCB, greedy)", "ppo (greedy, served)", "ppo (softmax)"):
         assert policy in md["heldout"]
+    for c in ("closure_best_feedback_blind_plan", "closure_best_one_step_route", "closure_best_single_arm"):
+        assert md[c] <= 1 + 1e-9
+    # the calibration table names every model of SAGE's table the loop calls, with its sources
+    for model in ("qwen2.5-coder:1.5b", "qwen2.5-coder:14b", "codestral:22b", "claude-sonnet-4-5"):
+        assert model in md["calibration"]
+    assert "qwen25coder" in md["calibration"] and "aider" in md["calibration"]
     report = json.loads((root / "reports" / "ppo_policy.json").read_text())
     assert report["summary"]["heldout_regret_closure"] == pytest.approx(md["heldout_regret_closure"])
+    assert report["calibration"]["budget"]["calls"] >= 1 and report["calibration"]["sources"]["aider"]["url"]
     assert len(report["curve"]) >= 5 and (root / "reports" / "ppo_learning_curve.png").is_file()
     meta = read_meta(root / "checkpoints" / "ppo")
-    assert meta.kind == "ppo" and meta.spec_kind == "code_task" and meta.metrics["heldout_tasks"] > 0
+    assert meta.kind == "ppo" and meta.spec_kind == "code_task" and meta.feature_spec["env"] == "sage_loop"
     pol = load_policy(root / "checkpoints" / "ppo")
-    assert pol.actions[-1] == "stop"
+    assert pol.actions[-1] == "stop" and pol.actions[0] == "code:qwen2.5-coder:1.5b"
     checks = [e.event_specific_data for e in result.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"]
     assert [c.check_name for c in checks] == ["ppo_policy_beats_static_table"] and checks[0].passed
+
+
+@pytest.mark.slow
+def test_the_escalation_env_still_materializes(tmp_path):
+    root = _root(tmp_path, n_tasks=60)
+    result = _run(root, env="escalation", total_timesteps=4096, eval_every=2)
+    md = {k: v.value for k, v in result.asset_materializations_for_node("ppo_policy")[-1].metadata.items()}
+    assert md["env"] == "escalation" and "gpt-4.1-mini" not in md["heldout"]  # rows are policies, not models
+    assert read_meta(root / "checkpoints" / "ppo").feature_spec["env"] == "escalation"
+    assert load_policy(root / "checkpoints" / "ppo").actions[-1] == "stop"
+
+
+@pytest.mark.slow
+def test_an_unknown_env_is_a_clear_error(tmp_path):
+    root = _root(tmp_path, n_tasks=12)
+    result = _run(root, raise_on_error=False, env="gridworld")
+    msg = result.failure_data_for_node("ppo_policy").error.message
+    assert "config field 'env' is 'gridworld'" in msg and "sage_loop" in msg
 
 
 def test_a_tasks_file_from_another_version_fails_with_a_clear_error(tmp_path):

@@ -283,3 +283,37 @@ def test_rollouts_written_as_shards_read_back(tmp_path, suite, catalogue, table)
     assert len(df) == len(suite[1])
     sim = CodeTaskSim.build(suite[0], df, catalogue, table)
     assert len(sim) == len(suite[0]) and isinstance(df, pd.DataFrame)
+
+
+def test_the_batch_env_is_a_gymnasium_vector_env(sim):
+    from gymnasium.vector import AutoresetMode
+
+    env = CodeTaskVecEnv(sim, n_envs=8, seed=0)
+    assert isinstance(env, gym.vector.VectorEnv) and env.metadata["autoreset_mode"] == AutoresetMode.SAME_STEP
+    obs, info = env.reset(seed=4)
+    assert info == {} and env.observation_space.contains(obs)
+    wrapped = gym.wrappers.vector.RecordEpisodeStatistics(env)
+    wrapped.reset(seed=4)
+    env.action_space.seed(0)
+    seen = 0
+    for _ in range(30):
+        obs, r, term, trunc, info = wrapped.step(env.action_space.sample())
+        assert env.observation_space.contains(obs) and not trunc.any()
+        if term.any():
+            seen += int(term.sum())
+            assert info["_final_obs"].tolist() == term.tolist()
+            np.testing.assert_allclose(info["episode"]["r"][term], info["episode_return"][term])
+            # the final observation is the finished episode's, the returned one the next episode's first
+            assert (obs[term][:, len(sim.families) + 2] == 0).all()  # step column of a fresh episode
+    assert seen > 10
+
+
+def test_the_batch_envs_direct_encoding_is_the_specs(sim):
+    env = CodeTaskVecEnv(sim, n_envs=64, seed=2)
+    rng = np.random.default_rng(0)
+    for _ in range(30):
+        np.testing.assert_array_equal(env.encode(), sim.obs_spec.encode(env.observe()))
+        obs, _, done, _, info = env.step(rng.integers(0, env.n_actions, 64))
+        np.testing.assert_array_equal(obs, sim.obs_spec.encode(env.observe()))
+        rows = np.flatnonzero(done)
+        np.testing.assert_array_equal(env.encode(rows), sim.obs_spec.encode(env.observe().take(rows)))

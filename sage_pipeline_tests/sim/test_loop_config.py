@@ -1,0 +1,102 @@
+"""The SAGE-loop calibration file: every published figure has a source, derived numbers follow
+from them as documented, and a bad file is an error naming the file and the field."""
+
+from __future__ import annotations
+
+import copy
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sage_pipeline.sim.loop_config import DEFAULT_CONFIG, LoopConfig, LoopConfigError
+
+FIXTURE_TABLE = Path(__file__).parents[1] / "routing" / "fixtures" / "sage_journal" / "models.yaml"
+
+
+@pytest.fixture(scope="module")
+def doc() -> dict:
+    return yaml.safe_load(DEFAULT_CONFIG.read_text(encoding="utf-8"))
+
+
+def test_every_figure_names_a_source_and_every_assumption_a_reason(doc):
+    cfg = LoopConfig.load()
+    assert set(cfg.code_models) | set(cfg.debug_models) <= set(cfg.models)
+    for name, m in cfg.models.items():
+        assert m.humaneval_source in cfg.sources and m.aider_source in cfg.sources, name
+        assert m.local == (name != "claude-sonnet-4-5")
+    for s in cfg.sources.values():
+        assert s.url.startswith("https://") and s.title and s.where
+    assert all(len(cfg.why[k]) > 20 for k in cfg.assumptions)
+    # the packaged SAGE table is the journal fixture's models.yaml, unchanged
+    assert cfg.routing_table.read_text() == FIXTURE_TABLE.read_text()
+
+
+def test_derived_numbers_follow_the_published_ones():
+    cfg = LoopConfig.load()
+    m = cfg.models["qwen2.5-coder:14b"]
+    assert (m.humaneval, m.aider_pass1, m.aider_pass2) == (0.896, 0.534, 0.617)
+    assert m.repair_rate == pytest.approx((0.617 - 0.534) / (1 - 0.534))
+    assert m.latency_s == pytest.approx(58.0 / (2 - 0.534))
+    logit = lambda p: math.log(p / (1 - p))  # noqa: E731
+    assert m.debug_logit == pytest.approx(logit(m.repair_rate) + logit(0.896) - logit(0.534))
+    a = cfg.assumptions
+    assert cfg.usd_per_call("qwen2.5-coder:14b", "code") == pytest.approx(
+        a["gpu_watts"] * m.latency_s / 3.6e6 * a["usd_per_kwh"])
+    tok = a["tokens"]["debug"]
+    want = (tok["input"] * 3 + tok["output"] * 15) / 1e6  # $3 / $15 per million tokens
+    assert cfg.usd_per_call("claude-sonnet-4-5", "debug") == pytest.approx(want)
+    rows = {r["model"]: r for r in cfg.table_rows()}
+    assert rows["codestral:22b"]["mbpp_pass1"] is None and rows["qwen2.5-coder:1.5b"]["mbpp_pass1"] == 0.692
+    assert cfg.call_actions[0] == "code:qwen2.5-coder:1.5b" and cfg.call_actions[-1] == "debug:claude-sonnet-4-5"
+
+
+def _set(d: dict, path: str, value) -> dict:
+    d = copy.deepcopy(d)
+    *head, last = path.split("/")
+    node = d
+    for k in head:
+        node = node[k]
+    if value is KeyError:
+        del node[last]
+    else:
+        node[last] = value
+    return d
+
+
+@pytest.mark.parametrize("path, value, where, what", [
+    ("models/codestral:22b/aider/pass_rate_2", 0.2, "models.codestral:22b.aider.pass_rate_2",
+     "not above pass_rate_1"),
+    ("models/codestral:22b/humaneval/source", "a blog", "models.codestral:22b.humaneval.source",
+     "'a blog' is not one of the file's sources"),
+    ("models/qwen2.5-coder:14b/humaneval", KeyError, "models.qwen2.5-coder:14b.humaneval", "missing"),
+    ("models/qwen2.5-coder:14b/humaneval/value", 1.2, "models.qwen2.5-coder:14b.humaneval.value",
+     "expected a number in"),
+    ("actions/debug", ["qwen2.5-coder:14b", "gpt-5"], "actions.debug[1]", "'gpt-5' has no calibration"),
+    ("actions/code", [], "actions.code", "non-empty list"),
+    ("budget/calls", 2.5, "budget.calls", "whole number"),
+    ("budget/usd", -1, "budget.usd", "expected a number in"),
+    ("reward/version", "reward_v9", "reward.version", "not a reward version"),
+    ("assumptions/retry_q", KeyError, "assumptions.retry_q", "missing"),
+    ("assumptions/retry_q/why", "", "assumptions.retry_q.why", "non-empty string"),
+    ("assumptions/debug_kind_gain/value", {"wrong_answer": 1.0}, "assumptions.debug_kind_gain.value",
+     "needs exactly the keys"),
+    ("assumptions/colour", {"value": 1, "why": "x"}, "assumptions.colour", "unknown assumption"),
+    ("sources/aider/url", None, "sources.aider.url", "non-empty string"),
+    ("static_roles", "coder", "static_roles", "list of SAGE role names"),
+])
+def test_a_bad_calibration_names_the_file_and_the_field(tmp_path, doc, path, value, where, what):
+    f = tmp_path / "loop.yaml"
+    f.write_text(yaml.safe_dump(_set(doc, path, value)), encoding="utf-8")
+    with pytest.raises(LoopConfigError, match=what) as err:
+        LoopConfig.load(f)
+    assert str(f) in str(err.value) and f"field {where!r}" in str(err.value)
+
+
+def test_a_missing_or_broken_file_says_so(tmp_path):
+    with pytest.raises(LoopConfigError, match="calibration file not found"):
+        LoopConfig.load(tmp_path / "nope.yaml")
+    (tmp_path / "bad.yaml").write_text("models: [1, 2\n")
+    with pytest.raises(LoopConfigError, match="not valid YAML"):
+        LoopConfig.load(tmp_path / "bad.yaml")
