@@ -61,9 +61,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from sage_pipeline.rl.ppo import PPOConfig, train_ppo
+from sage_pipeline.rl.ppo_policy import BANDIT, BLIND, run_online_bandit
 from sage_pipeline.sim.loop_env import SageLoopSim, SageLoopVecEnv
 from sage_pipeline.sim.loop_truth import LoopGroundTruth, regret_closure
-from sage_pipeline.sim.ppo_policy import BANDIT, BLIND, run_online_bandit
 from sage_pipeline.sim.rollouts import read_rollouts
 from sage_pipeline.sim.schema import read_tasks
 

@@ -8,10 +8,10 @@ from pydantic import Field
 
 from sage_pipeline import artifacts, markdown
 from sage_pipeline.defs.resources import SageResource
+from sage_pipeline.rl import ppo_policy as pp
 from sage_pipeline.rl.ppo import PPOConfig
 from sage_pipeline.routing.reward import RewardSpec
 from sage_pipeline.routing.table import RoutingTable
-from sage_pipeline.sim import ppo_policy as pp
 from sage_pipeline.sim.env import CodeTaskSim, SimConfig
 from sage_pipeline.sim.loop_config import DEFAULT_CONFIG, LoopConfig
 from sage_pipeline.sim.loop_env import SageLoopSim

@@ -149,6 +149,11 @@ class MLPPolicy:
         """The observation spec (a FeatureSpec for routing checkpoints, an ObsSpec for code-task ones)."""
         return spec_from_meta(self.meta, self.name)
 
+    def check_compatible(self, spec=None, actions: tuple[str, ...] | None = None) -> None:
+        """Raise :class:`CheckpointError` saying what differs if this checkpoint was trained on another
+        observation spec or action set (callers below ``rl`` use it without importing ``rl``)."""
+        check_compatible(self.meta, self.name, spec, actions)
+
     def outputs(self, ctx: Contexts) -> np.ndarray:
         """Raw network outputs (logits or Q-values), (n, K)."""
         x = self.spec.encode(ctx)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sage_pipeline.sim.env import LAST_OUTCOMES, PASS, CodeTaskObs, CodeTaskSim
+from sage_pipeline.sim.obs import check_policy
 
 CHANNELS = ("return", "pass_rate", "cost_usd", "latency_s", "calls")
 
@@ -99,13 +100,7 @@ class GroundTruth:
         self._q_star: np.ndarray | None = None
 
     def _check(self, policy) -> None:
-        meta = getattr(policy, "meta", None)
-        if meta is not None:  # a checkpoint: refuse one trained on another observation spec or action set
-            from sage_pipeline.rl.checkpoint import check_compatible
-            check_compatible(meta, getattr(policy, "name", "policy"), self.sim.obs_spec, self.sim.actions)
-        elif tuple(policy.actions) != tuple(self.sim.actions):
-            raise ValueError(f"policy {getattr(policy, 'name', '?')!r} has actions {list(policy.actions)}, "
-                             f"the simulator {list(self.sim.actions)}")
+        check_policy(policy, self.sim.obs_spec, self.sim.actions)
 
     def _backward(self, task: np.ndarray, policy=None, keep_q: bool = False):
         """Returns the per-task channel expectations at the first attempt (N, C) and, with

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sage_pipeline.sim.loop_env import NO_CANDIDATE, PASS, SageLoopSim
-from sage_pipeline.sim.obs import LoopObs
+from sage_pipeline.sim.obs import LoopObs, check_policy
 
 CHANNELS = ("return", "pass_rate", "usd", "seconds", "calls")
 CHUNK = 256  # tasks per backward pass (memory: CHUNK x states x candidates x actions)
@@ -134,13 +134,7 @@ class LoopGroundTruth:
         return idx
 
     def _check(self, policy) -> None:
-        meta = getattr(policy, "meta", None)
-        if meta is not None:  # a checkpoint: refuse one trained on another observation spec or action set
-            from sage_pipeline.rl.checkpoint import check_compatible
-            check_compatible(meta, getattr(policy, "name", "policy"), self.sim.obs_spec, self.sim.actions)
-        elif tuple(policy.actions) != tuple(self.sim.actions):
-            raise ValueError(f"policy {getattr(policy, 'name', '?')!r} has actions {list(policy.actions)}, "
-                             f"the simulator {list(self.sim.actions)}")
+        check_policy(policy, self.sim.obs_spec, self.sim.actions)
 
     def _task(self, task_idx) -> np.ndarray:
         return np.arange(len(self.sim)) if task_idx is None else np.asarray(task_idx, dtype=np.int64)

@@ -177,3 +177,14 @@ class ObsSpec:
             out[:, nf + j] = cols[name]
         out[rows, nf + len(self.numeric) + obs.last_outcome] = 1.0
         return out
+
+
+def check_policy(policy, spec: ObsSpec, actions: tuple[str, ...]) -> None:
+    """Refuse a policy made for another observation spec or action set. A checkpoint checks
+    itself (its ``check_compatible`` names what differs); any other policy must have these actions."""
+    check = getattr(policy, "check_compatible", None)
+    if check is not None:
+        check(spec, actions)
+    elif tuple(policy.actions) != tuple(actions):
+        raise ValueError(f"policy {getattr(policy, 'name', '?')!r} has actions {list(policy.actions)}, "
+                         f"the simulator {list(actions)}")
