@@ -280,7 +280,7 @@ def main() -> None:
         rows = {**{k: fixed[k] for k in ("static_table", *BLIND)}, **rows}
         for name, r in rows.items():
             print(f"| {seed} | {name} | {r['value']:.4f} | {r['regret_closure']:.3f} | {r['pass_rate']:.3f} | "
-                  f"{r['mean_usd']:.5f} | {r['mean_seconds']:.1f} | {r['calls_per_task']:.2f} |", flush=True)
+                  f"{r['mean_cost_usd']:.5f} | {r['mean_latency_s']:.1f} | {r['calls_per_task']:.2f} |", flush=True)
         target = sb3["final_value"] - args.match_tolerance * (v_oracle - v_static)
         thr = {"sb3": {k: thr_sb3[k] for k in ("train_seconds", "train_cpu_seconds", "env_steps")},
                "ours": {k: thr_ours[k] for k in ("train_seconds", "train_cpu_seconds", "env_steps")}}
@@ -324,8 +324,9 @@ def main() -> None:
             summary[f"{k} ({tag})"] = {"min": min(v), "median": float(np.median(v))}
     results["summary"] = summary
     st, orc = fixed["static_table"], fixed["oracle"]
-    print(f"\nstatic table: pass {st['pass_rate']:.3f}, ${st['mean_usd']:.5f}, {st['mean_seconds']:.1f} s per task; "
-          f"oracle: pass {orc['pass_rate']:.3f}, ${orc['mean_usd']:.5f}, {orc['mean_seconds']:.1f} s per task")
+    print(f"\nstatic table: pass {st['pass_rate']:.3f}, ${st['mean_cost_usd']:.5f}, "
+          f"{st['mean_latency_s']:.1f} s per task; "
+          f"oracle: pass {orc['pass_rate']:.3f}, ${orc['mean_cost_usd']:.5f}, {orc['mean_latency_s']:.1f} s per task")
     print("regret closure over seeds (min / mean): " + "; ".join(
         f"{k} {summary['closure_min'][k]:.3f} / {summary['closure_mean'][k]:.3f}" for k in closures))
     print("ratios over seeds (min / median): " + "; ".join(

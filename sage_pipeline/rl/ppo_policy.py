@@ -152,8 +152,8 @@ def train_and_evaluate(sim, config: PPOConfig | None = None, log: Callable[[str]
         policies = {BANDIT: bandit, **policies}
     rows = gt.compare(policies, test)
     by = {r["policy"]: r for r in rows}
-    cost = ({"heldout_mean_usd": by[served]["mean_usd"], "heldout_mean_seconds": by[served]["mean_seconds"]}
-            if "mean_usd" in by[served] else {"heldout_mean_cost_usd": by[served]["mean_cost_usd"]})
+    cost = {"heldout_mean_cost_usd": by[served]["mean_cost_usd"],
+            "heldout_mean_latency_s": by[served]["mean_latency_s"]}
     summary = _finite({
         "env": env_name(sim), "heldout_value": by[served]["value"],
         "heldout_regret_closure": by[served]["regret_closure"], "heldout_pass_rate": by[served]["pass_rate"],

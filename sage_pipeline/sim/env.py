@@ -207,7 +207,33 @@ class SimConfig:
         return asdict(self)
 
 
-class CodeTaskSim:
+class TaskSimBase:
+    """What both code-task simulators share: ``tasks`` with a ``split`` each, one deciding
+    ``role`` (index into ROLES) and the ``actions`` it chooses among."""
+
+    tasks: list[TaskRecord]
+    split: np.ndarray
+    role: int
+    actions: tuple[str, ...]
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+    @property
+    def role_mask(self) -> np.ndarray:
+        """(n_roles, K): the deciding role may use every action; other roles none."""
+        m = np.zeros((len(ROLES), len(self.actions)), dtype=bool)
+        m[self.role] = True
+        return m
+
+    def split_index(self, split: str) -> np.ndarray:
+        idx = np.flatnonzero(self.split == split)
+        if not len(idx):
+            raise ValueError(f"no task in split {split!r} (splits present: {sorted(set(self.split))})")
+        return idx
+
+
+class CodeTaskSim(TaskSimBase):
     """The tasks, their verified outcomes and the simulated models: everything an episode
     needs, as arrays. Build it with :meth:`build`."""
 
@@ -245,22 +271,6 @@ class CodeTaskSim:
               log: Callable[[str], None] | None = None) -> CodeTaskSim:
         usable, outcomes, skipped = resolve_outcomes(tasks, rollouts, execute, log)
         return cls(usable, outcomes, catalogue, table, config, skipped)
-
-    def __len__(self) -> int:
-        return len(self.tasks)
-
-    @property
-    def role_mask(self) -> np.ndarray:
-        """(n_roles, K): the environment's role may use every action; other roles none."""
-        m = np.zeros((len(ROLES), len(self.actions)), dtype=bool)
-        m[self.role] = True
-        return m
-
-    def split_index(self, split: str) -> np.ndarray:
-        idx = np.flatnonzero(self.split == split)
-        if not len(idx):
-            raise ValueError(f"no task in split {split!r} (splits present: {sorted(set(self.split))})")
-        return idx
 
     # -------------------------------------------------------------- model
     def tokens(self, task: np.ndarray, step: np.ndarray) -> np.ndarray:

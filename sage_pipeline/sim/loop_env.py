@@ -73,7 +73,7 @@ from gymnasium.vector.utils import batch_space
 from sage_pipeline.routing.reward import RewardSpec, apply_version, sage_step_reward
 from sage_pipeline.routing.schema import REWARD_MAX, REWARD_MIN, ROLE_INDEX
 from sage_pipeline.routing.table import RoutingTable
-from sage_pipeline.sim.env import Executor, TaskOutcomes, resolve_outcomes
+from sage_pipeline.sim.env import Executor, TaskOutcomes, TaskSimBase, resolve_outcomes
 from sage_pipeline.sim.loop_config import LoopConfig, LoopConfigError
 from sage_pipeline.sim.obs import LAST_OUTCOMES, LoopObs, ObsSpec
 from sage_pipeline.sim.schema import OUTCOME_KINDS, TaskRecord
@@ -89,7 +89,7 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-x))
 
 
-class SageLoopSim:
+class SageLoopSim(TaskSimBase):
     """The tasks, their verified wrong candidates and the calibrated models: everything an
     episode needs, as arrays. Build it with :meth:`build`."""
 
@@ -173,24 +173,6 @@ class SageLoopSim:
         if not usable:
             raise ValueError(f"no usable task among {len(tasks)}: {dict(list(skipped.items())[:3])}")
         return cls(usable, outcomes, config, table, skipped)
-
-    def __len__(self) -> int:
-        return len(self.tasks)
-
-    @property
-    def role_mask(self) -> np.ndarray:
-        """(n_roles, K): the loop's decisions are read on the coder's row, which may take every action."""
-        from sage_pipeline.routing.schema import ROLES
-
-        m = np.zeros((len(ROLES), len(self.actions)), dtype=bool)
-        m[self.role] = True
-        return m
-
-    def split_index(self, split: str) -> np.ndarray:
-        idx = np.flatnonzero(self.split == split)
-        if not len(idx):
-            raise ValueError(f"no task in split {split!r} (splits present: {sorted(set(self.split))})")
-        return idx
 
     # ------------------------------------------------------------------ model
     def _hardness_model(self, logit: np.ndarray, retry_q: float) -> None:
@@ -282,7 +264,7 @@ class SageLoopSim:
         done = ~made | passed | (calls_before + made >= self.budget.calls)
         return {"counts": new_counts, "candidate": new_cand, "reward": reward, "done": done, "passed": passed,
                 "made": made, "refused": call & ~made, "outcome": np.where(made, kind, -1),
-                "usd": np.where(made, self.usd[a], 0.0), "seconds": np.where(made, self.seconds[a], 0.0)}
+                "cost_usd": np.where(made, self.usd[a], 0.0), "latency_s": np.where(made, self.seconds[a], 0.0)}
 
     # ------------------------------------------------------------------ SAGE's static table
     def _static_routes(self) -> None:
@@ -467,7 +449,7 @@ class SageLoopVecEnv(gym.vector.VectorEnv):
         self.ep_len += 1
         outcome = np.where(made, np.where(kind == self._no_cand, NO_CANDIDATE, kind), -1)
         info = {"task": task.copy(), "outcome": outcome, "passed": passed, "refused": (a < s.stop) & ~made,
-                "usd": cost[:, 1] * made, "seconds": cost[:, 2] * made,
+                "cost_usd": cost[:, 1] * made, "latency_s": cost[:, 2] * made,
                 "episode_return": np.where(done, self.ep_return, np.nan),
                 "episode_length": np.where(done, self.ep_len, 0)}
         obs = self.encode(self._rows)
@@ -518,7 +500,7 @@ class SageLoopEnv(gym.Env):
         k = int(tr["outcome"][0])
         info = {"outcome": OUTCOME_KINDS[k] if k >= 0 else ("no_candidate" if k == NO_CANDIDATE else STOP),
                 "passed": bool(tr["passed"][0]), "refused": bool(tr["refused"][0]),
-                "usd": float(tr["usd"][0]), "seconds": float(tr["seconds"][0])}
+                "cost_usd": float(tr["cost_usd"][0]), "latency_s": float(tr["latency_s"][0])}
         if done:
             self._state = None
         return obs, float(tr["reward"][0]), done, False, info

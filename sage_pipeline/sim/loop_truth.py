@@ -34,41 +34,14 @@ best single arm per task (the same action at every call, or stop).
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
 
 import numpy as np
 
+from sage_pipeline.sim.ground_truth import CHANNELS, PolicyValue, regret_closure
 from sage_pipeline.sim.loop_env import NO_CANDIDATE, PASS, SageLoopSim
 from sage_pipeline.sim.obs import LoopObs, check_policy
 
-CHANNELS = ("return", "pass_rate", "usd", "seconds", "calls")
 CHUNK = 256  # tasks per backward pass (memory: CHUNK x states x candidates x actions)
-
-
-@dataclass(frozen=True)
-class PolicyValue:
-    """Exact expectations per task (one row per task, one column per channel)."""
-
-    name: str
-    per_task: np.ndarray  # (N, len(CHANNELS))
-
-    @property
-    def value(self) -> float:
-        return float(self.per_task[:, 0].mean())
-
-    def mean(self, channel: str) -> float:
-        return float(self.per_task[:, CHANNELS.index(channel)].mean())
-
-    def summary(self) -> dict:
-        return {"policy": self.name, "value": self.value, "pass_rate": self.mean("pass_rate"),
-                "mean_usd": self.mean("usd"), "mean_seconds": self.mean("seconds"),
-                "calls_per_task": self.mean("calls")}
-
-
-def regret_closure(v_policy: float, v_static: float, v_oracle: float) -> float:
-    """(V_policy - V_static) / (V_oracle - V_static): 1 is the oracle, 0 the table."""
-    gap = v_oracle - v_static
-    return float((v_policy - v_static) / gap) if gap > 1e-12 else float("nan")
 
 
 class StaticTablePolicy:

@@ -100,7 +100,7 @@ def test_the_budget_ends_episodes(config):
     assert alive.any()
     _, r, done, _, info = env.step(np.full(500, sim.actions.index("debug:qwen2.5-coder:14b")))
     assert info["refused"][alive].all() and done[alive].all() and (r[alive] == 0).all()
-    assert (info["seconds"][alive] == 0).all() and (info["usd"][alive] == 0).all()
+    assert (info["latency_s"][alive] == 0).all() and (info["cost_usd"][alive] == 0).all()
     # calls: the episode ends after the last call the budget allows
     sim = hand_sim(with_budget(config, calls=2, seconds=1e4, usd=1.0), ["timeout"], [(0, 4)], difficulty=0.99)
     env = SageLoopVecEnv(sim, n_envs=400, seed=1)

@@ -81,7 +81,7 @@ def test_sages_table_over_two_calls_by_hand(config):
     want = {"return": p1 * reward(code, 0, "pass") + (1 - p1) * (reward(code, 0, "wrong_answer") + pd * reward(
                 dbg, 1, "pass") + (1 - pd) * reward(dbg, 1, "wrong_answer")),
             "pass_rate": p1 + (1 - p1) * pd,
-            "seconds": config.models["qwen2.5-coder:1.5b"].latency_s
+            "latency_s": config.models["qwen2.5-coder:1.5b"].latency_s
             + (1 - p1) * config.models["qwen2.5-coder:14b"].latency_s,
             "calls": 1 + (1 - p1)}
     gt = LoopGroundTruth(sim)
@@ -182,7 +182,7 @@ def test_compare_reports_every_policy_with_regret_closure(sim, gt):
     vs, vo = rows["static_table"]["value"], rows["oracle"]["value"]
     assert rows["uniform"]["regret_closure"] == pytest.approx(regret_closure(rows["uniform"]["value"], vs, vo))
     for r in rows.values():
-        assert 0 <= r["pass_rate"] <= 1 and r["mean_usd"] >= 0 and r["calls_per_task"] <= sim.budget.calls
+        assert 0 <= r["pass_rate"] <= 1 and r["mean_cost_usd"] >= 0 and r["calls_per_task"] <= sim.budget.calls
 
 
 def test_policies_that_do_not_fit_are_refused(sim, gt, config):
