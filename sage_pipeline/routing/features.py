@@ -4,15 +4,81 @@
 sees). Policies implement ``action_probs(contexts) -> (n, K)``. Neural policies turn it
 into a float matrix with a :class:`FeatureSpec`, which is saved with their checkpoints
 so that a mismatch between a checkpoint and the data is caught by name.
+
+The encoding's building blocks are shared with the code-task simulators' observations
+(:mod:`sage_pipeline.sim.obs`), so a prompt size or a count means the same number in every
+checkpoint: :func:`log_tokens`, :func:`scaled_count`, :func:`assemble` (one-hot blocks and
+numeric columns side by side, non-finite values refused by name), :func:`check_rows` and
+:func:`spec_diff`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 
 from sage_pipeline.routing.schema import ROLES
+
+TOKENS_SCALE = float(np.log1p(65536.0))
+
+
+def log_tokens(tokens: np.ndarray) -> np.ndarray:
+    """A prompt size as a feature: ``log1p(tokens) / log1p(65536)``, 1 at a 64k-token prompt
+    (not clipped: a larger prompt reads a little above 1), 0 where the size is unknown (NaN)."""
+    return np.log1p(np.nan_to_num(np.asarray(tokens, dtype=np.float64), nan=0.0)) / TOKENS_SCALE
+
+
+def scaled_count(count: np.ndarray, max_count: int) -> np.ndarray:
+    """A count as a feature: clipped to ``max_count`` and divided by it, so in [0, 1]."""
+    return np.minimum(count, max_count) / max_count
+
+
+@dataclass(frozen=True)
+class OneHot:
+    """A one-hot block of ``width`` columns, the ``index`` column of each row set."""
+
+    name: str
+    index: np.ndarray
+    width: int
+
+
+def assemble(n: int, parts: Sequence[OneHot | tuple[str, np.ndarray]]) -> np.ndarray:
+    """The (n, width) float32 matrix of ``parts`` side by side: a block per :class:`OneHot`, a
+    column per ``(name, values)``. An index outside its block or a non-finite value is an
+    error naming the part and the row."""
+    width = sum(p.width if isinstance(p, OneHot) else 1 for p in parts)
+    out = np.zeros((n, width), dtype=np.float32)
+    rows, j = np.arange(n), 0
+    for p in parts:
+        if isinstance(p, OneHot):
+            bad = (p.index < 0) | (p.index >= p.width)
+            if n and bad.any():
+                i = int(np.argmax(bad))
+                raise ValueError(f"{p.name} index {int(p.index[i])} at row {i} is outside its {p.width} values")
+            out[rows, j + p.index] = 1.0
+            j += p.width
+        else:
+            name, values = p
+            out[:, j] = values
+            if not np.isfinite(out[:, j]).all():
+                raise ValueError(f"non-finite feature {name!r} at row {int(np.argmax(~np.isfinite(out[:, j])))}")
+            j += 1
+    return out
+
+
+def check_rows(batch, skip: tuple[str, ...] = ()) -> None:
+    """Every column of a columnar batch (a dataclass of arrays) has as many rows as ``role``."""
+    n = len(batch.role)
+    for f in fields(batch):
+        if f.name not in skip and len(getattr(batch, f.name)) != n:
+            raise ValueError(f"{type(batch).__name__}.{f.name} has {len(getattr(batch, f.name))} rows, role has {n}")
+
+
+def spec_diff(a: dict, b: dict) -> list[str]:
+    """Human-readable differences between two specs' dicts; empty when they match."""
+    return [f"{k}: {a[k]!r} != {b.get(k)!r}" for k in a if a[k] != b.get(k)]
 
 
 @dataclass(frozen=True)
@@ -25,10 +91,7 @@ class Contexts:
     primary_failure_count: np.ndarray  # int64
 
     def __post_init__(self) -> None:
-        n = len(self.role)
-        for f in fields(self):
-            if len(getattr(self, f.name)) != n:
-                raise ValueError(f"Contexts.{f.name} has {len(getattr(self, f.name))} rows, role has {n}")
+        check_rows(self)
 
     def __len__(self) -> int:
         return len(self.role)
@@ -73,24 +136,17 @@ class FeatureSpec:
 
     def diff(self, other: "FeatureSpec") -> list[str]:
         """Human-readable differences; empty when the specs match."""
-        a, b = self.to_dict(), other.to_dict()
-        return [f"{k}: {a[k]!r} != {b[k]!r}" for k in a if a[k] != b.get(k)]
+        return spec_diff(self.to_dict(), other.to_dict())
 
     def encode(self, ctx: Contexts) -> np.ndarray:
-        n = len(ctx)
-        out = np.zeros((n, self.dim), dtype=np.float32)
-        out[np.arange(n), ctx.role] = 1.0
+        """One-hot role, then the numeric columns: the complexity score, :func:`log_tokens` of the
+        prompt size (unknown sizes encode as 0), and the counts as :func:`scaled_count`."""
         cols = {
             "task_complexity_score": ctx.task_complexity_score,
-            # missing prompt sizes encode as 0 (log1p(0)); known ones as log1p(tokens)/log1p(64k)
-            "log_prompt_tokens": np.log1p(np.nan_to_num(ctx.prompt_tokens, nan=0.0)) / np.log1p(65536.0),
-            "step": np.minimum(ctx.step, self.max_count) / self.max_count,
-            "failure_count": np.minimum(ctx.failure_count, self.max_count) / self.max_count,
-            "primary_failure_count": np.minimum(ctx.primary_failure_count, self.max_count) / self.max_count,
+            "log_prompt_tokens": log_tokens(ctx.prompt_tokens),
+            "step": scaled_count(ctx.step, self.max_count),
+            "failure_count": scaled_count(ctx.failure_count, self.max_count),
+            "primary_failure_count": scaled_count(ctx.primary_failure_count, self.max_count),
         }
-        for j, name in enumerate(self.numeric):
-            out[:, len(self.roles) + j] = cols[name]
-        if not np.isfinite(out).all():
-            bad = np.argwhere(~np.isfinite(out))[0]
-            raise ValueError(f"non-finite feature {self.numeric[bad[1] - len(self.roles)]!r} at row {bad[0]}")
-        return out
+        return assemble(len(ctx), [OneHot("role", ctx.role, len(self.roles)),
+                                   *((name, cols[name]) for name in self.numeric)])

@@ -56,6 +56,7 @@ from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
 from sage_pipeline.routing.catalogue import ModelCatalogue
+from sage_pipeline.routing.features import log_tokens, scaled_count
 from sage_pipeline.routing.reward import RewardSpec, apply_version, sage_step_reward
 from sage_pipeline.routing.schema import REWARD_MAX, REWARD_MIN, ROLE_INDEX, ROLES
 from sage_pipeline.routing.table import RoutingTable
@@ -365,8 +366,8 @@ class CodeTaskVecEnv(gym.vector.VectorEnv):
         self._static[np.arange(len(sim)), sim.family] = 1.0
         self._static[:, nf] = sim.difficulty
         tokens = sim.tokens(np.repeat(np.arange(len(sim)), T + 1), np.tile(np.arange(T + 1), len(sim)))
-        self._log_tokens = np.minimum(np.log1p(tokens) / np.log1p(65536.0), 1.0).reshape(len(sim), T + 1)
-        self._counts = np.minimum(np.arange(2 * T + 2), spec.max_count) / spec.max_count  # count -> column
+        self._log_tokens = log_tokens(tokens).reshape(len(sim), T + 1)
+        self._counts = scaled_count(np.arange(2 * T + 2), spec.max_count)  # count -> column
         self._direct = spec.numeric == ("difficulty", "log_prompt_tokens", "step", "failure_count",
                                         "primary_failure_count")
         self.rng = np.random.default_rng(seed)

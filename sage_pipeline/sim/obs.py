@@ -25,6 +25,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from sage_pipeline.routing.features import OneHot, assemble, check_rows, log_tokens, scaled_count, spec_diff
 from sage_pipeline.sim.schema import OUTCOME_KINDS
 
 # Index 0 is "no attempt yet" (no candidate); the failure kinds keep their OUTCOME_KINDS index
@@ -54,7 +55,7 @@ class CodeTaskObs:
     last_outcome: np.ndarray  # int64 index into LAST_OUTCOMES
 
     def __post_init__(self) -> None:
-        _check_rows(self)
+        check_rows(self)
 
     def __len__(self) -> int:
         return len(self.role)
@@ -63,11 +64,10 @@ class CodeTaskObs:
         return CodeTaskObs(**{f.name: getattr(self, f.name)[idx] for f in fields(self)})
 
     def columns(self, max_count: int) -> dict[str, np.ndarray]:
-        return {"difficulty": self.difficulty,
-                "log_prompt_tokens": np.minimum(np.log1p(self.prompt_tokens) / np.log1p(65536.0), 1.0),
-                "step": np.minimum(self.step, max_count) / max_count,
-                "failure_count": np.minimum(self.failure_count, max_count) / max_count,
-                "primary_failure_count": np.minimum(self.primary_failure_count, max_count) / max_count}
+        return {"difficulty": self.difficulty, "log_prompt_tokens": log_tokens(self.prompt_tokens),
+                "step": scaled_count(self.step, max_count),
+                "failure_count": scaled_count(self.failure_count, max_count),
+                "primary_failure_count": scaled_count(self.primary_failure_count, max_count)}
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ class LoopObs:
     call_actions: tuple[str, ...] = ()  # names of the columns of ``counts``
 
     def __post_init__(self) -> None:
-        _check_rows(self, skip=("call_actions",))
+        check_rows(self, skip=("call_actions",))
         if self.counts.ndim != 2 or self.counts.shape[1] != len(self.call_actions):
             raise ValueError(f"LoopObs.counts has shape {self.counts.shape}, expected (n, {len(self.call_actions)}) "
                              f"for call actions {self.call_actions}")
@@ -108,23 +108,17 @@ class LoopObs:
     def columns(self, max_count: int) -> dict[str, np.ndarray]:
         cols = {"difficulty": self.difficulty, "calls_used": self.calls_used, "usd_used": self.usd_used,
                 "seconds_used": self.seconds_used, "tests_passed": self.tests_passed}
-        scaled = np.minimum(self.counts, max_count) / max_count
+        scaled = scaled_count(self.counts, max_count)
         cols |= {COUNT_PREFIX + a: scaled[:, i] for i, a in enumerate(self.call_actions)}
         return cols
-
-
-def _check_rows(obs, skip: tuple[str, ...] = ()) -> None:
-    n = len(obs.role)
-    for f in fields(obs):
-        if f.name not in skip and len(getattr(obs, f.name)) != n:
-            raise ValueError(f"{type(obs).__name__}.{f.name} has {len(getattr(obs, f.name))} rows, role has {n}")
 
 
 @dataclass(frozen=True)
 class ObsSpec:
     """How an observation batch becomes a float matrix: one-hot family, the ``numeric``
-    columns (each in [0, 1]), one-hot last outcome. Saved with a checkpoint (``spec_kind =
-    "code_task"``) so that a policy trained on another environment, other families or
+    columns (each in [0, 1]; a prompt past 64k tokens reads a little above 1), one-hot last
+    outcome (the blocks of :func:`sage_pipeline.routing.features.assemble`). Saved with a
+    checkpoint (``spec_kind = "code_task"``) so that a policy trained on another environment, other families or
     another encoding is refused by name. Checkpoints written before ``env`` existed read as
     ``"escalation"``."""
 
@@ -155,28 +149,20 @@ class ObsSpec:
 
     def diff(self, other: ObsSpec) -> list[str]:
         """Human-readable differences; empty when the specs match."""
-        a, b = self.to_dict(), other.to_dict()
-        return [f"{k}: {a[k]!r} != {b.get(k)!r}" for k in a if a[k] != b.get(k)]
+        return spec_diff(self.to_dict(), other.to_dict())
 
     def encode(self, obs: CodeTaskObs | LoopObs) -> np.ndarray:
         if obs.env != self.env:
             raise ValueError(f"this spec encodes {self.env!r} observations, got {type(obs).__name__} "
                              f"({obs.env!r})")
-        n, nf = len(obs), len(self.families)
-        if n and (obs.family.min() < 0 or obs.family.max() >= nf):
-            raise ValueError(f"family index {int(obs.family.max())} outside the spec's {nf} families")
-        out = np.zeros((n, self.dim), dtype=np.float32)
-        rows = np.arange(n)
-        out[rows, obs.family] = 1.0
         cols = obs.columns(self.max_count)
         missing = [c for c in self.numeric if c not in cols]
         if missing:
             raise ValueError(f"the observations have no column(s) {missing} the spec encodes "
                              f"(they have {sorted(cols)})")
-        for j, name in enumerate(self.numeric):
-            out[:, nf + j] = cols[name]
-        out[rows, nf + len(self.numeric) + obs.last_outcome] = 1.0
-        return out
+        return assemble(len(obs), [OneHot("family", obs.family, len(self.families)),
+                                   *((name, cols[name]) for name in self.numeric),
+                                   OneHot("last_outcome", obs.last_outcome, len(self.last_outcomes))])
 
 
 def check_policy(policy, spec: ObsSpec, actions: tuple[str, ...]) -> None:
