@@ -32,7 +32,6 @@ CORE_SUFFIXES = ("Config", "Settings", "Spec", "Limits")
 _NONE = object()
 
 _RL = "rl/ is being rewritten in parallel (issue 18); migrate it onto the core model there"
-_SIM = "sim/ is being rewritten in parallel (issue 18); migrate it onto the core model there"
 _ROUTING = "routing/ is being rewritten in parallel (issue 18, the layering); migrate it onto the core model there"
 NOT_MIGRATED: dict[str, tuple[set[str], str]] = {
     "benchmark_assets.RoutingBenchmarkConfig": (
@@ -49,8 +48,6 @@ NOT_MIGRATED: dict[str, tuple[set[str], str]] = {
     "policy_iteration.PolicyIterationConfig": (
         {"days", "episodes_per_day", "eval_tasks", "seed", "epsilon", "window_days", "cql_steps", "alphas",
          "floors"}, "repeats rl.policy_iteration.LoopConfig; " + _RL),
-    "resources.SandboxResource": ({"workers", "image", "memory_mb", "pids_limit", "cpus", "recycle_every"},
-                                  "repeats sim.sandbox.SandboxConfig; " + _SIM),
     "routing_assets.RoutingDatasetConfig": ({"reward_version", "cost_weight", "eval_fraction"},
                                             "repeats routing's RewardSpec and DatasetConfig; " + _ROUTING),
     "routing_assets.SyntheticSessionsConfig": (
@@ -58,7 +55,6 @@ NOT_MIGRATED: dict[str, tuple[set[str], str]] = {
         "repeats routing.collector.CollectorConfig and SimulatorConfig; " + _ROUTING),
     "routing_assets.TrajectoriesConfig": ({"log_dirs", "max_line_bytes"},
                                           "repeats routing.ingest.IngestConfig; " + _ROUTING),
-    "sim_assets.SimTasksConfig": ({"n_tasks", "seed"}, "repeats sim.tasks.GenerationConfig; " + _SIM),
     "sim_policy_assets.PPOPolicyConfig": (
         {"total_timesteps", "num_envs", "learning_rate", "ent_coef", "hidden", "head", "eval_every", "seed",
          "max_attempts", "latency_weight"}, "repeats rl.ppo.PPOConfig and sim.env.SimConfig; " + _RL),
