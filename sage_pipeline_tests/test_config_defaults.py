@@ -41,20 +41,10 @@ NOT_MIGRATED: dict[str, tuple[set[str], str]] = {
         "flattens the benchmark chain's ImportConfig, BenchmarkConfig, TfidfSvdConfig, BCGridConfig and CQLConfig; "
         + _ROUTING),
     "online_ab.OnlineABAssetConfig": ({"episodes", "seed"}, "repeats rl.online_ab.OnlineABConfig; " + _RL),
-    "policy_assets.BCPolicyConfig": ({"epochs", "max_updates", "hidden", "seed"}, "repeats rl.bc.BCConfig; " + _RL),
-    "policy_assets.CQLPolicyConfig": ({"mode", "steps", "min_passes", "n_critics", "seed"},
-                                      "repeats rl.cql.CQLConfig; " + _RL),
     "policy_assets.OfflineEvalConfig": ({"n_boot", "seed", "clip_factor"}, "repeats rl.ope.OPEConfig; " + _RL),
     "policy_iteration.PolicyIterationConfig": (
         {"days", "episodes_per_day", "eval_tasks", "seed", "epsilon", "window_days", "cql_steps", "alphas",
          "floors"}, "repeats rl.policy_iteration.LoopConfig; " + _RL),
-    "routing_assets.RoutingDatasetConfig": ({"reward_version", "cost_weight", "eval_fraction"},
-                                            "repeats routing's RewardSpec and DatasetConfig; " + _ROUTING),
-    "routing_assets.SyntheticSessionsConfig": (
-        {"episodes", "seed", "epsilon", "max_attempts", "sessions_per_day", "action_space"},
-        "repeats routing.collector.CollectorConfig and SimulatorConfig; " + _ROUTING),
-    "routing_assets.TrajectoriesConfig": ({"log_dirs", "max_line_bytes"},
-                                          "repeats routing.ingest.IngestConfig; " + _ROUTING),
     "sim_policy_assets.PPOPolicyConfig": (
         {"total_timesteps", "num_envs", "learning_rate", "ent_coef", "hidden", "head", "eval_every", "seed",
          "max_attempts", "latency_weight"}, "repeats rl.ppo.PPOConfig and sim.env.SimConfig; " + _RL),

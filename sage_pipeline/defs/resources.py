@@ -20,17 +20,23 @@ from sage_pipeline.sim.sandbox import SandboxConfig, SandboxError, check_docker,
 class SageResource(dg.ConfigurableResource):
     """The artifact root and the routing configuration (SAGE's models.yaml + the catalogue).
 
-    Empty strings mean: ``$SAGE_DATA_DIR`` (else ``./datasets``), ``$SAGE_ROUTING_TABLE``
+    A path left unset (null, the default) is read from the environment when a run uses it,
+    never when the code is loaded: ``$SAGE_DATA_DIR`` (else ``./datasets``), ``$SAGE_ROUTING_TABLE``
     and ``$SAGE_MODEL_CATALOGUE`` (else the packaged defaults).
     """
 
-    data_dir: str = ""
-    routing_table: str = ""
-    model_catalogue: str = ""
-    min_rows_per_role: int = 500
+    data_dir: str | None = Field(None, min_length=1, description="the artifact root; unset: $SAGE_DATA_DIR as the "
+                                 "run sees it, else ./datasets")
+    routing_table: str | None = Field(None, min_length=1, description="SAGE's models.yaml (roles, primary, fallback, "
+                                      "triggers); unset: $SAGE_ROUTING_TABLE as the run sees it, else the packaged one")
+    model_catalogue: str | None = Field(None, min_length=1, description="the model catalogue (prices, the "
+                                        "simulator's capabilities); unset: $SAGE_MODEL_CATALOGUE as the run sees it, "
+                                        "else the packaged one")
+    min_rows_per_role: int = Field(500, ge=1, description="the routing dataset's volume check: rows every role "
+                                   "needs")
 
     def root(self) -> Path:
-        return artifacts.data_dir(self.data_dir or None)
+        return artifacts.data_dir(self.data_dir)
 
     def path(self, *parts: str) -> Path:
         return self.root().joinpath(*parts)
