@@ -32,14 +32,7 @@ CORE_SUFFIXES = ("Config", "Settings", "Spec", "Limits")
 _NONE = object()
 
 _RL = "rl/ is being rewritten in parallel (issue 18); migrate it onto the core model there"
-_ROUTING = "routing/ is being rewritten in parallel (issue 18, the layering); migrate it onto the core model there"
 NOT_MIGRATED: dict[str, tuple[set[str], str]] = {
-    "benchmark_assets.RoutingBenchmarkConfig": (
-        {"layout", "models", "exclude_prompts", "default_cost_per_call", "quality_scale", "strict", "split",
-         "embedding", "test_fraction", "seed", "featurizer", "n_components", "cost_weight_points", "sweep_points",
-         "bc_steps", "cql_steps", "cql_alpha", "behaviour_model", "epsilon", "ope_multiplier", "n_boot"},
-        "flattens the benchmark chain's ImportConfig, BenchmarkConfig, TfidfSvdConfig, BCGridConfig and CQLConfig; "
-        + _ROUTING),
     "online_ab.OnlineABAssetConfig": ({"episodes", "seed"}, "repeats rl.online_ab.OnlineABConfig; " + _RL),
     "policy_assets.OfflineEvalConfig": ({"n_boot", "seed", "clip_factor"}, "repeats rl.ope.OPEConfig; " + _RL),
     "policy_iteration.PolicyIterationConfig": (
