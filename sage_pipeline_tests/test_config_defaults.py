@@ -147,6 +147,34 @@ def test_the_sleep_configs_repeat_nothing(tree):
         c.__name__: {} for c in sleep if c.__name__ != "RollbackConfig"}
 
 
+# The migrated Dagster configs outside sleep and the defaults their own bodies declare: settings
+# no core model has (the asset's, or the Dagster layer's), and nothing else.
+OWN_SETTINGS = {
+    "routing_assets.SyntheticSessionsConfig": set(),
+    "routing_assets.TrajectoriesConfig": {"max_quarantined_fraction"},
+    "routing_assets.RewardSection": set(),
+    "routing_assets.RoutingDatasetConfig": {"chunk_rows"},
+    "policy_assets.BCPolicyConfig": {"action_spaces"},
+    "policy_assets.CQLPolicyConfig": {"action_spaces", "alphas", "selection", "n_boot", "support"},
+    "benchmark_assets.RoutingBenchmarkConfig": {"ope_behaviours"},  # made from BenchmarkConfig's default
+    "resources.SandboxResource": {"backend"},  # 'auto', a backend the core does not have
+    "resources.SageResource": {"data_dir", "routing_table", "model_catalogue", "min_rows_per_role"},
+    "sim_assets.SimTasksConfig": {"suite_path", "suite_format"},
+}
+
+
+def test_the_migrated_configs_declare_only_their_own_settings(tree):
+    dagster, core = tree
+    by_name = {f"{c.__module__.rsplit('.', 1)[-1]}.{c.__name__}": c for c in dagster}
+    assert set(OWN_SETTINGS) <= set(by_name)
+    assert {n: set(own_defaults(by_name[n])) for n in OWN_SETTINGS} == OWN_SETTINGS
+    sections = [c for c in dagster if c.__name__.endswith("Section")
+                and c.__module__.rsplit(".", 1)[-1] in ("benchmark_assets", "routing_assets")]
+    assert len(sections) >= 11 and {c.__name__: own_defaults(c) for c in sections} == {
+        c.__name__: {} for c in sections}
+    assert repeated_defaults([by_name[n] for n in OWN_SETTINGS] + sections, core) == {}
+
+
 def test_the_check_catches_a_repeated_default(tree):
     """The check can fail: a Dagster class that writes GateConfig's default again is caught, under
     its own name and under a prefixed one; a different value, or an inherited field, is not."""
