@@ -651,9 +651,20 @@ def write_text(dest: str | os.PathLike[str], text: str) -> Path:
     return Path(dest)
 
 
+def _model_fields(obj: Any) -> Any:
+    """A config model met inside the object (a pydantic model, e.g. a RewardSpec kept whole by
+    ``dataclasses.asdict``) as its fields; anything else is not JSON. Duck-typed: this module is
+    on the router's import path, which does not import pydantic."""
+    dump = getattr(obj, "model_dump", None)
+    if callable(dump):
+        return dump(mode="json")
+    raise TypeError(f"Object of type {type(obj).__name__} is not JSON serializable")
+
+
 def write_json(dest: str | os.PathLike[str], obj: Any) -> Path:
-    """Pretty JSON, atomically. NaN and infinities are refused (they are not JSON)."""
-    return write_text(dest, json.dumps(obj, indent=2, sort_keys=False, allow_nan=False) + "\n")
+    """Pretty JSON, atomically. NaN and infinities are refused (they are not JSON); a pydantic
+    config model is written as its fields."""
+    return write_text(dest, json.dumps(obj, indent=2, sort_keys=False, allow_nan=False, default=_model_fields) + "\n")
 
 
 def file_sha256(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:

@@ -32,33 +32,12 @@ CORE_SUFFIXES = ("Config", "Settings", "Spec", "Limits")
 _NONE = object()
 
 _RL = "rl/ is being rewritten in parallel (issue 18); migrate it onto the core model there"
-_SIM = "sim/ is being rewritten in parallel (issue 18); migrate it onto the core model there"
-_ROUTING = "routing/ is being rewritten in parallel (issue 18, the layering); migrate it onto the core model there"
 NOT_MIGRATED: dict[str, tuple[set[str], str]] = {
-    "benchmark_assets.RoutingBenchmarkConfig": (
-        {"layout", "models", "exclude_prompts", "default_cost_per_call", "quality_scale", "strict", "split",
-         "embedding", "test_fraction", "seed", "featurizer", "n_components", "cost_weight_points", "sweep_points",
-         "bc_steps", "cql_steps", "cql_alpha", "behaviour_model", "epsilon", "ope_multiplier", "n_boot"},
-        "flattens the benchmark chain's ImportConfig, BenchmarkConfig, TfidfSvdConfig, BCGridConfig and CQLConfig; "
-        + _ROUTING),
     "online_ab.OnlineABAssetConfig": ({"episodes", "seed"}, "repeats rl.online_ab.OnlineABConfig; " + _RL),
-    "policy_assets.BCPolicyConfig": ({"epochs", "max_updates", "hidden", "seed"}, "repeats rl.bc.BCConfig; " + _RL),
-    "policy_assets.CQLPolicyConfig": ({"mode", "steps", "min_passes", "n_critics", "seed"},
-                                      "repeats rl.cql.CQLConfig; " + _RL),
     "policy_assets.OfflineEvalConfig": ({"n_boot", "seed", "clip_factor"}, "repeats rl.ope.OPEConfig; " + _RL),
     "policy_iteration.PolicyIterationConfig": (
         {"days", "episodes_per_day", "eval_tasks", "seed", "epsilon", "window_days", "cql_steps", "alphas",
          "floors"}, "repeats rl.policy_iteration.LoopConfig; " + _RL),
-    "resources.SandboxResource": ({"workers", "image", "memory_mb", "pids_limit", "cpus", "recycle_every"},
-                                  "repeats sim.sandbox.SandboxConfig; " + _SIM),
-    "routing_assets.RoutingDatasetConfig": ({"reward_version", "cost_weight", "eval_fraction"},
-                                            "repeats routing's RewardSpec and DatasetConfig; " + _ROUTING),
-    "routing_assets.SyntheticSessionsConfig": (
-        {"episodes", "seed", "epsilon", "max_attempts", "sessions_per_day", "action_space"},
-        "repeats routing.collector.CollectorConfig and SimulatorConfig; " + _ROUTING),
-    "routing_assets.TrajectoriesConfig": ({"log_dirs", "max_line_bytes"},
-                                          "repeats routing.ingest.IngestConfig; " + _ROUTING),
-    "sim_assets.SimTasksConfig": ({"n_tasks", "seed"}, "repeats sim.tasks.GenerationConfig; " + _SIM),
     "sim_policy_assets.PPOPolicyConfig": (
         {"total_timesteps", "num_envs", "learning_rate", "ent_coef", "hidden", "head", "eval_every", "seed",
          "max_attempts", "latency_weight"}, "repeats rl.ppo.PPOConfig and sim.env.SimConfig; " + _RL),
@@ -166,6 +145,34 @@ def test_the_sleep_configs_repeat_nothing(tree):
     # stronger than "no repeat": the night config's classes declare no default of their own at all
     assert {c.__name__: own_defaults(c) for c in sleep if c.__name__ != "RollbackConfig"} == {
         c.__name__: {} for c in sleep if c.__name__ != "RollbackConfig"}
+
+
+# The migrated Dagster configs outside sleep and the defaults their own bodies declare: settings
+# no core model has (the asset's, or the Dagster layer's), and nothing else.
+OWN_SETTINGS = {
+    "routing_assets.SyntheticSessionsConfig": set(),
+    "routing_assets.TrajectoriesConfig": {"max_quarantined_fraction"},
+    "routing_assets.RewardSection": set(),
+    "routing_assets.RoutingDatasetConfig": {"chunk_rows"},
+    "policy_assets.BCPolicyConfig": {"action_spaces"},
+    "policy_assets.CQLPolicyConfig": {"action_spaces", "alphas", "selection", "n_boot", "support"},
+    "benchmark_assets.RoutingBenchmarkConfig": {"ope_behaviours"},  # made from BenchmarkConfig's default
+    "resources.SandboxResource": {"backend"},  # 'auto', a backend the core does not have
+    "resources.SageResource": {"data_dir", "routing_table", "model_catalogue", "min_rows_per_role"},
+    "sim_assets.SimTasksConfig": {"suite_path", "suite_format"},
+}
+
+
+def test_the_migrated_configs_declare_only_their_own_settings(tree):
+    dagster, core = tree
+    by_name = {f"{c.__module__.rsplit('.', 1)[-1]}.{c.__name__}": c for c in dagster}
+    assert set(OWN_SETTINGS) <= set(by_name)
+    assert {n: set(own_defaults(by_name[n])) for n in OWN_SETTINGS} == OWN_SETTINGS
+    sections = [c for c in dagster if c.__name__.endswith("Section")
+                and c.__module__.rsplit(".", 1)[-1] in ("benchmark_assets", "routing_assets")]
+    assert len(sections) >= 11 and {c.__name__: own_defaults(c) for c in sections} == {
+        c.__name__: {} for c in sections}
+    assert repeated_defaults([by_name[n] for n in OWN_SETTINGS] + sections, core) == {}
 
 
 def test_the_check_catches_a_repeated_default(tree):

@@ -3,11 +3,12 @@ routing_dataset -> bc_policy, cql_policy -> offline_eval (with the promotion gat
 # No `from __future__ import annotations`: Dagster reads the real annotations.
 
 import dagster as dg
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from sage_pipeline import artifacts, markdown
 from sage_pipeline.defs.resources import SageResource
 from sage_pipeline.defs.routing_assets import GROUP, reward_report, routing_dataset
+from sage_pipeline.defs.sections import to_core
 from sage_pipeline.rl import bc, cql, offline_eval as oe, ope, sage_router
 from sage_pipeline.rl.checkpoint import load_policy, read_meta
 from sage_pipeline.rl.data import REQUIRED, from_dataset
@@ -63,14 +64,10 @@ SPACES_FIELD = Field(list(SPACES), description="action spaces to train: 'multi_m
                      "role) and 'sage_binary' (the table's primary or fallback, what SAGE's router executes)")
 
 
-class BCPolicyConfig(dg.Config):
+class BCPolicyConfig(dg.Config, bc.BCConfig):
+    """bc_policy's run config: ``sage_pipeline.rl.bc.BCConfig`` and the action spaces to train."""
+
     action_spaces: list[str] = SPACES_FIELD
-    epochs: int = Field(bc.BCConfig().epochs, description="maximum training epochs (early stopping on held-out "
-                        "train sessions)")
-    max_updates: int = Field(bc.BCConfig().max_updates, description="at most this many gradient updates in all "
-                             "(0: no budget), so large logs train in bounded time; does not bind at the default size")
-    hidden: list[int] = Field(list(bc.BCConfig().hidden), description="hidden layer sizes")
-    seed: int = 0
 
 
 @dg.asset(group_name=GROUP, deps=[routing_dataset, reward_report], kinds={"pytorch"},
@@ -88,9 +85,7 @@ def bc_policy(context: dg.AssetExecutionContext, config: BCPolicyConfig, sage: S
         for name in _check_spaces(config.action_spaces):
             space = _space(sage, name)
             data = from_dataset(df, space).split_rows("train").restrict(space)
-            res = bc.train_bc(data, FeatureSpec(roles=space.roles), bc.BCConfig(
-                epochs=config.epochs, max_updates=config.max_updates, hidden=tuple(config.hidden), seed=config.seed),
-                log=context.log.info)
+            res = bc.train_bc(data, FeatureSpec(roles=space.roles), to_core(config, bc.BCConfig), log=context.log.info)
             ck = stage.public(res.save(stage.path(_checkpoint_rel("bc", name)),
                                        training_data_sha256=artifacts.file_sha256(path)))
             m = res.metrics
@@ -103,9 +98,11 @@ def bc_policy(context: dg.AssetExecutionContext, config: BCPolicyConfig, sage: S
     return dg.MaterializeResult(metadata=meta)
 
 
-class CQLPolicyConfig(dg.Config):
+class CQLPolicyConfig(dg.Config, cql.CQLConfig):
+    """cql_policy's run config: ``sage_pipeline.rl.cql.CQLConfig`` (every field but alpha: the
+    alphas are a grid, one chosen by OPE) and how the alpha is chosen."""
+
     action_spaces: list[str] = SPACES_FIELD
-    mode: str = Field("multistep", description="'multistep' (episodes, double-DQN target) or 'bandit' (one decision)")
     alphas: list[float] = Field(list(oe.DEFAULT_ALPHAS), description="conservative weights tried in one batched "
                                 "run; OPE on the eval split keeps one (see selection)")
     selection: str = Field("fqe", description="how OPE on the eval split's select half ranks the alphas: 'fqe' "
@@ -113,16 +110,17 @@ class CQLPolicyConfig(dg.Config):
                            "gate's clipped step-wise DR; 'lower_bound': the best lower bound of its interval "
                            "(favours policies near "
                            "the logs). See docs/benchmarks.md for how they compare")
-    steps: int = Field(2000, description="gradient steps, at least (see min_passes)")
-    min_passes: float = Field(cql.CQLConfig.min_passes, description="and at least this many passes over the "
-                              "training rows (ceil(min_passes * rows / 256) steps; binds on large logs only: "
-                              "about 9,000 steps at 2M episodes); 0 trains exactly `steps`")
-    n_critics: int = 2
-    seed: int = 0
     n_boot: int = Field(300, description="bootstrap resamples for the alpha selection")
     support: str = Field("logged_pairs", description="support rule of the OPE that picks alpha: "
                          "'logged_pairs' ((role, model) pairs present in the evaluated logs) or 'behaviour' "
                          "(the behaviour policy's support as bc_policy models it); see docs/benchmarks.md")
+
+    @model_validator(mode="after")
+    def _alphas_not_alpha(self) -> "CQLPolicyConfig":
+        if "alpha" in self.model_fields_set:
+            raise ValueError("cql_policy trains every alpha in `alphas` and OPE keeps one: set alphas (e.g. [0.03]) "
+                             "instead of alpha")
+        return self
 
 
 @dg.asset(group_name=GROUP, deps=[routing_dataset, reward_report, bc_policy], kinds={"pytorch"},
@@ -135,8 +133,7 @@ def cql_policy(context: dg.AssetExecutionContext, config: CQLPolicyConfig, sage:
     multi = _space(sage)
     bc_model = load_policy(sage.path("checkpoints", "bc"), FeatureSpec(roles=multi.roles), multi.actions)
     df, n_estimated = oe.fill_missing_propensities(df, bc_model)
-    cfg = cql.CQLConfig(mode=config.mode, steps=config.steps, min_passes=config.min_passes,
-                        n_critics=config.n_critics, seed=config.seed)
+    cfg = to_core(config, cql.CQLConfig)
     meta = {"mode": config.mode, "propensities_estimated_by_bc": n_estimated}
     with sage.writing("cql_policy", [_checkpoint_rel("cql", s) for s in SPACES], context.log.info) as stage:
         for name in _check_spaces(config.action_spaces):

@@ -6,28 +6,37 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from functools import cached_property
 from pathlib import Path
+from typing import Literal
 
 import dagster as dg
+from pydantic import Field
 
 from sage_pipeline import artifacts
 from sage_pipeline.routing.catalogue import DEFAULT_CATALOGUE, ModelCatalogue
 from sage_pipeline.routing.table import DEFAULT_TABLE, RoutingTable
+from sage_pipeline.sim.sandbox import SandboxConfig, SandboxError, check_docker, open_sandbox
 
 
 class SageResource(dg.ConfigurableResource):
     """The artifact root and the routing configuration (SAGE's models.yaml + the catalogue).
 
-    Empty strings mean: ``$SAGE_DATA_DIR`` (else ``./datasets``), ``$SAGE_ROUTING_TABLE``
+    A path left unset (null, the default) is read from the environment when a run uses it,
+    never when the code is loaded: ``$SAGE_DATA_DIR`` (else ``./datasets``), ``$SAGE_ROUTING_TABLE``
     and ``$SAGE_MODEL_CATALOGUE`` (else the packaged defaults).
     """
 
-    data_dir: str = ""
-    routing_table: str = ""
-    model_catalogue: str = ""
-    min_rows_per_role: int = 500
+    data_dir: str | None = Field(None, min_length=1, description="the artifact root; unset: $SAGE_DATA_DIR as the "
+                                 "run sees it, else ./datasets")
+    routing_table: str | None = Field(None, min_length=1, description="SAGE's models.yaml (roles, primary, fallback, "
+                                      "triggers); unset: $SAGE_ROUTING_TABLE as the run sees it, else the packaged one")
+    model_catalogue: str | None = Field(None, min_length=1, description="the model catalogue (prices, the "
+                                        "simulator's capabilities); unset: $SAGE_MODEL_CATALOGUE as the run sees it, "
+                                        "else the packaged one")
+    min_rows_per_role: int = Field(500, ge=1, description="the routing dataset's volume check: rows every role "
+                                   "needs")
 
     def root(self) -> Path:
-        return artifacts.data_dir(self.data_dir or None)
+        return artifacts.data_dir(self.data_dir)
 
     def path(self, *parts: str) -> Path:
         return self.root().joinpath(*parts)
@@ -56,25 +65,20 @@ class SageResource(dg.ConfigurableResource):
         return RoutingTable.load(self.table_path())
 
 
-class SandboxResource(dg.ConfigurableResource):
-    """Where candidate code runs. ``backend``: 'docker' (hardened containers; an error that says
+class SandboxResource(dg.ConfigurableResource, SandboxConfig):
+    """Where candidate code runs: ``sage_pipeline.sim.sandbox.SandboxConfig`` (workers, image,
+    limits), with one more backend. ``backend``: 'docker' (hardened containers; an error that says
     how to start the daemon when it does not answer), 'local' (unisolated processes, for the
-    project's own generated tasks only) or 'auto' (Docker when its daemon answers and the
-    image is there, else local — logged as a warning and marked unisolated in metadata). Code the
+    project's own generated tasks only) or 'auto' (Docker when its daemon answers and the image
+    is there, else local — logged as a warning and marked unisolated in metadata). Code the
     project did not write (an external suite's candidates: ``untrusted=True``) runs in Docker
     only: 'auto' then never falls back, and 'local' is refused."""
 
-    backend: str = "auto"
-    workers: int = 2
-    image: str = "sage-sim:latest"
-    memory_mb: int = 512
-    pids_limit: int = 128
-    cpus: float = 1.0
-    recycle_every: int = 2000
+    backend: Literal["auto", "docker", "local"] = Field(
+        "auto", description="'auto' (Docker when its daemon answers and the image is there, else local, with a "
+                            "warning), 'docker' or 'local' (unisolated: the project's own generated tasks only)")
 
     def resolve_backend(self, log=None, untrusted: bool = False) -> str:
-        from sage_pipeline.sim.sandbox import SandboxConfig, SandboxError, check_docker
-
         if self.backend != "auto":
             return self.backend
         try:
@@ -90,8 +94,6 @@ class SandboxResource(dg.ConfigurableResource):
             return "local"
 
     def open(self, log=None, untrusted: bool = False):
-        from sage_pipeline.sim.sandbox import open_sandbox
-
-        return open_sandbox(self.resolve_backend(log, untrusted), workers=self.workers, image=self.image,
-                            memory_mb=self.memory_mb, pids_limit=self.pids_limit, cpus=self.cpus,
-                            recycle_every=self.recycle_every, untrusted=untrusted)
+        untrusted = untrusted or self.untrusted
+        options = self.model_dump(include=set(SandboxConfig.model_fields) - {"backend", "untrusted"})
+        return open_sandbox(self.resolve_backend(log, untrusted), untrusted=untrusted, **options)

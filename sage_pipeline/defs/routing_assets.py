@@ -13,26 +13,21 @@ from pydantic import Field
 
 from sage_pipeline import markdown
 from sage_pipeline.defs.resources import SageResource
+from sage_pipeline.defs.sections import section, to_core
 from sage_pipeline.routing import collector, ingest, reward_report as rr, routing_dataset as rd
 from sage_pipeline.routing.action_space import FILE_NAME as ACTION_SPACE_FILE
-from sage_pipeline.routing.reward import RewardSpec
-from sage_pipeline.routing.routing_simulator import RoutingSimulator, SimulatorConfig
+from sage_pipeline.routing.reward import DatasetRewardSpec
+from sage_pipeline.routing.routing_simulator import OutcomeSpec, RoutingSimulator, SimulatorConfig
 from sage_pipeline.routing.schema import DATASET_COLUMNS, ROLES
 
 GROUP = "offline_routing"
 
 
-class SyntheticSessionsConfig(dg.Config):
-    episodes: int = Field(collector.CollectorConfig().episodes,
-                          description="episodes (tasks) to simulate; the default gives OPE enough eval "
-                                      "sessions to rank and estimate policies (docs/benchmarks.md)")
-    seed: int = Field(0, description="random seed of the simulator and the collector")
-    epsilon: float = Field(0.3, description="exploration rate over each role's candidate models")
-    max_attempts: int = Field(4, description="attempts per task before the episode ends")
-    sessions_per_day: int = Field(250, description="sessions per day, i.e. per YYYY-MM-DD.log journal file")
-    action_space: str = Field("multi_model", description="what the behaviour policy explores: 'multi_model' "
-                              "(every candidate model of the role) or 'sage_binary' (only the table's primary "
-                              "and fallback, what SAGE's router can execute)")
+class SyntheticSessionsConfig(dg.Config, collector.CollectorConfig, OutcomeSpec):
+    """The synthetic collector's run config: ``sage_pipeline.routing.collector.CollectorConfig``
+    (episodes, exploration, sessions) and the routing simulator's outcome model
+    (``sage_pipeline.routing.routing_simulator.OutcomeSpec``: max_attempts, ...), side by side.
+    The simulator logs SAGE's reward, reward_v1 (SimulatorConfig's default)."""
 
 
 @dg.asset(group_name=GROUP, kinds={"python", "jsonl"},
@@ -45,11 +40,9 @@ class SyntheticSessionsConfig(dg.Config):
                       "to it in one step.")
 def synthetic_sessions(context: dg.AssetExecutionContext, config: SyntheticSessionsConfig,
                        sage: SageResource) -> dg.MaterializeResult:
-    sim = RoutingSimulator(sage.catalogue, sage.table, SimulatorConfig(max_attempts=config.max_attempts))
-    res = collector.collect(sim, sage.path("sessions", "synthetic"), collector.CollectorConfig(
-        episodes=config.episodes, seed=config.seed, epsilon=config.epsilon,
-        sessions_per_day=config.sessions_per_day, action_space=config.action_space), progress=context.log.info,
-        versions_dir=sage.path(".synthetic_versions"))
+    sim = RoutingSimulator(sage.catalogue, sage.table, SimulatorConfig(**to_core(config, OutcomeSpec).model_dump()))
+    res = collector.collect(sim, sage.path("sessions", "synthetic"), to_core(config, collector.CollectorConfig),
+                            progress=context.log.info, versions_dir=sage.path(".synthetic_versions"))
     gt = [{"policy": k, "value (all roles)": v, **{r: res.ground_truth_by_role[k].get(r) for r in ROLES}}
           for k, v in res.ground_truth.items()]
     return dg.MaterializeResult(metadata={
@@ -65,12 +58,12 @@ def synthetic_sessions(context: dg.AssetExecutionContext, config: SyntheticSessi
     })
 
 
-class TrajectoriesConfig(dg.Config):
-    log_dirs: list[str] = Field(["sessions"], description="folders (relative to the artifact root, or "
-                                "absolute) searched recursively for SAGE journals: *.log, *.jsonl and their "
-                                ".gz forms (SAGE's own folder is <SAGE>/memory/sessions)")
-    max_line_bytes: int = Field(1 << 20, description="longer lines are quarantined, never held whole")
-    max_quarantined_fraction: float = Field(0.01, description="the blocking check fails above this")
+class TrajectoriesConfig(dg.Config, ingest.IngestConfig):
+    """The ingest's run config: ``sage_pipeline.routing.ingest.IngestConfig`` (log_dirs relative to
+    the artifact root), and the blocking check's threshold."""
+
+    max_quarantined_fraction: float = Field(0.01, ge=0.0, le=1.0, description="the blocking check fails above this "
+                                            "share of quarantined lines (or of unreadable journal files)")
 
 
 @dg.asset(group_name=GROUP, deps=[synthetic_sessions], kinds={"python", "parquet"},
@@ -85,11 +78,11 @@ class TrajectoriesConfig(dg.Config):
                                                      "max_quarantined_fraction (default 1%).")])
 def trajectories(context: dg.AssetExecutionContext, config: TrajectoriesConfig,
                  sage: SageResource) -> dg.MaterializeResult:
-    dirs = tuple(sage.root() / d for d in config.log_dirs)  # absolute entries stay absolute
+    cfg = to_core(config, ingest.IngestConfig).under(sage.root())  # absolute entries stay absolute
+    dirs = cfg.log_dirs
     with sage.writing("trajectories", [f"routing/{n}" for n in ingest.OUTPUT_FILES], context.log.info) as stage:
-        res = ingest.ingest(ingest.IngestConfig(dirs, max_line_bytes=config.max_line_bytes,
-                                                setting="trajectories config log_dirs"),
-                            stage.path("routing"), progress=context.log.info)
+        res = ingest.ingest(cfg, stage.path("routing"), progress=context.log.info,
+                            setting="trajectories config log_dirs")
         res = res.published(stage.public)
     s = res.stats
     if s.steps_accepted == 0:
@@ -129,11 +122,17 @@ def trajectories(context: dg.AssetExecutionContext, config: TrajectoriesConfig,
     )
 
 
-class RoutingDatasetConfig(dg.Config):
-    reward_version: str = Field("reward_v1", description="reward_v1 (SAGE's reward) or reward_v2 (minus cost)")
-    cost_weight: float = Field(5.0, description="reward_v2: reward units subtracted per USD of cost")
-    eval_fraction: float = Field(0.2, description="share of sessions in the eval split (by session hash)")
-    chunk_rows: int = Field(rd.CHUNK_ROWS, description="decisions built at a time (whole sessions, in session "
+class RewardSection(dg.Config, DatasetRewardSpec):
+    """``sage_pipeline.routing.reward.DatasetRewardSpec``: the reward's version and cost weight."""
+
+
+class RoutingDatasetConfig(dg.Config, rd.DatasetConfig):
+    """The routing dataset's run config: ``sage_pipeline.routing.routing_dataset.DatasetConfig``,
+    its reward a nested section (``reward: {version, cost_weight}``; reward_v1's components are
+    SAGE's, in the logged reward)."""
+
+    reward: RewardSection = section(rd.DatasetConfig, "reward", RewardSection)
+    chunk_rows: int = Field(rd.CHUNK_ROWS, ge=1, description="decisions built at a time (whole sessions, in session "
                             "order; the result does not depend on it): bounds memory on large logs")
 
 
@@ -143,8 +142,7 @@ class RoutingDatasetConfig(dg.Config):
                       "hash. Written as routing/routing_v1.parquet and routing_v1.jsonl.")
 def routing_dataset(context: dg.AssetExecutionContext, config: RoutingDatasetConfig,
                     sage: SageResource) -> dg.MaterializeResult:
-    cfg = rd.DatasetConfig(reward=RewardSpec(version=config.reward_version, cost_weight=config.cost_weight),
-                           eval_fraction=config.eval_fraction)
+    cfg = to_core(config, rd.DatasetConfig)  # the reward's other components: RewardSpec's (SAGE's)
     members = [f"routing/{n}" for n in (rd.PARQUET_NAME, rd.JSONL_NAME, ACTION_SPACE_FILE)]
     with sage.writing("routing_dataset", members, context.log.info) as stage:
         files, space, built = rd.build_routing_dataset_files(
@@ -169,7 +167,7 @@ def routing_dataset(context: dg.AssetExecutionContext, config: RoutingDatasetCon
         "rows_per_role": dg.MetadataValue.json({r: int(n) for r, n in per_role.items()}),
         "rows_per_split": dg.MetadataValue.json(df["split"].value_counts().to_dict()),
         "incomplete_episodes": int((~df["episode_complete"]).groupby(df["episode_id"]).any().sum()),
-        "reward_version": config.reward_version, "schema_version": int(df["schema_version"].iat[0]),
+        "reward_version": cfg.reward.version, "schema_version": int(df["schema_version"].iat[0]),
         "propensities_logged": float((df["propensity_source"] != "missing").mean()),
         "joins_and_derivations": dg.MetadataValue.json(built.to_dict()),
         "action_space": dg.MetadataValue.json(space.describe()),

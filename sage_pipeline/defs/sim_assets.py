@@ -1,6 +1,8 @@
 """The simulator chain, part 1: sim_tasks -> sandbox_rollouts (sharded)."""
 # No `from __future__ import annotations`: Dagster reads the real annotations.
 
+from typing import Literal
+
 import dagster as dg
 import matplotlib
 import pandas as pd
@@ -11,6 +13,7 @@ import matplotlib.pyplot as plt
 
 from sage_pipeline import artifacts, markdown
 from sage_pipeline.defs.resources import SageResource, SandboxResource
+from sage_pipeline.defs.sections import to_core
 from sage_pipeline.sim import rollouts as ro, suites, tasks as task_gen
 from sage_pipeline.sim.cache import CACHE_DIR, ExecutionCache
 from sage_pipeline.sim.schema import OUTCOME_KINDS, TASKS_FILE, read_tasks, write_tasks
@@ -21,14 +24,17 @@ SHARDS = dg.StaticPartitionsDefinition(ro.shard_names(N_SHARDS))
 POOL = "sage_sandbox"
 
 
-class SimTasksConfig(dg.Config):
-    n_tasks: int = Field(1200, description="tasks to generate, spread over every family (at least one each)")
-    seed: int = Field(0, description="seed of the parameters and test inputs")
-    suite_path: str = Field("", description="an external suite as the task set instead of generated tasks: a "
-                            "HumanEval-style or MBPP-style .jsonl or .jsonl.gz file (e.g. HumanEval.jsonl.gz, "
-                            "mbpp.jsonl). Runs in the Docker sandbox only; problems whose canonical solution fails "
-                            "there are excluded and listed in the metadata. n_tasks is then ignored")
-    suite_format: str = Field("auto", description="auto (from the first problem's fields), humaneval or mbpp")
+class SimTasksConfig(dg.Config, task_gen.GenerationConfig):
+    """The task set's run config: ``sage_pipeline.sim.tasks.GenerationConfig`` (generated tasks),
+    or an external suite instead."""
+
+    suite_path: str | None = Field(None, min_length=1, description="an external suite as the task set instead of "
+                                   "generated tasks: a HumanEval-style or MBPP-style .jsonl or .jsonl.gz file (e.g. "
+                                   "HumanEval.jsonl.gz, mbpp.jsonl). Runs in the Docker sandbox only; problems whose "
+                                   "canonical solution fails there are excluded and listed in the metadata. The "
+                                   "generation settings (n_tasks, ...) are then ignored; seed still splits the tasks")
+    suite_format: Literal["auto", "humaneval", "mbpp"] = Field(
+        "auto", description="auto (from the first problem's fields), humaneval or mbpp")
 
 
 def _suite_tasks(context, config: SimTasksConfig, sandbox: SandboxResource):
@@ -61,7 +67,7 @@ def _suite_tasks(context, config: SimTasksConfig, sandbox: SandboxResource):
                       "are excluded and listed (suite_excluded_problems). datasets/sim/tasks.jsonl.")
 def sim_tasks(context: dg.AssetExecutionContext, config: SimTasksConfig, sage: SageResource,
               sandbox: SandboxResource) -> dg.MaterializeResult:
-    if config.suite_path:
+    if config.suite_path is not None:
         tasks, suite_md, described = _suite_tasks(context, config, sandbox)
         path = write_tasks(sage.path("sim", TASKS_FILE), tasks, seed=config.seed)
         summary = task_gen.summarize(tasks)
@@ -70,7 +76,7 @@ def sim_tasks(context: dg.AssetExecutionContext, config: SimTasksConfig, sage: S
             "families": len(summary["families"]), "candidates": sum(len(t.candidates) for t in tasks),
             "candidates_per_kind": dg.MetadataValue.json(summary["candidates"]), **suite_md,
             "sandbox_backend": described["backend"], "sandbox_isolated": described["isolated"]})
-    tasks = task_gen.generate_tasks(config.n_tasks, seed=config.seed)
+    tasks = task_gen.generate(to_core(config, task_gen.GenerationConfig), log=context.log.info)
     context.log.info(f"generated {len(tasks)} tasks, {sum(len(t.candidates) for t in tasks)} candidates; verifying")
     with sandbox.open(context.log) as sb:  # verification is the generator's own: not cached
         tasks, report = task_gen.verify_tasks(tasks, lambda jobs: sb.run(jobs, log=context.log.info),

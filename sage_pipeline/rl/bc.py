@@ -31,12 +31,14 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field
 from scipy.optimize import minimize_scalar
 from scipy.special import logsumexp
 from torch import nn
@@ -54,42 +56,35 @@ T_BOUNDS = (0.05, 20.0)  # search interval of the temperature
 T_XATOL = 1e-10  # absolute tolerance of the search on log T
 
 
-@dataclass(frozen=True)
-class BCConfig:
-    hidden: tuple[int, ...] = (64, 64)  # hidden layer widths of the ReLU MLP
-    lr: float = 3e-3  # AdamW learning rate
-    weight_decay: float = 1e-4  # AdamW decoupled weight decay
-    epochs: int = 100  # at most; early stopping usually ends sooner
-    batch_size: int = 64
-    # At most this many gradient updates in all, so training time stops growing with the
-    # data: on large logs an epoch is long and one or two suffice. Does not bind at the
-    # default data size (about 290 updates per epoch); 0 = no budget.
-    max_updates: int = 40_000
-    patience: int = 20  # epochs without a better held-out NLL before stopping; 0 = run every epoch
-    holdout_fraction: float = 0.2  # of the train split's sessions: early stopping + temperature
-    ece_bins: int = 10
-    seed: int = 0
-    device: str = "cpu"
-    # torch intra-op threads while training (restored afterwards); 0 leaves torch's default.
+class BCConfig(BaseModel):
+    """BC's hyperparameters."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    hidden: list[Annotated[int, Field(ge=1)]] = Field([64, 64], min_length=1, description="hidden layer widths of "
+                                                      "the ReLU MLP (one or more, each >= 1)")
+    lr: float = Field(3e-3, gt=0.0, description="AdamW learning rate")
+    weight_decay: float = Field(1e-4, ge=0.0, description="AdamW decoupled weight decay")
+    epochs: int = Field(100, ge=1, description="maximum training epochs (early stopping on held-out train sessions "
+                        "usually ends sooner)")
+    batch_size: int = Field(64, ge=1, description="rows per gradient update")
+    # Does not bind at the default data size (about 290 updates per epoch).
+    max_updates: int = Field(40_000, ge=0, description="at most this many gradient updates in all (0: no budget), "
+                             "so training time stops growing with the data: on large logs an epoch is long and one "
+                             "or two suffice; does not bind at the default size")
+    patience: int = Field(20, ge=0, description="epochs without a better held-out NLL before stopping; 0 = run "
+                          "every epoch")
+    holdout_fraction: float = Field(0.2, gt=0.0, le=0.5, description="share of the train split's sessions held out "
+                                    "for early stopping and the temperature, in (0, 0.5]")
+    ece_bins: int = Field(10, ge=1, description="bins of the expected calibration error")
+    seed: int = Field(0, description="seed of the weights, the holdout and the minibatches")
+    device: str = Field("cpu", description="torch device")
     # One thread is fastest for an MLP this small: on a loaded 2-core host the default
     # (2 threads) trained 35-60x slower in our measurements.
-    num_threads: int = 1
-    log_every_s: float = 5.0  # progress inside an epoch at most this often (and after every epoch)
-
-    def __post_init__(self) -> None:
-        if not self.hidden or any(int(h) < 1 for h in self.hidden):
-            raise ValueError(f"hidden must be one or more positive layer widths, got {self.hidden!r}")
-        if not self.lr > 0 or self.weight_decay < 0:
-            raise ValueError(f"lr must be > 0 and weight_decay >= 0, got {self.lr}, {self.weight_decay}")
-        if self.epochs < 1 or self.batch_size < 1 or self.patience < 0 or self.ece_bins < 1:
-            raise ValueError("epochs, batch_size and ece_bins must be >= 1 and patience >= 0, got "
-                             f"{self.epochs}, {self.batch_size}, {self.ece_bins}, {self.patience}")
-        if self.max_updates < 0:
-            raise ValueError(f"max_updates must be >= 0 (0: no budget), got {self.max_updates}")
-        if self.num_threads < 0:
-            raise ValueError(f"num_threads must be >= 0 (0: torch's default), got {self.num_threads}")
-        if not 0.0 < self.holdout_fraction <= 0.5:
-            raise ValueError(f"holdout_fraction must be in (0, 0.5], got {self.holdout_fraction}")
+    num_threads: int = Field(1, ge=0, description="torch intra-op threads while training (restored afterwards); 0 "
+                             "leaves torch's default")
+    log_every_s: float = Field(5.0, description="progress inside an epoch at most this often (and after every "
+                               "epoch)")
 
 
 @dataclass(frozen=True)
@@ -110,7 +105,7 @@ class BCResult:
         return CheckpointMeta(kind="bc", head="softmax", temperature=self.temperature,
                               feature_spec=self.feature_spec, actions=list(self.actions),
                               role_mask=self.role_mask.tolist(), metrics={**self.metrics, **(metrics or {})},
-                              config=asdict(self.config),
+                              config=self.config.model_dump(),
                               training_data_sha256=training_data_sha256 or self.training_data_sha256)
 
     def policy(self) -> MLPPolicy:

@@ -50,12 +50,14 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated, Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field
 
 from sage_pipeline.rl.checkpoint import CheckpointMeta, Layers, MLPPolicy, save_checkpoint
 from sage_pipeline.rl.data import LoggedDecisions
@@ -63,69 +65,51 @@ from sage_pipeline.rl.nets import Ensemble, linear_init
 from sage_pipeline.routing.features import FeatureSpec
 from sage_pipeline.routing.schema import ROLES
 
-MODES = ("bandit", "multistep")
-TARGET_REDUCTIONS = ("min", "mean")
 
+class CQLConfig(BaseModel):
+    """CQL's hyperparameters."""
 
-@dataclass(frozen=True)
-class CQLConfig:
-    mode: str = "multistep"  # "bandit" (one decision) or "multistep" (episodes, bootstrapped)
-    alpha: float = 0.03  # weight of the conservative term (on normalised Q); chosen by OPE on eval
-    hidden: tuple[int, ...] = (64, 64)
-    lr: float = 1e-3
-    weight_decay: float = 1e-4  # AdamW, decoupled
-    steps: int = 2000  # gradient steps at least (~85 epochs of 6k rows; more overfits the noisy rewards) ...
-    min_passes: float = 1.0  # ... and at least this many passes over the training rows: large logs get
-    # ceil(min_passes * rows / batch_size) steps (2M episodes: ~9k), so they are not trained on a fraction of
-    # themselves; at the default 20k episodes one pass is ~100 steps and `steps` binds (docs/benchmarks.md, Scale)
-    batch_size: int = 256
-    gamma: float = 1.0  # 1.0: the value is the undiscounted return of an episode (<= 4 attempts)
-    n_critics: int = 2
-    target_tau: float = 0.01  # Polyak averaging of the target critics per step ...
-    target_every: int = 0  # ... or, when > 0, a hard copy every this many steps
-    target_reduce: str = "min"  # over the target critics: "min" (pessimistic) or "mean"
-    huber_delta: float = 3.0  # normalised units; rewards are bimodal (fail ~0, pass ~1), a small delta
-    # fits nearer the median than the mean and biases Q; 3 std clips only the rare extreme TD errors
-    normalize_rewards: bool = True
-    seed: int = 0
-    torch_threads: int = 1  # intra-op threads while training (1 is fastest for small MLPs); 0: leave it
-    log_every_s: float = 5.0
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
-    def __post_init__(self) -> None:
-        problems = []
-        if self.mode not in MODES:
-            problems.append(f"mode must be one of {MODES}, got {self.mode!r}")
-        if not (math.isfinite(self.alpha) and self.alpha >= 0):
-            problems.append(f"alpha must be a finite number >= 0, got {self.alpha}")
-        if not self.hidden or any(int(h) < 1 for h in self.hidden):
-            problems.append(f"hidden must list at least one layer size >= 1, got {self.hidden}")
-        if not self.lr > 0:
-            problems.append(f"lr must be > 0, got {self.lr}")
-        if self.weight_decay < 0:
-            problems.append(f"weight_decay must be >= 0, got {self.weight_decay}")
-        if self.steps < 1 or self.batch_size < 1:
-            problems.append(f"steps and batch_size must be >= 1, got {self.steps} and {self.batch_size}")
-        if not (math.isfinite(self.min_passes) and self.min_passes >= 0):
-            problems.append(f"min_passes must be a finite number >= 0 (0: exactly `steps`), got {self.min_passes}")
-        if not 0.0 <= self.gamma <= 1.0:
-            problems.append(f"gamma must be in [0, 1], got {self.gamma}")
-        if self.n_critics < 1:
-            problems.append(f"n_critics must be >= 1, got {self.n_critics}")
-        if not 0.0 < self.target_tau <= 1.0:
-            problems.append(f"target_tau must be in (0, 1], got {self.target_tau}")
-        if self.target_every < 0:
-            problems.append(f"target_every must be >= 0 (0: Polyak with target_tau), got {self.target_every}")
-        if self.target_reduce not in TARGET_REDUCTIONS:
-            problems.append(f"target_reduce must be one of {TARGET_REDUCTIONS}, got {self.target_reduce!r}")
-        if self.torch_threads < 0:
-            problems.append(f"torch_threads must be >= 0, got {self.torch_threads}")
-        if not self.huber_delta > 0:
-            problems.append(f"huber_delta must be > 0, got {self.huber_delta}")
-        if problems:
-            raise ValueError("invalid CQLConfig: " + "; ".join(problems))
+    mode: Literal["bandit", "multistep"] = Field("multistep", description="'multistep' (episodes, double-DQN "
+                                                 "target) or 'bandit' (one decision, no bootstrap)")
+    alpha: float = Field(0.03, ge=0.0, allow_inf_nan=False, description="weight of the conservative term (on "
+                         "normalised Q), a finite number >= 0; chosen by OPE on eval")
+    hidden: list[Annotated[int, Field(ge=1)]] = Field([64, 64], min_length=1, description="hidden layer widths of "
+                                                      "each critic (one or more, each >= 1)")
+    lr: float = Field(1e-3, gt=0.0, description="AdamW learning rate")
+    weight_decay: float = Field(1e-4, ge=0.0, description="AdamW decoupled weight decay")
+    # ~85 epochs of 6k rows; more overfits the noisy rewards
+    steps: int = Field(2000, ge=1, description="gradient steps, at least (see min_passes)")
+    # large logs get ceil(min_passes * rows / batch_size) steps (2M episodes: ~9k), so they are not trained on a
+    # fraction of themselves; at the default 20k episodes one pass is ~100 steps and `steps` binds
+    # (docs/benchmarks.md, Scale)
+    min_passes: float = Field(1.0, ge=0.0, allow_inf_nan=False, description="and at least this many passes over "
+                              "the training rows (ceil(min_passes * rows / batch_size) steps; binds on large logs "
+                              "only: about 9,000 steps at 2M episodes); 0 trains exactly `steps`")
+    batch_size: int = Field(256, ge=1, description="rows per gradient step")
+    gamma: float = Field(1.0, ge=0.0, le=1.0, description="discount in [0, 1]; 1.0: the value is the undiscounted "
+                         "return of an episode (<= 4 attempts)")
+    n_critics: int = Field(2, ge=1, description="critics trained as one ensemble; the policy is greedy in their "
+                           "mean")
+    target_tau: float = Field(0.01, gt=0.0, le=1.0, description="Polyak averaging of the target critics per step, "
+                              "in (0, 1] ...")
+    target_every: int = Field(0, ge=0, description="... or, when > 0, a hard copy every this many steps (0: Polyak "
+                              "with target_tau)")
+    target_reduce: Literal["min", "mean"] = Field("min", description="over the target critics: 'min' (pessimistic) "
+                                                  "or 'mean'")
+    # rewards are bimodal (fail ~0, pass ~1): a small delta fits nearer the median than the mean and biases Q;
+    # 3 std clips only the rare extreme TD errors
+    huber_delta: float = Field(3.0, gt=0.0, description="Huber loss threshold, in normalised units (> 0)")
+    normalize_rewards: bool = Field(True, description="train on normalised rewards (folded back into the exported "
+                                    "critics)")
+    seed: int = Field(0, description="seed of the weights and the minibatches")
+    torch_threads: int = Field(1, ge=0, description="torch intra-op threads while training (1 is fastest for small "
+                               "MLPs); 0 leaves torch's default")
+    log_every_s: float = Field(5.0, description="progress at most this often")
 
     def to_dict(self) -> dict:
-        return asdict(self) | {"hidden": list(self.hidden)}
+        return self.model_dump()
 
     def n_steps(self, rows: int) -> int:
         """Gradient steps on ``rows`` training rows: ``steps``, or ``min_passes`` passes if that is more."""
@@ -226,7 +210,7 @@ def train_cql_grid(data_train: LoggedDecisions, spec: FeatureSpec, config: CQLCo
     alphas = [config.alpha] if alphas is None else [float(a) for a in alphas]
     if not alphas:
         raise ValueError("train_cql_grid needs at least one alpha")
-    configs = [replace(config, alpha=a) for a in alphas]  # validates every alpha
+    configs = [CQLConfig.model_validate(config.model_dump() | {"alpha": a}) for a in alphas]  # validates each
     _check_data(data_train, spec)
     threads = torch.get_num_threads()
     if config.torch_threads:

@@ -41,12 +41,14 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Literal
 
 import msgspec
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 
 from sage_pipeline import artifacts
 from sage_pipeline.routing.policy import EpsilonGreedyPolicy, StaticTablePolicy, UniformPolicy, sample_actions
@@ -56,7 +58,6 @@ from sage_pipeline.routing.schema import ROLES, TRAJECTORY_STEP
 log = logging.getLogger(__name__)
 
 MANIFEST = "simulator.json"
-ACTION_SPACES = ("multi_model", "sage_binary")
 LAYOUT = "sage_journal"  # YYYY-MM-DD.log files, SAGE's event shapes
 COMPLETION_TOKENS_PER_CALL = 600  # TOKEN_USAGE's completion tokens (the simulator models prompts only)
 VERSIONS_SUFFIX = ".versions"  # default versions folder: .<out_dir name>.versions beside out_dir
@@ -67,28 +68,27 @@ LOCK_NAME = ".lock"  # the versions folder's lock: creating, switching and sweep
 OWNED_PATTERNS = ("*.log", "synthetic_*.jsonl", MANIFEST, ".*.tmp")  # what a legacy folder may hold
 
 
-@dataclass(frozen=True)
-class CollectorConfig:
+class CollectorConfig(BaseModel):
+    """What the synthetic collector logs: how many episodes, how the behaviour policy explores,
+    and how they fall into sessions and days."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
     # 20,000 episodes (5,000 sessions): the eval split's two halves then hold ~2,000 tasks each,
     # which OPE needs to rank CQL's alphas and to estimate a greedy policy within a few percent;
     # at 5,000 it could do neither reliably (docs/benchmarks.md, "Offline chain quality")
-    episodes: int = 20_000
-    seed: int = 0
-    epsilon: float = 0.3
-    sessions_per_day: int = 250  # one YYYY-MM-DD.log journal per simulated day
-    mean_tasks_per_session: float = 4.0
-    start_time: str = "2026-11-01T00:00:00+00:00"
-    action_space: str = "multi_model"  # what the behaviour policy explores (ACTION_SPACES)
-
-    def __post_init__(self) -> None:
-        if self.episodes < 1:
-            raise ValueError(f"episodes must be >= 1, got {self.episodes}")
-        if not 0.0 < self.epsilon <= 1.0:
-            raise ValueError(f"epsilon must be in (0, 1] so every candidate has support, got {self.epsilon}")
-        if self.sessions_per_day < 1:
-            raise ValueError(f"sessions_per_day must be >= 1, got {self.sessions_per_day}")
-        if self.action_space not in ACTION_SPACES:
-            raise ValueError(f"action_space must be one of {', '.join(ACTION_SPACES)}, got {self.action_space!r}")
+    episodes: int = Field(20_000, ge=1, description="episodes (tasks) to simulate; the default gives OPE enough eval "
+                          "sessions to rank and estimate policies (docs/benchmarks.md)")
+    seed: int = Field(0, description="random seed of the simulated tasks, outcomes and exploration")
+    epsilon: float = Field(0.3, gt=0.0, le=1.0, description="exploration rate over each role's candidate models, "
+                           "in (0, 1] so every candidate has support")
+    sessions_per_day: int = Field(250, ge=1, description="sessions per day, i.e. per YYYY-MM-DD.log journal file")
+    mean_tasks_per_session: float = Field(4.0, description="mean tasks per session (1 + Poisson)")
+    start_time: str = Field("2026-11-01T00:00:00+00:00", description="ISO time of the first session")
+    action_space: Literal["multi_model", "sage_binary"] = Field(
+        "multi_model", description="what the behaviour policy explores: 'multi_model' (every candidate model of "
+                                   "the role) or 'sage_binary' (only the table's primary and fallback, what SAGE's "
+                                   "router can execute)")
 
 
 @dataclass(frozen=True)
@@ -224,7 +224,7 @@ def _write_set(sim: RoutingSimulator, out_dir: Path, config: CollectorConfig,
     progress(f"wrote {n_events} events to {len(files)} journals in {out_dir}")
     gt, by_role = _ground_truth(sim, ep, config)
     manifest = artifacts.write_json(out_dir / MANIFEST, {
-        "collector": asdict(config), "layout": LAYOUT,
+        "collector": config.model_dump(), "layout": LAYOUT,
         "simulator": sim.config.to_dict(),
         "model_catalogue": {"path": sim.catalogue.source, "sha256": _sha(sim.catalogue.source)},
         "routing_table": {"path": sim.table.source, "sha256": _sha(sim.table.source)},

@@ -66,12 +66,12 @@ import os
 import time
 import zlib
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from operator import attrgetter
 from pathlib import Path
-from typing import Union
+from typing import Any, Union
 
 import msgspec
 import numpy as np
@@ -79,6 +79,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sage_pipeline import artifacts
 from sage_pipeline.routing.schema import (
@@ -280,18 +281,34 @@ _SYN, _EXTRA = attrgetter("synthetic"), attrgetter("extra")
 
 
 # ---------------------------------------------------------------- config/result
-@dataclass(frozen=True)
-class IngestConfig:
-    log_dirs: tuple[Path, ...]
-    max_line_bytes: int = 1 << 20
-    read_chunk_bytes: int = 1 << 21
-    setting: str = "log_dirs"  # the setting that names the folders, for error messages
+class IngestConfig(BaseModel):
+    """Which folders the ingest reads and how. ``log_dirs`` may be given positionally:
+    ``IngestConfig([folder])``."""
 
-    def __post_init__(self) -> None:
-        if self.max_line_bytes < 1024:
-            raise ValueError(f"max_line_bytes must be >= 1024, got {self.max_line_bytes}")
-        if self.read_chunk_bytes < 1:  # 0 would read nothing, a negative size whole files
-            raise ValueError(f"read_chunk_bytes must be >= 1, got {self.read_chunk_bytes}")
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    log_dirs: list[str] = Field(["sessions"], min_length=1, description="folders searched recursively for SAGE "
+                                "journals: *.log, *.jsonl and their .gz forms (SAGE's own folder is "
+                                "<SAGE>/memory/sessions); relative ones are relative to the artifact root (see "
+                                "under()), absolute ones stay")
+    max_line_bytes: int = Field(1 << 20, ge=1024, description="longer lines are quarantined, never held whole "
+                                "(>= 1024)")
+    read_chunk_bytes: int = Field(1 << 21, ge=1, description="bytes read from a journal at a time (>= 1: 0 would "
+                                  "read nothing)")
+
+    def __init__(self, log_dirs: Sequence[str | os.PathLike[str]] | None = None, /, **data: Any) -> None:
+        if log_dirs is not None:
+            data["log_dirs"] = log_dirs
+        super().__init__(**data)
+
+    @field_validator("log_dirs", mode="before")
+    @classmethod
+    def _paths_as_text(cls, v: Any) -> Any:
+        return [os.fspath(d) for d in v] if isinstance(v, list | tuple) else v
+
+    def under(self, root: str | os.PathLike[str]) -> IngestConfig:
+        """This config with relative ``log_dirs`` resolved against ``root`` (absolute ones kept)."""
+        return self.model_copy(update={"log_dirs": [str(Path(root) / d) for d in self.log_dirs]})
 
 
 @dataclass
@@ -398,15 +415,16 @@ class NoTrajectorySteps(ValueError):
 
 
 # ---------------------------------------------------------------- reading
-def find_logs(config: IngestConfig) -> list[Path]:
+def find_logs(config: IngestConfig, setting: str = "log_dirs") -> list[Path]:
     """Every journal file under the configured folders, sorted; a missing folder is an error."""
-    return discover_logs(config)[0]
+    return discover_logs(config, setting)[0]
 
 
-def discover_logs(config: IngestConfig) -> tuple[list[Path], list[dict]]:
+def discover_logs(config: IngestConfig, setting: str = "log_dirs") -> tuple[list[Path], list[dict]]:
     """Every journal file under the configured folders (sorted), following symlinked folders
     (each real folder once, so a link loop ends), and every path that could not be listed
-    (``{"path", "reason"}``): never a silent skip. A missing top folder is an error."""
+    (``{"path", "reason"}``): never a silent skip. A missing top folder is an error that names
+    ``setting``, the setting that lists the folders (the asset's: ``trajectories config log_dirs``)."""
     files: set[Path] = set()
     skipped: list[dict] = []
     seen: set[tuple[int, int]] = set()
@@ -414,8 +432,8 @@ def discover_logs(config: IngestConfig) -> tuple[list[Path], list[dict]]:
         d = Path(d)
         if not d.is_dir():
             raise LogFolderMissing(
-                f"log folder {d} does not exist (it is listed in the '{config.setting}' setting). "
-                f"Create it, point '{config.setting}' at the folder that holds SAGE's session journals "
+                f"log folder {d} does not exist (it is listed in the '{setting}' setting). "
+                f"Create it, point '{setting}' at the folder that holds SAGE's session journals "
                 f"(SAGE writes them to memory/sessions/<YYYY-MM-DD>.log), "
                 f"or materialize synthetic_sessions first.")
 
@@ -1049,11 +1067,12 @@ class _ParquetOut:
 
 
 def ingest(config: IngestConfig, out_dir: str | Path, progress: Callable[[str], None] = log.info,
-           progress_every_s: float = 5.0) -> IngestResult:
+           progress_every_s: float = 5.0, setting: str = "log_dirs") -> IngestResult:
     """Ingest every journal under ``config.log_dirs`` into ``out_dir``: ``trajectories.parquet``,
-    ``routing_decisions.parquet``, ``token_usage.parquet`` and ``quarantine.jsonl``."""
+    ``routing_decisions.parquet``, ``token_usage.parquet`` and ``quarantine.jsonl``. ``setting``
+    names the folders' setting in errors."""
     out_dir = Path(out_dir)
-    files, skipped = discover_logs(config)
+    files, skipped = discover_logs(config, setting)
     stats = IngestStats(files=[str(f) for f in files], skipped_paths=skipped)
     for sk in skipped:
         progress(f"WARNING: skipped {sk['path']}: {sk['reason']}")

@@ -10,29 +10,46 @@ Every dataset row records the version that produced its reward.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Literal, get_args
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 
 from sage_pipeline.routing.schema import REWARD_MAX, REWARD_MIN
 
-REWARD_VERSIONS = ("reward_v1", "reward_v2")
+RewardVersion = Literal["reward_v1", "reward_v2"]
+REWARD_VERSIONS = get_args(RewardVersion)
+
+# Declared once, used by RewardSpec and by DatasetRewardSpec (the part a dataset chooses)
+_VERSION = Field("reward_v1", description="reward_v1: SAGE's reward as logged; reward_v2: reward_v1 minus "
+                                          "cost_weight per USD of the call's cost, clamped again")
+_COST_WEIGHT = Field(5.0, ge=0.0, description="reward_v2: reward units subtracted per USD of cost (>= 0)")
 
 
-@dataclass(frozen=True)
-class RewardSpec:
-    version: str = "reward_v1"
-    verified_bonus: float = 0.25
-    failed_verification_penalty: float = 0.15
-    timeout_penalty: float = 0.5
-    retry_penalty: float = 0.1  # per earlier attempt of the same task
-    cost_weight: float = 5.0  # reward_v2: reward units per USD
+class RewardSpec(BaseModel):
+    """A reward function: its version and reward_v1's components (what SAGE computes and the
+    routing simulator reproduces). Its JSON form (``model_dump``) is what datasets record."""
 
-    def __post_init__(self) -> None:
-        if self.version not in REWARD_VERSIONS:
-            raise ValueError(f"unknown reward_version {self.version!r}; choose one of {', '.join(REWARD_VERSIONS)}")
-        if self.cost_weight < 0:
-            raise ValueError(f"cost_weight must be >= 0, got {self.cost_weight}")
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    version: RewardVersion = _VERSION
+    verified_bonus: float = Field(0.25, description="reward_v1: added when verification passed")
+    failed_verification_penalty: float = Field(0.15, description="reward_v1: subtracted when verification failed")
+    timeout_penalty: float = Field(0.5, description="reward_v1: subtracted when the attempt timed out (instead of "
+                                   "the verification bonus or penalty)")
+    retry_penalty: float = Field(0.1, description="reward_v1: subtracted per earlier attempt of the same task")
+    cost_weight: float = _COST_WEIGHT
+
+
+class DatasetRewardSpec(BaseModel):
+    """The part of :class:`RewardSpec` a dataset chooses: the version and reward_v2's cost weight.
+    reward_v1's components are SAGE's, already in the logged reward; a dataset never sets them
+    (``RewardSpec(**choice.model_dump())`` is the whole spec)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    version: RewardVersion = _VERSION
+    cost_weight: float = _COST_WEIGHT
 
 
 def sage_step_reward(reviewer_score: np.ndarray, verification_passed: np.ndarray, timed_out: np.ndarray,

@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pydantic import BaseModel, ConfigDict, Field
 
 from sage_pipeline import artifacts
 from sage_pipeline.routing.action_space import ActionSpace
@@ -37,15 +38,21 @@ PARQUET_NAME = f"routing_v{SCHEMA_VERSION}.parquet"
 JSONL_NAME = f"routing_v{SCHEMA_VERSION}.jsonl"
 
 
-@dataclass(frozen=True)
-class DatasetConfig:
-    reward: RewardSpec = RewardSpec()
-    eval_fraction: float = 0.2
-    split_salt: str = "sage-routing"
+class DatasetConfig(BaseModel):
+    """How the routing dataset is built from the ingested journals."""
 
-    def __post_init__(self) -> None:
-        if not 0.0 < self.eval_fraction < 1.0:
-            raise ValueError(f"eval_fraction must be in (0, 1), got {self.eval_fraction}")
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    reward: RewardSpec = Field(default_factory=RewardSpec, description="the reward every row carries (recorded in "
+                               "the Parquet file's metadata)")
+    eval_fraction: float = Field(0.2, gt=0.0, lt=1.0, description="share of sessions in the eval split (by session "
+                                 "hash), in (0, 1)")
+    split_salt: str = Field("sage-routing", description="salt of the session hash that assigns the split")
+
+
+# The default read as a class attribute, as it could be when DatasetConfig was a dataclass
+# (rl/policy_iteration.py does); pydantic keeps defaults in model_fields only.
+DatasetConfig.eval_fraction = DatasetConfig.model_fields["eval_fraction"].default
 
 
 def session_split(session_ids: pd.Series, eval_fraction: float, salt: str) -> np.ndarray:
@@ -355,7 +362,7 @@ def write_routing_dataset_tables(tables, schema: pa.Schema, out_dir: str | Path,
                         (reward.version if reward is not None else "")
                     meta = {**(schema.metadata or {}), b"sage.schema_version": str(SCHEMA_VERSION).encode(),
                             b"sage.reward_version": str(version).encode(),
-                            **({b"sage.reward_spec": json.dumps(asdict(reward)).encode()}
+                            **({b"sage.reward_spec": json.dumps(reward.model_dump()).encode()}
                                if reward is not None else {})}
                     schema = schema.with_metadata(meta)
                     writer = pq.ParquetWriter(tmp, schema, compression="zstd")

@@ -16,9 +16,10 @@ over the failure counts, and the optimal policy ``oracle_policy()``.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 
 from sage_pipeline.routing.catalogue import ModelCatalogue, known_tokens
 from sage_pipeline.routing.features import Contexts
@@ -43,23 +44,30 @@ ROLE_MIX = {
 SCORE_LEVELS = 10  # reviewer scores are k/10
 
 
-@dataclass(frozen=True)
-class SimulatorConfig:
-    max_attempts: int = 4
-    sharpness: float = 8.0  # slope of the success logit in (capability - complexity)
-    bias: float = 0.0  # success logit when capability == complexity
-    retry_gain: float = 0.3  # logit gained per earlier failure (error feedback)
-    context_penalty: float = 1.5  # logit lost per doubling of the prompt past context_tokens
-    prompt_growth_tokens: int = 800  # tokens of error feedback added per failure
-    tokens_sigma: float = 0.6  # log-normal spread of prompt sizes
-    reward: RewardSpec = RewardSpec()
+class OutcomeSpec(BaseModel):
+    """How attempts turn out: the success and timeout model and how prompts grow (the routing
+    simulator's world, without its reward)."""
 
-    def __post_init__(self) -> None:
-        if not 1 <= self.max_attempts <= 10:
-            raise ValueError(f"max_attempts must be in [1, 10], got {self.max_attempts}")
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_attempts: int = Field(4, ge=1, le=10, description="attempts per task before the episode ends, in [1, 10]")
+    sharpness: float = Field(8.0, description="slope of the success logit in (capability - complexity)")
+    bias: float = Field(0.0, description="success logit when capability == complexity")
+    retry_gain: float = Field(0.3, description="logit gained per earlier failure (error feedback)")
+    context_penalty: float = Field(1.5, description="logit lost per doubling of the prompt past the model's "
+                                   "comfortable context")
+    prompt_growth_tokens: int = Field(800, description="tokens of error feedback added to the prompt per failure")
+    tokens_sigma: float = Field(0.6, description="log-normal spread of prompt sizes")
+
+
+class SimulatorConfig(OutcomeSpec):
+    """The routing simulator: its outcome model and the reward it logs (the collector's
+    manifest records it as ``to_dict()``)."""
+
+    reward: RewardSpec = Field(default_factory=RewardSpec, description="the reward of each attempt")
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return self.model_dump()
 
 
 @dataclass(frozen=True)

@@ -53,12 +53,14 @@ import hashlib
 import json
 import logging
 import math
+import os
 import re
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Annotated, Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -67,6 +69,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from sage_pipeline.routing.errors import ConfigError
 
@@ -77,7 +80,6 @@ DEFAULT_TABLE = DATA_DIR / "routellm_mmlu"
 DEFAULT_PRICES = DATA_DIR / "benchmark_prices.yaml"
 AUTO_EXCLUDE = "contaminated_prompts.jsonl"  # looked for next to the table when exclude_prompts="auto"
 
-LAYOUTS = ("auto", "routellm", "routerbench", "long")
 DATA_SUFFIXES = (".csv", ".csv.gz", ".parquet", ".jsonl", ".jsonl.gz")
 # where a cell's cost came from (BenchmarkTable.cost_source holds the index)
 COST_SOURCES = ("table", "price_table_tokens", "price_table_default_output", "default_cost_per_call")
@@ -180,31 +182,52 @@ class PriceTable:
 
 
 # ----------------------------------------------------------------------------- config and results
-@dataclass(frozen=True)
-class ImportConfig:
-    path: str | Path = DEFAULT_TABLE  # a file or a folder of them
-    layout: str = "auto"
-    models: tuple[str, ...] = ()  # the table's models; empty: those of the first file
-    exclude_prompts: str | Path | None = "auto"  # "auto": contaminated_prompts.jsonl next to the table
-    price_table: str | Path | None = DEFAULT_PRICES
-    default_cost_per_call: float | None = None  # USD, for models with neither a cost column nor a price
-    strict: bool = False  # raise at the first problem instead of dropping and reporting
-    max_listed: int = 200  # dropped rows listed one by one in the report (all are counted)
-    # the quality's declared scale: "auto" (the layout's: QUALITY_SCALES), "binary" (0 or 1),
-    # "unit" ([0, 1]) or "LO..HI" (e.g. "1..10" for MT-Bench judge scores); outside it: refused
-    quality_scale: str = "auto"
-    # precomputed prompt embeddings: a column holding a list of numbers per prompt, or a prefix ending
-    # in "*" naming one column per dimension ("emb_*"); "": none. Never taken for models.
-    embedding: str = ""
+def _fspath(v: Any) -> Any:
+    return os.fspath(v) if isinstance(v, os.PathLike) else v
 
-    def __post_init__(self) -> None:
-        if self.layout not in LAYOUTS:
-            raise BenchmarkImportError(self.path, f"layout must be one of {LAYOUTS}, got {self.layout!r}")
-        parse_quality_scale(self.quality_scale, self.path)
-        if self.default_cost_per_call is not None and not (
-                math.isfinite(self.default_cost_per_call) and self.default_cost_per_call >= 0):
-            raise BenchmarkImportError(self.path, f"default_cost_per_call must be a finite number >= 0, "
-                                                  f"got {self.default_cost_per_call}")
+
+PathText = Annotated[str, BeforeValidator(_fspath)]  # a path, given as text or as a Path
+
+
+class ImportConfig(BaseModel):
+    """Which table to import and how to read it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    path: PathText = Field(str(DEFAULT_TABLE), min_length=1, description="the table: a file or a folder of *.csv, "
+                           "*.csv.gz, *.parquet, *.jsonl(.gz) files (default: the packaged RouteLLM MMLU outcomes)")
+    layout: Literal["auto", "routellm", "routerbench", "long"] = Field(
+        "auto", description="auto (told apart by the columns), routellm, routerbench (wide) or long")
+    models: list[str] = Field([], description="the table's models; empty: those of the first file")
+    exclude_prompts: PathText | None = Field(
+        "auto", description="JSON lines of prompts to exclude (RouteLLM's contaminated_prompts.jsonl; relative to "
+                            "the table's folder); 'auto': that file beside the table if present; null or '': none")
+    price_table: PathText | None = Field(str(DEFAULT_PRICES), min_length=1, description="YAML price table for "
+                                         "costs the table lacks (default: the packaged one); null: none")
+    default_cost_per_call: float | None = Field(None, ge=0.0, allow_inf_nan=False, description="USD per call for a "
+                                                "model with neither a cost column nor a price (a finite number >= "
+                                                "0); null: such a model is an error")
+    strict: bool = Field(False, description="raise at the first bad row or file instead of dropping and reporting it")
+    max_listed: int = Field(200, ge=0, description="dropped rows listed one by one in the report (all are counted)")
+    quality_scale: str = Field("auto", description="the quality's declared scale: auto (RouteLLM: binary; "
+                               "RouterBench and long: [0, 1]), binary (0 or 1), unit ([0, 1]) or LO..HI (e.g. 1..10 "
+                               "for MT-Bench judge scores); a quality outside it stops the import naming file, row "
+                               "and column")
+    embedding: str = Field("", description="precomputed prompt embeddings: a column holding a list of numbers per "
+                           "prompt, or a prefix ending in '*' (emb_*) naming one column per dimension; '': none. "
+                           "Never taken for models")
+
+    @field_validator("quality_scale")
+    @classmethod
+    def _known_scale(cls, v: str) -> str:
+        parse_quality_scale(v)
+        return v
+
+    def under(self, root: str | os.PathLike[str]) -> ImportConfig:
+        """This config with a relative ``path`` and ``price_table`` resolved against ``root``
+        (``exclude_prompts`` is relative to the table's folder)."""
+        return self.model_copy(update={"path": str(Path(root) / self.path)} | (
+            {"price_table": str(Path(root) / self.price_table)} if self.price_table is not None else {}))
 
 
 def parse_quality_scale(scale: str, where: object = "quality_scale") -> tuple[float, float, bool] | None:

@@ -22,11 +22,13 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+from typing import Annotated, Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field
 
 from sage_pipeline.rl import bc as rl_bc, nets, ope
 from sage_pipeline.rl.checkpoint import masked_softmax, mlp_forward
@@ -34,20 +36,18 @@ from sage_pipeline.routing.policy import sample_actions
 
 logger = logging.getLogger(__name__)
 
-BEHAVIOURS = ("static", "uniform", "epsilon")
 
+class BehaviourSpec(BaseModel):
+    """A behaviour policy that logs one model per prompt."""
 
-@dataclass(frozen=True)
-class BehaviourSpec:
-    kind: str = "uniform"
-    model: str | None = None  # the static model (static, epsilon); None: the dearest model on average
-    epsilon: float = 0.3
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
-    def __post_init__(self) -> None:
-        if self.kind not in BEHAVIOURS:
-            raise ValueError(f"behaviour must be one of {BEHAVIOURS}, got {self.kind!r}")
-        if not 0.0 <= self.epsilon <= 1.0:
-            raise ValueError(f"epsilon must be in [0, 1], got {self.epsilon}")
+    kind: Literal["static", "uniform", "epsilon"] = Field(
+        "uniform", description="static: always one model (propensity 1); uniform: 1/K each; epsilon: the static "
+                               "model with probability 1 - epsilon, else a uniform one")
+    model: str | None = Field(None, description="the static and epsilon behaviours' model; null: the dearest model "
+                              "on average")
+    epsilon: float = Field(0.3, ge=0.0, le=1.0, description="exploration of the epsilon behaviour, in [0, 1]")
 
     def resolve_model(self, models: tuple[str, ...], mean_cost: np.ndarray) -> int:
         if self.model is None:
@@ -109,16 +109,21 @@ def true_value(pi: np.ndarray, quality: np.ndarray, cost: np.ndarray, w: float) 
 
 
 # ----------------------------------------------------------------------------- OPE
-@dataclass(frozen=True)
-class BanditOPEConfig:
-    n_boot: int = 200
-    alpha: float = 0.05  # 1 - interval level
-    n_folds: int = 5  # cross-fitting folds of the reward model (by prompt)
-    ridge: float = 1.0
-    basis_dim: int = 32  # principal components of the prompt features the reward model uses
-    switch_lambda: float = 10.0
-    max_unsupported_mass: float = 1e-3
-    seed: int = 0
+class BanditOPEConfig(BaseModel):
+    """The bandit estimators' settings (rl.ope's, on one-step logs)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    n_boot: int = Field(200, ge=1, description="bootstrap resamples per interval")
+    alpha: float = Field(0.05, gt=0.0, lt=1.0, description="1 - the intervals' level")
+    n_folds: int = Field(5, ge=1, description="cross-fitting folds of the reward model (by prompt; at least 2 are "
+                         "used)")
+    ridge: float = Field(1.0, ge=0.0, description="L2 of the reward model")
+    basis_dim: int = Field(32, ge=1, description="principal components of the prompt features the reward model uses")
+    switch_lambda: float = Field(10.0, ge=0.0, description="Switch-DR's importance-weight threshold")
+    max_unsupported_mass: float = Field(1e-3, ge=0.0, description="a policy putting more probability than this on "
+                                        "actions the behaviour never takes has no support")
+    seed: int = Field(0, description="seed of the folds and the bootstrap")
 
 
 def reward_basis(x: np.ndarray, prompt_chars: np.ndarray, dim: int = 32) -> np.ndarray:
@@ -173,16 +178,22 @@ def evaluate(log: BanditLog, pi: np.ndarray, q_hat: Callable[[], np.ndarray], w:
 
 
 # ----------------------------------------------------------------------------- propensities by BC
-@dataclass(frozen=True)
-class PropensityBCConfig:
-    hidden: tuple[int, ...] = ()  # a linear softmax: the simulated behaviours do not depend on the prompt
-    lr: float = 3e-3
-    weight_decay: float = 1e-4
-    steps: int = 300
-    batch_size: int = 256
-    holdout_fraction: float = 0.2  # of the logged prompts: temperature scaling and calibration
-    seed: int = 0
-    floor: float = rl_bc.PROPENSITY_FLOOR
+class PropensityBCConfig(BaseModel):
+    """Behaviour cloning of the logged actions, for logs without propensities."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    hidden: list[Annotated[int, Field(ge=1)]] = Field([], description="hidden layer widths; empty: a linear softmax "
+                                                      "(the simulated behaviours do not depend on the prompt)")
+    lr: float = Field(3e-3, gt=0.0, description="AdamW learning rate")
+    weight_decay: float = Field(1e-4, ge=0.0, description="AdamW decoupled weight decay")
+    steps: int = Field(300, ge=1, description="gradient steps")
+    batch_size: int = Field(256, ge=1, description="rows per step")
+    holdout_fraction: float = Field(0.2, gt=0.0, lt=1.0, description="share of the logged prompts held out for "
+                                    "temperature scaling and calibration")
+    seed: int = Field(0, description="seed of the holdout, the weights and the minibatches")
+    floor: float = Field(rl_bc.PROPENSITY_FLOOR, gt=0.0, le=1.0, description="estimated propensities below this "
+                         "are raised to it")
 
 
 def fit_propensities(x_train: np.ndarray, action_train: np.ndarray, n_actions: int,
@@ -223,7 +234,7 @@ def fit_propensities(x_train: np.ndarray, action_train: np.ndarray, n_actions: i
     after = rl_bc.calibration_metrics(masked_softmax(logits[hold], mask[hold], T), mask[hold],
                                       action_train[hold])
     metrics = {"temperature": T, "holdout_rows": int(hold.sum()), "holdout_nll_before": before["nll"],
-               "holdout_nll_after": after["nll"], "holdout_ece_after": after["ece"], "config": asdict(cfg)}
+               "holdout_nll_after": after["nll"], "holdout_ece_after": after["ece"], "config": cfg.model_dump()}
     log(f"propensity BC: T={T:.3f}, held-out nll {before['nll']:.4f} -> {after['nll']:.4f}")
 
     def predict(x: np.ndarray) -> np.ndarray:

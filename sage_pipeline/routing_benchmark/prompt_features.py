@@ -16,11 +16,11 @@ Add a featurizer by implementing :class:`PromptFeaturizer` and registering it in
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 
 from sage_pipeline import artifacts
 
@@ -51,20 +51,18 @@ def _log_length(texts: np.ndarray) -> np.ndarray:
     return np.log1p(np.fromiter((len(t) for t in texts), dtype=np.float64, count=len(texts)))
 
 
-@dataclass(frozen=True)
-class TfidfSvdConfig:
-    n_components: int = 128  # SVD dimensions
-    max_features: int = 50_000  # TF-IDF vocabulary size at most
-    min_df: int = 2  # a term must occur in this many train prompts
-    ngram_max: int = 1  # 1: words; 2: words and word pairs
-    sublinear_tf: bool = True  # 1 + log(tf)
-    add_length: bool = True  # append log(1 + characters)
-    seed: int = 0
+class TfidfSvdConfig(BaseModel):
+    """The tfidf_svd featurizer's settings (saved in its features.json)."""
 
-    def __post_init__(self) -> None:
-        if self.n_components < 1 or self.max_features < 1 or self.min_df < 1 or self.ngram_max < 1:
-            raise ValueError(f"TfidfSvdConfig: n_components, max_features, min_df and ngram_max must be >= 1, "
-                             f"got {self.n_components}, {self.max_features}, {self.min_df}, {self.ngram_max}")
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    n_components: int = Field(128, ge=1, description="SVD dimensions")
+    max_features: int = Field(50_000, ge=1, description="TF-IDF vocabulary size at most")
+    min_df: int = Field(2, ge=1, description="a term must occur in this many train prompts")
+    ngram_max: int = Field(1, ge=1, description="1: words; 2: words and word pairs")
+    sublinear_tf: bool = Field(True, description="1 + log(tf) instead of tf")
+    add_length: bool = Field(True, description="append log(1 + characters)")
+    seed: int = Field(0, description="seed of the truncated SVD")
 
 
 class TfidfSvdFeaturizer:
@@ -138,7 +136,7 @@ class TfidfSvdFeaturizer:
         return np.hstack(cols).astype(np.float32)
 
     def state(self) -> tuple[dict, dict[str, np.ndarray]]:
-        meta = {"name": self.name, "config": asdict(self.config), "vocabulary": self.vocabulary}
+        meta = {"name": self.name, "config": self.config.model_dump(), "vocabulary": self.vocabulary}
         return meta, {"idf": self.idf, "components": self.components, "mean": self.mean, "scale": self.scale}
 
     @classmethod

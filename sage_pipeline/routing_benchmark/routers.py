@@ -45,8 +45,10 @@ import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 
 from sage_pipeline import artifacts
 from sage_pipeline.rl.checkpoint import Layers, mlp_forward
@@ -130,11 +132,15 @@ def oracle_curve(quality: np.ndarray, cost: np.ndarray, max_points: int = 2001) 
 
 
 # ----------------------------------------------------------------------------- regression router
-@dataclass(frozen=True)
-class RegressionConfig:
-    C: float = 1.0  # inverse L2 strength of the logistic quality models (features are standardised)
-    ridge: float = 1.0  # L2 of the ridge models (non-binary quality, log cost)
-    max_iter: int = 3000
+class RegressionConfig(BaseModel):
+    """The regression router's quality and cost models."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    C: float = Field(1.0, gt=0.0, description="inverse L2 strength of the logistic quality models (features are "
+                     "standardised)")
+    ridge: float = Field(1.0, ge=0.0, description="L2 of the ridge models (non-binary quality, log cost)")
+    max_iter: int = Field(3000, ge=1, description="iterations of the logistic regressions at most")
 
 
 @dataclass(frozen=True)
@@ -194,16 +200,20 @@ def _sigmoid(z: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-np.clip(z, -50, 50)))
 
 
-@dataclass(frozen=True)
-class PredictiveConfig:
-    hidden: tuple[int, ...] = (64,)  # one hidden layer shared by the per-LLM outputs
-    # L2 penalty: on the synthetic 11-model table (128 SVD features, 4,500 train prompts) the mean squared
-    # error of the predicted success probability was 0.025 at 0.01, 0.017 at 1, 0.009 at 10 (logistic
-    # regression: 0.010)
-    alpha: float = 10.0
-    max_iter: int = 200
-    validation_fraction: float = 0.15  # early stopping on this share of the train prompts
-    seed: int = 0
+class PredictiveConfig(BaseModel):
+    """The predictive router's quality MLP (scikit-learn's MLPRegressor)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    hidden: list[Annotated[int, Field(ge=1)]] = Field([64], description="hidden layer widths, shared by the per-LLM "
+                                                      "outputs")
+    # on the synthetic 11-model table (128 SVD features, 4,500 train prompts) the mean squared error of the
+    # predicted success probability was 0.025 at 0.01, 0.017 at 1, 0.009 at 10 (logistic regression: 0.010)
+    alpha: float = Field(10.0, ge=0.0, description="L2 penalty")
+    max_iter: int = Field(200, ge=1, description="epochs at most (early stopping usually ends sooner)")
+    validation_fraction: float = Field(0.15, gt=0.0, lt=1.0, description="early stopping on this share of the train "
+                                       "prompts")
+    seed: int = Field(0, description="seed of the weights and the validation split")
 
 
 @dataclass(frozen=True)
@@ -251,10 +261,15 @@ def fit_predictive(x: np.ndarray, quality: np.ndarray, models: tuple[str, ...],
     return PredictiveRouter(models, layers, float(quality.min()), float(quality.max()))
 
 
-@dataclass(frozen=True)
-class KNNConfig:
-    ks: tuple[int, ...] = (5, 10, 20, 40, 80)  # neighbourhood sizes tried (leave-one-out on the train prompts)
-    metric: str = "cosine"  # RouterBench's kNN router's distance
+class KNNConfig(BaseModel):
+    """The kNN router."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    ks: list[Annotated[int, Field(ge=1)]] = Field([5, 10, 20, 40, 80], min_length=1, description="neighbourhood "
+                                                  "sizes tried (leave-one-out on the train prompts)")
+    metric: str = Field("cosine", description="the distance (scikit-learn's NearestNeighbors metric; RouterBench's "
+                        "kNN router: cosine)")
 
 
 @dataclass

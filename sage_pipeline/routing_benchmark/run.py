@@ -21,13 +21,16 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sage_pipeline import artifacts, markdown
 from sage_pipeline.rl.cql import CQLConfig
@@ -43,63 +46,76 @@ from sage_pipeline.routing_benchmark.importer import (
     BenchmarkTable,
     ImportConfig,
     ImportReport,
+    PathText,
     import_benchmark,
 )
 
 logger = logging.getLogger(__name__)
 
 LEARNED = ("regression", "predictive", "knn", "bc", "cql")
-SPLITS = ("hash", "given")
 REPORT_NAME = "routing_benchmark.json"
 PLOT_NAME = "routing_benchmark.png"
 
 
-@dataclass(frozen=True)
-class BenchmarkConfig:
-    table: ImportConfig = field(default_factory=ImportConfig)
-    # "hash": hold out test_fraction of the prompts by a stable hash of their text; "given": the table's
-    # own split, test_table's prompts (train: table's) or else the table's ``split`` column (train / test)
-    split: str = "hash"
-    test_table: ImportConfig | None = None
-    test_fraction: float = 0.25  # share of prompts held out (by a stable hash of the prompt)
-    seed: int = 0
-    featurizer: str = "tfidf_svd"
-    featurizer_params: dict = field(default_factory=dict)
-    weight_points: int = br.DEFAULT_WEIGHT_POINTS  # BC / CQL members, cost weights 0 .. the cheap end
-    sweep_points: int = br.DEFAULT_SWEEP_POINTS  # cost weights each prediction-based router is swept over
-    regression: br.RegressionConfig = field(default_factory=br.RegressionConfig)
-    predictive: br.PredictiveConfig = field(default_factory=br.PredictiveConfig)
-    knn: br.KNNConfig = field(default_factory=br.KNNConfig)
-    bc: bt.BCGridConfig = field(default_factory=bt.BCGridConfig)
-    # small critics: (64, 64) x 1500 steps memorised the logged prompts (AIQ 0.741 vs 0.750)
-    cql: CQLConfig = field(default_factory=lambda: CQLConfig(mode="bandit", hidden=(16,), steps=600, alpha=0.03,
-                                                             n_critics=2))
-    train_behaviour: bb.BehaviourSpec = field(default_factory=lambda: bb.BehaviourSpec("uniform"))  # CQL's logs
-    ope_behaviours: tuple[bb.BehaviourSpec, ...] = field(default_factory=lambda: (
-        bb.BehaviourSpec("static"), bb.BehaviourSpec("uniform"), bb.BehaviourSpec("epsilon", epsilon=0.3)))
-    # OPE evaluates the routers at this cost weight (x 1 / cost scale); on MMLU 0.1 sends about
-    # half the prompts to each model (at 1 every router sends all to the cheap one)
-    ope_multiplier: float = 0.1
-    # bootstrap resamples of the test prompts for every router's AIQ interval (paired across routers)
-    aiq_boot: int = 200
-    ope: bb.BanditOPEConfig = field(default_factory=bb.BanditOPEConfig)
-    propensity_bc: bb.PropensityBCConfig = field(default_factory=bb.PropensityBCConfig)
-    # BLAS/OpenMP threads (numpy, scikit-learn) while it runs; 0 leaves the default. One is fastest on
-    # a shared 2-core host: the TF-IDF + SVD fit took 3.8 s with 1 thread, 14.7 s with 2 (load ~8)
-    blas_threads: int = 1
+class BenchmarkConfig(BaseModel):
+    """Everything one benchmark run is made with (the routing_benchmark asset's config is this
+    model, section by section)."""
 
-    def __post_init__(self) -> None:
-        if self.split not in SPLITS:
-            raise ValueError(f"split must be one of {SPLITS}, got {self.split!r}")
-        if self.test_table is not None and self.split != "given":
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    table: ImportConfig = Field(default_factory=ImportConfig, description="the table and how to import it")
+    split: Literal["hash", "given"] = Field(
+        "hash", description="hash: hold out test_fraction of the prompts by a stable hash of their text; given: the "
+                            "table's own split, test_path's prompts (train: table's) or else the table's split column "
+                            "(train / test)")
+    test_path: PathText | None = Field(None, min_length=1, description="split given: the test table (a file or "
+                                       "folder, read with table's options); table is then the train table")
+    test_fraction: float = Field(0.25, gt=0.0, lt=1.0, description="share of prompts held out for testing (by a "
+                                 "stable hash of the prompt), in (0, 1)")
+    seed: int = Field(0, description="seed of the hash split, the random router and the simulated logs")
+    featurizer: str = Field("tfidf_svd", description="prompt features: tfidf_svd, length, embedding (the table's "
+                            "precomputed embeddings: set table.embedding) or one registered (register_featurizer)")
+    tfidf_svd: bfeat.TfidfSvdConfig = Field(default_factory=bfeat.TfidfSvdConfig, description="the tfidf_svd "
+                                            "featurizer's settings (used when featurizer is tfidf_svd)")
+    weight_points: int = Field(br.DEFAULT_WEIGHT_POINTS, ge=2, description="cost weights the BC and CQL routers are "
+                               "trained for: 0 to the weight that sends every train prompt to its cheapest model, at "
+                               "quantiles of the weights where the oracle's choice changes (>= 2)")
+    sweep_points: int = Field(br.DEFAULT_SWEEP_POINTS, ge=2, description="cost weights each prediction-based router "
+                              "is swept over on the test prompts, 0 to its own cheap end (>= 2)")
+    regression: br.RegressionConfig = Field(default_factory=br.RegressionConfig, description="the regression router")
+    predictive: br.PredictiveConfig = Field(default_factory=br.PredictiveConfig, description="the predictive router")
+    knn: br.KNNConfig = Field(default_factory=br.KNNConfig, description="the kNN router")
+    bc: bt.BCGridConfig = Field(default_factory=bt.BCGridConfig, description="the BC grid router's training")
+    cql: CQLConfig = Field(default_factory=bt.BenchmarkCQLConfig, description="the bandit CQL grid router's "
+                           "training (default: BenchmarkCQLConfig's small bandit critics)")
+    train_behaviour: bb.BehaviourSpec = Field(default_factory=bb.BehaviourSpec, description="the behaviour that "
+                                              "logs CQL's training feedback")
+    ope_behaviours: list[bb.BehaviourSpec] = Field(
+        default_factory=lambda: [bb.BehaviourSpec(kind="static"), bb.BehaviourSpec(kind="uniform"),
+                                 bb.BehaviourSpec(kind="epsilon", epsilon=0.3)],
+        description="behaviours simulated on the test prompts for off-policy evaluation")
+    # on MMLU 0.1 sends about half the prompts to each model (at 1 every router sends all to the cheap one)
+    ope_multiplier: float = Field(0.1, ge=0.0, description="the cost weight OPE evaluates the routers at, in units "
+                                  "of 1 / (median per-prompt cost spread between the dearest and cheapest model)")
+    aiq_boot: int = Field(200, ge=1, description="bootstrap resamples of the test prompts for every router's AIQ "
+                          "interval (paired across routers)")
+    ope: bb.BanditOPEConfig = Field(default_factory=bb.BanditOPEConfig, description="the OPE estimators")
+    propensity_bc: bb.PropensityBCConfig = Field(default_factory=bb.PropensityBCConfig, description="propensities "
+                                                 "estimated by behaviour cloning")
+    # One is fastest on a shared 2-core host: the TF-IDF + SVD fit took 3.8 s with 1 thread, 14.7 s with 2 (load ~8)
+    blas_threads: int = Field(1, ge=0, description="BLAS/OpenMP threads (numpy, scikit-learn) while it runs; 0 "
+                              "leaves the default")
+
+    @model_validator(mode="after")
+    def _test_path_needs_given(self) -> BenchmarkConfig:
+        if self.test_path is not None and self.split != "given":
             raise ValueError("a test table is only read with split='given' (set split: given, or drop test_path)")
-        if not 0.0 < self.test_fraction < 1.0:
-            raise ValueError(f"test_fraction must be in (0, 1), got {self.test_fraction}")
-        if self.weight_points < 2 or self.sweep_points < 2:
-            raise ValueError(f"weight_points and sweep_points must be >= 2 (0 and the cheap end), got "
-                             f"{self.weight_points} and {self.sweep_points}")
-        if self.ope_multiplier < 0:
-            raise ValueError(f"ope_multiplier must be >= 0, got {self.ope_multiplier}")
+        return self
+
+    def under(self, root: str | os.PathLike[str]) -> BenchmarkConfig:
+        """This config with the table's and the test table's relative paths resolved against ``root``."""
+        test = {} if self.test_path is None else {"test_path": str(Path(root) / self.test_path)}
+        return self.model_copy(update={"table": self.table.under(root)} | test)
 
 
 @dataclass
@@ -226,11 +242,7 @@ def _fmt_ci(ci: tuple[float, float] | None) -> str | None:
 
 
 def _config_dict(cfg: BenchmarkConfig) -> dict:
-    d = asdict(cfg)
-    for key in ("table", "test_table"):
-        if d.get(key) is not None:
-            d[key] = {k: str(v) if isinstance(v, Path) else v for k, v in d[key].items()}
-    return d
+    return cfg.model_dump()
 
 
 def split_test(table: BenchmarkTable, test_fraction: float, seed: int) -> np.ndarray:
@@ -241,11 +253,12 @@ def split_test(table: BenchmarkTable, test_fraction: float, seed: int) -> np.nda
 
 def given_split(tab: BenchmarkTable, report: ImportReport, cfg: BenchmarkConfig,
                 log: Callable[[str], None]) -> tuple[BenchmarkTable, np.ndarray, dict]:
-    """The table's own train/test split: ``cfg.test_table`` (imported with the train table's models)
+    """The table's own train/test split: ``cfg.test_path`` (imported with the train table's options and models)
     or the ``split`` column. Test prompts whose text is also a train prompt are dropped (reported)."""
     info: dict = {"split": "given"}
-    if cfg.test_table is not None:
-        te, te_report = import_benchmark(replace(cfg.test_table, models=tab.models), log)
+    if cfg.test_path is not None:
+        te, te_report = import_benchmark(cfg.table.model_copy(update={"path": cfg.test_path,
+                                                                      "models": list(tab.models)}), log)
         info |= {"train_source": report.source, "test_source": te_report.source, "test_import": te_report.to_dict()}
         joined = tab.concat(te)
         test = np.concatenate([np.zeros(len(tab), dtype=bool), np.ones(len(te), dtype=bool)])
@@ -361,7 +374,8 @@ class Features:
 
 def fit_features(tr: BenchmarkTable, te: BenchmarkTable, cfg: BenchmarkConfig, source: str) -> Features:
     """Phase 2: the featurizer fitted on the train prompts (text, or the table's embeddings)."""
-    feat = bfeat.make_featurizer(cfg.featurizer, **cfg.featurizer_params)
+    params = cfg.tfidf_svd.model_dump() if cfg.featurizer == "tfidf_svd" else {}
+    feat = bfeat.make_featurizer(cfg.featurizer, **params)
     if bfeat.takes_embeddings(feat):
         if tr.embedding is None:
             raise BenchmarkImportError(source, f"the {feat.name} featurizer needs the table's precomputed "

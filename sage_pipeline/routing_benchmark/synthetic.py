@@ -25,11 +25,12 @@ such tables are shipped.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field
 
 from sage_pipeline.routing.catalogue import ModelCatalogue
 from sage_pipeline.routing.schema import ROLES
@@ -74,27 +75,25 @@ VOCAB = {
 FILLER = "the a of to in for with on this that project team code system user please need our".split()
 
 
-@dataclass(frozen=True)
-class SyntheticConfig:
-    n_prompts: int = 6000
-    n_models: int = 11  # the catalogue's six first, then EXTRA_MODELS in order (8: six + two)
-    quality: str = "binary"  # "binary" (Bernoulli(p)) or "graded" (Beta with mean p)
-    sharpness: float = 8.0  # the routing simulator's slope of the success logit in capability - complexity
-    hidden_noise: float = 0.05  # std of the complexity the prompt text does not show
-    graded_concentration: float = 12.0  # Beta(p k, (1 - p) k)
-    # std of a fixed per-(model, role) deviation added to the catalogue's capabilities (drawn with
-    # world_seed, the same for every table): makes different models best at different roles
-    specialisation: float = 0.15
-    world_seed: int = 0
-    seed: int = 0
+class SyntheticConfig(BaseModel):
+    """A synthetic table's size, models and noise."""
 
-    def __post_init__(self) -> None:
-        if not 2 <= self.n_models <= 6 + len(EXTRA_MODELS):
-            raise ValueError(f"n_models must be in [2, {6 + len(EXTRA_MODELS)}], got {self.n_models}")
-        if self.quality not in ("binary", "graded"):
-            raise ValueError(f"quality must be binary or graded, got {self.quality!r}")
-        if self.n_prompts < 20 or self.hidden_noise < 0 or self.sharpness <= 0 or self.specialisation < 0:
-            raise ValueError(f"need n_prompts >= 20, hidden_noise >= 0, sharpness > 0; got {self}")
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    n_prompts: int = Field(6000, ge=20, description="prompts (rows), at least 20")
+    n_models: int = Field(11, ge=2, le=6 + len(EXTRA_MODELS), description="the catalogue's six first, then "
+                          f"EXTRA_MODELS in order (8: six + two), in [2, {6 + len(EXTRA_MODELS)}]")
+    quality: Literal["binary", "graded"] = Field("binary", description="binary (Bernoulli(p)) or graded (Beta with "
+                                                 "mean p)")
+    sharpness: float = Field(8.0, gt=0.0, description="the routing simulator's slope of the success logit in "
+                             "capability - complexity (> 0)")
+    hidden_noise: float = Field(0.05, ge=0.0, description="std of the complexity the prompt text does not show")
+    graded_concentration: float = Field(12.0, gt=0.0, description="k of the graded quality's Beta(p k, (1 - p) k)")
+    specialisation: float = Field(0.15, ge=0.0, description="std of a fixed per-(model, role) deviation added to the "
+                                  "catalogue's capabilities (drawn with world_seed, the same for every table): makes "
+                                  "different models best at different roles")
+    world_seed: int = Field(0, description="seed of the specialisation")
+    seed: int = Field(0, description="seed of the prompts and outcomes")
 
 
 def catalogue_models(n_models: int, catalogue: ModelCatalogue | None = None) -> ModelCatalogue:

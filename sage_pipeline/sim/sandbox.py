@@ -51,14 +51,15 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sage_pipeline import artifacts
 from sage_pipeline.sim.schema import OUTCOME_KINDS, ExecJob, ExecResult
 
 RUNNER_SOURCE = (Path(__file__).with_name("runner.py")).read_text(encoding="utf-8")
-BACKENDS = ("docker", "local")
 DEFAULT_IMAGE = "sage-sim:latest"
 LABEL_KEY = "sage.sandbox"
 # The container's own IPC namespace, made unusable: no SysV shared memory, message queue or
@@ -87,32 +88,37 @@ class SandboxError(RuntimeError):
     Never a verdict on a task: callers must not score it."""
 
 
-@dataclass(frozen=True)
-class SandboxConfig:
-    backend: str = "docker"  # docker | local
-    workers: int = 2
-    image: str = DEFAULT_IMAGE
-    memory_mb: int = 512  # container --memory and --memory-swap (no swap)
-    task_memory_mb: int = 256  # address-space limit of each task process
-    pids_limit: int = 128  # container --pids-limit
-    task_nproc: int = 64  # processes/threads of the unprivileged uid
-    cpus: float = 1.0  # container --cpus
-    tmpfs_mb: int = 64  # the container's /tmp
-    recycle_every: int = 2000  # requests per worker before it is replaced
-    answer_grace_s: float = 10.0  # watchdog: time past a request's timeout before replacing
-    start_timeout_s: float = 60.0  # a worker must say it is ready within this
-    label: str = ""  # owner label for the containers; default: unique per sandbox
-    untrusted: bool = False  # code the project did not write (an external suite's candidates): Docker only
+class SandboxConfig(BaseModel):
+    """A sandbox: its backend, its warm pool and the limits of every container and task."""
 
-    def __post_init__(self) -> None:
-        if self.backend not in BACKENDS:
-            raise ValueError(f"sandbox backend {self.backend!r}: use one of {', '.join(BACKENDS)}")
-        if self.workers < 1:
-            raise ValueError(f"sandbox workers must be >= 1, got {self.workers}")
-        if self.untrusted and self.backend != "docker":
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    backend: Literal["docker", "local"] = Field("docker", description="'docker' (hardened containers) or 'local' "
+                                                "(unisolated processes, for the project's own generated tasks only)")
+    workers: int = Field(2, ge=1, description="warm workers (containers or processes) running tasks in parallel")
+    image: str = Field(DEFAULT_IMAGE, description="the Docker image of the runner (sim/Dockerfile)")
+    memory_mb: int = Field(512, ge=1, description="container --memory and --memory-swap (no swap), in MiB")
+    task_memory_mb: int = Field(256, ge=1, description="address-space limit of each task process, in MiB")
+    pids_limit: int = Field(128, ge=1, description="container --pids-limit")
+    task_nproc: int = Field(64, ge=1, description="processes/threads of the unprivileged uid")
+    cpus: float = Field(1.0, gt=0.0, description="container --cpus")
+    tmpfs_mb: int = Field(64, ge=1, description="size of the container's /tmp, in MiB")
+    recycle_every: int = Field(2000, ge=1, description="requests per worker before it is replaced")
+    answer_grace_s: float = Field(10.0, gt=0.0, description="watchdog: time past a request's timeout before the "
+                                  "worker is replaced")
+    start_timeout_s: float = Field(60.0, gt=0.0, description="a worker must say it is ready within this")
+    label: str | None = Field(None, min_length=1, description="owner label of the containers; null: unique per "
+                              "sandbox")
+    untrusted: bool = Field(False, description="code the project did not write (an external suite's candidates): "
+                            "Docker only")
+
+    @model_validator(mode="after")
+    def _untrusted_code_runs_in_docker(self) -> SandboxConfig:
+        if self.untrusted and self.backend == "local":
             raise SandboxError(f"sandbox backend {self.backend!r} is UNISOLATED and this sandbox is for code the "
                                "project did not write (untrusted=True): it runs only in the Docker backend. "
                                "Start Docker (`bash sim/setup_docker.sh`) and use backend='docker'.")
+        return self
 
     @property
     def isolated(self) -> bool:
@@ -557,7 +563,7 @@ class Sandbox:
 
     def describe(self) -> dict:
         """What the sandbox is, for metadata: backend, isolation, limits."""
-        d = {k: v for k, v in asdict(self.cfg).items() if k != "label"}
+        d = self.cfg.model_dump(exclude={"label"})
         d["isolated"] = self.isolated
         d["note"] = ("Docker: no network, read-only root, tmpfs /tmp, memory/pids/cpu limits, all capabilities "
                      "dropped but SETUID/SETGID/KILL, no-new-privileges, no SysV/POSIX IPC objects, tasks as uid 65534 "

@@ -29,8 +29,10 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from sage_pipeline.routing.errors import ConfigError
 from sage_pipeline.sim import mutants
@@ -59,47 +61,66 @@ class TaskGenerationError(RuntimeError):
     """A family cannot produce what was asked, or its references fail: a bug in the family."""
 
 
-@dataclass(frozen=True)
-class GenerationConfig:
-    n_tasks: int = DEFAULT_N_TASKS
-    seed: int = 0
-    families: tuple[str, ...] | None = None  # None: every registered family
-    n_wrong: int = 4  # wrong candidates per task (at least 3 must survive verification)
-    infinite_loop_share: float = 0.12  # share of tasks carrying an infinite loop
-    memory_blowup_share: float = 0.12  # share of tasks carrying a memory blow-up
-    time_factor: float = TIME_FACTOR
-    min_timeout_s: float = MIN_TIMEOUT_S
+class GenerationConfig(BaseModel):
+    """How many tasks, from which families, and what each carries. Bad values are a
+    :class:`ConfigError` from :func:`generate_tasks` (a ValidationError when the model is made)."""
 
-    def validate(self) -> list[Family]:
-        names = list(self.families) if self.families is not None else list(FAMILIES)
-        unknown = [n for n in names if n not in FAMILIES]
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    n_tasks: int = Field(DEFAULT_N_TASKS, ge=1, description="tasks to generate, spread over the families (every "
+                         "family needs at least one)")
+    seed: int = Field(0, description="seed of the parameters and test inputs")
+    families: list[str] | None = Field(None, description="the families to draw from, each once (null: every "
+                                       "registered family)")
+    n_wrong: int = Field(4, ge=3, le=7, description="wrong candidates per task, in [3, 7]: each task needs at least "
+                         "3 that survive verification")
+    infinite_loop_share: float = Field(0.12, ge=0.0, le=0.5, description="share of tasks carrying an infinite loop, "
+                                       "in [0, 0.5]: each costs its timeout, so keep it a minority (0.1-0.15)")
+    memory_blowup_share: float = Field(0.12, ge=0.0, le=0.5, description="share of tasks carrying a memory blow-up, "
+                                       "in [0, 0.5]: each costs a trip to the memory limit, so keep it a minority "
+                                       "(0.1-0.15)")
+    time_factor: float = Field(TIME_FACTOR, ge=1.0, description="a task's timeout is this many times its "
+                               "reference's runtime (EvalPlus: 4), >= 1 so correct code does not time out")
+    min_timeout_s: float = Field(MIN_TIMEOUT_S, gt=0.0, description="and at least this many seconds (EvalPlus: 4 "
+                                 "s; small here so hanging candidates cost little), > 0")
+
+    @field_validator("families")
+    @classmethod
+    def _known_families(cls, v: list[str] | None) -> list[str] | None:
+        if v is None:
+            return v
+        unknown = [n for n in v if n not in FAMILIES]
         if unknown:
-            raise ConfigError(CONFIG, "families", f"unknown famil{'y' if len(unknown) == 1 else 'ies'} "
-                              f"{', '.join(map(repr, unknown))}", f"known: {', '.join(FAMILIES)}")
-        if not names:
-            raise ConfigError(CONFIG, "families", "is empty", "name at least one family or leave it unset")
-        if len(set(names)) != len(names):
-            dup = sorted(n for n, c in Counter(names).items() if c > 1)
-            raise ConfigError(CONFIG, "families", f"names {', '.join(map(repr, dup))} more than once",
-                              "list each family once")
-        if not isinstance(self.n_tasks, int) or self.n_tasks < len(names):
-            raise ConfigError(CONFIG, "n_tasks",
-                              f"{self.n_tasks!r} is below the number of families ({len(names)})",
+            raise ValueError(f"unknown famil{'y' if len(unknown) == 1 else 'ies'} {', '.join(map(repr, unknown))} "
+                             f"(known: {', '.join(FAMILIES)})")
+        if not v:
+            raise ValueError("is empty: name at least one family or leave it unset")
+        dup = sorted(n for n, c in Counter(v).items() if c > 1)
+        if dup:
+            raise ValueError(f"names {', '.join(map(repr, dup))} more than once: list each family once")
+        return v
+
+    def chosen_families(self) -> list[Family]:
+        """The families to draw from; every one of them gets at least one task."""
+        names = list(self.families) if self.families is not None else list(FAMILIES)
+        if self.n_tasks < len(names):
+            raise ConfigError(CONFIG, "n_tasks", f"{self.n_tasks!r} is below the number of families ({len(names)})",
                               f"every family needs at least one task: raise n_tasks to {len(names)} or more, "
                               "or choose fewer families")
-        if not 3 <= self.n_wrong <= 7:
-            raise ConfigError(CONFIG, "n_wrong", f"{self.n_wrong} is outside [3, 7]",
-                              "each task needs at least 3 wrong candidates")
-        for name in ("infinite_loop_share", "memory_blowup_share"):
-            value = getattr(self, name)
-            if not 0.0 <= value <= 0.5:
-                raise ConfigError(CONFIG, name, f"{value} is outside [0, 0.5]",
-                                  "each such candidate costs its timeout; keep it a minority (0.1-0.15)")
-        if self.time_factor < 1.0 or self.min_timeout_s <= 0:
-            raise ConfigError(CONFIG, "time_factor/min_timeout_s",
-                              f"{self.time_factor}/{self.min_timeout_s} would time out correct code",
-                              "use time_factor >= 1 and min_timeout_s > 0 (EvalPlus: 4 and 4 s)")
         return [FAMILIES[n] for n in names]
+
+
+def generation_config(**options: Any) -> GenerationConfig:
+    """A :class:`GenerationConfig`, or a :class:`ConfigError` naming the field, what was wrong and
+    what is allowed."""
+    try:
+        return GenerationConfig(**options)
+    except ValidationError as e:
+        err = e.errors()[0]
+        name = str(err["loc"][0]) if err["loc"] else "sim_tasks"
+        field = GenerationConfig.model_fields.get(name)
+        raise ConfigError(CONFIG, name, f"{err['input']!r}: {err['msg'].removeprefix('Value error, ')}",
+                          field.description if field is not None else "") from None
 
 
 # ----------------------------------------------------------------------------- generation
@@ -253,20 +274,20 @@ def assign_levels(tasks: list[TaskRecord]) -> list[TaskRecord]:
     return [dataclasses.replace(t, difficulty_level=DIFFICULTY_LEVELS[i]) for t, i in zip(tasks, level)]
 
 
-def generate_tasks(n_tasks: int = DEFAULT_N_TASKS, seed: int = 0, *, families: Sequence[str] | None = None,
-                   n_wrong: int = 4, infinite_loop_share: float = 0.12, memory_blowup_share: float = 0.12,
-                   time_factor: float = TIME_FACTOR, min_timeout_s: float = MIN_TIMEOUT_S,
-                   log: Log | None = None) -> list[TaskRecord]:
-    """``n_tasks`` distinct tasks spread over ``families`` (default: all), deterministic for ``seed``.
+def generate_tasks(n_tasks: int = DEFAULT_N_TASKS, seed: int = 0, *, log: Log | None = None,
+                   **options: Any) -> list[TaskRecord]:
+    """``n_tasks`` distinct tasks spread over the families (``options``: the other
+    :class:`GenerationConfig` fields, e.g. ``families``), deterministic for ``seed``.
 
     Candidates are not yet verified: run :func:`verify_tasks` with a sandbox.
     """
-    cfg = GenerationConfig(n_tasks=n_tasks, seed=seed,
-                           families=tuple(families) if families is not None else None,
-                           n_wrong=n_wrong, infinite_loop_share=infinite_loop_share,
-                           memory_blowup_share=memory_blowup_share, time_factor=time_factor,
-                           min_timeout_s=min_timeout_s)
-    fams = cfg.validate()
+    return generate(generation_config(n_tasks=n_tasks, seed=seed, **options), log)
+
+
+def generate(cfg: GenerationConfig, log: Log | None = None) -> list[TaskRecord]:
+    """The tasks ``cfg`` asks for (see :func:`generate_tasks`)."""
+    fams = cfg.chosen_families()
+    n_tasks, seed = cfg.n_tasks, cfg.seed
     t0 = time.perf_counter()
     quotas = _quotas(n_tasks, fams)
     built: list[_Built] = []
@@ -279,12 +300,12 @@ def generate_tasks(n_tasks: int = DEFAULT_N_TASKS, seed: int = 0, *, families: S
     # infinite loops go to tasks whose reference has a loop to break, so their share of all tasks is on target
     sites = [mutants.find_sites(b.task.reference, b.task.entry_point) for b in built]
     loopable = [bool(s["infinite_loop"]) for s in sites]
-    p_loop = min(0.9, infinite_loop_share * len(built) / max(1, sum(loopable)))
+    p_loop = min(0.9, cfg.infinite_loop_share * len(built) / max(1, sum(loopable)))
     tasks = []
     for b, can_loop, task_sites in zip(built, loopable, sites):
         rng = random.Random(f"sim_tasks:{seed}:{b.task.task_id}:forced")
         forced = []
-        if rng.random() < memory_blowup_share:
+        if rng.random() < cfg.memory_blowup_share:
             forced.append("memory_blowup")
         if can_loop and rng.random() < p_loop:
             forced.append("infinite_loop")

@@ -14,7 +14,8 @@ from sage_pipeline.defs.resources import SageResource
 from sage_pipeline.routing_benchmark.routers import load_bundle
 
 SLICE = Path(__file__).parents[1] / "routing_benchmark" / "fixtures" / "routellm_mmlu_slice"
-FAST = {"path": str(SLICE), "n_components": 32, "bc_steps": 80, "cql_steps": 80, "n_boot": 30}
+FAST = {"table": {"path": str(SLICE)}, "tfidf_svd": {"n_components": 32}, "bc": {"steps": 80}, "cql": {"steps": 80},
+        "ope": {"n_boot": 30}, "aiq_boot": 30}
 
 
 def _materialize(root: Path, config: dict, raise_on_error: bool = True):
@@ -65,8 +66,29 @@ def test_check_reports_against_the_random_router_with_an_interval(materialized):
 
 def test_bad_path_fails_with_the_path_in_the_error(tmp_path):
     with pytest.raises(Exception, match="no such file or folder") as info:
-        _materialize(tmp_path, FAST | {"path": str(tmp_path / "nope")})
+        _materialize(tmp_path, FAST | {"table": {"path": str(tmp_path / "nope")}})
     assert "nope" in str(info.value)
+
+
+def test_the_run_config_is_the_cores_section_by_section(tmp_path):
+    """The asset's config is BenchmarkConfig: left out, every section has the core's defaults (the
+    benchmark's small bandit critics included); paths resolve against the artifact root."""
+    from sage_pipeline.defs.benchmark_assets import RoutingBenchmarkConfig
+    from sage_pipeline.defs.sections import to_core
+    from sage_pipeline.routing_benchmark import run as brun
+
+    default = to_core(RoutingBenchmarkConfig(), brun.BenchmarkConfig)
+    assert default.model_dump() == brun.BenchmarkConfig().model_dump()
+    assert (default.cql.mode, default.cql.hidden, default.cql.steps) == ("bandit", [16], 600)
+    cfg = to_core(RoutingBenchmarkConfig(table={"path": "t.csv", "price_table": None}, split="given",
+                                         test_path="te", cql={"alpha": 0.1}), brun.BenchmarkConfig).under(tmp_path)
+    assert (cfg.table.path, cfg.test_path, cfg.table.price_table) == (str(tmp_path / "t.csv"), str(tmp_path / "te"),
+                                                                      None)
+    assert (cfg.cql.alpha, cfg.cql.mode, cfg.cql.steps) == (0.1, "bandit", 600)
+    with pytest.raises(Exception, match=r"table\.layout|layout"):
+        RoutingBenchmarkConfig(table={"layout": "wide"})
+    with pytest.raises(dg.DagsterInvalidConfigError, match='unexpected config entry "n_boot"'):
+        _materialize(tmp_path, {"n_boot": 30})  # a flat key of the old config is refused, not ignored
 
 
 def test_registered_in_the_definitions_with_its_job():

@@ -104,7 +104,7 @@ def test_missing_log_folder_names_path_and_setting(tmp_path):
 
 
 def test_reward_version_is_a_config_choice(tmp_path):
-    cfg = {"ops": {**SMALL["ops"], "routing_dataset": {"config": {"reward_version": "reward_v2"}}}}
+    cfg = {"ops": {**SMALL["ops"], "routing_dataset": {"config": {"reward": {"version": "reward_v2"}}}}}
     result = _run(tmp_path, cfg)
     assert _metadata(result, "routing_dataset")["reward_version"] == "reward_v2"
     import pandas as pd

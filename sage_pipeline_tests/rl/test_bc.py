@@ -10,6 +10,7 @@ import json
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from pydantic import ValidationError
 
 from sage_pipeline.rl import data as rl_data
 from sage_pipeline.rl.bc import (
@@ -154,7 +155,7 @@ def test_roles_with_one_logged_action_still_train(train, table, catalogue):
     mask[doc, primary[doc]] = True
     data = dataclasses.replace(data.subset((data.contexts.role != doc) | (data.action == primary[doc])),
                                role_mask=mask)
-    res = train_bc(data, FeatureSpec(), dataclasses.replace(FAST, epochs=15), log=lambda m: None)
+    res = train_bc(data, FeatureSpec(), FAST.model_copy(update=dict(epochs=15)), log=lambda m: None)
     assert res.metrics["roles_with_one_action"] == ["debugger", "documentation"]
     p = res.policy().action_probs(data.contexts)
     on_dbg = p[data.contexts.role == dbg, primary[dbg]]
@@ -189,9 +190,9 @@ def test_logged_model_outside_the_role_mask_is_an_error(train):
 
 def test_seeded_training_is_deterministic(train):
     small = train.subset(np.arange(min(600, len(train))))
-    cfg = dataclasses.replace(FAST, epochs=3)
+    cfg = FAST.model_copy(update=dict(epochs=3))
     a, b = (train_bc(small, FeatureSpec(), cfg, log=lambda m: None) for _ in range(2))
-    c = train_bc(small, FeatureSpec(), dataclasses.replace(cfg, seed=1), log=lambda m: None)
+    c = train_bc(small, FeatureSpec(), cfg.model_copy(update=dict(seed=1)), log=lambda m: None)
     assert a.temperature == b.temperature
     for (wa, ba), (wb, bb) in zip(a.nets[0], b.nets[0], strict=True):
         np.testing.assert_array_equal(wa, wb)
@@ -288,21 +289,25 @@ def test_temperature_search_on_non_finite_or_empty_logits_is_an_error():
 
 
 @pytest.mark.parametrize("bad, match", [
-    ({"hidden": ()}, "hidden must be one or more positive layer widths"),
-    ({"lr": 0.0}, "lr must be > 0"),
-    ({"epochs": 0}, "epochs, batch_size and ece_bins must be >= 1"),
-    ({"holdout_fraction": 0.0}, r"holdout_fraction must be in \(0, 0.5\]"),
-    ({"num_threads": -1}, "num_threads must be >= 0"),
+    ({"hidden": ()}, r"\nhidden\n  List should have at least 1 item"),
+    ({"hidden": (64, 0)}, r"\nhidden\.1\n  Input should be greater than or equal to 1 "),
+    ({"lr": 0.0}, r"\nlr\n  Input should be greater than 0 "),
+    ({"epochs": 0}, r"\nepochs\n  Input should be greater than or equal to 1 "),
+    ({"holdout_fraction": 0.0}, r"\nholdout_fraction\n  Input should be greater than 0 "),
+    ({"holdout_fraction": 0.6}, r"\nholdout_fraction\n  Input should be less than or equal to 0\.5 "),
+    ({"num_threads": -1}, r"\nnum_threads\n  Input should be greater than or equal to 0 "),
+    ({"hiden": [8]}, r"\nhiden\n  Extra inputs are not permitted"),
 ])
 def test_config_validation(bad, match):
-    with pytest.raises(ValueError, match=match):
+    """A bad setting is refused naming the field and what is allowed."""
+    with pytest.raises(ValidationError, match=match):
         BCConfig(**bad)
 
 
 def test_update_budget_bounds_training_and_keeps_the_best_epoch(train):
     small = train.subset(np.arange(min(3000, len(train))))
     lines: list[str] = []
-    res = train_bc(small, FeatureSpec(), dataclasses.replace(FAST, epochs=50, patience=0, max_updates=70),
+    res = train_bc(small, FeatureSpec(), FAST.model_copy(update=dict(epochs=50, patience=0, max_updates=70)),
                    log=lines.append)
     fit = res.metrics["fit_rows"]
     per_epoch = -(-fit // FAST.batch_size)
@@ -311,8 +316,8 @@ def test_update_budget_bounds_training_and_keeps_the_best_epoch(train):
     assert 1 <= res.metrics["best_epoch"] <= res.metrics["epochs"]
     assert any(ln.startswith("bc: update budget reached after 70 updates") for ln in lines)
     # no budget: every epoch runs in full
-    full = train_bc(small, FeatureSpec(), dataclasses.replace(FAST, epochs=2, patience=0, max_updates=0),
+    full = train_bc(small, FeatureSpec(), FAST.model_copy(update=dict(epochs=2, patience=0, max_updates=0)),
                     log=lambda m: None)
     assert full.metrics["updates"] == 2 * per_epoch and full.metrics["epochs"] == 2
-    with pytest.raises(ValueError, match=r"max_updates must be >= 0"):
-        dataclasses.replace(FAST, max_updates=-1)
+    with pytest.raises(ValidationError, match=r"\nmax_updates\n  Input should be greater than or equal to 0 "):
+        BCConfig(**FAST.model_dump() | {"max_updates": -1})

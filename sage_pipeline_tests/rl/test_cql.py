@@ -12,6 +12,7 @@ from dataclasses import replace
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from pydantic import ValidationError
 
 from sage_pipeline.rl.checkpoint import load_policy, read_meta
 from sage_pipeline.rl.cql import CQLConfig, train_cql, train_cql_grid
@@ -202,12 +203,14 @@ def test_bad_input_is_a_clear_error(train):
     bad = LoggedDecisions(**{**train.__dict__, "reward": reward})
     with pytest.raises(ValueError, match=r"reward is not finite \(nan\) at row 17"):
         train_cql(bad, SPEC, CQLConfig(steps=5), log=lambda m: None)
-    with pytest.raises(ValueError, match=r"mode must be one of \('bandit', 'multistep'\), got 'sarsa'"):
+    with pytest.raises(ValidationError, match=r"\nmode\n  Input should be 'bandit' or 'multistep' .*'sarsa'"):
         CQLConfig(mode="sarsa")
-    with pytest.raises(ValueError, match=r"alpha must be a finite number >= 0, got -1"):
+    with pytest.raises(ValidationError, match=r"\nalpha\n  Input should be greater than or equal to 0 .*value=-1"):
         CQLConfig(alpha=-1)
-    with pytest.raises(ValueError, match=r"gamma must be in \[0, 1\]"):
+    with pytest.raises(ValidationError, match=r"\ngamma\n  Input should be less than or equal to 1 "):
         CQLConfig(gamma=1.5)
+    with pytest.raises(ValidationError, match=r"\ntarget_reduce\n  Input should be 'min' or 'mean' "):
+        CQLConfig(target_reduce="max")
     with pytest.raises(ValueError, match="at least one alpha"):
         train_cql_grid(train, SPEC, CQLConfig(), [], log=lambda m: None)
     assert CQLConfig(gamma=0.9).gamma == 0.9  # discounting is allowed
@@ -243,6 +246,7 @@ def test_large_logs_get_at_least_min_passes_over_their_rows(train):
     want = -(-len(train) // 256)
     assert want > 5 and res.metrics["steps"] == want and abs(res.metrics["passes"] - want * 256 / len(train)) < 1e-9
     assert any(f"step {want}/{want}" in ln for ln in lines), lines
-    for bad in (-1.0, float("nan"), float("inf")):
-        with pytest.raises(ValueError, match=r"min_passes must be a finite number >= 0"):
+    for bad, why in ((-1.0, "greater than or equal to 0"), (float("nan"), "a finite number"),
+                     (float("inf"), "a finite number")):
+        with pytest.raises(ValidationError, match=rf"\nmin_passes\n  Input should be {why} "):
             CQLConfig(min_passes=bad)

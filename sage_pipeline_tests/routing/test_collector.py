@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
 from sage_pipeline.routing import collector
 from sage_pipeline.routing.catalogue import DEFAULT_CATALOGUE
@@ -459,16 +460,18 @@ def test_ground_truth_phase_values_the_policies_on_the_simulated_tasks(sim):
 @pytest.mark.parametrize(
     ("kwargs", "msg"),
     [
-        ({"episodes": 0}, r"^episodes must be >= 1, got 0$"),
-        ({"epsilon": 0.0}, r"^epsilon must be in \(0, 1\] so every candidate has support, got 0\.0$"),
-        ({"epsilon": 1.5}, r"^epsilon must be in \(0, 1\] so every candidate has support, got 1\.5$"),
-        ({"sessions_per_day": 0}, r"^sessions_per_day must be >= 1, got 0$"),
-        ({"action_space": "any"}, r"^action_space must be one of multi_model, sage_binary, got 'any'$"),
+        ({"episodes": 0}, r"\nepisodes\n  Input should be greater than or equal to 1 .*input_value=0,"),
+        ({"epsilon": 0.0}, r"\nepsilon\n  Input should be greater than 0 .*input_value=0\.0,"),
+        ({"epsilon": 1.5}, r"\nepsilon\n  Input should be less than or equal to 1 .*input_value=1\.5,"),
+        ({"sessions_per_day": 0}, r"\nsessions_per_day\n  Input should be greater than or equal to 1 "),
+        ({"action_space": "any"}, r"\naction_space\n  Input should be 'multi_model' or 'sage_binary' .*'any'"),
     ],
 )
 def test_collector_config_validation(kwargs, msg):
-    with pytest.raises(ValueError, match=msg):
+    """A bad setting is refused naming the field, what is allowed and the value given."""
+    with pytest.raises(ValidationError, match=msg):
         CollectorConfig(**kwargs)
+    assert CollectorConfig.model_fields["epsilon"].description.endswith("so every candidate has support")
 
 
 # ------------------------------------------------------------------ the set is replaced as one

@@ -17,6 +17,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from pydantic import ValidationError
 
 from sage_pipeline.routing import ingest
 from sage_pipeline.routing.collector import CollectorConfig, collect
@@ -1411,7 +1412,7 @@ def test_only_empty_files(tmp_path):
 def test_missing_log_folder_names_path_and_setting(tmp_path):
     missing = tmp_path / "no_such_dir"
     with pytest.raises(LogFolderMissing) as err:
-        ingest.ingest(IngestConfig((missing,), setting="sage.log_dirs"), tmp_path / "out")
+        ingest.ingest(IngestConfig((missing,)), tmp_path / "out", setting="sage.log_dirs")
     assert str(err.value) == (
         f"log folder {missing} does not exist (it is listed in the 'sage.log_dirs' setting). "
         "Create it, point 'sage.log_dirs' at the folder that holds SAGE's session journals "
@@ -1593,12 +1594,25 @@ def test_every_bad_input_gets_its_reason_class(tmp_path):
 
 
 def test_ingest_config_validation():
-    with pytest.raises(ValueError, match=r"^max_line_bytes must be >= 1024, got 10$"):
+    with pytest.raises(ValidationError, match=r"\nmax_line_bytes\n  Input should be greater than or equal to 1024 "
+                                              r".*input_value=10,"):
         IngestConfig((Path("."),), max_line_bytes=10)
     # 0 would silently read nothing from a non-empty file, a negative size whole files at once
     for bad in (0, -1):
-        with pytest.raises(ValueError, match=rf"^read_chunk_bytes must be >= 1, got {bad}$"):
+        with pytest.raises(ValidationError, match=rf"\nread_chunk_bytes\n  Input should be greater than or equal "
+                                                  rf"to 1 .*input_value={bad},"):
             IngestConfig((Path("."),), read_chunk_bytes=bad)
+    with pytest.raises(ValidationError, match=r"\nlog_dirs\n  List should have at least 1 item"):
+        IngestConfig([])
+
+
+def test_ingest_config_takes_folders_as_paths_or_text_and_resolves_relative_ones_under_a_root(tmp_path):
+    """log_dirs positionally or by name, as Paths or text; under(root) resolves relative entries
+    against the root (the asset's artifact root) and keeps absolute ones."""
+    cfg = IngestConfig((Path("sessions"), tmp_path / "abs"))
+    assert cfg == IngestConfig(log_dirs=["sessions", str(tmp_path / "abs")])
+    assert IngestConfig().log_dirs == ["sessions"]
+    assert cfg.under(tmp_path / "root").log_dirs == [str(tmp_path / "root" / "sessions"), str(tmp_path / "abs")]
 
 
 def test_one_byte_chunks(tmp_path):
@@ -1823,7 +1837,7 @@ def test_a_file_removed_after_listing_is_recorded_and_the_rest_read(tmp_path, mo
     gone = write(logs / "2026-11-21.log", [GOOD_AFTER])
     listed = ingest.discover_logs(IngestConfig((logs,)))
     gone.unlink()
-    monkeypatch.setattr(ingest, "discover_logs", lambda config: listed)
+    monkeypatch.setattr(ingest, "discover_logs", lambda config, setting="log_dirs": listed)
     r = run(logs)
     assert r.stats.steps_accepted == 1
     (damaged,) = r.stats.damaged_files

@@ -11,6 +11,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from pydantic import ValidationError
 
 from sage_pipeline.routing import ingest
 from sage_pipeline.routing.catalogue import ASSUMED_PROMPT_TOKENS
@@ -361,8 +362,10 @@ def test_empty_input_raises_a_clear_error(trajectories, catalogue, table):
 
 @pytest.mark.parametrize("frac", [0.0, 1.0, -0.1])
 def test_dataset_config_validation(frac):
-    with pytest.raises(ValueError, match=rf"^eval_fraction must be in \(0, 1\), got {frac}$"):
+    bound = "greater than 0" if frac <= 0 else "less than 1"
+    with pytest.raises(ValidationError, match=rf"\neval_fraction\n  Input should be {bound} .*input_value={frac},"):
         DatasetConfig(eval_fraction=frac)
+    assert DatasetConfig.eval_fraction == DatasetConfig().eval_fraction == 0.2  # read as a class attribute too
 
 
 # ------------------------------------------------------------------ SAGE's own shape: joins and derivations

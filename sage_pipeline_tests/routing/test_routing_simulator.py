@@ -3,16 +3,18 @@ independent reference computations."""
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
 from sage_pipeline.routing.collector import simulate_episodes
 from sage_pipeline.routing.features import Contexts
 from sage_pipeline.routing.policy import EpsilonGreedyPolicy, StaticTablePolicy, UniformPolicy, check_probs
-from sage_pipeline.routing.reward import RewardSpec
+from sage_pipeline.routing.reward import DatasetRewardSpec, RewardSpec
 from sage_pipeline.routing.routing_simulator import RoutingSimulator, SimulatorConfig, Tasks
 from sage_pipeline.routing.schema import REWARD_MAX, REWARD_MIN, ROLE_INDEX, ROLES
 
@@ -369,14 +371,16 @@ def test_sample_outcome_is_seeded(sim, catalogue):
 
 
 def test_simulator_config_validation():
-    with pytest.raises(ValueError, match=r"^max_attempts must be in \[1, 10\], got 0$"):
+    with pytest.raises(ValidationError, match=r"\nmax_attempts\n  Input should be greater than or equal to 1 "):
         SimulatorConfig(max_attempts=0)
-    with pytest.raises(
-        ValueError, match=r"^unknown reward_version 'reward_v9'; choose one of reward_v1, reward_v2$"
-    ):
+    with pytest.raises(ValidationError, match=r"\nmax_attempts\n  Input should be less than or equal to 10 "):
+        SimulatorConfig(max_attempts=11)
+    with pytest.raises(ValidationError, match=r"\nversion\n  Input should be 'reward_v1' or 'reward_v2' .*'reward_v9'"):
         RewardSpec(version="reward_v9")
-    with pytest.raises(ValueError, match=r"^cost_weight must be >= 0, got -1"):
+    with pytest.raises(ValidationError, match=r"\ncost_weight\n  Input should be greater than or equal to 0 "):
         RewardSpec(cost_weight=-1)
+    with pytest.raises(ValidationError, match=r"\nverified_bonus\n  Extra inputs are not permitted"):
+        DatasetRewardSpec(verified_bonus=1.0)  # a dataset chooses the version and the cost weight only
 
 
 def test_binary_oracle_is_the_best_primary_or_fallback_policy(sim, tasks, catalogue, table):
@@ -420,3 +424,16 @@ def test_values_in_chunks_equal_one_backward_pass(sim, tasks, monkeypatch):
     np.testing.assert_array_equal(sim.optimal_value(tasks).per_task, whole["oracle"])
     np.testing.assert_array_equal(whole["oracle"], whole["q"])
     assert len(whole["static"]) == len(tasks) == 300
+
+
+def test_the_recorded_configs_are_written_as_before():
+    """The collector's manifest records SimulatorConfig.to_dict() and datasets record the
+    RewardSpec as JSON: byte for byte what the dataclasses wrote, so existing readers and
+    existing files agree."""
+    assert json.dumps(SimulatorConfig().to_dict()) == (
+        '{"max_attempts": 4, "sharpness": 8.0, "bias": 0.0, "retry_gain": 0.3, "context_penalty": 1.5, '
+        '"prompt_growth_tokens": 800, "tokens_sigma": 0.6, "reward": {"version": "reward_v1", "verified_bonus": 0.25, '
+        '"failed_verification_penalty": 0.15, "timeout_penalty": 0.5, "retry_penalty": 0.1, "cost_weight": 5.0}}')
+    raw = SimulatorConfig(max_attempts=3, reward=RewardSpec(version="reward_v2")).to_dict()
+    assert SimulatorConfig(**json.loads(json.dumps(raw))) == SimulatorConfig(max_attempts=3,
+                                                                              reward=RewardSpec(version="reward_v2"))

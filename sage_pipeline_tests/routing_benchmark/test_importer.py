@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from pydantic import ValidationError
 
 from sage_pipeline.routing.errors import ConfigError
 from sage_pipeline.routing_benchmark.importer import (
@@ -185,7 +186,8 @@ def test_structural_problems_name_the_file_and_column(tmp_path):
         _imp(tmp_path / "b", strict=True)
     with pytest.raises(BenchmarkImportError, match="no such file or folder"):
         _imp(tmp_path / "missing")
-    with pytest.raises(BenchmarkImportError, match="layout must be one of"):
+    with pytest.raises(ValidationError, match=r"\nlayout\n  Input should be 'auto', 'routellm', 'routerbench' or "
+                                              r"'long' .*'wide'"):
         ImportConfig(layout="wide")
 
 
@@ -308,7 +310,8 @@ def test_quality_outside_the_declared_scale_is_refused_naming_file_row_and_colum
     assert tab.quality.tolist() == [[1, 7], [9, 10]]
     with pytest.raises(BenchmarkImportError, match=r"l\.csv: row 1: .*quality 1 is not in \[2, 10\]"):
         _imp(tmp_path / "long", price_table=None, quality_scale="2..10")
-    with pytest.raises(BenchmarkImportError, match="quality_scale must be"):
+    with pytest.raises(ValidationError, match=r"\nquality_scale\n  Value error, .*quality_scale must be 'auto', "
+                                              r"'binary', 'unit' or 'LO\.\.HI' with finite LO < HI .*got '10\.\.1'"):
         ImportConfig(quality_scale="10..1")
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
 from sage_pipeline.routing_benchmark import logged_bandit as bb, prompt_features as bfeat
 from sage_pipeline_tests.routing_benchmark.test_routers import MODELS, synthetic_table
@@ -14,8 +15,8 @@ W = 2e4  # cost weight (quality per USD): about 0.1-0.5 quality per strong call 
 def test_behaviour_probabilities_and_sampled_logs():
     tab = synthetic_table(2000)
     mean_cost = tab.cost.mean(axis=0)
-    assert bb.BehaviourSpec("static").probs(2, MODELS, mean_cost).tolist() == [[0.0, 1.0]] * 2  # the dearest
-    eps = bb.BehaviourSpec("epsilon", model="cheap", epsilon=0.3)
+    assert bb.BehaviourSpec(kind="static").probs(2, MODELS, mean_cost).tolist() == [[0.0, 1.0]] * 2  # the dearest
+    eps = bb.BehaviourSpec(kind="epsilon", model="cheap", epsilon=0.3)
     assert eps.probs(1, MODELS, mean_cost).tolist() == [[0.85, 0.15]]
     assert eps.label(MODELS, mean_cost) == "epsilon(cheap, 0.3)"
     log = bb.simulate_logs(tab.quality, tab.cost, MODELS, eps, seed=3)
@@ -26,9 +27,11 @@ def test_behaviour_probabilities_and_sampled_logs():
     assert np.array_equal(log.quality, tab.quality[rows, log.action])
     assert np.array_equal(log.reward(W), tab.quality[rows, log.action] - W * tab.cost[rows, log.action])
     with pytest.raises(ValueError, match="not in the table's models"):
-        bb.BehaviourSpec("static", model="gpt-5").probs(1, MODELS, mean_cost)
-    with pytest.raises(ValueError, match="behaviour must be one of"):
-        bb.BehaviourSpec("greedy")
+        bb.BehaviourSpec(kind="static", model="gpt-5").probs(1, MODELS, mean_cost)
+    with pytest.raises(ValidationError, match=r"\nkind\n  Input should be 'static', 'uniform' or 'epsilon' .*'greedy'"):
+        bb.BehaviourSpec(kind="greedy")
+    with pytest.raises(ValidationError, match=r"\nepsilon\n  Input should be less than or equal to 1 "):
+        bb.BehaviourSpec(kind="epsilon", epsilon=1.5)
 
 
 def test_true_value_is_the_mean_expected_utility():
@@ -51,7 +54,7 @@ def logged():
 def test_ope_estimates_cover_the_exact_value_under_uniform_logs(logged):
     tab, _, pi, basis = logged
     truth = bb.true_value(pi, tab.quality, tab.cost, W)
-    log = bb.simulate_logs(tab.quality, tab.cost, MODELS, bb.BehaviourSpec("uniform"), seed=5)
+    log = bb.simulate_logs(tab.quality, tab.cost, MODELS, bb.BehaviourSpec(kind="uniform"), seed=5)
     q_hat = bb.reward_model(basis, log.action, log.reward(W), 2)
     res = bb.evaluate(log, pi, lambda: q_hat, W, "topic", MODELS, bb.BanditOPEConfig(n_boot=200))
     assert res["no_support"] is None and res["support_share"] == pytest.approx((log.action == pi.argmax(1)).mean())
@@ -65,7 +68,7 @@ def test_ope_estimates_cover_the_exact_value_under_uniform_logs(logged):
 
 def test_static_logs_support_only_the_static_policy(logged):
     tab, _, pi, _ = logged
-    log = bb.simulate_logs(tab.quality, tab.cost, MODELS, bb.BehaviourSpec("static"), seed=5)
+    log = bb.simulate_logs(tab.quality, tab.cost, MODELS, bb.BehaviourSpec(kind="static"), seed=5)
     assert (log.pscore == 1.0).all() and (log.action == 1).all()
     called = []
 
@@ -84,7 +87,7 @@ def test_static_logs_support_only_the_static_policy(logged):
 
 def test_bc_propensities_recover_the_epsilon_behaviour(logged):
     tab, x, _, _ = logged
-    spec = bb.BehaviourSpec("epsilon", model="strong", epsilon=0.3)
+    spec = bb.BehaviourSpec(kind="epsilon", model="strong", epsilon=0.3)
     log = bb.simulate_logs(tab.quality, tab.cost, MODELS, spec, seed=7)
     predict, metrics = bb.fit_propensities(x[:2000], log.action[:2000], 2, log=lambda s: None)
     p_hat = bb.floored(predict(x[2000:])[np.arange(1000), log.action[2000:]])

@@ -134,7 +134,7 @@ def test_bc_and_cql_grids_learn_the_topic_and_serve_after_save_and_load(split, t
     tr, te, feat, x_tr, x_te = split
     weights = np.array([0.0, 0.05, 0.3, 3.0]) / br.cost_scale(tr.cost)
     bc = bt.train_bc_grid(x_tr, tr.quality, tr.cost, weights, MODELS, bt.BCGridConfig(steps=300), log=lambda s: None)
-    logs = bb.simulate_logs(tr.quality, tr.cost, MODELS, bb.BehaviourSpec("uniform"), seed=1)
+    logs = bb.simulate_logs(tr.quality, tr.cost, MODELS, bb.BehaviourSpec(kind="uniform"), seed=1)
     cql = bt.train_cql_grid_bandit(x_tr, logs.action, logs.quality, logs.cost, weights, MODELS,
                                    CQLConfig(mode="bandit", hidden=(16,), steps=300, alpha=0.03), log=lambda s: None)
     algebra = np.array(["algebra" in p for p in te.prompt])

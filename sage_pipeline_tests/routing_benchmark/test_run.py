@@ -10,7 +10,13 @@ import pandas as pd
 import pytest
 
 from sage_pipeline.rl.cql import CQLConfig
-from sage_pipeline.routing_benchmark import metrics as bm, routers as br, run as brun, train as bt
+from sage_pipeline.routing_benchmark import (
+    metrics as bm,
+    prompt_features as bfeat,
+    routers as br,
+    run as brun,
+    train as bt,
+)
 from sage_pipeline.routing_benchmark.importer import BenchmarkImportError, ImportConfig, import_benchmark
 from sage_pipeline_tests.routing_benchmark.test_routers import synthetic_table
 
@@ -18,7 +24,7 @@ SLICE = Path(__file__).parent / "fixtures" / "routellm_mmlu_slice"
 
 
 def _fast(**kw) -> brun.BenchmarkConfig:
-    return brun.BenchmarkConfig(**{"featurizer_params": {"n_components": 16}, "bc": bt.BCGridConfig(steps=100),
+    return brun.BenchmarkConfig(**{"tfidf_svd": bfeat.TfidfSvdConfig(n_components=16), "bc": bt.BCGridConfig(steps=100),
                                    "cql": CQLConfig(mode="bandit", hidden=(8,), steps=100, alpha=0.03),
                                    "ope": brun.bb.BanditOPEConfig(n_boot=20), "aiq_boot": 50} | kw)
 
@@ -142,7 +148,7 @@ def test_given_split_from_train_and_test_files(tmp_path):
     (tmp_path / "te").mkdir()
     _routellm_frame(train, rng).to_csv(tmp_path / "tr" / "mmlu_train.csv")  # with pandas' index, as shipped
     _routellm_frame(test, rng).to_csv(tmp_path / "te" / "mmlu_test.csv")
-    cfg = _fast(table=ImportConfig(path=tmp_path / "tr"), split="given", test_table=ImportConfig(path=tmp_path / "te"))
+    cfg = _fast(table=ImportConfig(path=tmp_path / "tr"), split="given", test_path=tmp_path / "te")
     result, bundle = brun.run_benchmark(cfg, log=lambda s: None)
     assert (result.n_train, result.n_test) == (120, 40)
     assert result.split_info["test_prompts_also_in_train_dropped"] == 1
@@ -150,7 +156,7 @@ def test_given_split_from_train_and_test_files(tmp_path):
     assert bundle.manifest["split"]["split"] == "given"
     assert set(result.aiq_by_eval) == {"mmlu"}  # the split suffix is not part of the eval_name
     with pytest.raises(ValueError, match="only read with split='given'"):
-        _fast(table=ImportConfig(path=tmp_path / "tr"), test_table=ImportConfig(path=tmp_path / "te"))
+        _fast(table=ImportConfig(path=tmp_path / "tr"), test_path=tmp_path / "te")
 
 
 def test_given_split_from_a_split_column_and_its_errors(tmp_path):
@@ -207,7 +213,7 @@ def test_precomputed_embeddings_as_features(tmp_path):
     with pytest.raises(BenchmarkImportError, match=r"t\.csv: column 'vec': no embedding column matches 'vec'"):
         import_benchmark(ImportConfig(path=tmp_path / "t.csv", embedding="vec", price_table=prices, strict=True),
                          log=lambda s: None)
-    result, bundle = brun.run_benchmark(_fast(table=imp, featurizer="embedding", featurizer_params={}),
+    result, bundle = brun.run_benchmark(_fast(table=imp, featurizer="embedding"),
                                         log=lambda s: None)
     assert bundle.featurizer.name == "embedding" and result.aiq["knn"] > result.aiq["zero_router"]
     te = emb[300:310]
@@ -219,7 +225,7 @@ def test_precomputed_embeddings_as_features(tmp_path):
     with pytest.raises(BenchmarkImportError, match="needs the table's precomputed embeddings"):
         brun.run_benchmark(_fast(table=ImportConfig(path=tmp_path / "t.csv", price_table=prices,
                                                     models=("cheap", "strong")),
-                                 featurizer="embedding", featurizer_params={}), log=lambda s: None)
+                                 featurizer="embedding"), log=lambda s: None)
 
 
 # ------------------------------------------------------------------ run_benchmark's phases, one by one
@@ -236,7 +242,7 @@ def test_split_and_features_phases():
     assert np.array_equal(fx.x_te, fx.featurizer.transform(te.prompt))  # the featurizer fitted on train, kept
     assert fx.chars_te.tolist() == [float(len(p)) for p in te.prompt]
     with pytest.raises(BenchmarkImportError, match="needs the table's precomputed embeddings"):
-        brun.fit_features(tr, te, _fast(featurizer="embedding", featurizer_params={}), "t")
+        brun.fit_features(tr, te, _fast(featurizer="embedding"), "t")
 
 
 def test_baseline_curves_phase():

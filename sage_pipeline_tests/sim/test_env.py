@@ -96,7 +96,7 @@ def test_reward_of_a_pass_follows_reward_v2_and_latency(sim):
     cost, lat = sim.call_cost(task, model, step)
     r = sim.reward(np.array([OUTCOME_KINDS.index("pass")] * 2), step, cost, lat)
     np.testing.assert_allclose(r, 1.25 - 0.1 * step - 5.0 * cost - 0.01 * lat)
-    v1 = dataclasses.replace(sim.config, reward=dataclasses.replace(sim.config.reward, version="reward_v1"),
+    v1 = dataclasses.replace(sim.config, reward=sim.config.reward.model_copy(update={"version": "reward_v1"}),
                              latency_weight=0.0)
     sim1 = CodeTaskSim(sim.tasks, sim.outcomes, sim.catalogue, sim.table, v1)
     np.testing.assert_allclose(sim1.reward(np.array([0, 0]), step, cost, lat), 1.25 - 0.1 * step)

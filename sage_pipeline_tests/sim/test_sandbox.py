@@ -77,10 +77,14 @@ def test_a_missing_image_says_how_to_build_it(docker_ready):
 
 
 def test_bad_config_is_refused():
-    with pytest.raises(ValueError, match="backend 'podman'"):
+    with pytest.raises(ValueError, match=r"\nbackend\n  Input should be 'docker' or 'local' .*'podman'"):
         SandboxConfig(backend="podman")
-    with pytest.raises(ValueError, match="workers must be >= 1"):
+    with pytest.raises(ValueError, match=r"\nworkers\n  Input should be greater than or equal to 1 "):
         SandboxConfig(workers=0)
+    with pytest.raises(ValueError, match=r"\nlabel\n  String should have at least 1 character"):
+        SandboxConfig(label="")  # unset (unique per sandbox) is null, never ''
+    with pytest.raises(ValueError, match=r"\nmemry_mb\n  Extra inputs are not permitted"):
+        SandboxConfig(memry_mb=256)
 
 
 def _labelled(label: str) -> list[str]:

@@ -128,8 +128,12 @@ def test_a_subset_of_families():
     ({"n_tasks": 3, "families": ["rpn", "nope"]}, "families", "unknown family 'nope'"),
     ({"n_tasks": 3, "families": ["rpn", "rpn"]}, "families", "more than once"),
     ({"n_tasks": 3, "families": []}, "families", "is empty"),
-    ({"n_tasks": N_FAM, "n_wrong": 2}, "n_wrong", "outside [3, 7]"),
-    ({"n_tasks": N_FAM, "infinite_loop_share": 0.9}, "infinite_loop_share", "outside [0, 0.5]"),
+    ({"n_tasks": N_FAM, "n_wrong": 2}, "n_wrong", "2: Input should be greater than or equal to 3 (wrong candidates "
+                                                  "per task, in [3, 7]"),
+    ({"n_tasks": N_FAM, "infinite_loop_share": 0.9}, "infinite_loop_share", "0.9: Input should be less than or "
+                                                                            "equal to 0.5 (share of tasks"),
+    ({"n_tasks": N_FAM, "time_factor": 0.5}, "time_factor", "greater than or equal to 1"),
+    ({"n_tasks": N_FAM, "n_wrongs": 4}, "n_wrongs", "Extra inputs are not permitted"),
 ])
 def test_bad_config_is_a_clear_error(kwargs, field, text):
     with pytest.raises(ConfigError) as e:
