@@ -247,11 +247,11 @@ def main() -> None:
     train, test = sim.split_index("train"), sim.split_index("test")
     cfg0 = PPOConfig(total_timesteps=args.timesteps, eval_every=args.eval_every)
     # warm up both learners untimed: one-time imports (creating a torch optimizer imports torch._dynamo)
-    warm = PPOConfig(**{**cfg0.__dict__, "total_timesteps": cfg0.batch_size, "eval_every": 0})
+    warm = PPOConfig(**cfg0.model_dump() | {"total_timesteps": cfg0.batch_size, "eval_every": 0})
     run_sb3(sim, train, warm, None)
     run_ours(sim, train, warm, None)
     if args.profile:
-        profile(sim, train, PPOConfig(**{**cfg0.__dict__, "eval_every": 0}))
+        profile(sim, train, PPOConfig(**cfg0.model_dump() | {"eval_every": 0}))
         return
 
     fixed = {r["policy"]: r for r in gt.compare({}, test)}
@@ -268,11 +268,11 @@ def main() -> None:
     print("|---:|---|---:|---:|---:|---:|---:|---:|")
     speed = []
     for seed in range(args.seeds):
-        cfg = PPOConfig(**{**cfg0.__dict__, "seed": seed})
+        cfg = PPOConfig(**cfg0.model_dump() | {"seed": seed})
         sb3 = run_sb3(sim, train, cfg, value_of)  # interleaved: SB3 then ours, seed by seed
         ours = run_ours(sim, train, cfg, value_of)
         # throughput like for like: the same budget again, without the learning curve's pauses
-        thr_cfg = PPOConfig(**{**cfg.__dict__, "eval_every": 0})
+        thr_cfg = PPOConfig(**cfg.model_dump() | {"eval_every": 0})
         thr_sb3, thr_ours = run_sb3(sim, train, thr_cfg, None), run_ours(sim, train, thr_cfg, None)
         bandit, _ = run_online_bandit(sim, train, args.bandit_steps, seed=seed)
         rows = {r["policy"]: r for r in gt.compare({BANDIT: bandit, "SB3 PPO": sb3.pop("policy"),

@@ -38,9 +38,6 @@ NOT_MIGRATED: dict[str, tuple[set[str], str]] = {
     "policy_iteration.PolicyIterationConfig": (
         {"days", "episodes_per_day", "eval_tasks", "seed", "epsilon", "window_days", "cql_steps", "alphas",
          "floors"}, "repeats rl.policy_iteration.LoopConfig; " + _RL),
-    "sim_policy_assets.PPOPolicyConfig": (
-        {"total_timesteps", "num_envs", "learning_rate", "ent_coef", "hidden", "head", "eval_every", "seed",
-         "max_attempts", "latency_weight"}, "repeats rl.ppo.PPOConfig and sim.env.SimConfig; " + _RL),
 }
 
 
@@ -160,6 +157,9 @@ OWN_SETTINGS = {
     "resources.SandboxResource": {"backend"},  # 'auto', a backend the core does not have
     "resources.SageResource": {"data_dir", "routing_table", "model_catalogue", "min_rows_per_role"},
     "sim_assets.SimTasksConfig": {"suite_path", "suite_format"},
+    "sim_policy_assets.PPOPolicyConfig": {"env", "bandit_steps", "calibration", "routing_table"},
+    "sim_policy_assets.EscalationSection": set(),
+    "sim_policy_assets.EscalationRewardSection": set(),
 }
 
 

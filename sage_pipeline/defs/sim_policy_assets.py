@@ -8,13 +8,14 @@ from pydantic import Field
 
 from sage_pipeline import artifacts, markdown
 from sage_pipeline.defs.resources import SageResource
+from sage_pipeline.defs.sections import section, to_core
 from sage_pipeline.rl import ppo_policy as pp
 from sage_pipeline.rl.ppo import PPOConfig
-from sage_pipeline.routing.reward import RewardSpec
 from sage_pipeline.routing.table import RoutingTable
-from sage_pipeline.sim.env import CodeTaskSim, SimConfig
+from sage_pipeline.sim.env import CodeTaskSim, EscalationRewardSpec, SimConfig
 from sage_pipeline.sim.loop_config import DEFAULT_CONFIG, LoopConfig
 from sage_pipeline.sim.loop_env import SageLoopSim
+from sage_pipeline.sim.obs import EnvName
 from sage_pipeline.sim.rollouts import ROLLOUTS_DIR, read_rollouts
 from sage_pipeline.sim.schema import TASKS_FILE, read_tasks
 
@@ -22,37 +23,42 @@ GROUP = "simulator"
 REPORT = ("reports", "ppo_policy.json")
 
 
-class PPOPolicyConfig(dg.Config):
-    env: str = Field("sage_loop", description="'sage_loop' (SAGE's coder/debugger loop with the sandbox's feedback "
-                     "and a per-task budget) or 'escalation' (one coder model per attempt, the earlier env)")
-    total_timesteps: int = Field(200_000, description="env steps (calls and stops) of training on the train tasks")
-    num_envs: int = Field(128, description="episodes stepped together by the numpy vector environment")
-    learning_rate: float = Field(2.5e-3, description="Adam learning rate, annealed linearly to 0")
-    ent_coef: float = Field(0.01, description="entropy bonus")
-    hidden: list[int] = Field([64, 64], description="hidden layer sizes of the actor and the critic")
-    head: str = Field("greedy", description="what the checkpoint serves: 'greedy' (argmax) or 'softmax' (sampled)")
-    eval_every: int = Field(10, description="updates between learning-curve points (exact held-out values)")
-    seed: int = 0
-    bandit_steps: int = Field(100_000, description="sage_loop: decisions the online LinUCB bandit (rl/bandit.py) "
-                              "learns from before it is valued (0: skip this baseline)")
-    calibration: str = Field("", description="sage_loop: the calibration file (models, sources, budget, reward, "
-                             f"assumptions); empty: the packaged {DEFAULT_CONFIG.name}")
-    routing_table: str = Field("", description="sage_loop: SAGE's models.yaml whose coder and debugger rows are the "
-                               "static policy; empty: the one the calibration file names")
-    max_attempts: int = Field(4, description="escalation: attempts per task before the episode ends")
-    reward_version: str = Field("reward_v2", description="escalation: reward_v1 (SAGE's) or reward_v2 (minus "
-                                "cost_weight x USD); sage_loop reads it from the calibration file")
-    latency_weight: float = Field(0.01, description="escalation: reward units per second of model latency")
+class EscalationRewardSection(dg.Config, EscalationRewardSpec):
+    """``sage_pipeline.sim.env.EscalationRewardSpec``: the escalation env's reward (reward_v2 by default)."""
+
+
+class EscalationSection(dg.Config, SimConfig):
+    """``sage_pipeline.sim.env.SimConfig``: the escalation env's outcome model and reward."""
+
+    reward: EscalationRewardSection = section(SimConfig, "reward", EscalationRewardSection)
+
+
+class PPOPolicyConfig(dg.Config, PPOConfig):
+    """ppo_policy's run config: ``sage_pipeline.rl.ppo.PPOConfig`` (total_timesteps, num_envs, ...,
+    flat), which environment, the online bandit baseline's budget, the SAGE loop's calibration and
+    table, and the escalation env's settings (section ``escalation``, ``sage_pipeline.sim.env.SimConfig``)."""
+
+    env: EnvName = Field("sage_loop", description="'sage_loop' (SAGE's coder/debugger loop with the sandbox's "
+                            "feedback and a per-task budget) or 'escalation' (one coder model per attempt, the "
+                            "earlier env)")
+    bandit_steps: int = Field(100_000, ge=0, description="sage_loop: decisions the online LinUCB bandit "
+                              "(rl/bandit.py) learns from before it is valued (0: skip this baseline)")
+    calibration: str | None = Field(None, min_length=1, description="sage_loop: the calibration file (models, "
+                                    "sources, budget, reward, assumptions); null: the packaged "
+                                    f"{DEFAULT_CONFIG.name}")
+    routing_table: str | None = Field(None, min_length=1, description="sage_loop: SAGE's models.yaml whose coder "
+                                      "and debugger rows are the static policy; null: the one the calibration file "
+                                      "names")
+    escalation: EscalationSection = Field(default_factory=EscalationSection, description="escalation: the env's "
+                                          "outcome model and reward (sage_pipeline.sim.env.SimConfig); sage_loop "
+                                          "reads them from the calibration file")
 
 
 def _sim(config: PPOPolicyConfig, sage: SageResource, log):
     tasks, rollouts = read_tasks(sage.path("sim", TASKS_FILE)), read_rollouts(sage.path("sim", ROLLOUTS_DIR))
     if config.env == "escalation":
-        sim_cfg = SimConfig(max_attempts=config.max_attempts, latency_weight=config.latency_weight,
-                            reward=RewardSpec(version=config.reward_version))
+        sim_cfg = to_core(config.escalation, SimConfig)
         return CodeTaskSim.build(tasks, rollouts, sage.catalogue, sage.table, sim_cfg, log=log)
-    if config.env != "sage_loop":
-        raise dg.Failure(f"ppo_policy config field 'env' is {config.env!r}: use one of {pp.ENVS}")
     loop = LoopConfig.load(config.calibration or DEFAULT_CONFIG)
     table = RoutingTable.load(config.routing_table or loop.routing_table)
     return SageLoopSim.build(tasks, rollouts, loop, table, log=log)
@@ -69,10 +75,7 @@ def _sim(config: PPOPolicyConfig, sage: SageResource, log):
                       "checkpoints/ppo/ (the common policy format).")
 def ppo_policy(context: dg.AssetExecutionContext, config: PPOPolicyConfig, sage: SageResource) -> dg.MaterializeResult:
     sim = _sim(config, sage, context.log.info)
-    cfg = PPOConfig(total_timesteps=config.total_timesteps, num_envs=config.num_envs, seed=config.seed,
-                    learning_rate=config.learning_rate, ent_coef=config.ent_coef, hidden=tuple(config.hidden),
-                    head=config.head, eval_every=config.eval_every)
-    run = pp.train_and_evaluate(sim, cfg, log=context.log.info, bandit_steps=config.bandit_steps)
+    run = pp.train_and_evaluate(sim, to_core(config, PPOConfig), log=context.log.info, bandit_steps=config.bandit_steps)
     tasks_path = sage.path("sim", TASKS_FILE)
     ck = run.result.save(sage.path("checkpoints", "ppo"), training_data_sha256=artifacts.file_sha256(tasks_path),
                          metrics=run.summary)

@@ -46,56 +46,69 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated, Literal
 
 import numpy as np
 import torch
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from threadpoolctl import threadpool_limits
 
 from sage_pipeline.rl.checkpoint import HEADS, CheckpointMeta, Layers, MLPPolicy, save_checkpoint
 
+Head = Literal[HEADS]  # what a checkpoint serves: "softmax" or "greedy"
 
-@dataclass(frozen=True)
-class PPOConfig:
-    seed: int = 0
-    total_timesteps: int = 200_000  # env steps over the whole run
-    learning_rate: float = 2.5e-3  # Adam, annealed linearly to 0 when anneal_lr
-    num_envs: int = 128
-    num_steps: int = 16  # steps per environment per rollout
-    anneal_lr: bool = True
-    gamma: float = 1.0  # episodes are a few calls long: no discounting
-    gae_lambda: float = 0.95
-    num_minibatches: int = 4
-    update_epochs: int = 4
-    norm_adv: bool = True
-    clip_coef: float = 0.2
-    clip_vloss: bool = True
-    ent_coef: float = 0.01
-    vf_coef: float = 0.5
-    max_grad_norm: float = 0.5
-    target_kl: float | None = None
-    hidden: tuple[int, ...] = (64, 64)  # ReLU MLPs (the checkpoint's numpy forward is ReLU)
-    head: str = "greedy"  # what the checkpoint serves: "greedy" (argmax of the logits) or "softmax"
-    eval_every: int = 10  # updates between learning-curve evaluations (0: only after the first and last)
-    num_threads: int = 1  # torch and numpy-BLAS threads while training (restored afterwards); 0: defaults
-    log_every_s: float = 5.0
 
-    def __post_init__(self) -> None:
-        if self.num_envs < 1 or self.num_steps < 1 or self.num_minibatches < 1 or self.update_epochs < 1:
-            raise ValueError("num_envs, num_steps, num_minibatches and update_epochs must be >= 1")
+class PPOConfig(BaseModel):
+    """PPO's hyperparameters (CleanRL's names). Checked when made, never while training: the
+    training loop only reads them."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    seed: int = Field(0, description="seed of the weights, the action sampling and the minibatches (the "
+                      "environment is seeded by its caller)")
+    total_timesteps: int = Field(200_000, ge=1, description="env steps over the whole run (calls and stops); at "
+                                 "least one rollout, num_envs x num_steps")
+    learning_rate: float = Field(2.5e-3, gt=0.0, allow_inf_nan=False, description="Adam learning rate, annealed "
+                                 "linearly to 0 when anneal_lr")
+    num_envs: int = Field(128, ge=1, description="episodes stepped together by the numpy vector environment")
+    num_steps: int = Field(16, ge=1, description="steps per environment per rollout")
+    anneal_lr: bool = Field(True, description="anneal the learning rate linearly to 0 over the run")
+    gamma: float = Field(1.0, ge=0.0, le=1.0, description="discount in [0, 1]; 1: episodes are a few calls long, "
+                         "no discounting")
+    gae_lambda: float = Field(0.95, ge=0.0, le=1.0, description="GAE's lambda, in [0, 1]")
+    num_minibatches: int = Field(4, ge=1, description="minibatches per epoch; must divide num_envs x num_steps")
+    update_epochs: int = Field(4, ge=1, description="epochs over each rollout")
+    norm_adv: bool = Field(True, description="normalise the advantages per minibatch")
+    clip_coef: float = Field(0.2, gt=0.0, allow_inf_nan=False, description="clip range of the surrogate's ratio "
+                             "(and of the value when clip_vloss)")
+    clip_vloss: bool = Field(True, description="clip the value loss as CleanRL does")
+    ent_coef: float = Field(0.01, ge=0.0, allow_inf_nan=False, description="entropy bonus")
+    vf_coef: float = Field(0.5, ge=0.0, allow_inf_nan=False, description="weight of the value loss")
+    max_grad_norm: float = Field(0.5, gt=0.0, description="global gradient-norm clipping")
+    target_kl: float | None = Field(None, gt=0.0, description="stop an update's epochs early when the approximate "
+                                    "KL exceeds this; null: never")
+    hidden: list[Annotated[int, Field(ge=1)]] = Field([64, 64], min_length=1, description="hidden layer widths of "
+                                                      "the actor and the critic, ReLU MLPs (the checkpoint's numpy "
+                                                      "forward is ReLU)")
+    head: Head = Field("greedy", description="what the checkpoint serves: 'greedy' (argmax of the logits) or "
+                       "'softmax' (sampled)")
+    eval_every: int = Field(10, ge=0, description="updates between learning-curve evaluations (0: only after the "
+                            "first and the last)")
+    num_threads: int = Field(1, ge=0, description="torch and numpy-BLAS threads while training (restored "
+                             "afterwards); 0: their defaults")
+    log_every_s: float = Field(5.0, ge=0.0, description="progress at most this often")
+
+    @model_validator(mode="after")
+    def _whole_rollouts(self) -> PPOConfig:
         if self.batch_size % self.num_minibatches:
-            raise ValueError(f"num_envs * num_steps ({self.batch_size}) must be divisible by num_minibatches "
-                             f"({self.num_minibatches})")
+            raise ValueError(f"num_envs x num_steps ({self.num_envs} x {self.num_steps} = {self.batch_size}) must be "
+                             f"divisible by num_minibatches ({self.num_minibatches})")
         if self.total_timesteps < self.batch_size:
-            raise ValueError(f"total_timesteps ({self.total_timesteps}) is less than one rollout "
-                             f"(num_envs * num_steps = {self.batch_size})")
-        if self.head not in HEADS:
-            raise ValueError(f"head must be one of {HEADS}, got {self.head!r}")
-        if not self.hidden or any(int(h) < 1 for h in self.hidden):
-            raise ValueError(f"hidden must be one or more positive layer widths, got {self.hidden!r}")
-        if not (self.learning_rate > 0 and 0 <= self.gamma <= 1 and 0 <= self.gae_lambda <= 1):
-            raise ValueError("learning_rate must be > 0 and gamma, gae_lambda in [0, 1]")
+            raise ValueError(f"total_timesteps ({self.total_timesteps}) is less than one rollout (num_envs x "
+                             f"num_steps = {self.batch_size}): raise total_timesteps or lower num_envs / num_steps")
+        return self
 
     @property
     def batch_size(self) -> int:
@@ -259,16 +272,19 @@ class PPOResult:
 
     def meta(self, head: str | None = None, training_data_sha256: str | None = None,
              metrics: dict | None = None) -> CheckpointMeta:
+        """Checkpoint metadata; ``metrics`` add to the training ones (as BC's and CQL's do)."""
         return CheckpointMeta(kind="ppo", spec_kind=self.spec_kind, feature_spec=self.obs_spec,
                               actions=list(self.actions), role_mask=self.role_mask.tolist(),
-                              head=head or self.config.head, metrics=metrics if metrics is not None else self.metrics,
-                              config=asdict(self.config), training_data_sha256=training_data_sha256)
+                              head=head or self.config.head, metrics={**self.metrics, **(metrics or {})},
+                              config=self.config.model_dump(), training_data_sha256=training_data_sha256)
 
     def policy(self, head: str | None = None) -> MLPPolicy:
         """The policy exactly as a saved checkpoint serves it (numpy)."""
         return MLPPolicy(self.meta(head), self.nets, name=f"ppo_{head or self.config.head}")
 
     def save(self, path: str | Path, training_data_sha256: str | None = None, metrics: dict | None = None) -> Path:
+        """Write the checkpoint folder atomically (:func:`~sage_pipeline.rl.checkpoint.save_checkpoint`);
+        ``metrics`` add to the training metrics."""
         return save_checkpoint(path, self.meta(None, training_data_sha256, metrics), self.nets)
 
 

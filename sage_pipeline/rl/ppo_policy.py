@@ -2,9 +2,10 @@
 and judge it on the held-out (test split) tasks by the simulator's exact ground truth, beside
 every baseline.
 
-Two environments (``ENVS``): ``"sage_loop"`` (the default, :mod:`sage_pipeline.sim.loop_env`:
-SAGE's coder / debugger loop with the sandbox's feedback and a per-task budget) and
-``"escalation"`` (:mod:`sage_pipeline.sim.env`: one coder model per attempt, no budget).
+Two environments (``sage_pipeline.sim.obs.ENVS``): ``"sage_loop"`` (the default,
+:mod:`sage_pipeline.sim.loop_env`: SAGE's coder / debugger loop with the sandbox's feedback and a
+per-task budget) and ``"escalation"`` (:mod:`sage_pipeline.sim.env`: one coder model per attempt,
+no budget).
 
 Held-out rows (all exact, no sampling): expected return per task (``value``), regret
 closure ``(V - V_static) / (V_oracle - V_static)``, pass rate, mean cost and latency per
@@ -42,7 +43,6 @@ from sage_pipeline.sim.loop_env import SageLoopSim, SageLoopVecEnv
 from sage_pipeline.sim.loop_truth import LoopGroundTruth, regret_closure
 from sage_pipeline.sim.obs import LoopObs
 
-ENVS = ("sage_loop", "escalation")
 BLIND = ("best single arm", "best one-step route", "best feedback-blind plan")
 BANDIT = "online bandit (LinUCB, greedy)"
 

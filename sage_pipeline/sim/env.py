@@ -47,17 +47,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import ClassVar
+from dataclasses import dataclass
+from typing import ClassVar, Literal
 
 import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sage_pipeline.routing.catalogue import ModelCatalogue
 from sage_pipeline.routing.features import log_tokens, scaled_count
-from sage_pipeline.routing.reward import RewardSpec, apply_version, sage_step_reward
+from sage_pipeline.routing.reward import RewardSpec, RewardVersion, apply_version, sage_step_reward
 from sage_pipeline.routing.schema import REWARD_MAX, REWARD_MIN, ROLE_INDEX, ROLES
 from sage_pipeline.routing.table import RoutingTable
 from sage_pipeline.sim.obs import LAST_OUTCOMES, CodeTaskObs, ObsSpec
@@ -67,6 +68,7 @@ from sage_pipeline.sim.schema import OUTCOME_KINDS, Candidate, ExecJob, ExecResu
 STOP = "stop"
 PASS, TIMEOUT = OUTCOME_KINDS.index("pass"), OUTCOME_KINDS.index("timeout")
 Executor = Callable[[list[ExecJob]], list[ExecResult]]
+Role = Literal[ROLES]  # one of SAGE's roles (routing.schema.ROLES)
 
 
 # ------------------------------------------------------------------- rollouts
@@ -178,34 +180,53 @@ def _reference(t: TaskRecord) -> Candidate:
 
 
 # ------------------------------------------------------------------ simulator
-@dataclass(frozen=True)
-class SimConfig:
-    role: str = "coder"  # the models are the catalogue's candidates for this role
-    max_attempts: int = 4
-    sharpness: float = 8.0  # slope of the success logit in (capability - difficulty)
-    bias: float = 0.0
-    retry_gain: float = 0.3  # logit gained per earlier failure
-    # logit gained from the last failure's feedback: a failing test or a traceback helps
-    # more than a timeout, an out-of-memory kill or a killed process
-    feedback_gain: dict = field(default_factory=lambda: {
-        "none": 0.0, "wrong_answer": 0.4, "exception": 0.3, "timeout": -0.2, "oom": 0.0, "killed": 0.0})
-    context_penalty: float = 1.5  # logit lost per doubling of the prompt past the model's context
-    feedback_tokens: int = 200  # prompt tokens added per failure (the failing test's output)
-    reward: RewardSpec = field(default_factory=lambda: RewardSpec(version="reward_v2"))
-    latency_weight: float = 0.01  # reward units per second of model latency
+class EscalationRewardSpec(RewardSpec):
+    """The escalation env's reward: :class:`RewardSpec` with ``reward_v2`` (cost-aware) by default."""
 
-    def __post_init__(self) -> None:
-        if self.role not in ROLES:
-            raise ValueError(f"role {self.role!r} is not one of {ROLES}")
-        if not 1 <= self.max_attempts <= 10:
-            raise ValueError(f"max_attempts must be in [1, 10], got {self.max_attempts}")
-        if set(self.feedback_gain) != set(LAST_OUTCOMES):
-            raise ValueError(f"feedback_gain needs exactly the keys {LAST_OUTCOMES}, got {sorted(self.feedback_gain)}")
-        if self.latency_weight < 0 or self.feedback_tokens < 0:
-            raise ValueError("latency_weight and feedback_tokens must be >= 0")
+    version: RewardVersion = Field("reward_v2", description="reward_v1 (SAGE's) or reward_v2 (reward_v1 minus "
+                                   "cost_weight x the call's USD, clamped again)")
+
+
+def _escalation_reward() -> RewardSpec:
+    """:class:`EscalationRewardSpec`'s defaults as a plain RewardSpec (so configs compare equal)."""
+    return RewardSpec(**EscalationRewardSpec().model_dump())
+
+
+class SimConfig(BaseModel):
+    """The escalation env's outcome model and reward (see the module docstring)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    role: Role = Field("coder", description="the role whose candidates (the model catalogue's) are the models")
+    max_attempts: int = Field(4, ge=1, le=10, description="attempts per task before the episode ends, in [1, 10]")
+    sharpness: float = Field(8.0, allow_inf_nan=False, description="slope of the success logit in (capability - "
+                             "difficulty)")
+    bias: float = Field(0.0, allow_inf_nan=False, description="added to the success logit")
+    retry_gain: float = Field(0.3, allow_inf_nan=False, description="logit gained per earlier failure")
+    feedback_gain: dict[str, float] = Field(
+        default_factory=lambda: {"none": 0.0, "wrong_answer": 0.4, "exception": 0.3, "timeout": -0.2, "oom": 0.0,
+                                 "killed": 0.0},
+        description="logit gained from the last failure's feedback, per last outcome (exactly the keys "
+                    f"{', '.join(LAST_OUTCOMES)}): a failing test or a traceback helps more than a timeout, an "
+                    "out-of-memory kill or a killed process")
+    context_penalty: float = Field(1.5, allow_inf_nan=False, description="logit lost per doubling of the prompt "
+                                   "past the model's context")
+    feedback_tokens: int = Field(200, ge=0, description="prompt tokens added per failure (the failing test's "
+                                 "output)")
+    reward: RewardSpec = Field(default_factory=_escalation_reward, description="the reward (reward_v2 by "
+                               "default: minus cost_weight x USD)")
+    latency_weight: float = Field(0.01, ge=0.0, allow_inf_nan=False, description="reward units subtracted per "
+                                  "second of model latency")
+
+    @field_validator("feedback_gain")
+    @classmethod
+    def _every_last_outcome(cls, v: dict[str, float]) -> dict[str, float]:
+        if set(v) != set(LAST_OUTCOMES):
+            raise ValueError(f"needs exactly the keys {list(LAST_OUTCOMES)}, got {sorted(v)}")
+        return v
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return self.model_dump()
 
 
 class TaskSimBase:

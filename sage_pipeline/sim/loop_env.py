@@ -126,7 +126,7 @@ class SageLoopSim(TaskSimBase):
         # index for a failure) and the share of tests it passed
         self.wrong_kind = np.where(outcomes.wrong_kind >= 0, outcomes.wrong_kind, NONE)
         self.wrong_tests = outcomes.wrong_tests_share
-        a = c.assumptions
+        a = c.assumed
         shift = -a["difficulty_slope"] * (self.difficulty - a["difficulty_ref"])
         shift = shift + np.array([a["family_offsets"].get(t.family, 0.0) for t in tasks])
         self._hardness_model(np.array([c.models[m].code_logit for m in self.code_models])[None, :] + shift[:, None],

@@ -15,13 +15,15 @@ A checkpoint trained on one environment (or on other families, another action se
 refused by name against the other: the specs' ``env``, ``numeric`` or ``families`` differ.
 
 Kept apart from the environments (numpy only) so that serving a checkpoint
-(:func:`sage_pipeline.rl.checkpoint.load_policy`) imports neither gymnasium nor pandas.
+(:func:`sage_pipeline.rl.checkpoint.load_policy`) imports neither gymnasium nor pandas, nor
+pydantic: :class:`ObsSpec` stays a frozen dataclass that checks its ``env`` itself (as
+``routing.features.FeatureSpec`` does), unlike the simulators' pydantic configs.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
-from typing import ClassVar
+from typing import ClassVar, Literal, get_args
 
 import numpy as np
 
@@ -31,7 +33,8 @@ from sage_pipeline.sim.schema import OUTCOME_KINDS
 # Index 0 is "no attempt yet" (no candidate); the failure kinds keep their OUTCOME_KINDS index
 # (pass never precedes another attempt), so ``last_outcome == outcome kind index`` after a failure.
 LAST_OUTCOMES: tuple[str, ...] = ("none", *OUTCOME_KINDS[1:])
-ENVS = ("escalation", "sage_loop")
+EnvName = Literal["sage_loop", "escalation"]  # the code-task environments (sage_loop: the default one)
+ENVS: tuple[str, ...] = get_args(EnvName)
 ESCALATION_NUMERIC = ("difficulty", "log_prompt_tokens", "step", "failure_count", "primary_failure_count")
 LOOP_NUMERIC = ("difficulty", "calls_used", "usd_used", "seconds_used", "tests_passed")
 COUNT_PREFIX = "calls:"  # a loop observation's per-action call count column: "calls:<action>"
@@ -128,7 +131,7 @@ class ObsSpec:
     numeric: tuple[str, ...] = ESCALATION_NUMERIC
     last_outcomes: tuple[str, ...] = LAST_OUTCOMES
     max_count: int = 8  # counts are clipped to this and divided by it
-    env: str = "escalation"  # ENVS: which environment's observations this encodes
+    env: EnvName = "escalation"  # which environment's observations this encodes (checked when made)
 
     def __post_init__(self) -> None:
         if self.env not in ENVS:

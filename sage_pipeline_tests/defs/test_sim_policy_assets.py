@@ -10,8 +10,12 @@ import dagster as dg
 import pytest
 
 from sage_pipeline.defs.resources import SageResource
-from sage_pipeline.defs.sim_policy_assets import ppo_policy, ppo_policy_beats_static_table
+from sage_pipeline.defs.sections import to_core
+from sage_pipeline.defs.sim_policy_assets import PPOPolicyConfig, ppo_policy, ppo_policy_beats_static_table
 from sage_pipeline.rl.checkpoint import load_policy, read_meta
+from sage_pipeline.rl.ppo import PPOConfig
+from sage_pipeline.routing.reward import RewardSpec
+from sage_pipeline.sim.env import SimConfig
 from sage_pipeline.sim.schema import write_tasks
 from sage_pipeline_tests.sim.synthetic import synthetic_suite, write_rollouts
 
@@ -67,6 +71,8 @@ def test_ppo_policy_materializes_with_heldout_ground_truth(materialized):
     assert len(report["curve"]) >= 5 and (root / "reports" / "ppo_learning_curve.png").is_file()
     meta = read_meta(root / "checkpoints" / "ppo")
     assert meta.kind == "ppo" and meta.spec_kind == "code_task" and meta.feature_spec["env"] == "sage_loop"
+    assert meta.metrics == report["summary"]  # the training metrics and the held-out figures (a superset of them)
+    assert meta.config == PPOConfig(total_timesteps=30_000, num_envs=64, eval_every=5).model_dump()
     pol = load_policy(root / "checkpoints" / "ppo")
     assert pol.actions[-1] == "stop" and pol.actions[0] == "code:qwen2.5-coder:1.5b"
     checks = [e.event_specific_data for e in result.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"]
@@ -76,19 +82,56 @@ def test_ppo_policy_materializes_with_heldout_ground_truth(materialized):
 @pytest.mark.slow
 def test_the_escalation_env_still_materializes(tmp_path):
     root = _root(tmp_path, n_tasks=60)
-    result = _run(root, env="escalation", total_timesteps=4096, eval_every=2)
+    result = _run(root, env="escalation", total_timesteps=4096, eval_every=2, escalation={"max_attempts": 3})
     md = {k: v.value for k, v in result.asset_materializations_for_node("ppo_policy")[-1].metadata.items()}
     assert md["env"] == "escalation" and "gpt-4.1-mini" not in md["heldout"]  # rows are policies, not models
+    sim_config = json.loads((root / "reports" / "ppo_policy.json").read_text())["sim_config"]
+    assert sim_config == SimConfig(max_attempts=3).model_dump() and sim_config["reward"]["version"] == "reward_v2"
     assert read_meta(root / "checkpoints" / "ppo").feature_spec["env"] == "escalation"
     assert load_policy(root / "checkpoints" / "ppo").actions[-1] == "stop"
 
 
-@pytest.mark.slow
-def test_an_unknown_env_is_a_clear_error(tmp_path):
+def test_the_run_config_is_ppo_config_flat_and_the_escalation_env_in_a_section():
+    """Each default is the core's: PPOConfig's keys flat (as before), SimConfig's under
+    ``escalation``; a given setting reaches the core as given."""
+    cfg = PPOPolicyConfig()
+    assert to_core(cfg, PPOConfig) == PPOConfig() and to_core(cfg.escalation, SimConfig) == SimConfig()
+    assert (cfg.env, cfg.calibration, cfg.routing_table) == ("sage_loop", None, None)
+    assert to_core(cfg.escalation, SimConfig).reward == RewardSpec(version="reward_v2")
+    given = PPOPolicyConfig(total_timesteps=4096, num_steps=8, target_kl=0.05, hidden=[32],
+                            escalation={"max_attempts": 2, "latency_weight": 0.0, "reward": {"version": "reward_v1"}})
+    assert to_core(given, PPOConfig) == PPOConfig(total_timesteps=4096, num_steps=8, target_kl=0.05, hidden=[32])
+    assert to_core(given.escalation, SimConfig) == SimConfig(max_attempts=2, latency_weight=0.0,
+                                                             reward=RewardSpec(version="reward_v1"))
+
+
+def test_an_unknown_env_or_an_old_key_is_refused_before_the_run(tmp_path):
     root = _root(tmp_path, n_tasks=12)
-    result = _run(root, raise_on_error=False, env="gridworld")
-    msg = result.failure_data_for_node("ppo_policy").error.message
-    assert "config field 'env' is 'gridworld'" in msg and "sage_loop" in msg
+    with pytest.raises(dg.DagsterInvalidConfigError) as ei:
+        _run(root, env="gridworld")
+    said = str(ei.value)
+    assert "config:env" in said and "'sage_loop', 'escalation'" in said and "got gridworld" in said
+    # the escalation env's flat keys of the old config moved into its section: refused, not ignored
+    for old in ("max_attempts", "latency_weight", "reward_version"):
+        with pytest.raises(dg.DagsterInvalidConfigError, match=f'unexpected config entry "{old}"'):
+            _run(root, **{old: 2})
+
+
+def test_a_value_the_core_refuses_fails_the_step_naming_the_field(tmp_path):
+    root = _root(tmp_path, n_tasks=12)
+    for config, field, rule in [
+        ({"escalation": {"max_attempts": 11}}, "escalation.max_attempts", "less than or equal to 10"),
+        ({"escalation": {"feedback_gain": {"none": 0.0}}}, "escalation.feedback_gain", "needs exactly the keys"),
+        ({"num_envs": 10, "num_steps": 3}, "num_envs x num_steps (10 x 3 = 30)", "divisible by num_minibatches"),
+        ({"learning_rate": 0.0}, "learning_rate", "greater than 0"),
+        ({"calibration": ""}, "calibration", "at least 1 character"),  # unset is null, never ''
+    ]:
+        result = _run(root, raise_on_error=False, **config)
+        assert not result.success
+        failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
+        error = str(failure.event_specific_data.error)
+        assert field in error and rule in error, (config, error)
+    assert not (root / "checkpoints" / "ppo").exists()
 
 
 def test_a_tasks_file_from_another_version_fails_with_a_clear_error(tmp_path):

@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from gymnasium.utils.env_checker import check_env
+from pydantic import ValidationError
 
 from sage_pipeline.sim.env import STOP, CodeTaskEnv, CodeTaskSim, CodeTaskVecEnv, SimConfig
 from sage_pipeline.sim.obs import LAST_OUTCOMES, ObsSpec
@@ -96,8 +97,7 @@ def test_reward_of_a_pass_follows_reward_v2_and_latency(sim):
     cost, lat = sim.call_cost(task, model, step)
     r = sim.reward(np.array([OUTCOME_KINDS.index("pass")] * 2), step, cost, lat)
     np.testing.assert_allclose(r, 1.25 - 0.1 * step - 5.0 * cost - 0.01 * lat)
-    v1 = dataclasses.replace(sim.config, reward=sim.config.reward.model_copy(update={"version": "reward_v1"}),
-                             latency_weight=0.0)
+    v1 = SimConfig(**sim.config.model_dump() | {"reward": {"version": "reward_v1"}, "latency_weight": 0.0})
     sim1 = CodeTaskSim(sim.tasks, sim.outcomes, sim.catalogue, sim.table, v1)
     np.testing.assert_allclose(sim1.reward(np.array([0, 0]), step, cost, lat), 1.25 - 0.1 * step)
 
@@ -267,9 +267,34 @@ def test_a_bad_line_in_the_tasks_file_names_the_file_line_and_field(tmp_path, su
     assert "re-materialize sim_tasks" in str(err.value)
 
 
+def test_the_reports_sim_config_is_written_as_before():
+    """ppo_policy.json's sim_config (escalation env) is SimConfig.to_dict(): byte for byte what
+    the dataclass wrote (the reward as its fields), so existing readers and reports agree."""
+    assert json.dumps(SimConfig().to_dict()) == (
+        '{"role": "coder", "max_attempts": 4, "sharpness": 8.0, "bias": 0.0, "retry_gain": 0.3, "feedback_gain": '
+        '{"none": 0.0, "wrong_answer": 0.4, "exception": 0.3, "timeout": -0.2, "oom": 0.0, "killed": 0.0}, '
+        '"context_penalty": 1.5, "feedback_tokens": 200, "reward": {"version": "reward_v2", "verified_bonus": 0.25, '
+        '"failed_verification_penalty": 0.15, "timeout_penalty": 0.5, "retry_penalty": 0.1, "cost_weight": 5.0}, '
+        '"latency_weight": 0.01}')
+    raw = json.loads(json.dumps(SimConfig(max_attempts=2, reward={"version": "reward_v1"}).to_dict()))
+    assert SimConfig(**raw) == SimConfig(max_attempts=2, reward={"version": "reward_v1"})  # reads back
+
+
 def test_bad_config_and_difficulty(suite, sim, catalogue, table):
-    with pytest.raises(ValueError, match="feedback_gain needs exactly"):
-        SimConfig(feedback_gain={"none": 0.0})
+    for bad, match in [
+        ({"feedback_gain": {"none": 0.0}}, r"\nfeedback_gain\n  Value error, needs exactly the keys \['none', "
+                                           r"'wrong_answer', 'exception', 'timeout', 'oom', 'killed'\], "
+                                           r"got \['none'\]"),
+        ({"role": "boss"}, r"\nrole\n  Input should be 'planner', 'architect', 'coder', .* input_value='boss'"),
+        ({"max_attempts": 0}, r"\nmax_attempts\n  Input should be greater than or equal to 1 "),
+        ({"max_attempts": 11}, r"\nmax_attempts\n  Input should be less than or equal to 10 "),
+        ({"latency_weight": -0.1}, r"\nlatency_weight\n  Input should be greater than or equal to 0 "),
+        ({"feedback_tokens": -1}, r"\nfeedback_tokens\n  Input should be greater than or equal to 0 "),
+        ({"reward": {"version": "reward_v9"}}, r"\nreward\.version\n  Input should be 'reward_v1' or 'reward_v2'"),
+        ({"max_attempt": 3}, r"\nmax_attempt\n  Extra inputs are not permitted"),
+    ]:
+        with pytest.raises(ValidationError, match=match):
+            SimConfig(**bad)
     bad = dataclasses.replace(suite[0][0], difficulty=1.5)
     with pytest.raises(ValueError, match=r"task 'strings-0000': field 'difficulty' is 1.5"):
         CodeTaskSim.build([bad, *suite[0][1:]], suite[1], catalogue, table)

@@ -3,7 +3,6 @@ independent scalar recursion; the oracle is optimal; bad policies are refused.""
 
 from __future__ import annotations
 
-import dataclasses
 from functools import cache
 
 import numpy as np
@@ -167,8 +166,7 @@ def test_a_policy_with_other_actions_or_bad_probabilities_is_refused(sim, gt):
 
 
 def test_values_depend_on_the_reward_version(sim):
-    v1 = dataclasses.replace(sim.config, reward=sim.config.reward.model_copy(update={"version": "reward_v1"}),
-                             latency_weight=0.0)
+    v1 = SimConfig(**sim.config.model_dump() | {"reward": {"version": "reward_v1"}, "latency_weight": 0.0})
     gt1 = GroundTruth(CodeTaskSim(sim.tasks, sim.outcomes, sim.catalogue, sim.table, v1))
     gt2 = GroundTruth(sim)
     # without cost and latency penalties the oracle is worth more and calls the strongest models more

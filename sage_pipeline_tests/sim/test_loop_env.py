@@ -37,7 +37,7 @@ def sim(suite, config):
 
 
 def with_budget(config: LoopConfig, **budget) -> LoopConfig:
-    return dataclasses.replace(config, budget=dataclasses.replace(config.budget, **budget))
+    return config.model_copy(update={"budget": config.budget.model_copy(update=budget)})
 
 
 def hand_sim(config: LoopConfig, kinds: list[str], tests: list[tuple[int, int]], difficulty: float = 0.42):
@@ -155,11 +155,11 @@ def test_a_debug_call_before_any_candidate_costs_the_call_and_changes_nothing(co
 
 def test_a_coders_chance_is_its_published_pass_rate_moved_by_difficulty_and_failures(config):
     sim = hand_sim(config, ["wrong_answer"], [(5, 10)], difficulty=0.6)
-    a = config.assumptions
+    a = config.assumed
     counts = np.zeros((1, sim.n_calls), dtype=np.int64)
     first = sim.p_code(np.array([0]), counts)[0]
     for m, name in enumerate(sim.code_models):
-        want = 1 / (1 + np.exp(-(logit(config.models[name].humaneval) - a["difficulty_slope"] * (0.6 - 0.42))))
+        want = 1 / (1 + np.exp(-(logit(config.models[name].humaneval.value) - a["difficulty_slope"] * (0.6 - 0.42))))
         assert first[m] == pytest.approx(want)
     # a retry of the model that failed: the posterior chance of the one-hardness model
     counts[0, 0] = 1
@@ -274,10 +274,10 @@ def test_bad_actions_and_tables_are_clear_errors(sim, config, suite):
         env.step(np.array([0, 1, -1, 2]))
     with pytest.raises(ValueError, match="n_envs must be >= 1"):
         SageLoopVecEnv(sim, n_envs=0)
-    no_coder = dataclasses.replace(config, static_roles=("planner_x", "debugger"))
+    no_coder = config.model_copy(update={"static_roles": ["planner_x", "debugger"]})
     with pytest.raises(LoopConfigError, match=r"field 'static_roles\[0\]': role 'planner_x' is not routed"):
         SageLoopSim.build(*suite, no_coder)
-    narrow = dataclasses.replace(config, debug_models=("claude-sonnet-4-5",))
+    narrow = config.model_copy(update={"actions": config.actions.model_copy(update={"debug": ["claude-sonnet-4-5"]})})
     with pytest.raises(LoopConfigError, match="routes debugger.primary to 'qwen2.5-coder:14b', which is not a debug "
                                               "action"):
         SageLoopSim.build(*suite, narrow)

@@ -5,8 +5,6 @@ is the backward induction's value of that plan."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 
@@ -40,7 +38,7 @@ def sig(x: float) -> float:
 
 def by_hand(config: LoopConfig, sim: SageLoopSim):
     """Rewards and chances of the one-task simulator, from the config's numbers directly."""
-    a, d = config.assumptions, 0.42
+    a, d = config.assumed, 0.42
     cw, lw = config.cost_weight, config.latency_weight
 
     def reward(action: str, level: int, kind: str) -> float:
@@ -50,7 +48,7 @@ def by_hand(config: LoopConfig, sim: SageLoopSim):
         return float(np.clip(base - 0.1 * level - cost, -2, 2))
 
     def p_code(model: str) -> float:
-        return sig(logit(config.models[model].humaneval) - a["difficulty_slope"] * (d - a["difficulty_ref"]))
+        return sig(logit(config.models[model].humaneval.value) - a["difficulty_slope"] * (d - a["difficulty_ref"]))
 
     def p_debug(model: str, kind: str, share: float) -> float:
         return sig(config.models[model].debug_logit - a["difficulty_slope"] * (d - a["difficulty_ref"])
@@ -215,7 +213,7 @@ def test_a_smaller_budget_is_worth_less_to_the_oracle(config):
     small = LoopGroundTruth(SageLoopSim.build(tasks, df, with_budget(config, calls=1))).optimal_value().value
     full = LoopGroundTruth(SageLoopSim.build(tasks, df, config)).optimal_value().value
     assert full > small > 0
-    tight = dataclasses.replace(config, budget=dataclasses.replace(config.budget, seconds=20.0))
+    tight = config.model_copy(update={"budget": config.budget.model_copy(update={"seconds": 20.0})})
     sim = SageLoopSim.build(tasks, df, tight)
     gt = LoopGroundTruth(sim)
     assert (gt.counts @ sim.seconds <= 20.0 + 1e-9).all()  # only reachable states are enumerated
