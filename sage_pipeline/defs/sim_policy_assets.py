@@ -13,7 +13,7 @@ from sage_pipeline.rl import ppo_policy as pp
 from sage_pipeline.rl.ppo import PPOConfig
 from sage_pipeline.routing.table import RoutingTable
 from sage_pipeline.sim.env import CodeTaskSim, EscalationRewardSpec, SimConfig
-from sage_pipeline.sim.loop_config import DEFAULT_CONFIG, LoopConfig
+from sage_pipeline.sim.loop_config import DEFAULT_CONFIG, SageLoopConfig
 from sage_pipeline.sim.loop_env import SageLoopSim
 from sage_pipeline.sim.obs import EnvName
 from sage_pipeline.sim.rollouts import ROLLOUTS_DIR, read_rollouts
@@ -59,7 +59,7 @@ def _sim(config: PPOPolicyConfig, sage: SageResource, log):
     if config.env == "escalation":
         sim_cfg = to_core(config.escalation, SimConfig)
         return CodeTaskSim.build(tasks, rollouts, sage.catalogue, sage.table, sim_cfg, log=log)
-    loop = LoopConfig.load(config.calibration or DEFAULT_CONFIG)
+    loop = SageLoopConfig.load(config.calibration or DEFAULT_CONFIG)
     table = RoutingTable.load(config.routing_table or loop.routing_table)
     return SageLoopSim.build(tasks, rollouts, loop, table, log=log)
 

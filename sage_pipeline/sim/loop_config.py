@@ -4,7 +4,7 @@
 What is published and what is assumed is kept apart: each model's HumanEval pass@1, its Aider
 code-editing figures (first try, second try after the failing tests' output, seconds per
 exercise) and an API model's list price each name a ``source`` (title, table or row, URL);
-everything else is an ``assumption`` with its reason. From them (:class:`LoopConfig`):
+everything else is an ``assumption`` with its reason. From them (:class:`SageLoopConfig`):
 
 * a coder's chance on a task at the reference difficulty: its HumanEval pass@1;
 * a debugger's chance at the reference difficulty (before the feedback's gains): its Aider repair
@@ -15,7 +15,7 @@ everything else is an ``assumption`` with its reason. From them (:class:`LoopCon
 * a call's dollars: list price x the assumed tokens (API), or the GPU's assumed power x the
   latency x the assumed electricity price (local Ollama models: no list price).
 
-The file's shape is :class:`LoopConfig`: frozen pydantic models, one per mapping of the file, a
+The file's shape is :class:`SageLoopConfig`: frozen pydantic models, one per mapping of the file, a
 description per field. What a field allows is its type and bounds; the references between fields
 (a figure's source, an action's model) are checked by the model. Errors name the file and the
 field (``models.codestral:22b.aider.pass_rate_1``) and what to fix.
@@ -50,7 +50,7 @@ DEFAULT_CONFIG = Path(__file__).with_name("data") / "sage_loop.yaml"
 ROLES = ("code", "debug")
 
 
-class LoopConfigError(ValueError):
+class SageLoopConfigError(ValueError):
     """A calibration file that cannot be used; the message names the file and the field."""
 
     def __init__(self, source: str | Path, where: str, problem: str, fix: str = "") -> None:
@@ -259,7 +259,7 @@ class Assumptions(_Part):
 
 
 # ------------------------------------------------------------------ the whole file
-class LoopConfig(_Part):
+class SageLoopConfig(_Part):
     """The SAGE loop's calibration: the file, mapping by mapping, and what follows from it.
     ``source`` is the file it was read from (``<memory>`` otherwise); ``routing_table`` is
     resolved against the file's folder."""
@@ -286,7 +286,7 @@ class LoopConfig(_Part):
         return path if path.is_absolute() or base is None else Path(base) / path
 
     @model_validator(mode="after")
-    def _references_hold(self) -> LoopConfig:
+    def _references_hold(self) -> SageLoopConfig:
         for name, m in self.models.items():
             for part in ("humaneval", "mbpp", "aider", "price"):
                 fig = getattr(m, part)
@@ -376,20 +376,20 @@ class LoopConfig(_Part):
 
     # ------------------------------------------------------------------ loading
     @classmethod
-    def load(cls, path: str | Path = DEFAULT_CONFIG) -> LoopConfig:
+    def load(cls, path: str | Path = DEFAULT_CONFIG) -> SageLoopConfig:
         path = Path(path)
         if not path.is_file():
-            raise LoopConfigError(path, "<file>", "calibration file not found",
+            raise SageLoopConfigError(path, "<file>", "calibration file not found",
                                   f"pass the path of a file shaped like {DEFAULT_CONFIG}")
         try:
             doc = yaml.safe_load(path.read_text(encoding="utf-8"))
         except (yaml.YAMLError, UnicodeDecodeError) as exc:
-            raise LoopConfigError(path, "<file>", f"not valid YAML: {exc}") from exc
+            raise SageLoopConfigError(path, "<file>", f"not valid YAML: {exc}") from exc
         return cls.from_dict(doc, source=path)
 
     @classmethod
-    def from_dict(cls, doc: object, source: str | Path = "<memory>") -> LoopConfig:
-        """The calibration from a parsed file; a bad one raises :class:`LoopConfigError` naming
+    def from_dict(cls, doc: object, source: str | Path = "<memory>") -> SageLoopConfig:
+        """The calibration from a parsed file; a bad one raises :class:`SageLoopConfigError` naming
         ``source`` and the field. Relative paths are resolved against ``source``'s folder."""
         try:
             cfg = cls.model_validate(doc, context={"base": Path(str(source)).parent})
@@ -421,7 +421,7 @@ def _plain(tp: Any) -> Any:
 
 def _part_at(loc: tuple) -> type[BaseModel] | None:
     """The model of the file's mapping at ``loc`` (None where it is not one)."""
-    tp: Any = LoopConfig
+    tp: Any = SageLoopConfig
     for key in loc:
         tp = _plain(tp)
         if isinstance(tp, type) and issubclass(tp, BaseModel) and key in tp.model_fields:
@@ -434,21 +434,21 @@ def _part_at(loc: tuple) -> type[BaseModel] | None:
     return tp if isinstance(tp, type) and issubclass(tp, BaseModel) else None
 
 
-def _file_error(source: str | Path, exc: ValidationError) -> LoopConfigError:
-    """The first of the model's errors as a LoopConfigError naming the file and the field."""
+def _file_error(source: str | Path, exc: ValidationError) -> SageLoopConfigError:
+    """The first of the model's errors as a SageLoopConfigError naming the file and the field."""
     errors = exc.errors()
     e, more = errors[0], (f" ({len(errors) - 1} more error(s) in the file)" if len(errors) > 1 else "")
     if e["type"] == "calibration":
-        return LoopConfigError(source, e["ctx"]["where"], e["ctx"]["problem"] + more, e["ctx"]["fix"])
+        return SageLoopConfigError(source, e["ctx"]["where"], e["ctx"]["problem"] + more, e["ctx"]["fix"])
     where, parent, key = _where(e["loc"]), _part_at(e["loc"][:-1]), e["loc"][-1] if e["loc"] else None
     if e["type"] == "missing":
         what = parent.model_fields[key].description if parent and key in parent.model_fields else ""
-        return LoopConfigError(source, where, "missing" + more, f"add it: {what}" if what else "")
+        return SageLoopConfigError(source, where, "missing" + more, f"add it: {what}" if what else "")
     if e["type"] == "extra_forbidden":
         keys = ", ".join(parent.model_fields) if parent else ""
-        return LoopConfigError(source, where, "unknown key" + more, f"the keys here are {keys}" if keys else "")
+        return SageLoopConfigError(source, where, "unknown key" + more, f"the keys here are {keys}" if keys else "")
     if e["type"] in ("model_type", "dict_type"):
-        return LoopConfigError(source, where, f"expected a mapping, got {type(e.get('input')).__name__}" + more)
+        return SageLoopConfigError(source, where, f"expected a mapping, got {type(e.get('input')).__name__}" + more)
     msg = e["msg"].removeprefix("Value error, ")
     got = "" if "got " in msg or isinstance(e.get("input"), (dict, list)) else f", got {e.get('input')!r}"
-    return LoopConfigError(source, where, msg + got + more)
+    return SageLoopConfigError(source, where, msg + got + more)

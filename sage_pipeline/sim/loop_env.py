@@ -74,7 +74,7 @@ from sage_pipeline.routing.reward import RewardSpec, apply_version, sage_step_re
 from sage_pipeline.routing.schema import REWARD_MAX, REWARD_MIN, ROLE_INDEX
 from sage_pipeline.routing.table import RoutingTable
 from sage_pipeline.sim.env import Executor, TaskOutcomes, TaskSimBase, resolve_outcomes
-from sage_pipeline.sim.loop_config import LoopConfig, LoopConfigError
+from sage_pipeline.sim.loop_config import SageLoopConfig, SageLoopConfigError
 from sage_pipeline.sim.obs import LAST_OUTCOMES, LoopObs, ObsSpec
 from sage_pipeline.sim.schema import OUTCOME_KINDS, TaskRecord
 
@@ -93,7 +93,7 @@ class SageLoopSim(TaskSimBase):
     """The tasks, their verified wrong candidates and the calibrated models: everything an
     episode needs, as arrays. Build it with :meth:`build`."""
 
-    def __init__(self, tasks: list[TaskRecord], outcomes: TaskOutcomes, config: LoopConfig,
+    def __init__(self, tasks: list[TaskRecord], outcomes: TaskOutcomes, config: SageLoopConfig,
                  table: RoutingTable, skipped: dict | None = None) -> None:
         c = self.config = config
         self.tasks, self.outcomes, self.table, self.skipped = tasks, outcomes, table, skipped or {}
@@ -157,12 +157,12 @@ class SageLoopSim(TaskSimBase):
         self.reward_table = self.call_reward(a.ravel(), kd.ravel(), lv.ravel()).reshape(a.shape)
 
     @classmethod
-    def build(cls, tasks: Sequence[TaskRecord], rollouts, config: LoopConfig | None = None,
+    def build(cls, tasks: Sequence[TaskRecord], rollouts, config: SageLoopConfig | None = None,
               table: RoutingTable | None = None, execute: Executor | None = None,
               log: Callable[[str], None] | None = None) -> SageLoopSim:
         """The simulator on ``tasks`` with their verified outcomes from ``rollouts`` (the
         ``sandbox_rollouts`` frame; what it lacks goes through ``execute``)."""
-        config = config or LoopConfig.load()
+        config = config or SageLoopConfig.load()
         table = table or RoutingTable.load(config.routing_table)
         usable, outcomes, skipped = resolve_outcomes(tasks, rollouts, execute, log)
         keep = ~(outcomes.wrong_kind == PASS).any(axis=1)
@@ -272,7 +272,7 @@ class SageLoopSim(TaskSimBase):
         c, self.static_routes = self.config, []
         for i, role in enumerate(c.static_roles):
             if role not in self.table.routes:
-                raise LoopConfigError(c.source, f"static_roles[{i}]", f"role {role!r} is not routed by "
+                raise SageLoopConfigError(c.source, f"static_roles[{i}]", f"role {role!r} is not routed by "
                                       f"{self.table.source} (it routes {', '.join(self.table.roles)})")
             kind = "code" if i == 0 else "debug"
             route = self.table.routes[role]
@@ -280,7 +280,7 @@ class SageLoopSim(TaskSimBase):
             for which in ("primary", "fallback"):
                 name = f"{kind}:{getattr(route, which)}"
                 if name not in self.call_actions:
-                    raise LoopConfigError(c.source, f"actions.{kind}", f"{self.table.source} routes {role}.{which} "
+                    raise SageLoopConfigError(c.source, f"actions.{kind}", f"{self.table.source} routes {role}.{which} "
                                           f"to {getattr(route, which)!r}, which is not a {kind} action "
                                           f"({', '.join(self.call_actions)})", "add the model to the actions")
                 cols.append(self.call_actions.index(name))

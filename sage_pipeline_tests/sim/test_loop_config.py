@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from sage_pipeline import artifacts
-from sage_pipeline.sim.loop_config import DEFAULT_CONFIG, LoopConfig, LoopConfigError
+from sage_pipeline.sim.loop_config import DEFAULT_CONFIG, SageLoopConfig, SageLoopConfigError
 
 FIXTURE_TABLE = Path(__file__).parents[1] / "routing" / "fixtures" / "sage_journal" / "models.yaml"
 # what ppo_policy.json's calibration was before the calibration became pydantic models (paths aside)
@@ -24,7 +24,7 @@ def doc() -> dict:
 
 
 def test_every_figure_names_a_source_and_every_assumption_a_reason(doc):
-    cfg = LoopConfig.load()
+    cfg = SageLoopConfig.load()
     assert set(cfg.code_models) | set(cfg.debug_models) <= set(cfg.models)
     for name, m in cfg.models.items():
         assert m.humaneval.source in cfg.sources and m.aider.source in cfg.sources, name
@@ -37,7 +37,7 @@ def test_every_figure_names_a_source_and_every_assumption_a_reason(doc):
 
 
 def test_derived_numbers_follow_the_published_ones():
-    cfg = LoopConfig.load()
+    cfg = SageLoopConfig.load()
     m = cfg.models["qwen2.5-coder:14b"]
     assert (m.humaneval.value, m.aider.pass_rate_1, m.aider.pass_rate_2) == (0.896, 0.534, 0.617)
     assert m.repair_rate == pytest.approx((0.617 - 0.534) / (1 - 0.534))
@@ -110,23 +110,23 @@ def _set(d: dict, path: str, value) -> dict:
 def test_a_bad_calibration_names_the_file_and_the_field(tmp_path, doc, path, value, where, what):
     f = tmp_path / "loop.yaml"
     f.write_text(yaml.safe_dump(_set(doc, path, value)), encoding="utf-8")
-    with pytest.raises(LoopConfigError, match=what) as err:
-        LoopConfig.load(f)
+    with pytest.raises(SageLoopConfigError, match=what) as err:
+        SageLoopConfig.load(f)
     assert str(f) in str(err.value) and f"field {where!r}" in str(err.value)
 
 
 def test_a_missing_or_broken_file_says_so(tmp_path):
-    with pytest.raises(LoopConfigError, match="calibration file not found"):
-        LoopConfig.load(tmp_path / "nope.yaml")
+    with pytest.raises(SageLoopConfigError, match="calibration file not found"):
+        SageLoopConfig.load(tmp_path / "nope.yaml")
     (tmp_path / "bad.yaml").write_text("models: [1, 2\n")
-    with pytest.raises(LoopConfigError, match="not valid YAML"):
-        LoopConfig.load(tmp_path / "bad.yaml")
+    with pytest.raises(SageLoopConfigError, match="not valid YAML"):
+        SageLoopConfig.load(tmp_path / "bad.yaml")
 
 
 def test_the_reports_calibration_is_written_as_before(tmp_path):
-    """ppo_policy.json records LoopConfig.to_dict(): byte for byte what the dataclasses wrote
+    """ppo_policy.json records SageLoopConfig.to_dict(): byte for byte what the dataclasses wrote
     (the fixture was written by them), so existing readers and reports agree."""
-    d = LoopConfig.load().to_dict()
+    d = SageLoopConfig.load().to_dict()
     assert (d["source"], d["routing_table"]) == (str(DEFAULT_CONFIG), str(DEFAULT_CONFIG.parent / "sage_models.yaml"))
     d |= {"source": "<source>", "routing_table": "<routing_table>"}
     artifacts.write_json(tmp_path / "calibration.json", d)
@@ -134,10 +134,10 @@ def test_the_reports_calibration_is_written_as_before(tmp_path):
 
 
 def test_a_calibration_read_from_memory_resolves_nothing_and_copies_keep_the_source(doc):
-    cfg = LoopConfig.from_dict(doc)
+    cfg = SageLoopConfig.from_dict(doc)
     assert cfg.source == "<memory>" and cfg.routing_table == Path("sage_models.yaml")
-    loaded = LoopConfig.load()
+    loaded = SageLoopConfig.load()
     tight = loaded.model_copy(update={"budget": loaded.budget.model_copy(update={"seconds": 20.0})})
     assert tight.source == str(DEFAULT_CONFIG) and tight.budget.seconds == 20.0 and loaded.budget.seconds == 70.0
-    assert LoopConfig.from_dict(doc, DEFAULT_CONFIG) == loaded  # the same file, the same config
-    assert LoopConfig.from_dict(_set(doc, "budget/calls", 4.0)).budget.calls == 4  # a whole float is that int
+    assert SageLoopConfig.from_dict(doc, DEFAULT_CONFIG) == loaded  # the same file, the same config
+    assert SageLoopConfig.from_dict(_set(doc, "budget/calls", 4.0)).budget.calls == 4  # a whole float is that int

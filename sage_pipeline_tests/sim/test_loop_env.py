@@ -14,7 +14,7 @@ from gymnasium.utils.env_checker import check_env
 from gymnasium.vector import AutoresetMode
 
 from sage_pipeline.sim.env import TaskOutcomes
-from sage_pipeline.sim.loop_config import LoopConfig, LoopConfigError, logit
+from sage_pipeline.sim.loop_config import SageLoopConfig, SageLoopConfigError, logit
 from sage_pipeline.sim.loop_env import NO_CANDIDATE, PASS, SageLoopEnv, SageLoopSim, SageLoopVecEnv
 from sage_pipeline.sim.obs import LAST_OUTCOMES, LoopObs
 from sage_pipeline.sim.schema import OUTCOME_KINDS
@@ -22,8 +22,8 @@ from sage_pipeline_tests.sim.synthetic import synthetic_suite
 
 
 @pytest.fixture(scope="module")
-def config() -> LoopConfig:
-    return LoopConfig.load()
+def config() -> SageLoopConfig:
+    return SageLoopConfig.load()
 
 
 @pytest.fixture(scope="module")
@@ -36,11 +36,11 @@ def sim(suite, config):
     return SageLoopSim.build(*suite, config)
 
 
-def with_budget(config: LoopConfig, **budget) -> LoopConfig:
+def with_budget(config: SageLoopConfig, **budget) -> SageLoopConfig:
     return config.model_copy(update={"budget": config.budget.model_copy(update=budget)})
 
 
-def hand_sim(config: LoopConfig, kinds: list[str], tests: list[tuple[int, int]], difficulty: float = 0.42):
+def hand_sim(config: SageLoopConfig, kinds: list[str], tests: list[tuple[int, int]], difficulty: float = 0.42):
     """One task with the given verified wrong candidates (outcome kind, tests passed/total)."""
     task = dataclasses.replace(synthetic_suite(1, seed=0)[0][0], difficulty=difficulty)
     w = len(kinds)
@@ -275,11 +275,11 @@ def test_bad_actions_and_tables_are_clear_errors(sim, config, suite):
     with pytest.raises(ValueError, match="n_envs must be >= 1"):
         SageLoopVecEnv(sim, n_envs=0)
     no_coder = config.model_copy(update={"static_roles": ["planner_x", "debugger"]})
-    with pytest.raises(LoopConfigError, match=r"field 'static_roles\[0\]': role 'planner_x' is not routed"):
+    with pytest.raises(SageLoopConfigError, match=r"field 'static_roles\[0\]': role 'planner_x' is not routed"):
         SageLoopSim.build(*suite, no_coder)
     narrow = config.model_copy(update={"actions": config.actions.model_copy(update={"debug": ["claude-sonnet-4-5"]})})
-    with pytest.raises(LoopConfigError, match="routes debugger.primary to 'qwen2.5-coder:14b', which is not a debug "
-                                              "action"):
+    with pytest.raises(SageLoopConfigError,
+                       match="routes debugger.primary to 'qwen2.5-coder:14b', which is not a debug action"):
         SageLoopSim.build(*suite, narrow)
 
 

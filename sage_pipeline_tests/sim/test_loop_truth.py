@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from sage_pipeline.rl.checkpoint import CheckpointError, CheckpointMeta, MLPPolicy
-from sage_pipeline.sim.loop_config import LoopConfig, logit
+from sage_pipeline.sim.loop_config import SageLoopConfig, logit
 from sage_pipeline.sim.loop_env import SageLoopSim, SageLoopVecEnv
 from sage_pipeline.sim.loop_truth import LoopGroundTruth, regret_closure
 from sage_pipeline.sim.obs import ObsSpec
@@ -18,8 +18,8 @@ from sage_pipeline_tests.sim.test_loop_env import hand_sim, with_budget
 
 
 @pytest.fixture(scope="module")
-def config() -> LoopConfig:
-    return LoopConfig.load()
+def config() -> SageLoopConfig:
+    return SageLoopConfig.load()
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +36,7 @@ def sig(x: float) -> float:
     return 1.0 / (1.0 + np.exp(-x))
 
 
-def by_hand(config: LoopConfig, sim: SageLoopSim):
+def by_hand(config: SageLoopConfig, sim: SageLoopSim):
     """Rewards and chances of the one-task simulator, from the config's numbers directly."""
     a, d = config.assumed, 0.42
     cw, lw = config.cost_weight, config.latency_weight
