@@ -125,24 +125,34 @@ def test_public_maps_a_staged_path_to_where_readers_find_it(tmp_path):
         assert stage.public(p) == tmp_path / "reports" / "r.json"
 
 
-def _run_forever(root: Path, first: int) -> None:
+def _run_forever(root: Path, first: int, done) -> None:
     marker = first
     while True:
         _run(root, marker)
+        with done.get_lock():
+            done.value += 1
         marker += 1
 
 
 def test_kill_9_at_any_moment_leaves_one_runs_set_and_the_next_run_sweeps(tmp_path):
     """30 writers killed at random moments: after each kill every member holds one marker,
-    and it is one the set had as a whole."""
+    and it is one the set had as a whole. Each writer is killed after 0, 1 or 2 of its runs have
+    completed and then at a random point of the next one (scaled to a run's measured duration),
+    so the kills land at many moments however loaded the machine is."""
+    t0 = time.perf_counter()
     _run(tmp_path, 0)
+    one_run = time.perf_counter() - t0
     ctx = multiprocessing.get_context("fork")
     rng = random.Random(0)
     seen = set()
     for trial in range(30):
-        proc = ctx.Process(target=_run_forever, args=(tmp_path, 1000 * (trial + 1)))
+        done = ctx.Value("i", 0)
+        proc = ctx.Process(target=_run_forever, args=(tmp_path, 1000 * (trial + 1), done))
         proc.start()
-        time.sleep(rng.uniform(0.0, 0.08))
+        completed, deadline = rng.randint(0, 2), time.monotonic() + 60
+        while done.value < completed and time.monotonic() < deadline:
+            time.sleep(0.0005)
+        time.sleep(rng.uniform(0.0, 1.5 * one_run))
         os.kill(proc.pid, signal.SIGKILL)
         proc.join()
         markers = set(_markers(tmp_path).values())
