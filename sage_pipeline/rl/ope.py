@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Protocol
 
 import numpy as np
@@ -712,6 +712,23 @@ class LinearQ:
         return cls(mean, coef[:a0].reshape(R, K), coef[a0:b0].reshape(R, p), coef[b0:].reshape(K, p))
 
 
+def _fitted_q(role: np.ndarray, action: np.ndarray, basis: np.ndarray, reward: np.ndarray, train: np.ndarray,
+              n_roles: int, n_actions: int, ridge: float, next_row: np.ndarray | None, pi: np.ndarray | None,
+              horizon: int, gamma: float) -> LinearQ:
+    """The :class:`LinearQ` fitted on the ``train`` rows: the immediate reward (``horizon=1``) or
+    ``horizon`` sweeps of fitted-Q evaluation of ``pi``, whose targets are computed on every row."""
+    if horizon > 1 and (next_row is None or pi is None):
+        raise ValueError("fitted-Q evaluation (horizon > 1) needs next_row and pi")
+    has_next = next_row >= 0 if next_row is not None else np.zeros(len(reward), dtype=bool)
+    y = reward
+    for h in range(horizon):
+        model = LinearQ.fit(role[train], action[train], basis[train], y[train], n_roles, n_actions, ridge)
+        if h < horizon - 1:
+            q = model.predict(role, basis)
+            y = reward + gamma * np.where(has_next, (pi[next_row] * q[next_row]).sum(axis=1), 0.0)
+    return model
+
+
 def cross_fit_q(ctx: Contexts, action: np.ndarray, reward: np.ndarray, groups: np.ndarray, n_actions: int, *,
                 next_row: np.ndarray | None = None, pi: np.ndarray | None = None, horizon: int = 1,
                 gamma: float = 1.0, n_folds: int = 5, ridge: float = 1.0, seed: int = 0,
@@ -732,22 +749,26 @@ def cross_fit_q(ctx: Contexts, action: np.ndarray, reward: np.ndarray, groups: n
         raise ValueError("cross-fitting needs at least 2 sessions or episodes, got 1")
     k = min(n_folds, n_groups)
     fold = (np.random.default_rng(seed).permutation(n_groups) % k)[g]
-    if horizon > 1 and (next_row is None or pi is None):
-        raise ValueError("fitted-Q evaluation (horizon > 1) needs next_row and pi")
-    has_next = next_row >= 0 if next_row is not None else np.zeros(n, dtype=bool)
-    n_roles = len(spec.roles)
     q_hat = np.empty((n, n_actions))
     for f in range(k):
-        train = fold != f
-        y = reward
-        for _ in range(horizon):
-            model = LinearQ.fit(ctx.role[train], action[train], basis[train], y[train], n_roles, n_actions,
-                                ridge)
-            q = model.predict(ctx.role, basis)
-            if horizon > 1:
-                y = reward + gamma * np.where(has_next, (pi[next_row] * q[next_row]).sum(axis=1), 0.0)
-        q_hat[fold == f] = q[fold == f]
+        model = _fitted_q(ctx.role, action, basis, reward, fold != f, len(spec.roles), n_actions, ridge, next_row,
+                          pi, horizon, gamma)
+        q_hat[fold == f] = model.predict(ctx.role[fold == f], basis[fold == f])
     return q_hat
+
+
+def fit_q(data: LoggedData, policy: ActionProbs, config: OPEConfig = OPEConfig()) -> LinearQ:
+    """Fitted-Q evaluation of ``policy`` on every row of ``data`` (no cross-fitting): the model of
+    its Q-function that :func:`evaluate_policy` uses for step-wise DR, fitted once on all the logs, to
+    predict on new contexts (``LinearQ.predict(ctx.role, reward_basis(ctx, spec))`` with ``spec``
+    the config's feature spec over ``data.roles``)."""
+    data.validate()
+    lay = episode_layout(data.episode_id, data.step, data.labels)
+    spec = replace(config.feature_spec, roles=tuple(data.roles))
+    return _fitted_q(data.contexts.role, data.action, reward_basis(data.contexts, spec),
+                     np.asarray(data.reward, dtype=np.float64), np.ones(len(data), dtype=bool), len(spec.roles),
+                     len(data.actions), config.ridge, lay.next_row, policy_probs(policy, data), lay.horizon,
+                     config.gamma)
 
 
 # ---------------------------------------------------------------------------- evaluate a policy
@@ -823,11 +844,74 @@ class EstimatorResult:
     ci_low: float | None
     ci_high: float | None
     se: float | None  # bootstrap standard error
+    # The per-round (bandit) or per-episode terms the value is the mean (or ratio) of, the
+    # units they belong to (episode ids, or the decision ids of the rounds) and the clusters
+    # the bootstrap resampled: what :func:`paired_difference` needs to compare two policies on
+    # the same logs. Not part of the report (``to_dict`` leaves them out).
+    terms: Estimate | None = field(default=None, repr=False, compare=False)
+    units: np.ndarray | None = field(default=None, repr=False, compare=False)
+    groups: np.ndarray | None = field(default=None, repr=False, compare=False)
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _TERM_FIELDS}
 
     def format(self) -> str:
         if self.value is None:
             return f"{self.name}: no support"
         return f"{self.name}: {self.value:.4f} [{self.ci_low:.4f}, {self.ci_high:.4f}]"
+
+
+_TERM_FIELDS = ("terms", "units", "groups")
+
+
+@dataclass(frozen=True)
+class Difference:
+    """``b - a`` of one estimator for two policies on the same logs, with a paired interval.
+
+    The value is the mean over the same episodes (or rounds) of b's terms minus a's, so it
+    equals ``b.value - a.value``; the bootstrap resamples the units (sessions when known)
+    once for both, so what both policies share (the logged rewards where they act alike)
+    cancels in the interval too.
+    """
+
+    estimator: str
+    a: str
+    b: str
+    value: float | None  # None: one of the two estimates was withheld
+    ci_low: float | None
+    ci_high: float | None
+    se: float | None
+    n_units: int
+    reason: str | None = None  # why there is no value
+
+    def format(self) -> str:
+        if self.value is None:
+            return f"{self.estimator} {self.b} - {self.a}: {self.reason}"
+        return f"{self.estimator} {self.b} - {self.a}: {self.value:+.4f} [{self.ci_low:+.4f}, {self.ci_high:+.4f}]"
+
+
+def _as_ratio(est: Estimate) -> RatioTerms:
+    """Any estimate as ratio terms: a plain mean is sum(terms) / sum(ones)."""
+    if est.ratio is not None:
+        return est.ratio
+    rr = np.asarray(est.round_rewards, dtype=np.float64)
+    return RatioTerms(rr[:, None], np.ones((len(rr), 1)))
+
+
+def difference_estimate(a: Estimate, b: Estimate) -> Estimate:
+    """The estimate of ``b - a`` on the same units: per-unit terms ``b - a`` (plain means), or, when
+    either is a ratio estimator, the ratios of both with a's numerators negated, so one bootstrap
+    replicate recomputes both on the same resample."""
+    if len(a.round_rewards) != len(b.round_rewards):
+        raise ValueError(f"{a.name} and {b.name} have {len(a.round_rewards)} and {len(b.round_rewards)} terms: "
+                         "a paired difference needs both estimates on the same logged units")
+    rr = np.asarray(b.round_rewards, dtype=np.float64) - np.asarray(a.round_rewards, dtype=np.float64)
+    if a.ratio is None and b.ratio is None:
+        return Estimate(f"{b.name}-{a.name}", b.value - a.value, rr)
+    ra, rb = _as_ratio(a), _as_ratio(b)
+    ratio = RatioTerms(np.column_stack([rb.num, -ra.num]), np.column_stack([rb.den, ra.den]),
+                       empty_is_zero=ra.empty_is_zero and rb.empty_is_zero)
+    return Estimate(f"{b.name}-{a.name}", b.value - a.value, rr, ratio)
 
 
 @dataclass(frozen=True)
@@ -857,7 +941,8 @@ class PolicyEvaluation:
         return self.estimates[self.headline_estimator].value
 
     def to_dict(self) -> dict:
-        d = asdict(self)  # nested dataclasses (config, feature spec) become dicts too
+        d = asdict(replace(self, estimates={}))  # nested dataclasses (config, feature spec) become dicts too
+        d["estimates"] = {k: e.to_dict() for k, e in self.estimates.items()}
         d["no_support"] = self.no_support
         return d
 
@@ -917,10 +1002,14 @@ def evaluate_policy(data: LoggedData, policy: ActionProbs, config: OPEConfig = O
     clustered = data.session_id is not None or config.bandit_scope != "first_step"
     boot_groups = data.groups[rounds] if clustered else None
     episode_groups = data.session_id[lay.first_row] if data.session_id is not None else None
+    # what a paired difference checks: both policies' terms belong to the same episodes and rounds
+    episode_units = np.asarray(data.episode_id)[lay.first_row]
+    round_units = np.asarray(data.labels if data.labels is not None else np.arange(n))[rounds]
 
     def result(scope: str, est: Estimate, groups: np.ndarray | None) -> EstimatorResult:
         ci = bootstrap_ci(est, config.n_boot, config.alpha, config.seed, groups=groups)
-        return EstimatorResult(est.name, scope, est.value, ci.low, ci.high, ci.se)
+        units = episode_units if scope == "episode" else round_units
+        return EstimatorResult(est.name, scope, est.value, ci.low, ci.high, ci.se, est, units, groups)
 
     if support.no_support:
         progress(f"OPE {name}: {support.reason}")
@@ -955,3 +1044,33 @@ def evaluate_policy(data: LoggedData, policy: ActionProbs, config: OPEConfig = O
         n_bandit_rounds=len(rounds), ess=kish_ess(w[rounds]), ess_episode=kish_ess(traj_w),
         max_weight=float(w.max()), support_share=support.share, unsupported_mass=support.unsupported_mass,
         no_support_reason=support.reason, config=config, clip_weight=clip)
+
+
+def paired_difference(a: PolicyEvaluation, b: PolicyEvaluation, estimator: str = HEADLINE_ESTIMATOR, *,
+                      n_boot: int | None = None, alpha: float | None = None, seed: int | None = None) -> Difference:
+    """``b - a`` of ``estimator`` for two evaluations of the same logs (:func:`evaluate_policy` on one
+    :class:`LoggedData`), with a percentile-bootstrap interval that resamples the episodes (sessions
+    when known) once for both: the interval of the difference, not of either value. ``n_boot``,
+    ``alpha``, ``seed``: default ``b``'s OPE config. No value (``reason`` says why) when either
+    estimate was withheld."""
+    ea, eb = a.estimates.get(estimator), b.estimates.get(estimator)
+    if ea is None or eb is None:
+        raise ValueError(f"estimator {estimator!r} is not one of {', '.join(b.estimates)}")
+    cfg = b.config
+    n_boot, alpha, seed = (cfg.n_boot if n_boot is None else n_boot, cfg.alpha if alpha is None else alpha,
+                           cfg.seed if seed is None else seed)
+    missing = [ev.policy for ev, e in ((a, ea), (b, eb)) if e.value is None]
+    if missing:
+        reasons = "; ".join(f"{ev.policy}: {ev.no_support_reason or 'withheld'}" for ev in (a, b)
+                            if ev.policy in missing)
+        return Difference(estimator, a.policy, b.policy, None, None, None, None, 0, f"no difference: {reasons}")
+    if ea.terms is None or eb.terms is None:
+        raise ValueError(f"the {estimator} results of {a.policy!r} and {b.policy!r} carry no per-unit terms: "
+                         "evaluate both with ope.evaluate_policy to compare them paired")
+    if ea.units is None or eb.units is None or len(ea.units) != len(eb.units) or (ea.units != eb.units).any():
+        raise ValueError(f"{a.policy!r} and {b.policy!r} were evaluated on different logs "
+                         f"({len(ea.terms.round_rewards)} and {len(eb.terms.round_rewards)} units, or other "
+                         "episodes): a paired difference needs both evaluated on the same LoggedData")
+    est = difference_estimate(ea.terms, eb.terms)
+    ci = bootstrap_ci(est, n_boot, alpha, seed, groups=eb.groups)
+    return Difference(estimator, a.policy, b.policy, est.value, ci.low, ci.high, ci.se, len(est.round_rewards))

@@ -446,6 +446,65 @@ def test_evaluation_diagnostics(multistep) -> None:
     assert "step_dr" in static.format()
 
 
+# ---------------------------------------------------------------- paired differences
+def test_per_episode_terms_average_to_each_estimate_and_the_difference_is_paired(multistep) -> None:
+    _, data, evals = multistep
+    a, b = evals["static_table"], evals["uniform"]
+    for name in ope.BANDIT_ESTIMATORS + ope.EPISODE_ESTIMATORS:
+        ea, eb = a.estimates[name], b.estimates[name]
+        # the kept terms are the estimate's own: their mean is the value (the ratio's, for SNIPS/SNDR/WDR)
+        assert ea.terms.round_rewards.mean() == pytest.approx(ea.value, abs=1e-12), name
+        assert len(ea.units) == len(ea.terms.round_rewards) == (a.n_episodes if ea.scope == "episode"
+                                                                 else a.n_bandit_rounds)
+        d = ope.paired_difference(a, b, name, n_boot=200)
+        assert d.value == pytest.approx(eb.value - ea.value, abs=1e-12), name
+        assert d.ci_low < d.value < d.ci_high and d.n_units == len(ea.units)
+        if ea.terms.ratio is None:
+            assert (eb.terms.round_rewards - ea.terms.round_rewards).mean() == pytest.approx(d.value, abs=1e-12)
+    # the terms stay out of the report
+    assert "terms" not in json.loads(json.dumps(a.to_dict()))["estimates"]["step_dr_clip"]
+
+
+def test_paired_interval_covers_the_true_difference_and_cancels_shared_noise(sim: RoutingSimulator,
+                                                                           multistep) -> None:
+    tasks, data, evals = multistep
+    pols = policies(sim)
+    static, behaviour = evals["static_table"], evals["behaviour"]
+    truth = sim.policy_value(pols["behaviour"], tasks).mean - sim.policy_value(pols["static_table"], tasks).mean
+    d = ope.paired_difference(static, behaviour, n_boot=400)
+    assert abs(d.value - truth) < 4 * d.se, (d, truth)
+    # the two policies act alike in most decisions: resampling the episodes once for both
+    # cancels that shared noise, so the difference is sharper than either value, and about half
+    # as wide as the two values' intervals combined as if they were independent
+    sb, ss = behaviour.estimates["step_dr_clip"].se, static.estimates["step_dr_clip"].se
+    assert d.se < 0.8 * min(sb, ss), (d.se, sb, ss)
+    assert d.se < 0.55 * np.hypot(sb, ss)
+
+
+def test_paired_difference_refuses_other_logs_and_withheld_estimates(sim: RoutingSimulator, multistep) -> None:
+    _, data, evals = multistep
+    _, other = logged(sim, 1000, seed=8)
+    elsewhere = ope.evaluate_policy(other, policies(sim)["static_table"], ope.OPEConfig(n_boot=20))
+    assert not elsewhere.no_support
+    with pytest.raises(ValueError, match="different logs"):
+        ope.paired_difference(evals["static_table"], elsewhere)
+    with pytest.raises(ValueError, match="not one of"):
+        ope.paired_difference(evals["static_table"], evals["uniform"], "nope")
+    static = policies(sim)["static_table"]
+    _, det = logged(sim, 300, seed=5, behaviour=static)  # SAGE's logs without exploration
+    cfg = ope.OPEConfig(n_boot=20)
+    none = ope.paired_difference(ope.evaluate_policy(det, static, cfg),
+                                 ope.evaluate_policy(det, policies(sim)["uniform"], cfg))
+    assert none.value is None and none.ci_low is None and "no support" in none.reason
+    # results built without terms (e.g. read back from a report) cannot be paired
+    bare = {k: ope.EstimatorResult(e.name, e.scope, e.value, e.ci_low, e.ci_high, e.se)
+            for k, e in evals["uniform"].estimates.items()}
+    from dataclasses import replace as dc_replace
+
+    with pytest.raises(ValueError, match="no per-unit terms"):
+        ope.paired_difference(evals["static_table"], dc_replace(evals["uniform"], estimates=bare))
+
+
 def static_choice(data: ope.LoggedData) -> np.ndarray:
     cat = ModelCatalogue.load()
     return StaticTablePolicy(RoutingTable.load(), cat).choose(data.contexts)
