@@ -18,8 +18,10 @@ Goals (issue 19), over 20 seeds:
 - online A/B's interval contains OPE's estimate in >= 90% of seeds.
 
     .venv/bin/python benchmarks/closed_loop.py [--seeds 20] [--first-seed 0] [--workers 2] [--days 30]
-        [--worlds stationary drifting] [--episodes-per-day 2000] [--cql-steps 500] [--epsilon 0.1]
-        [--window-days 3] [--bandit thompson|linucb]
+        [--worlds stationary drifting] [--episodes-per-day 2000] [--cql-steps 500]
+        [--exploration gap|uniform] [--epsilon-max 0.3] [--epsilon-min 0.02] [--epsilon 0.1]
+        [--gate-rule paired|value] [--min-gain 0.005] [--window-days 2] [--fit-days 1]
+        [--bandit thompson|linucb]
     .venv/bin/python benchmarks/closed_loop.py --online-ab [--seeds 20] [--ab-episodes 2000]
 
 ``--online-ab`` answers the last goal at the assets' default size: the offline chain in SAGE's
@@ -53,8 +55,11 @@ def run_one(seed: int, world: str, kw: dict) -> dict:
     from sage_pipeline.rl.bandit import BanditConfig
 
     t0 = time.perf_counter()
+    from sage_pipeline.rl.offline_eval import PromotionGateConfig
+
+    exploration, gate = pi.ExplorationConfig(**kw.pop("exploration")), PromotionGateConfig(**kw.pop("gate"))
     cfg = pi.LoopConfig(seed=seed, world=pi.WorldConfig(drift=world == "drifting"),
-                        bandit=BanditConfig(algorithm=kw.pop("bandit")), **kw)
+                        bandit=BanditConfig(algorithm=kw.pop("bandit")), exploration=exploration, gate=gate, **kw)
     res = pi.run_month(cfg, progress=lambda *_: None)
     return {"seed": seed, "world": world, "seconds": time.perf_counter() - t0, "summary": res.summary,
             "bandit_ope": res.bandit_ope, "days": res.days}
@@ -101,16 +106,46 @@ def ab_seed(seed: int, episodes: int, ab_episodes: int) -> dict:
                                              {"bc": bc_pol, "cql": sel.result.policy()},
                                              ope.OPEConfig(n_boot=1000, seed=seed), sim, quiet)
     out = {"seed": seed, "promoted": report.gate.promoted}
-    if report.gate.promoted is not None:
-        est = ab.ope_estimates_from_summary(report.summary(), report.gate.promoted)
-        rep = ab.online_ab(sim, StaticTablePolicy(tab, space), served[report.gate.promoted].policy,
-                           ab.OnlineABConfig(ab_episodes, seed), est, ("static_table", report.gate.promoted))
+    prom = report.gate.promoted
+    if prom is not None:
+        static, b = StaticTablePolicy(tab, space), served[prom].policy
+        est = ab.ope_estimates_from_summary(report.summary(), prom)
+        rep = ab.online_ab(sim, static, b, ab.OnlineABConfig(episodes=ab_episodes, seed=seed), est,
+                           ("static_table", prom))
+        gt, cand = report.truth.episode_value, report.gate.candidates[prom]
+        data = ope.LoggedData.from_frame(oe.eval_part(df, "report"), space.actions, space.roles)
         out |= {"ope": rep.ope, "difference": rep.difference, "true_difference": rep.true_difference,
-                "value": rep.arms[report.gate.promoted]["value"],
-                "true_value": rep.arms[report.gate.promoted]["true_value"],
-                "ope_difference_inside": rep.ope_difference_inside, "ope_value_inside": rep.ope_value_inside}
+                "value": rep.arms[prom]["value"], "true_value": rep.arms[prom]["true_value"],
+                "ope_difference_inside": rep.ope_difference_inside, "ope_value_inside": rep.ope_value_inside,
+                # OPE's own paired interval of the gain, and the gain on the report half's tasks
+                "ope_gain_interval": [cand["difference_ci_low"], cand["difference_ci_high"]],
+                "true_gain_report_tasks": gt[prom] - gt["static_table"],
+                # the same estimator with the simulator's exact Q-functions in place of the fitted ones
+                "ope_gain_exact_q": exact_q_gain(sim, data, static, b)}
     out["seconds"] = time.perf_counter() - t0
     return out
+
+
+def exact_q_gain(sim, data, a, b) -> float:
+    """Clipped step-wise DR of ``b - a`` on ``data`` with each policy's exact Q-function (the
+    simulator's backward induction) as its model: what the gate's estimator would read if its
+    fitted-Q model had no error. Its remaining error is the importance-weighted reward noise."""
+    import numpy as np
+
+    from sage_pipeline.rl import ope
+
+    lay = ope.episode_layout(data.episode_id, data.step)
+    clip, rows, T = ope.clip_level(data.pscore), np.arange(len(data)), sim.config.max_attempts
+    t = np.minimum(data.contexts.failure_count, T - 1)
+    pfc = np.minimum(data.contexts.primary_failure_count, t)
+    terms = []
+    for pol in (a, b):
+        q = sim._backward(sim.tasks_of(data.contexts), pol)[0][rows, t, pfc]  # Q^pol at each logged state
+        q = np.where(np.isfinite(q), q, 0.0)
+        pi = ope.policy_probs(pol, data)
+        terms.append(ope.step_dr_clip(data.reward, data.pscore, pi[rows, data.action], q[rows, data.action],
+                                      (pi * q).sum(axis=1), lay.episode, lay.step, clip=clip).round_rewards)
+    return float((terms[1] - terms[0]).mean())
 
 
 def ab_main(a) -> None:
@@ -124,14 +159,41 @@ def ab_main(a) -> None:
                   f"{r.get('difference')} OPE {r.get('ope')} inside {r.get('ope_difference_inside')} "
                   f"(value inside {r.get('ope_value_inside')})", flush=True)
     tested = [r for r in runs if r["promoted"] is not None]
+    def inside(key):
+        return _share(r["difference"]["ci_low"] <= key(r) <= r["difference"]["ci_high"] for r in tested)
+
+    err = [r["ope"]["difference"] - r["true_gain_report_tasks"] for r in tested]
     summary = {"seeds": len(runs), "promoted": len(tested), "episodes_per_arm": a.ab_episodes,
                "ope_difference_inside": _share(r["ope_difference_inside"] for r in tested),
+               # what OPE could do at best on these logs: with exact Q-functions, and the exact gain itself
+               "exact_q_ope_difference_inside": inside(lambda r: r["ope_gain_exact_q"]),
+               "report_tasks_true_gain_inside": inside(lambda r: r["true_gain_report_tasks"]),
+               "ope_gain_error": {"mean": statistics.fmean(err), "sd": statistics.stdev(err) if len(err) > 1 else None},
+               "ope_gain_error_exact_q": {
+                   "mean": statistics.fmean(r["ope_gain_exact_q"] - r["true_gain_report_tasks"] for r in tested),
+                   "sd": statistics.stdev(r["ope_gain_exact_q"] - r["true_gain_report_tasks"] for r in tested)
+                   if len(tested) > 1 else None},
+               "ope_gain_interval_covers_true_gain": _share(r["ope_gain_interval"][0] <= r["true_gain_report_tasks"]
+                                                            <= r["ope_gain_interval"][1] for r in tested),
+               "ope_gain_interval_half_width": statistics.fmean(
+                   (r["ope_gain_interval"][1] - r["ope_gain_interval"][0]) / 2 for r in tested),
+               "online_half_width": statistics.fmean((r["difference"]["ci_high"] - r["difference"]["ci_low"]) / 2
+                                                     for r in tested),
+               # agreement with both errors counted: OPE's gain and the online gain differ by less than
+               # 1.96 x the standard error of their difference (OPE's from its paired bootstrap interval)
+               "agree_with_both_errors": _share(_agree(r) for r in tested),
                "ope_value_inside": _share(r["ope_value_inside"] for r in tested),
                "true_difference_inside": _share(r["difference"]["ci_low"] <= r["true_difference"]
                                                 <= r["difference"]["ci_high"] for r in tested),
                "wall_s": time.perf_counter() - t0}
     Path(a.out).write_text(json.dumps({"args": vars(a), "summary": summary, "runs": runs}, default=str))
     print(json.dumps(summary, indent=1))
+
+
+def _agree(r: dict) -> bool:
+    se_ope = (r["ope_gain_interval"][1] - r["ope_gain_interval"][0]) / (2 * 1.96)
+    se = (se_ope ** 2 + r["difference"]["se"] ** 2) ** 0.5
+    return abs(r["ope"]["difference"] - r["difference"]["mean"]) <= 1.96 * se
 
 
 def _share(xs) -> str:
@@ -160,6 +222,19 @@ def summarise(runs: list[dict]) -> dict:
                                                         for x in s if x["online_ab"]["first_from_static_inside"]
                                                         is not None),
              "seconds_mean": statistics.fmean(r["seconds"] for r in rs)}
+        # where the nightly loop's regret goes: its exploration, and the served policy's gap to the oracle
+        w["nightly_regret_parts"] = {
+            "exploration": statistics.fmean(sum(d["nightly_deployed"] - d["nightly"] for d in r["days"]) for r in rs),
+            "served_gap": statistics.fmean(sum(d["oracle"] - d["nightly_deployed"] for d in r["days"]) for r in rs)}
+        w["first_promotion_night"] = [next((d["day"] for d in r["days"] if d.get("promoted")), None)
+                                      for r in sorted(rs, key=lambda r: r["seed"])]
+        # the gate's paired interval against the candidate's true gain (on the fixed eval tasks), every night
+        nights = [d for r in rs for d in r["days"] if (d.get("gate_difference") or {}).get("difference") is not None]
+        covered = [d["gate_difference"]["difference_ci_low"] <= d["candidate_true_value"] - d["nightly_deployed"]
+                   <= d["gate_difference"]["difference_ci_high"] for d in nights]
+        w["gate_interval_covers_true_gain"] = _share(covered)
+        w["wrong_promotion_sizes"] = [round(d["candidate_true_value"] - d["nightly_deployed"], 5)
+                                      for r in rs for d in r["days"] if d.get("wrong_promotion")]
         errs = {p: [r["bandit_ope"][p]["relative_error"] for r in rs if p in r["bandit_ope"]
                     and r["bandit_ope"][p]["relative_error"] is not None] for p in ("bandit_final", "static_table")}
         w["bandit_logs_ope"] = {p: {"mean_rel_error": statistics.fmean(e) if e else None,
@@ -170,7 +245,8 @@ def summarise(runs: list[dict]) -> dict:
             for change in ("10", "20"):
                 gaps = [x["recovery"][change]["gap_on_day_3"] for x in s]
                 rec[change] = {"within_5pct_by_day_3": _share(x["recovery"][change]["within_5pct_by_day_3"] for x in s),
-                               "gap_on_day_3_mean": statistics.fmean(g for g in gaps if g is not None),
+                               "gap_on_day_3_mean": (statistics.fmean(g for g in gaps if g is not None)
+                                                     if any(g is not None for g in gaps) else None),
                                "days_to_within_5pct": [x["recovery"][change]["days_to_within_5pct"] for x in s]}
             w["recovery"] = rec
             # the same criterion for the bandit and the table, for comparison
@@ -192,18 +268,32 @@ def plot_first(runs: list[dict]) -> None:
 
 
 def main() -> None:
+    from sage_pipeline.rl.policy_iteration import LoopConfig
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, default=20)
     ap.add_argument("--first-seed", type=int, default=0)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--worlds", nargs="+", default=["stationary", "drifting"], choices=["stationary", "drifting"])
-    ap.add_argument("--days", type=int, default=30)
-    ap.add_argument("--episodes-per-day", type=int, default=2000)
-    ap.add_argument("--cql-steps", type=int, default=500)
-    ap.add_argument("--alphas", type=float, nargs="+", default=[0.03, 0.1, 0.3, 1.0])
-    ap.add_argument("--floors", type=float, nargs="+", default=[0.0, 0.2, 0.4, 0.55])
-    ap.add_argument("--epsilon", type=float, default=0.1)
-    ap.add_argument("--window-days", type=int, default=3)
+    d, x = LoopConfig(), LoopConfig().exploration  # the defaults are the loop's own
+    ap.add_argument("--days", type=int, default=d.days)
+    ap.add_argument("--episodes-per-day", type=int, default=d.episodes_per_day)
+    ap.add_argument("--cql-steps", type=int, default=d.cql_steps)
+    ap.add_argument("--alphas", type=float, nargs="+", default=list(d.alphas))
+    ap.add_argument("--floors", type=float, nargs="+", default=list(d.floors))
+    ap.add_argument("--exploration", default=x.rule, choices=["gap", "uniform"],
+                    help="the deployed router's exploration (policy_iteration.ExplorationConfig)")
+    ap.add_argument("--epsilon", type=float, default=x.epsilon, help="uniform exploration's rate")
+    ap.add_argument("--epsilon-max", type=float, default=x.epsilon_max, help="gap exploration's rate at a tie")
+    ap.add_argument("--epsilon-min", type=float, default=x.epsilon_min, help="gap exploration's floor")
+    ap.add_argument("--fit-days", type=int, default=x.fit_days,
+                    help="gap exploration: days of journals its Q-function is fitted on")
+    ap.add_argument("--gate-rule", default=d.gate.rule, choices=["paired", "value"],
+                    help="paired: the gain's paired lower bound; value: the candidate's lower bound against the "
+                         "deployed estimate (the gate before issue 19)")
+    ap.add_argument("--min-gain", type=float, default=d.gate.min_gain,
+                    help="the gate's bar (share of the deployed value)")
+    ap.add_argument("--window-days", type=int, default=d.window_days)
     ap.add_argument("--bandit", default="thompson", choices=["thompson", "linucb"])
     ap.add_argument("--online-ab", action="store_true", help="instead of the month: the online_ab asset's "
                     "question over seeds, at the assets' default size (offline chain in SAGE's binary space, then "
@@ -218,8 +308,10 @@ def main() -> None:
         return ab_main(a)
     a.out = a.out or str(SCRATCH / "closed_loop.json")
     kw = {"days": a.days, "episodes_per_day": a.episodes_per_day, "cql_steps": a.cql_steps,
-          "alphas": tuple(a.alphas), "floors": tuple(a.floors), "epsilon": a.epsilon, "window_days": a.window_days,
-          "bandit": a.bandit}
+          "alphas": tuple(a.alphas), "floors": tuple(a.floors), "window_days": a.window_days, "bandit": a.bandit,
+          "gate": {"rule": a.gate_rule, "min_gain": a.min_gain},
+          "exploration": {"rule": a.exploration, "epsilon": a.epsilon, "epsilon_max": a.epsilon_max,
+                          "epsilon_min": a.epsilon_min, "fit_days": a.fit_days}}
     jobs = [(s, w) for s in range(a.first_seed, a.first_seed + a.seeds) for w in a.worlds]
     t0, runs = time.perf_counter(), []
     with ProcessPoolExecutor(max_workers=a.workers) as pool:

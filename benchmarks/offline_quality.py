@@ -100,16 +100,19 @@ def run_seed(seed: int, episodes: int, criterion: str = "fqe", eval_fraction: fl
                                      progress=quiet, behaviour=behaviour)
         subject, extra = "cql", {}
     gt = report.truth.episode_value
-    # the gate as it would decide with each episode estimator (the asset's is oe.GATE_ESTIMATOR)
+    # the gate as it would decide with each episode estimator (the asset's is oe.GATE_ESTIMATOR, paired),
+    # and with the rule before issue 19 (the candidate's lower bound against the table's estimate)
     cands = tuple(n for n in policies if n.endswith("_served")) if action_space == "sage_binary" else None
     gates = {est: oe.promotion_gate(report.evaluations, estimator=est, candidates=cands).promoted
              for est in ("step_dr", "step_wdr", "step_dr_clip")}
+    gates["step_dr_clip, value rule"] = oe.promotion_gate(report.evaluations, candidates=cands,
+                                                          gate=oe.PromotionGateConfig(rule="value")).promoted
     return {
         "seed": seed, "seconds": time.perf_counter() - t0, "alpha": sel.label, "selected_by": sel.how,
         "action_space": action_space, "subject": subject, "ground_truth": gt,
         "regret_closure": {p: oe.regret_closure(gt[p], gt["static_table"], gt["oracle"]) for p in policies},
         "estimates": report.rows(), "promoted": report.gate.promoted, "gate": report.gate.reason,
-        "promoted_by": gates, **extra,
+        "promoted_by": gates, "gate_candidates": report.gate.candidates, **extra,
     }
 
 
@@ -131,6 +134,15 @@ def summarise(runs: list[dict]) -> dict:
                                    for est in runs[0]["promoted_by"]},
            "promotions_by": {est: sum(r["promoted_by"][est] is not None for r in runs)
                              for est in runs[0]["promoted_by"]}}
+    # the gate's paired interval of each candidate's gain over the table against the true gain
+    gains = [(c, r["ground_truth"][n] - r["ground_truth"]["static_table"]) for r in runs
+             for n, c in r["gate_candidates"].items() if c.get("difference") is not None]
+    out["gate_gain_interval"] = {
+        "candidates": len(gains),
+        "covers_true_gain": sum(c["difference_ci_low"] <= g <= c["difference_ci_high"] for c, g in gains),
+        "mean_error": statistics.fmean(c["difference"] - g for c, g in gains) if gains else None,
+        "mean_half_width": statistics.fmean((c["difference_ci_high"] - c["difference_ci_low"]) / 2
+                                            for c, g in gains) if gains else None}
     cells: dict[tuple[str, str], list[dict]] = {}
     for r in runs:
         for e in r["estimates"]:
@@ -197,6 +209,7 @@ def main() -> None:
     print(f"promoted: {s['promoted_share']}; promoted but not truly better than the table: {s['wrong_promotions']}")
     for est, k in s["promotions_by"].items():
         print(f"gate on {est}: {k} promotions, {s['wrong_promotions_by'][est]} not truly better than the table")
+    print(f"the gate's paired interval of the gain over the table: {s['gate_gain_interval']}")
     print(f"\n{'policy/estimator':<30}{'scope':<10}{'coverage':>10}{'mean rel err':>14}{'max rel err':>13}"
           f"{'<=5%':>7}")
     for k, v in s["estimators"].items():

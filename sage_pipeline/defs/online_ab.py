@@ -5,12 +5,12 @@
 import json
 
 import dagster as dg
-from pydantic import Field
 
 from sage_pipeline import artifacts, markdown
 from sage_pipeline.defs.policy_assets import _space, offline_eval, sage_router_checkpoint
 from sage_pipeline.defs.resources import SageResource
 from sage_pipeline.defs.routing_assets import GROUP
+from sage_pipeline.defs.sections import to_core
 from sage_pipeline.rl import offline_eval as oe, online_ab as ab, sage_router
 from sage_pipeline.routing import routing_dataset as rd
 from sage_pipeline.routing.policy import StaticTablePolicy
@@ -19,10 +19,8 @@ from sage_pipeline.routing.reward import RewardSpec
 REPORT = ("reports", "online_ab.json")
 
 
-class OnlineABAssetConfig(dg.Config):
-    episodes: int = Field(ab.OnlineABConfig.episodes, description="simulated tasks each arm routes (the same "
-                          "tasks, common random numbers)")
-    seed: int = 0
+class OnlineABAssetConfig(dg.Config, ab.OnlineABConfig):
+    """online_ab's run config: ``sage_pipeline.rl.online_ab.OnlineABConfig`` (episodes, seed)."""
 
 
 def _skip(context, sage: SageResource, reason: str) -> dg.MaterializeResult:
@@ -61,7 +59,7 @@ def online_ab(context: dg.AssetExecutionContext, config: OnlineABAssetConfig,
     name = manifest.get("policy", "served")
     est = ab.ope_estimates_from_summary(manifest.get("summary", []), name)
     rep = ab.online_ab(sim, StaticTablePolicy(sage.table, binary), served,
-                       ab.OnlineABConfig(config.episodes, config.seed), est, ("static_table", name))
+                       to_core(config, ab.OnlineABConfig), est, ("static_table", name))
     d = rep.difference
     context.log.info(f"online_ab: {name} - static_table = {d['mean']:+.4f} [{d['ci_low']:+.4f}, {d['ci_high']:+.4f}] "
                      f"over {rep.episodes} tasks each (exact {rep.true_difference:+.4f}); OPE predicted "

@@ -159,18 +159,21 @@ def cql_policy(context: dg.AssetExecutionContext, config: CQLPolicyConfig, sage:
     return dg.MaterializeResult(metadata=meta)
 
 
-class OfflineEvalConfig(dg.Config):
-    n_boot: int = Field(1000, description="bootstrap resamples per estimator")
-    seed: int = 0
+class PromotionGateSection(dg.Config, oe.PromotionGateConfig):
+    """``sage_pipeline.rl.offline_eval.PromotionGateConfig``: the gate's rule and its bar."""
+
+
+class OfflineEvalConfig(dg.Config, ope.OPESettings):
+    """offline_eval's run config: OPE's settings (``sage_pipeline.rl.ope.OPESettings``: n_boot, alpha,
+    seed, clip_factor, ...), the promotion gate as the section ``gate: {rule, min_gain}``, and the
+    asset's own two."""
+
     support: str = Field("logged_pairs", description="support rule: 'logged_pairs' or 'behaviour' (as cql_policy)")
-    clip_factor: float = Field(ope.OPEConfig.clip_factor,
-                               description="step-wise DR's trajectory weights are clipped on the residual terms at "
-                                           "this many times the largest single-decision weight of the logs, 1 / "
-                                           "the smallest propensity (step_dr_clip, the estimate the gate reads); "
-                                           ".inf gives plain step-wise DR (docs/benchmarks.md says what each does)")
     floor_selection: str = Field("fqe", description="how OPE on the eval split's select half picks SAGE's confidence "
                                  "floor for each served sage_binary policy: 'fqe', 'estimate' or 'lower_bound' (as "
                                  "cql_policy's selection; see docs/benchmarks.md)")
+    gate: PromotionGateSection = Field(default_factory=PromotionGateSection,
+                                       description="the promotion gate (PromotionGateConfig): rule and min_gain")
 
 
 @dg.asset(group_name=GROUP, deps=[bc_policy, cql_policy], kinds={"python", "json"},
@@ -182,8 +185,9 @@ class OfflineEvalConfig(dg.Config):
                       "what SAGE's router would run (each policy distilled into per-role classifiers behind "
                       "SAGE's confidence floor, chosen by OPE, with the YAML fallback), the networks shown "
                       "beside. Promotion gate: a policy is promoted (checkpoints/promoted/, and "
-                      "checkpoints/promoted_sage/ for the served composite) only if the lower bound of its "
-                      "clipped step-wise DR beats the table's estimate.")
+                      "checkpoints/promoted_sage/ for the served composite) only if the lower bound of its gain "
+                      "over the table (clipped step-wise DR, paired on the same report episodes) exceeds "
+                      "gate.min_gain of the table's estimate.")
 def offline_eval(context: dg.AssetExecutionContext, config: OfflineEvalConfig,
                  sage: SageResource) -> dg.MaterializeResult:
     path, df = _dataset(sage)
@@ -194,7 +198,7 @@ def offline_eval(context: dg.AssetExecutionContext, config: OfflineEvalConfig,
     manifest = sage.path("sessions", "synthetic", "simulator.json")
     sim, truth = oe.ground_truth_simulator(manifest, sage.catalogue, table, rd.read_reward_spec(path) or RewardSpec(),
                                            df_eval, multi.actions)
-    ope_cfg = ope.OPEConfig(n_boot=config.n_boot, seed=config.seed, clip_factor=config.clip_factor)
+    ope_cfg, gate = to_core(config, ope.OPEConfig), to_core(config.gate, oe.PromotionGateConfig)
     behaviour = _behaviour(config.support, bc_model)
     evidence = {"dataset_sha256": artifacts.file_sha256(path)}
     reports, meta = {}, {}
@@ -203,7 +207,7 @@ def offline_eval(context: dg.AssetExecutionContext, config: OfflineEvalConfig,
     policies = {"static_table": StaticTablePolicy(table, multi), "bc": bc_model,
                 "cql": load_policy(ckpts["cql"], spec, multi.actions)}
     rep = reports["multi_model"] = oe.run_offline_eval(df_eval, policies, multi, ope_cfg, sim=sim,
-                                                       progress=context.log.info, behaviour=behaviour)
+                                                       progress=context.log.info, behaviour=behaviour, gate=gate)
     with sage.writing("offline_eval", list(OFFLINE_EVAL_FILES), context.log.info) as stage:
         promoted = oe.promote(rep.gate, ckpts, stage.path("checkpoints", "promoted"),
                               evidence | {"summary": rep.summary()})
@@ -221,7 +225,7 @@ def offline_eval(context: dg.AssetExecutionContext, config: OfflineEvalConfig,
             rep, served = oe.run_sage_binary_eval(
                 oe.fill_missing_propensities(df, bc_model)[0], df_eval, binary, table,
                 {k: load_policy(p, spec, binary.actions) for k, p in trained.items()}, ope_cfg, sim,
-                context.log.info, behaviour, config.floor_selection)
+                context.log.info, behaviour, config.floor_selection, gate)
             reports["sage_binary"] = rep
             promoted_sage = oe.promote_served(rep.gate, served, stage.path("checkpoints", "promoted_sage"),
                                               evidence | {"summary": rep.summary()},

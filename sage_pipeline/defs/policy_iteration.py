@@ -8,13 +8,19 @@ import dagster as dg
 from pydantic import Field
 
 from sage_pipeline import artifacts, markdown
+from sage_pipeline.defs.policy_assets import PromotionGateSection
 from sage_pipeline.defs.resources import SageResource
-from sage_pipeline.rl import policy_iteration as pi
+from sage_pipeline.defs.sections import to_core
+from sage_pipeline.rl import offline_eval as oe, policy_iteration as pi
 from sage_pipeline.rl.bandit import ALGORITHMS, BanditConfig
 
 GROUP = "closed_loop"
 WORLDS = ("stationary", "drifting")
 _D = pi.LoopConfig()
+
+
+class ExplorationSection(dg.Config, pi.ExplorationConfig):
+    """``sage_pipeline.rl.policy_iteration.ExplorationConfig``: how the deployed router explores."""
 
 
 class PolicyIterationConfig(dg.Config):
@@ -26,8 +32,13 @@ class PolicyIterationConfig(dg.Config):
                                   "tasks)")
     eval_tasks: int = Field(_D.eval_tasks, description="the fixed tasks every day's true values are computed on")
     seed: int = 0
-    epsilon: float = Field(_D.epsilon, description="the deployed router's exploration (uniform over primary and "
-                           "fallback); its logged propensities feed the nightly OPE")
+    exploration: ExplorationSection = Field(default_factory=ExplorationSection,
+                                            description="the deployed router's exploration (ExplorationConfig: "
+                                            "rule 'gap' or 'uniform', epsilon, epsilon_max, epsilon_min, "
+                                            "temperature, fit_days); its logged propensities feed the nightly OPE")
+    gate: PromotionGateSection = Field(default_factory=PromotionGateSection,
+                                       description="the nightly gate against the deployed policy "
+                                       "(PromotionGateConfig: rule, min_gain)")
     window_days: int = Field(_D.window_days, description="the nightly chain retrains on the last this many days "
                              "of journals (0: every day so far)")
     cql_steps: int = Field(_D.cql_steps, description="CQL gradient steps per night")
@@ -38,16 +49,18 @@ class PolicyIterationConfig(dg.Config):
 
 @dg.asset(group_name=GROUP, kinds={"python", "pytorch"},
           description="A simulated month (default 30 days) of what a team runs: each day the deployed router routes "
-                      "that day's simulated tasks in SAGE's binary space with a little exploration and writes SAGE "
-                      "journals; each night the offline chain (ingest, routing dataset, CQL with alpha and SAGE's "
-                      "confidence floor chosen by OPE) retrains on the last days' journals, and the gate promotes "
-                      "the served candidate only if its clipped step-wise DR lower bound beats the deployed policy's "
-                      "estimate; a promotion is deployed the next day. Beside it, on the same tasks: the static table "
-                      "forever, the online bandit (SAGE's Tier 1) and the oracle. Per day the true value of each; in "
-                      "total cumulative regret, promotions (each A/B-tested online against the policy it replaces), "
-                      "wrong promotions, recovery after each change, and OPE on the bandit's own logs. Stationary "
-                      "and/or drifting world. Runs on its own, from nothing, in its own job simulated_month, not in "
-                      "make run (a few minutes of CPU per world; benchmarks/closed_loop.py runs it over 20 seeds).")
+                      "that day's simulated tasks in SAGE's binary space with a little exploration (most where its "
+                      "fitted Q-values are close) and writes SAGE journals; each night the offline chain (ingest, "
+                      "routing dataset, CQL with alpha and SAGE's confidence floor chosen by OPE) retrains on the last "
+                      "days' journals, and the gate promotes the served candidate only if the lower bound of its gain "
+                      "over the deployed policy (clipped step-wise DR, paired on the same episodes) exceeds "
+                      "gate.min_gain of its value; a promotion is deployed the next day. Beside it, on the same tasks: "
+                      "the static table forever, the online bandit (SAGE's Tier 1) and the oracle. Per day the true "
+                      "value of each; in total cumulative regret, promotions (each A/B-tested online against the policy"
+                      " it replaces), wrong promotions, recovery after each change, and OPE on the bandit's own logs. "
+                      "Stationary and/or drifting world. Runs on its own, from nothing, in its own job simulated_month,"
+                      " not in make run (a few minutes of CPU per world; benchmarks/closed_loop.py runs it over 20 "
+                      "seeds).")
 def policy_iteration(context: dg.AssetExecutionContext, config: PolicyIterationConfig,
                      sage: SageResource) -> dg.MaterializeResult:
     bad = [w for w in config.worlds if w not in WORLDS]
@@ -57,8 +70,9 @@ def policy_iteration(context: dg.AssetExecutionContext, config: PolicyIterationC
     with artifacts.exclusive(sage.root(), "policy_iteration", context.log.info):
         for world in dict.fromkeys(config.worlds):
             loop = pi.LoopConfig(
-                days=config.days, episodes_per_day=config.episodes_per_day, seed=config.seed, epsilon=config.epsilon,
-                eval_tasks=config.eval_tasks,
+                days=config.days, episodes_per_day=config.episodes_per_day, seed=config.seed,
+                exploration=to_core(config.exploration, pi.ExplorationConfig),
+                gate=to_core(config.gate, oe.PromotionGateConfig), eval_tasks=config.eval_tasks,
                 window_days=config.window_days, cql_steps=config.cql_steps, alphas=tuple(config.alphas),
                 floors=tuple(config.floors), bandit=BanditConfig(algorithm=config.bandit),
                 world=pi.WorldConfig(drift=world == "drifting"))

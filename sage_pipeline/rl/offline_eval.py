@@ -7,9 +7,10 @@ exactly, so the report puts side by side: the OPE estimate with its interval, th
 ground truth, the estimator's relative error and the regret closure
 ``(V_policy - V_static) / (V_oracle - V_static)``.
 
-The promotion gate reads OPE only, never ground truth: a policy is promoted when the
-lower bound of its ``ope.HEADLINE_ESTIMATOR`` interval (step-wise DR with clipped
-trajectory weights, the estimator of the episode value) beats the static table's estimate.
+The promotion gate reads OPE only, never ground truth: a policy is promoted when the lower
+bound of the paired difference of its ``ope.HEADLINE_ESTIMATOR`` (step-wise DR with clipped
+trajectory weights, the estimator of the episode value) with the static table's, on the same
+report episodes, exceeds :data:`GATE_MIN_GAIN` of the table's estimate (``promotion_gate``).
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ import shutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field
 
 from sage_pipeline import artifacts
 from sage_pipeline.rl import cql, ope, sage_router
@@ -114,25 +117,64 @@ def regret_closure(v: float, v_static: float, v_oracle: float) -> float | None:
 
 
 # ------------------------------------------------------------------ gate
+GATE_RULES = ("paired", "value")  # PromotionGateConfig.rule
+GATE_RULE = "paired"
+# A promotion must be worth it: the paired lower bound of the gain must exceed this share of the
+# baseline's estimate. Without a bar, a gate that runs every night promotes near-ties (a true gain
+# of 0 lands above a 97.5% one-sided bound 1 time in 40, and OPE is not exactly unbiased);
+# docs/benchmarks.md ("Closed loop") measures it.
+GATE_MIN_GAIN = 0.005
+
+
+class PromotionGateConfig(BaseModel):
+    """The promotion gate's rule (offline_eval's and the simulated month's run configs nest it as
+    ``gate``): see :func:`promotion_gate`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    rule: Literal["paired", "value"] = Field(GATE_RULE, description="'paired': the lower bound of the candidate's "
+                                             "paired gain over the baseline (clipped step-wise DR, the same report "
+                                             "episodes, one bootstrap) must exceed min_gain of the baseline's "
+                                             "estimate; 'value' (the gate before issue 19): the lower bound of the "
+                                             "candidate's own interval must exceed the baseline's estimate")
+    min_gain: float = Field(GATE_MIN_GAIN, ge=0.0, description="the paired rule's bar, a share of the baseline's "
+                            "estimate (0: any gain whose lower bound is above 0)")
+
+
 @dataclass(frozen=True)
 class GateDecision:
     promoted: str | None
     reason: str
     estimator: str = GATE_ESTIMATOR
     static_estimate: float | None = None
-    candidates: dict[str, dict] = field(default_factory=dict)  # name -> {ci_low, passed, why}
+    candidates: dict[str, dict] = field(default_factory=dict)  # name -> {ci_low, difference, passed, why, ...}
+    rule: str = GATE_RULE
+    min_gain: float = GATE_MIN_GAIN
 
 
 def promotion_gate(evals: dict[str, ope.PolicyEvaluation], static: str = STATIC,
-                   estimator: str = GATE_ESTIMATOR, candidates: tuple[str, ...] | None = None) -> GateDecision:
-    """Promote the candidate whose ``estimator`` lower bound beats the static table's
-    ``estimator`` estimate by the widest margin; else say why none was promoted.
-    ``candidates``: the policies that may be promoted (default: every non-static one);
-    in the sage_binary space only the served composites are, never the networks behind them."""
+                   estimator: str = GATE_ESTIMATOR, candidates: tuple[str, ...] | None = None,
+                   gate: PromotionGateConfig = PromotionGateConfig()) -> GateDecision:
+    """Promote the candidate that beats ``static`` (the table, or the deployed policy) by the widest
+    margin; else say why none was promoted. ``candidates``: the policies that may be promoted
+    (default: every non-static one; in the sage_binary space only the served composites are).
+
+    ``gate.rule="paired"`` (the default): a candidate passes when the lower bound of its paired
+    ``estimator`` difference with ``static`` (:func:`ope.paired_difference`: per-episode terms of
+    both on the same report episodes, one bootstrap) exceeds ``gate.min_gain`` times the magnitude
+    of static's estimate. ``gate.rule="value"`` (the gate before issue 19; ``min_gain`` is ignored):
+    when the lower bound of the candidate's own interval exceeds static's point estimate. That
+    compares an interval of a value with a number: too strict where the two policies share their
+    noise (the candidate's interval carries all of it), too lenient where their terms are
+    anti-correlated (where two deterministic policies disagree the logs follow one or the other)
+    and blind to static's own error."""
+    rule, min_gain = gate.rule, gate.min_gain
     if static not in evals or evals[static].estimates[estimator].value is None:
         return GateDecision(None, f"no promotion: the static table has no {estimator} estimate "
-                                  f"({evals[static].no_support_reason if static in evals else 'not evaluated'})")
+                                  f"({evals[static].no_support_reason if static in evals else 'not evaluated'})",
+                            estimator, None, {}, rule, min_gain)
     base = evals[static].estimates[estimator].value
+    bar = min_gain * abs(base)
     cands = {}
     for name, ev in evals.items():
         if name == static or (candidates is not None and name not in candidates):
@@ -140,17 +182,26 @@ def promotion_gate(evals: dict[str, ope.PolicyEvaluation], static: str = STATIC,
         e = ev.estimates[estimator]
         if e.value is None:
             cands[name] = {"ci_low": None, "passed": False, "why": f"no support: {ev.no_support_reason}"}
-        else:
+        elif rule == "value":
             passed = e.ci_low > base
-            cands[name] = {"ci_low": e.ci_low, "estimate": e.value, "passed": passed,
+            cands[name] = {"ci_low": e.ci_low, "estimate": e.value, "score": e.ci_low, "passed": passed,
                            "why": (f"{estimator} lower bound {e.ci_low:.4f} {'>' if passed else '<='} "
-                                   f"static estimate {base:.4f}")}
+                                   f"{static} estimate {base:.4f}")}
+        else:
+            d = ope.paired_difference(evals[static], ev, estimator)
+            passed = d.ci_low > bar
+            cands[name] = {"ci_low": e.ci_low, "estimate": e.value, "difference": d.value,
+                           "difference_ci_low": d.ci_low, "difference_ci_high": d.ci_high, "score": d.ci_low,
+                           "passed": passed,
+                           "why": (f"{estimator} paired difference with {static} {d.value:+.4f}, lower bound "
+                                   f"{d.ci_low:+.4f} {'>' if passed else '<='} "
+                                   + (f"{min_gain:g} x |{static} estimate| = {bar:.4f}" if min_gain else "0"))}
     winners = {n: c for n, c in cands.items() if c["passed"]}
     if not winners:
         detail = "; ".join(f"{n}: {c['why']}" for n, c in cands.items()) or "no candidate policy"
-        return GateDecision(None, f"no policy promoted: {detail}", estimator, base, cands)
-    best = max(winners, key=lambda n: winners[n]["ci_low"])
-    return GateDecision(best, f"promoted {best}: {winners[best]['why']}", estimator, base, cands)
+        return GateDecision(None, f"no policy promoted: {detail}", estimator, base, cands, rule, min_gain)
+    best = max(winners, key=lambda n: winners[n]["score"])
+    return GateDecision(best, f"promoted {best}: {winners[best]['why']}", estimator, base, cands, rule, min_gain)
 
 
 def promote(decision: GateDecision, checkpoints: dict[str, Path], dest: str | Path,
@@ -430,10 +481,12 @@ class OfflineEvalReport:
 def run_offline_eval(df_eval: pd.DataFrame, policies: dict[str, object], catalogue: ModelCatalogue,
                      config: ope.OPEConfig = ope.OPEConfig(), sim: RoutingSimulator | None = None,
                      progress: Callable[[str], None] = log.info, behaviour=None, oracle=None,
-                     candidates: tuple[str, ...] | None = None) -> OfflineEvalReport:
+                     candidates: tuple[str, ...] | None = None,
+                     gate: PromotionGateConfig = PromotionGateConfig()) -> OfflineEvalReport:
     """Evaluate ``policies`` (must include ``static_table``) on the eval rows; ``behaviour``:
-    see :func:`_evaluate_all`; ``oracle``: see :func:`ground_truth`; ``candidates``: the
-    policies the gate may promote (:func:`promotion_gate`)."""
+    see :func:`_evaluate_all`; ``oracle``: see :func:`ground_truth`; ``candidates``,
+    ``gate``: the policies the gate may promote and its rule
+    (:func:`promotion_gate`)."""
     if STATIC not in policies:
         raise ValueError(f"policies must include {STATIC!r}: it is the baseline every policy is compared with")
     if df_eval.empty:
@@ -444,13 +497,13 @@ def run_offline_eval(df_eval: pd.DataFrame, policies: dict[str, object], catalog
     warning = sample_size_warning(evals[STATIC].n_episodes, "report")
     if warning:
         progress(f"WARNING: {warning}")
-    return OfflineEvalReport(evals, truth, promotion_gate(evals, candidates=candidates), warning)
+    return OfflineEvalReport(evals, truth, promotion_gate(evals, candidates=candidates, gate=gate), warning)
 
 
 def run_sage_binary_eval(df: pd.DataFrame, df_eval: pd.DataFrame, space: ActionSpace, table: RoutingTable,
                          trained: dict[str, object], config: ope.OPEConfig = ope.OPEConfig(),
                          sim: RoutingSimulator | None = None, progress: Callable[[str], None] = log.info,
-                         behaviour=None, criterion: str = "fqe",
+                         behaviour=None, criterion: str = "fqe", gate: PromotionGateConfig = PromotionGateConfig(),
                          ) -> tuple[OfflineEvalReport, dict[str, ServedSelection]]:
     """SAGE's binary space, judged as SAGE would run it: each ``trained`` sage_binary policy is
     served (:func:`distill_select_served` on ``df``, propensities filled), the networks are
@@ -464,7 +517,8 @@ def run_sage_binary_eval(df: pd.DataFrame, df_eval: pd.DataFrame, space: ActionS
         n: s.policy for n, s in served.items()}
     report = run_offline_eval(df_eval, policies, space, config, sim=sim, progress=progress, behaviour=behaviour,
                               oracle=sim.oracle_policy(space.mask) if sim is not None else None,
-                              candidates=tuple(served))
+                              candidates=tuple(served),
+                              gate=gate)
     return report, served
 
 

@@ -22,6 +22,7 @@ import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 
 from sage_pipeline.routing.catalogue import known_tokens
 from sage_pipeline.routing.reward import apply_version, sage_step_reward
@@ -30,14 +31,14 @@ from sage_pipeline.routing.routing_simulator import SCORE_LEVELS, RoutingSimulat
 Z95 = 1.959963984540054
 
 
-@dataclass(frozen=True)
-class OnlineABConfig:
-    episodes: int = 2000  # tasks each arm routes (the same tasks)
-    seed: int = 0
+class OnlineABConfig(BaseModel):
+    """How large the online A/B is (the ``online_ab`` asset's run config inherits it)."""
 
-    def __post_init__(self) -> None:
-        if self.episodes < 30:
-            raise ValueError(f"episodes must be >= 30 for a normal-approximation interval, got {self.episodes}")
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    episodes: int = Field(2000, ge=30, description="simulated tasks each arm routes (the same tasks, common random "
+                          "numbers); at least 30, for a normal-approximation interval")
+    seed: int = Field(0, description="seed of the tasks and the common random numbers")
 
 
 @dataclass(frozen=True)

@@ -48,9 +48,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Protocol
+from typing import Literal, Protocol
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 
 from sage_pipeline.routing.features import Contexts, FeatureSpec
 from sage_pipeline.routing.schema import ROLES
@@ -65,52 +66,47 @@ BANDIT_SCOPES = ("first_step", "all_decisions")
 DETERMINISTIC_PSCORE = 1.0 - 1e-9  # a logged propensity this close to 1: the behaviour had no other choice
 
 
-@dataclass(frozen=True)
-class OPEConfig:
-    n_boot: int = 1000  # bootstrap replicates per estimator
-    alpha: float = 0.05  # 1 - confidence level of the percentile intervals
-    seed: int = 0  # folds and bootstrap
-    n_folds: int = 5  # cross-fitting folds, grouped by session (or episode)
-    ridge: float = 1.0  # L2 penalty of the reward model's slopes (intercepts get 1/100 of it)
-    gamma: float = 1.0  # discount of the episode return
-    # Switch-DR: rows with w > lambda use the reward model only. The collector's smallest
-    # propensity is 0.3 / 6 candidates = 0.05 (w = 20), so 10 hands the rows that only
-    # exploration reaches to the reward model; obp's default is inf (= DR).
-    switch_lambda: float = 10.0
-    # step_dr_clip clips trajectory weights on the DR residual terms at clip_factor times the
-    # largest single-decision weight of the evaluated logs (1 / smallest logged propensity):
-    # one off-table decision keeps its whole weight, products of several (1 / 0.15^4 = 1975 in
-    # SAGE's binary space, which let one episode move plain step-wise DR by 35%) are capped.
-    # 1.5 was chosen on 50 binary and 38 multi-model seeds and checked on 50 fresh seeds of
-    # each (docs/benchmarks.md, "Clipped step-wise DR"); np.inf gives plain step-wise DR.
-    clip_factor: float = 1.5
-    bandit_scope: str = "first_step"  # bandit rounds: each episode's first decision, or every decision
-    max_unsupported_mass: float = 1e-3  # above this mean mass off the logged support: no number
-    # With a behaviour model (BC) the support is the behaviour policy's, not the sample's: an
-    # action is unsupported where the model gives it less than this probability. Without
-    # one, a (role, model) pair absent from the evaluated logs is unsupported.
-    min_behaviour_prob: float = 0.005
-    feature_spec: FeatureSpec = FeatureSpec()
+class OPESettings(BaseModel):
+    """The settings of off-policy evaluation a user may set (offline_eval's run config inherits
+    them); :class:`OPEConfig` adds how a context is encoded."""
 
-    def __post_init__(self) -> None:
-        if self.n_boot < 1:
-            raise ValueError(f"n_boot must be >= 1, got {self.n_boot}")
-        if not 0.0 < self.alpha < 1.0:
-            raise ValueError(f"alpha must be in (0, 1), got {self.alpha}")
-        if self.n_folds < 2:
-            raise ValueError(f"n_folds must be >= 2 for cross-fitting, got {self.n_folds}")
-        if self.ridge <= 0:
-            raise ValueError(f"ridge must be > 0, got {self.ridge}")
-        if not 0.0 <= self.gamma <= 1.0:
-            raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
-        if self.switch_lambda < 0:
-            raise ValueError(f"switch_lambda must be >= 0, got {self.switch_lambda}")
-        if not self.clip_factor >= 1.0:
-            raise ValueError(f"clip_factor must be >= 1 (np.inf: no clipping), got {self.clip_factor}")
-        if self.bandit_scope not in BANDIT_SCOPES:
-            raise ValueError(f"bandit_scope must be one of {BANDIT_SCOPES}, got {self.bandit_scope!r}")
-        if self.max_unsupported_mass < 0:
-            raise ValueError(f"max_unsupported_mass must be >= 0, got {self.max_unsupported_mass}")
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    n_boot: int = Field(1000, ge=1, description="bootstrap replicates per estimator")
+    alpha: float = Field(0.05, gt=0.0, lt=1.0, description="1 - the confidence level of the percentile intervals")
+    seed: int = Field(0, description="seed of the cross-fitting folds and the bootstrap")
+    n_folds: int = Field(5, ge=2, description="cross-fitting folds, grouped by session (or episode)")
+    ridge: float = Field(1.0, gt=0.0, description="L2 penalty of the reward model's slopes (intercepts get 1/100 "
+                         "of it)")
+    gamma: float = Field(1.0, ge=0.0, le=1.0, description="discount of the episode return")
+    # The collector's smallest propensity is 0.3 / 6 candidates = 0.05 (w = 20), so 10 hands the
+    # rows that only exploration reaches to the reward model; obp's default is inf (= DR).
+    switch_lambda: float = Field(10.0, ge=0.0, description="Switch-DR: rows with an importance weight above this "
+                                 "use the reward model only")
+    # One off-table decision keeps its whole weight, products of several (1 / 0.15^4 = 1975 in
+    # SAGE's binary space, which let one episode move plain step-wise DR by 35%) are capped. 1.5
+    # was chosen on 50 binary and 38 multi-model seeds and checked on 50 fresh seeds of each
+    # (docs/benchmarks.md, "Clipped step-wise DR").
+    clip_factor: float = Field(1.5, ge=1.0, description="step-wise DR's trajectory weights are clipped on the "
+                               "residual terms at this many times the largest single-decision weight of the logs "
+                               "(1 / the smallest propensity): step_dr_clip, the estimate reports lead with and the "
+                               "gate reads; .inf gives plain step-wise DR")
+    bandit_scope: Literal["first_step", "all_decisions"] = Field(
+        "first_step", description="the bandit estimators' rounds: each episode's first decision, or every decision")
+    max_unsupported_mass: float = Field(1e-3, ge=0.0, description="above this mean probability mass off the logged "
+                                        "support, an estimator gives no number")
+    min_behaviour_prob: float = Field(0.005, ge=0.0, description="with a behaviour model (BC) the support is the "
+                                      "behaviour policy's: an action is unsupported where the model gives it less "
+                                      "than this probability (without one, a (role, model) pair absent from the "
+                                      "evaluated logs is unsupported)")
+
+
+class OPEConfig(OPESettings):
+    """:class:`OPESettings` and the encoding of a context for the fitted reward and Q models."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    feature_spec: FeatureSpec = FeatureSpec()
 
 
 class NoSupportError(ValueError):
@@ -598,7 +594,7 @@ def step_wdr(reward, pscore, pi_logged, q_logged, v_hat, episode_id, step, *, ga
     return Estimate("step_wdr", float(G.mean()), G, RatioTerms(num, den, empty_is_zero=True))
 
 
-def clip_level(pscore, clip_factor: float = OPEConfig.clip_factor) -> float:
+def clip_level(pscore, clip_factor: float = OPESettings.model_fields["clip_factor"].default) -> float:
     """The trajectory weight :func:`step_dr_clip` clips at: ``clip_factor`` times the largest
     single-decision weight the logs allow, 1 / (smallest logged propensity)."""
     return float(clip_factor / np.min(pscore))
@@ -941,7 +937,8 @@ class PolicyEvaluation:
         return self.estimates[self.headline_estimator].value
 
     def to_dict(self) -> dict:
-        d = asdict(replace(self, estimates={}))  # nested dataclasses (config, feature spec) become dicts too
+        d = asdict(replace(self, estimates={}, config=None))
+        d["config"] = self.config.model_dump()  # the feature spec, a dataclass, becomes a dict too
         d["estimates"] = {k: e.to_dict() for k, e in self.estimates.items()}
         d["no_support"] = self.no_support
         return d

@@ -2,15 +2,19 @@
 table, the online bandit and the oracle, on the same days, tasks and seed.
 
 Every day the deployed router routes that day's simulated tasks in SAGE's binary space
-(primary or fallback, what SAGE's router executes) with a small exploration rate
-(``epsilon``, uniform between the two) and writes SAGE-shaped journals with the probability
-it acted on. Every night the offline chain runs on the last ``window_days`` of journals
-(0: everything so far): the ingest, the routing dataset, CQL with alpha chosen by FQE on the
-eval split's select half, the policy distilled into SAGE's per-role classifiers behind a
-confidence floor chosen the same way (``offline_eval.train_select_cql`` and
-``distill_select_served``, as the assets), then the gate: the candidate is promoted only if
-the lower bound of its clipped step-wise DR interval on the report half beats the deployed
-policy's estimate on the same rows. A promotion is the next day's deployed policy.
+(primary or fallback, what SAGE's router executes) with some exploration
+(:class:`ExplorationConfig`: by default more where the deployed policy's fitted Q-function
+says its choice is close to, or worse than, the other one, little where it is clearly right)
+and writes SAGE-shaped journals with the probability it acted on. Every night the offline
+chain runs on the last ``window_days`` of journals (0: everything so far): the ingest, the
+routing dataset, CQL with alpha chosen by FQE on the eval split's select half, the policy
+distilled into SAGE's per-role classifiers behind a confidence floor chosen the same way
+(``offline_eval.train_select_cql`` and ``distill_select_served``, as the assets), then the
+gate (``offline_eval.promotion_gate``, as the assets): the candidate is promoted only if the
+lower bound of its gain over the deployed policy, clipped step-wise DR paired on the same
+report-half episodes, exceeds ``min_gain`` of the deployed policy's estimate. A promotion is
+the next day's deployed policy; tonight's window also refits the deployed policy's Q-function
+that tomorrow's exploration reads.
 
 The world: stationary, or drifting (``WorldConfig``): from ``quality_day`` one model's
 capability for every role drops by ``quality_drop`` (30%), and from ``price_day`` another
@@ -32,13 +36,15 @@ import logging
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Literal
 
 import msgspec
 import numpy as np
 import pyarrow.parquet as pq
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sage_pipeline import artifacts
 from sage_pipeline.rl import cql, offline_eval as oe, online_ab as ab, ope, sage_router
@@ -46,6 +52,7 @@ from sage_pipeline.rl.bandit import BanditConfig, LinearBandit, run_online
 from sage_pipeline.routing import collector, ingest
 from sage_pipeline.routing.action_space import ActionSpace
 from sage_pipeline.routing.catalogue import ModelCatalogue
+from sage_pipeline.routing.features import FeatureSpec
 from sage_pipeline.routing.policy import EpsilonGreedyPolicy, StaticTablePolicy
 from sage_pipeline.routing.reward import RewardSpec
 from sage_pipeline.routing.routing_dataset import DatasetConfig, build_routing_dataset
@@ -91,19 +98,106 @@ class WorldConfig:
         return [self.quality_day, self.price_day] if self.drift else []
 
 
+EXPLORATION_RULES = ("gap", "uniform")
+
+
+class ExplorationConfig(BaseModel):
+    """How the deployed router explores (what its journals log as the propensity).
+
+    ``gap``: with probability ``epsilon(s)`` a uniform candidate, else the deployed choice, where
+    ``epsilon(s) = epsilon_min + (epsilon_max - epsilon_min) * exp(-gap(s) / temperature)`` and
+    ``gap(s)`` is how much better the deployed choice is than the best other candidate under the
+    deployed policy's fitted Q-function (``ope.fit_q`` on the journals of the last ``fit_days``
+    days, so that it follows a changing world; 0 where another candidate looks better). Near a
+    tie, or where the choice looks wrong, it explores at ``epsilon_max``, which is cheap there and
+    is where tomorrow's candidate will differ; where the choice is clearly right, at
+    ``epsilon_min``. Before any night (no fitted model) it explores at ``epsilon_max``.
+    ``uniform``: at ``epsilon`` everywhere (the rule before issue 19)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    rule: Literal["gap", "uniform"] = Field("gap", description="'gap': explore most where the deployed policy's "
+                                            "fitted Q-values are close; 'uniform': at epsilon everywhere")
+    epsilon: float = Field(0.1, gt=0.0, le=1.0, description="'uniform': the rate everywhere")
+    epsilon_max: float = Field(0.3, gt=0.0, le=1.0, description="'gap': the rate at a tie, and before the first "
+                               "night (0.3 is the synthetic collector's rate)")
+    epsilon_min: float = Field(0.02, gt=0.0, le=1.0, description="'gap': the floor, so every candidate keeps "
+                               "support (importance weights <= n / epsilon_min)")
+    temperature: float = Field(0.05, gt=0.0, description="'gap': how fast the rate falls with the gap, in reward "
+                               "units of the episode return")
+    fit_days: int = Field(1, ge=1, description="'gap': the Q-function is fitted on the last this many days of "
+                          "journals (the freshest world)")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ExplorationConfig:
+        if self.epsilon_min > self.epsilon_max:
+            raise ValueError(f"epsilon_min ({self.epsilon_min}) must be <= epsilon_max ({self.epsilon_max})")
+        return self
+
+    def behaviour(self, deployed, q_model: ope.LinearQ | None, spec: FeatureSpec):
+        """The policy the deployed router acts with (its probabilities are the logged propensities)."""
+        if self.rule == "uniform":
+            return EpsilonGreedyPolicy(deployed, self.epsilon, name="deployed+exploration")
+        return GapExploration(deployed, q_model, spec, self.epsilon_max, self.epsilon_min, self.temperature)
+
+
+@dataclass(frozen=True, eq=False)
+class GapExploration:
+    """``base`` with state-dependent epsilon-exploration: see :class:`ExplorationConfig` (``gap``)."""
+
+    base: object
+    q_model: ope.LinearQ | None  # the base policy's fitted Q-function; None: epsilon_max everywhere
+    spec: FeatureSpec  # how q_model reads a context (ope.reward_basis)
+    epsilon_max: float
+    epsilon_min: float
+    temperature: float
+    name: str = "deployed+exploration"
+
+    @property
+    def actions(self) -> tuple[str, ...]:
+        return tuple(self.base.actions)
+
+    @property
+    def role_mask(self) -> np.ndarray:
+        return self.base.role_mask
+
+    def epsilon(self, ctx, base: np.ndarray | None = None) -> np.ndarray:
+        """The exploration rate of each context."""
+        if self.q_model is None:
+            return np.full(len(ctx), self.epsilon_max)
+        base = self.base.action_probs(ctx) if base is None else base
+        rows, cand = np.arange(len(ctx)), self.role_mask[ctx.role]
+        q = self.q_model.predict(ctx.role, ope.reward_basis(ctx, self.spec))
+        chosen = base.argmax(axis=1)
+        others = np.where(cand, q, -np.inf)
+        others[rows, chosen] = -np.inf
+        best_other = others.max(axis=1)
+        gap = np.where(np.isfinite(best_other), np.maximum(q[rows, chosen] - best_other, 0.0), np.inf)
+        return self.epsilon_min + (self.epsilon_max - self.epsilon_min) * np.exp(-gap / self.temperature)
+
+    def action_probs(self, ctx) -> np.ndarray:
+        base = np.asarray(self.base.action_probs(ctx), dtype=np.float64)
+        cand = self.role_mask[ctx.role].astype(np.float64)
+        eps = self.epsilon(ctx, base)[:, None]
+        return (1.0 - eps) * base + eps * cand / cand.sum(axis=1, keepdims=True)
+
+
 @dataclass(frozen=True)
 class LoopConfig:
     days: int = 30
     episodes_per_day: int = 2000
     seed: int = 0
-    epsilon: float = 0.1  # the deployed router's exploration (uniform over primary and fallback)
-    window_days: int = 3  # nightly retraining on the last this many days of journals (0: all so far)
+    # The deployed router's exploration (ExplorationConfig.rule): "gap" explores each decision with a
+    # probability that falls with the fitted Q-gap of the deployed choice, "uniform" at a fixed rate.
+    exploration: ExplorationConfig = ExplorationConfig()
+    window_days: int = 2  # nightly retraining on the last this many days of journals (0: all so far)
     eval_fraction: float = 0.5  # of the window's sessions: half choose alpha and the floor, half gate
     eval_tasks: int = 2000  # the fixed tasks every day's true values are computed on
     cql_steps: int = 500
     alphas: tuple[float, ...] = (0.03, 0.1, 0.3, 1.0)
     floors: tuple[float, ...] = (0.0, 0.2, 0.4, 0.55)  # SAGE's confidence floors tried (chosen by FQE, not truth)
     n_boot: int = 200  # bootstrap resamples of the gate's interval
+    gate: oe.PromotionGateConfig = oe.PromotionGateConfig()  # the deployed policy is the gate's baseline
     sessions_per_day: int = 250
     bandit: BanditConfig = BanditConfig()
     bandit_batch: int = 10  # tasks routed between two bandit updates
@@ -115,13 +209,16 @@ class LoopConfig:
         if self.days < 1 or self.episodes_per_day < 50 or self.eval_tasks < 50:
             raise ValueError(f"days must be >= 1, episodes_per_day and eval_tasks >= 50; got {self.days}, "
                              f"{self.episodes_per_day}, {self.eval_tasks}")
-        if not 0.0 < self.epsilon <= 1.0:
-            raise ValueError(f"epsilon must lie in (0, 1] so the logs support every candidate, got {self.epsilon}")
         if self.window_days < 0:
             raise ValueError(f"window_days must be >= 0 (0: every day so far), got {self.window_days}")
         bad = [a for a in self.arms if a not in ARMS]
         if bad or not self.arms:
             raise ValueError(f"arms {bad or 'none'}: choose from {', '.join(ARMS)}")
+
+    def to_dict(self) -> dict:
+        """The config as JSON types (the typed sections, exploration and gate, as their dumps)."""
+        return {f.name: (v.model_dump() if isinstance(v, BaseModel) else asdict(v) if is_dataclass(v) else v)
+                for f in fields(self) for v in [getattr(self, f.name)]}
 
 
 # ---------------------------------------------------------------------- journals
@@ -226,11 +323,12 @@ def nightly(df, space: ActionSpace, table: RoutingTable, deployed, config: LoopC
     data = ope.LoggedData.from_frame(oe.eval_part(df, "report"), space.actions, space.roles)
     evals = {"deployed": ope.evaluate_policy(data, deployed, ope_cfg, progress=quiet),
              "candidate": ope.evaluate_policy(data, served.policy, ope_cfg, progress=quiet)}
-    gate = oe.promotion_gate(evals, static="deployed", candidates=("candidate",))
-    est = {k: asdict(e.estimates[oe.GATE_ESTIMATOR]) for k, e in evals.items()}
-    return NightResult(gate.promoted == "candidate", served.policy, gate.reason.replace("static estimate",
-                                                                                        "deployed estimate"),
-                       sel.label, served.policy.min_confidence, time.perf_counter() - t0, est)
+    gate = oe.promotion_gate(evals, static="deployed", candidates=("candidate",), gate=config.gate)
+    est = {k: e.estimates[oe.GATE_ESTIMATOR].to_dict() for k, e in evals.items()}
+    c = gate.candidates.get("candidate", {})
+    est["difference"] = {k: c.get(k) for k in ("difference", "difference_ci_low", "difference_ci_high")}
+    return NightResult(gate.promoted == "candidate", served.policy, gate.reason, sel.label,
+                       served.policy.min_confidence, time.perf_counter() - t0, est)
 
 
 # ---------------------------------------------------------------------- the month
@@ -271,8 +369,9 @@ def run_month(config: LoopConfig, work: Path | None = None, progress: Callable[[
     eval_tasks = sim0.sample_tasks(config.eval_tasks, rng_eval)
     static = StaticTablePolicy(table, space)
     deployed, deployed_name = static, "static_table"
+    q_model, q_spec = None, replace(ope.OPEConfig().feature_spec, roles=tuple(space.roles))
     bandit = LinearBandit.for_space(space, replace(config.bandit, seed=config.seed), name=config.bandit.algorithm)
-    result = LoopResult({"loop": asdict(config)})
+    result = LoopResult({"loop": config.to_dict()})
     start = datetime(2026, 12, 1, tzinfo=timezone.utc)
     own_tmp = None
     if work is None:
@@ -295,11 +394,12 @@ def run_month(config: LoopConfig, work: Path | None = None, progress: Callable[[
                               tasks, rows, date, f"bandit-{config.seed}", config.sessions_per_day,
                               np.random.default_rng([config.seed, 4, day]))
             if "nightly" in config.arms:
-                behaviour = EpsilonGreedyPolicy(deployed, config.epsilon, name="deployed+exploration")
+                behaviour = config.exploration.behaviour(deployed, q_model, q_spec)
                 row["nightly"] = _value(sim, behaviour, eval_tasks)
                 row["nightly_deployed"] = _value(sim, deployed, eval_tasks)
                 row["deployed"] = deployed_name
                 rows = collector.simulate_episodes(sim, tasks, behaviour, np.random.default_rng([config.seed, 5, day]))
+                row["exploration"] = exploration_summary(sim, tasks, rows, deployed, behaviour)
                 day_dir = journals["nightly"] / date.date().isoformat()
                 write_journal(day_dir / f"{date.date().isoformat()}.log", sim, tasks, rows, date,
                               f"loop-{config.seed}", config.sessions_per_day,
@@ -310,14 +410,15 @@ def run_month(config: LoopConfig, work: Path | None = None, progress: Callable[[
                     df, _ = logged_dataset(dirs, work / "night" / date.date().isoformat(), table, catalogue, reward,
                                            config.eval_fraction)
                     night = nightly(df, space, table, deployed, config, config.seed * 1000 + day)
+                    v_new, v_old = _value(sim, night.candidate, eval_tasks), row["nightly_deployed"]
                     row |= {"promoted": night.promoted, "gate": night.reason, "alpha": night.alpha,
-                            "floor": night.floor, "night_s": round(night.seconds, 2)}
+                            "floor": night.floor, "night_s": round(night.seconds, 2),
+                            "gate_difference": night.estimates["difference"], "candidate_true_value": v_new}
                     if night.promoted:
-                        v_new, v_old = _value(sim, night.candidate, eval_tasks), row["nightly_deployed"]
                         row |= {"promoted_true_value": v_new, "wrong_promotion": v_new < v_old}
                         # online_ab of the promotion in tonight's world, with the gate's OPE estimates
-                        rep = ab.online_ab(sim, deployed, night.candidate,
-                                           ab.OnlineABConfig(config.online_ab_episodes, config.seed * 1000 + day),
+                        ab_cfg = ab.OnlineABConfig(episodes=config.online_ab_episodes, seed=config.seed * 1000 + day)
+                        rep = ab.online_ab(sim, deployed, night.candidate, ab_cfg,
                                            {"a": night.estimates["deployed"]["value"],
                                             "b": night.estimates["candidate"]["value"]}, (deployed_name, "candidate"))
                         row["online_ab"] = {"from": deployed_name, "difference": rep.difference,
@@ -325,6 +426,10 @@ def run_month(config: LoopConfig, work: Path | None = None, progress: Callable[[
                                             "ope_difference_inside": rep.ope_difference_inside,
                                             "ope_value_inside": rep.ope_value_inside}
                         deployed, deployed_name = night.candidate, f"served@night{day}"
+                    # tomorrow's exploration reads the deployed policy's Q-function on the last days' journals
+                    recent = {p.name for p in dirs[-config.exploration.fit_days:]}
+                    fresh = df[df["source_file"].map(lambda f: Path(f).parent.name).isin(recent)]
+                    q_model = ope.fit_q(ope.LoggedData.from_frame(fresh, space.actions, space.roles), deployed)
             result.days.append(row)
             progress(f"day {day + 1}/{config.days}: oracle {row['oracle']:.4f}, table {row['static_table']:.4f}"
                      + (f", bandit {row['bandit']:.4f}" if "bandit" in row else "")
@@ -338,6 +443,17 @@ def run_month(config: LoopConfig, work: Path | None = None, progress: Callable[[
             own_tmp.cleanup()
     result.summary = summarise(result.days, config)
     return result
+
+
+def exploration_summary(sim: RoutingSimulator, tasks: Tasks, rows: dict[str, np.ndarray], deployed,
+                        behaviour) -> dict[str, float]:
+    """How much the day's decisions left the deployed policy's choice: the mean probability of doing so
+    (what the behaviour logged) and the share that did."""
+    t = rows["task"]
+    ctx = sim.contexts(tasks.take(t), rows["step"], rows["primary_failure_count"])
+    choice = np.asarray(deployed.action_probs(ctx)).argmax(axis=1)
+    p_stay = np.asarray(behaviour.action_probs(ctx))[np.arange(len(t)), choice]
+    return {"leave_probability": float((1.0 - p_stay).mean()), "left_share": float((rows["action"] != choice).mean())}
 
 
 def bandit_logs_ope(folder: Path, work: Path, bandit: LinearBandit, static, space: ActionSpace, table: RoutingTable,

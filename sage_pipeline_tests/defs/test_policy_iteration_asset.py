@@ -12,7 +12,7 @@ from sage_pipeline.defs.policy_iteration import policy_iteration
 from sage_pipeline.defs.resources import SageResource
 
 TINY = {"days": 3, "episodes_per_day": 200, "eval_tasks": 200, "cql_steps": 50, "alphas": [0.1], "floors": [0.0],
-        "worlds": ["stationary", "drifting"]}
+        "worlds": ["stationary", "drifting"], "gate": {"min_gain": 0.01}}
 
 
 def test_a_tiny_month_materializes_with_its_figures(tmp_path):
@@ -29,6 +29,9 @@ def test_a_tiny_month_materializes_with_its_figures(tmp_path):
     report = json.loads((tmp_path / "policy_iteration" / "policy_iteration.json").read_text())
     assert [d["day"] for d in report["drifting"]["days"]] == [0, 1, 2]
     assert (tmp_path / "policy_iteration" / "drifting.png").is_file()
+    loop = report["stationary"]["config"]["loop"]
+    assert loop["exploration"]["rule"] == "gap" and loop["gate"] == {"rule": "paired", "min_gain": 0.01}
+    assert all(0.0 < d["exploration"]["leave_probability"] < 0.3 for d in report["stationary"]["days"])
 
 
 def test_bad_world_is_refused(tmp_path):

@@ -10,44 +10,106 @@ import pytest
 from sage_pipeline.rl import offline_eval as oe, ope
 from sage_pipeline.routing.reward import RewardSpec
 
-
-def _eval(name: str, value: float | None, lo: float | None, hi: float | None, reason: str | None = None):
-    est = {k: ope.EstimatorResult(k, "episode", value, lo, hi, None) for k in ("pdis", "step_dr", "step_dr_clip")}
-    return ope.PolicyEvaluation(policy=name, estimates=est, n_decisions=10, n_episodes=5, n_bandit_rounds=5,
-                                ess=5.0, ess_episode=5.0, max_weight=1.0, support_share=1.0, unsupported_mass=0.0,
-                                no_support_reason=reason, config=ope.OPEConfig())
+N_EPISODES = 400
+_RNG = np.random.default_rng(0)
+NOISE = _RNG.standard_normal(N_EPISODES)  # shared by the hand-made evaluations below
+NOISE = (NOISE - NOISE.mean()) / NOISE.std()  # mean 0, sd 1 exactly
 
 
-def test_gate_promotes_only_when_the_lower_bound_beats_the_static_estimate():
+def _eval(name: str, value: float | None, lo: float | None = None, hi: float | None = None,
+          reason: str | None = None, terms: np.ndarray | None = None):
+    """A hand-made evaluation; with ``terms`` (per-episode) its value and interval are theirs."""
+    if terms is not None:
+        value = float(terms.mean())
+        se = float(terms.std(ddof=1) / np.sqrt(len(terms)))
+        lo, hi = value - 1.96 * se, value + 1.96 * se
+    units = np.array([f"e{i}" for i in range(N_EPISODES)])
+    est = {k: ope.EstimatorResult(k, "episode", value, lo, hi, None,
+                                  None if terms is None else ope.Estimate(k, value, terms), units)
+           for k in ("pdis", "step_dr", "step_dr_clip")}
+    return ope.PolicyEvaluation(policy=name, estimates=est, n_decisions=N_EPISODES, n_episodes=N_EPISODES,
+                                n_bandit_rounds=N_EPISODES, ess=5.0, ess_episode=5.0, max_weight=1.0,
+                                support_share=1.0, unsupported_mass=0.0, no_support_reason=reason,
+                                config=ope.OPEConfig(n_boot=2000))
+
+
+def test_value_gate_promotes_only_when_the_lower_bound_beats_the_static_estimate():
     evals = {"static_table": _eval("static_table", 0.80, 0.75, 0.85),
              "bc": _eval("bc", 0.82, 0.79, 0.85),  # lower bound below 0.80: not enough
              "cql": _eval("cql", 0.90, 0.83, 0.97)}
-    gate = oe.promotion_gate(evals)
-    assert gate.promoted == "cql" and gate.static_estimate == 0.80
+    gate = oe.promotion_gate(evals, gate=oe.PromotionGateConfig(rule="value"))
+    assert gate.promoted == "cql" and gate.static_estimate == 0.80 and gate.rule == "value"
     assert gate.candidates["bc"]["passed"] is False
-    assert "0.7900 <= static estimate 0.8000" in gate.candidates["bc"]["why"]
+    assert "0.7900 <= static_table estimate 0.8000" in gate.candidates["bc"]["why"]
     evals["cql"] = _eval("cql", 0.90, 0.80, 0.97)  # a tie is not a win
-    gate = oe.promotion_gate(evals)
+    gate = oe.promotion_gate(evals, gate=oe.PromotionGateConfig(rule="value"))
     assert gate.promoted is None and gate.reason.startswith("no policy promoted")
+
+
+def test_paired_gate_refuses_a_tie_the_value_gate_promoted():
+    # Where two deterministic policies disagree, the logged action follows one or the other, so
+    # their per-episode DR terms are anti-correlated: the candidate's own interval is narrow, but
+    # the difference is twice as noisy. Here the candidate is +0.04 on these episodes by noise alone.
+    static = _eval("static_table", None, terms=0.80 - 0.02 - 0.3 * NOISE)
+    cand = _eval("cql", None, terms=0.80 + 0.02 + 0.3 * NOISE)
+    evals = {"static_table": static, "cql": cand}
+    old = oe.promotion_gate(evals, gate=oe.PromotionGateConfig(rule="value"))
+    assert old.promoted == "cql"  # its lower bound 0.82 - 0.029 > the table's 0.78
+    gate = oe.promotion_gate(evals)
+    assert gate.rule == "paired" and gate.promoted is None
+    c = gate.candidates["cql"]
+    assert c["difference"] == pytest.approx(0.04) and c["difference_ci_low"] < 0 < c["difference_ci_high"]
+    assert "paired difference with static_table +0.0400" in c["why"] and "<= 0" in c["why"]
+
+
+def test_paired_gate_promotes_a_small_real_gain_the_value_gate_refused():
+    # the two policies share their noise (they act alike in most episodes) and the candidate
+    # gains 0.02 on every episode: the value gate sees only the candidate's wide interval
+    base = 0.80 + 0.3 * NOISE
+    evals = {"static_table": _eval("static_table", None, terms=base),
+             "cql": _eval("cql", None, terms=base + 0.02 + 0.01 * np.roll(NOISE, 7))}
+    assert oe.promotion_gate(evals, gate=oe.PromotionGateConfig(rule="value")).promoted is None
+    gate = oe.promotion_gate(evals)
+    assert gate.promoted == "cql" and gate.candidates["cql"]["difference_ci_low"] > 0.015
+    # a bar of 3% of the table's value (0.024) is more than the gain's lower bound
+    high = oe.promotion_gate(evals, gate=oe.PromotionGateConfig(min_gain=0.03))
+    assert high.promoted is None and "0.03 x |static_table estimate| = 0.0240" in high.reason
+    assert oe.promotion_gate(evals, gate=oe.PromotionGateConfig(min_gain=0.01)).promoted == "cql"
+    with pytest.raises(ValueError, match="min_gain"):
+        oe.PromotionGateConfig(min_gain=-0.1)
+    with pytest.raises(ValueError, match="rule"):
+        oe.PromotionGateConfig(rule="vibes")
+
+
+def test_paired_gate_needs_per_episode_terms():
+    evals = {"static_table": _eval("static_table", 0.80, 0.75, 0.85), "cql": _eval("cql", 0.90, 0.83, 0.97)}
+    with pytest.raises(ValueError, match="no per-unit terms"):
+        oe.promotion_gate(evals)
 
 
 def test_gate_reads_the_clipped_step_wise_dr_not_plain_step_wise_dr():
     assert oe.GATE_ESTIMATOR == ope.HEADLINE_ESTIMATOR == "step_dr_clip"
-    evals = {"static_table": _eval("static_table", 0.80, 0.75, 0.85), "cql": _eval("cql", 0.90, 0.83, 0.97)}
-    # plain step-wise DR far above the table (one heavy episode), the clipped estimate not above it
-    evals["cql"].estimates["step_dr"] = ope.EstimatorResult("step_dr", "episode", 1.5, 0.95, 2.7, None)
-    evals["cql"].estimates["step_dr_clip"] = ope.EstimatorResult("step_dr_clip", "episode", 0.82, 0.78, 0.86, None)
-    gate = oe.promotion_gate(evals)
-    assert gate.promoted is None and gate.estimator == "step_dr_clip" and "0.7800 <= static" in gate.reason
-    assert oe.promotion_gate(evals, estimator="step_dr").promoted == "cql"
+    base = 0.80 + 0.3 * NOISE
+    evals = {"static_table": _eval("static_table", None, terms=base), "cql": _eval("cql", None, terms=base + 0.001)}
+    # plain step-wise DR above the table (its unclipped weights), the clipped estimate a tie
+    heavy = base + 0.05
+    evals["cql"].estimates["step_dr"] = ope.EstimatorResult("step_dr", "episode", float(heavy.mean()), None, None,
+                                                            None, ope.Estimate("step_dr", float(heavy.mean()), heavy),
+                                                            evals["cql"].estimates["step_dr"].units)
+    gate = oe.promotion_gate(evals, gate=oe.PromotionGateConfig(min_gain=0.005))
+    assert gate.promoted is None and gate.estimator == "step_dr_clip"
+    assert oe.promotion_gate(evals, estimator="step_dr", gate=oe.PromotionGateConfig(min_gain=0.005)).promoted == "cql"
 
 
 def test_gate_picks_the_best_lower_bound_and_reports_no_support():
-    evals = {"static_table": _eval("static_table", 0.80, 0.75, 0.85),
-             "a": _eval("a", 0.95, 0.81, 1.0), "b": _eval("b", 0.90, 0.86, 0.93),
+    base = 0.80 + 0.3 * NOISE
+    evals = {"static_table": _eval("static_table", None, terms=base),
+             "a": _eval("a", None, terms=base + 0.15 + 0.8 * np.roll(NOISE, 3)),  # larger gain, far noisier
+             "b": _eval("b", None, terms=base + 0.10 + 0.01 * np.roll(NOISE, 5)),
              "c": _eval("c", None, None, None, reason="no support: puts mass on coder->opus")}
     gate = oe.promotion_gate(evals)
-    assert gate.promoted == "b"
+    assert gate.promoted == "b" and gate.candidates["a"]["passed"]
+    assert gate.candidates["a"]["difference_ci_low"] < gate.candidates["b"]["difference_ci_low"]
     assert gate.candidates["c"]["why"].startswith("no support")
     no_static = oe.promotion_gate({"static_table": _eval("static_table", None, None, None, reason="no support: x")})
     assert no_static.promoted is None and "static table has no step_dr_clip estimate" in no_static.reason

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from dataclasses import replace
 from datetime import datetime, timezone
 
 import numpy as np
 import pytest
 
-from sage_pipeline.rl import policy_iteration as pi
+from sage_pipeline.rl import ope, policy_iteration as pi
 from sage_pipeline.routing.action_space import ActionSpace
 from sage_pipeline.routing.collector import simulate_episodes
 from sage_pipeline.routing.policy import EpsilonGreedyPolicy, StaticTablePolicy
@@ -72,6 +73,13 @@ def test_a_short_month_adds_up(tmp_path, catalogue, table):
     assert s["promotions"] == sum(bool(d.get("promoted")) for d in res.days)
     assert set(s["recovery"]) == {"2", "3"}
     assert res.days[0]["deployed"] == "static_table" and "promoted" not in res.days[-1]  # the last night: none
+    # day 0 explores at epsilon_max (no model yet: 0.15 per binary decision); later days read a fitted model
+    ex = [d["exploration"] for d in res.days]
+    assert 0.0 < ex[0]["leave_probability"] <= 0.15 + 1e-9 and all(0.0 < e["leave_probability"] < 0.15 for e in ex[1:])
+    for d in res.days[:-1]:  # the gate's paired interval and the candidate's true value, every night
+        g = d["gate_difference"]
+        assert g["difference_ci_low"] <= g["difference"] <= g["difference_ci_high"]
+        assert d["candidate_true_value"] <= d["oracle"] + 1e-9
     for d in res.days:
         if d.get("promoted"):
             assert d["online_ab"]["from"] and "difference" in d["online_ab"]
@@ -93,8 +101,72 @@ def test_bandit_logs_are_evaluated_by_ope(tmp_path, catalogue, table):
     assert "nightly" not in res.days[0] and "promotions" not in res.summary
 
 
+def _logged(sim, tasks, rows) -> ope.LoggedData:
+    t = rows["task"]
+    ctx = sim.contexts(tasks.take(t), rows["step"], rows["primary_failure_count"])
+    return ope.LoggedData(ctx, rows["action"].astype(np.int64), rows["reward"], rows["propensity"], t, sim.actions)
+
+
+@pytest.fixture(scope="module")
+def binary_world(catalogue, table):
+    reward = RewardSpec(version="reward_v2")
+    sim = RoutingSimulator(catalogue, table, SimulatorConfig(reward=reward))
+    space = ActionSpace.build(table, catalogue=catalogue).binary()
+    static = StaticTablePolicy(table, space)
+    rng = np.random.default_rng(0)
+    tasks = sim.sample_tasks(4000, rng)
+    data = _logged(sim, tasks, simulate_episodes(sim, tasks, EpsilonGreedyPolicy(static, 0.3), rng))
+    spec = replace(ope.OPEConfig().feature_spec, roles=tuple(space.roles))
+    return sim, space, static, ope.fit_q(data, static), spec
+
+
+def test_gap_exploration_explores_where_leaving_the_deployed_choice_is_cheap(binary_world):
+    sim, space, static, q_model, spec = binary_world
+    cfg = pi.ExplorationConfig()
+    tasks = sim.sample_tasks(3000, np.random.default_rng(1))
+    ctx = sim.contexts(tasks, np.zeros(len(tasks), dtype=np.int64), np.zeros(len(tasks), dtype=np.int64))
+    # before any night there is no model: epsilon_max everywhere
+    first = cfg.behaviour(static, None, spec)
+    assert np.allclose(first.epsilon(ctx), cfg.epsilon_max)
+    beh = cfg.behaviour(static, q_model, spec)
+    eps, probs = beh.epsilon(ctx), beh.action_probs(ctx)
+    assert cfg.epsilon_min - 1e-12 <= eps.min() < eps.max() <= cfg.epsilon_max + 1e-12
+    assert np.allclose(probs.sum(axis=1), 1.0) and (probs[~space.mask[ctx.role]] == 0).all()
+    two = space.mask[ctx.role].sum(axis=1) == 2
+    assert (probs[two][space.mask[ctx.role][two]] >= cfg.epsilon_min / 2 - 1e-12).all()  # support everywhere
+    # against the exact Q-function of the table: the rate is high where leaving costs little
+    Q, _ = sim._backward(tasks, static)
+    q = np.where(np.isfinite(Q[:, 0, 0]), Q[:, 0, 0], -np.inf)
+    choice = static.choose(ctx)
+    other = np.where(space.mask[ctx.role], q, -np.inf)
+    other[np.arange(len(ctx)), choice] = -np.inf
+    gap = (q[np.arange(len(ctx)), choice] - other.max(axis=1))[two]
+    leave = 1.0 - probs[np.arange(len(ctx)), choice][two]
+    assert np.corrcoef(leave, np.maximum(gap, 0.0))[0, 1] < -0.3
+    # the same share of decisions leaving the table's choice uniformly would cost far more
+    assert (leave * gap).mean() < 0.6 * leave.mean() * gap.mean(), ((leave * gap).mean(), leave.mean() * gap.mean())
+
+
+def test_gap_explorations_logged_propensities_are_the_probabilities_it_acted_with(binary_world):
+    sim, space, static, q_model, spec = binary_world
+    beh = pi.ExplorationConfig().behaviour(static, q_model, spec)
+    tasks = sim.sample_tasks(20_000, np.random.default_rng(2))
+    rows = simulate_episodes(sim, tasks, beh, np.random.default_rng(3))
+    data = _logged(sim, tasks, rows)
+    assert np.allclose(rows["propensity"], beh.action_probs(data.contexts)[np.arange(len(data)), data.action])
+    ex = pi.exploration_summary(sim, tasks, rows, static, beh)
+    se = np.sqrt(ex["leave_probability"] / len(data))
+    assert abs(ex["left_share"] - ex["leave_probability"]) < 4 * se, ex
+    # the journals support every candidate: OPE of the table on them has an answer
+    assert not ope.evaluate_policy(data, static, ope.OPEConfig(n_boot=20)).no_support
+
+
 def test_config_errors():
-    with pytest.raises(ValueError, match="epsilon must lie in"):
-        pi.LoopConfig(epsilon=0.0)
+    with pytest.raises(ValueError, match=r"epsilon_max\n  Input should be greater than 0"):
+        pi.ExplorationConfig(epsilon_max=0.0)
+    with pytest.raises(ValueError, match=r"epsilon_min \(0.5\) must be <= epsilon_max \(0.3\)"):
+        pi.ExplorationConfig(epsilon_min=0.5, epsilon_max=0.3)
+    with pytest.raises(ValueError, match=r"rule\n  Input should be 'gap' or 'uniform'"):
+        pi.ExplorationConfig(rule="boltzmann")
     with pytest.raises(ValueError, match="arms"):
         pi.LoopConfig(arms=("nightly", "ppo"))
