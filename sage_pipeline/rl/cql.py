@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -265,7 +266,10 @@ def _train(data_train: LoggedDecisions, spec: FeatureSpec, config: CQLConfig, al
         f"({n_steps * B / n:.1f} passes; steps >= {c.steps} and >= {c.min_passes:g} passes)")
 
     # ---- update loop
-    td_hist, gap_hist = [], []
+    # The last 100 steps' losses only: a list of every step's small tensors, each kept between a
+    # step's large temporaries, fragmented the heap by ~80 KB a step (3.2 GB more peak RSS at 9,000
+    # steps; benchmarks/scale.py, docs/benchmarks.md)
+    td_hist, gap_hist = deque(maxlen=100), deque(maxlen=100)
     last_log = time.perf_counter()
     for step in range(1, n_steps + 1):
         idx = torch.randint(0, n, (B,), generator=gen)
@@ -304,8 +308,8 @@ def _train(data_train: LoggedDecisions, spec: FeatureSpec, config: CQLConfig, al
         if time.perf_counter() - last_log >= c.log_every_s or step == n_steps:
             last_log = time.perf_counter()
             rate = step / (last_log - t_start)
-            td_g = torch.stack(td_hist[-100:]).mean(0).view(G, C).mean(1)
-            gap_g = torch.stack(gap_hist[-100:]).mean(0).view(G, C).mean(1)
+            td_g = torch.stack(list(td_hist)).mean(0).view(G, C).mean(1)
+            gap_g = torch.stack(list(gap_hist)).mean(0).view(G, C).mean(1)
             per_alpha = zip(alphas, td_g.tolist(), gap_g.tolist())
             log(f"cql[{c.mode}] step {step}/{n_steps}  "
                 + "  ".join(f"alpha={al:g}: td={t:.4f} gap={gp:.3f}" for al, t, gp in per_alpha)
@@ -313,8 +317,8 @@ def _train(data_train: LoggedDecisions, spec: FeatureSpec, config: CQLConfig, al
 
     # ---- export: numpy layers with the reward scaling folded into the last layer
     seconds = time.perf_counter() - t_start
-    td_last = torch.stack(td_hist[-100:]).mean(0).view(G, C).mean(1).tolist()
-    gap_last = torch.stack(gap_hist[-100:]).mean(0).view(G, C).mean(1).tolist()
+    td_last = torch.stack(list(td_hist)).mean(0).view(G, C).mean(1).tolist()
+    gap_last = torch.stack(list(gap_hist)).mean(0).view(G, C).mean(1).tolist()
     results = []
     for g, cfg in enumerate(configs):
         nets = q.export(range(g * C, (g + 1) * C), [scale] * C, [shift] * C)

@@ -970,14 +970,16 @@ def policy_probs(policy: ActionProbs, data: LoggedData) -> np.ndarray:
 
 def evaluate_policy(data: LoggedData, policy: ActionProbs, config: OPEConfig = OPEConfig(), *,
                     behaviour_probs: np.ndarray | None = None,
-                    progress: Callable[[str], None] = log.info) -> PolicyEvaluation:
+                    progress: Callable[[str], None] = log.info, keep_terms: bool = True) -> PolicyEvaluation:
     """Every estimator, its percentile-bootstrap CI, the ESS and the support check for ``policy``.
 
     Bandit estimators treat each of ``config.bandit_scope``'s decisions as a round, with an
     immediate-reward model; PDIS, step-wise DR and FQE estimate the expected episode return,
     the last two with fitted-Q evaluation of ``policy``. Both models are cross-fitted by
     session. When the logs do not support the policy no estimate is computed: every value
-    is None and ``no_support_reason`` says why.
+    is None and ``no_support_reason`` says why. ``keep_terms=False`` drops each estimator's
+    per-unit terms once its interval is computed (no :func:`paired_difference` on the result
+    then): a ranking of many candidates on large logs need not hold them all.
     """
     data.validate()
     name = getattr(policy, "name", type(policy).__name__)
@@ -1006,6 +1008,8 @@ def evaluate_policy(data: LoggedData, policy: ActionProbs, config: OPEConfig = O
     def result(scope: str, est: Estimate, groups: np.ndarray | None) -> EstimatorResult:
         ci = bootstrap_ci(est, config.n_boot, config.alpha, config.seed, groups=groups)
         units = episode_units if scope == "episode" else round_units
+        if not keep_terms:
+            return EstimatorResult(est.name, scope, est.value, ci.low, ci.high, ci.se)
         return EstimatorResult(est.name, scope, est.value, ci.low, ci.high, ci.se, est, units, groups)
 
     if support.no_support:
@@ -1063,7 +1067,7 @@ def paired_difference(a: PolicyEvaluation, b: PolicyEvaluation, estimator: str =
         return Difference(estimator, a.policy, b.policy, None, None, None, None, 0, f"no difference: {reasons}")
     if ea.terms is None or eb.terms is None:
         raise ValueError(f"the {estimator} results of {a.policy!r} and {b.policy!r} carry no per-unit terms: "
-                         "evaluate both with ope.evaluate_policy to compare them paired")
+                         "evaluate both with ope.evaluate_policy (keep_terms=True, the default) to compare them paired")
     if ea.units is None or eb.units is None or len(ea.units) != len(eb.units) or (ea.units != eb.units).any():
         raise ValueError(f"{a.policy!r} and {b.policy!r} were evaluated on different logs "
                          f"({len(ea.terms.round_rewards)} and {len(eb.terms.round_rewards)} units, or other "

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Annotated, Literal
 
@@ -86,7 +87,7 @@ def train_bc_grid(x: np.ndarray, quality: np.ndarray, cost: np.ndarray, weights:
         sizes = [x.shape[1], *map(int, cfg.hidden), K]
         net = Ensemble([linear_init(sizes, cfg.seed * 1009 + g) for g in range(G)])
         opt = torch.optim.AdamW(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-        B, last, loss_hist = min(cfg.batch_size, n), time.perf_counter(), []
+        B, last, loss_hist = min(cfg.batch_size, n), time.perf_counter(), deque(maxlen=100)  # see rl/cql.py
         log(f"bc grid: {n} train prompts, {K} models, {G} cost weights, {cfg.steps} steps of {B}")
         for step in range(1, cfg.steps + 1):
             idx = torch.randint(0, n, (B,), generator=gen)
@@ -100,7 +101,7 @@ def train_bc_grid(x: np.ndarray, quality: np.ndarray, cost: np.ndarray, weights:
             if time.perf_counter() - last > cfg.log_every_s or step == cfg.steps:
                 last = time.perf_counter()
                 log(f"bc grid: step {step}/{cfg.steps} mean weighted loss "
-                    f"{float(torch.stack(loss_hist[-100:]).mean()):.4f} {step / (last - t0):.0f} steps/s")
+                    f"{float(torch.stack(list(loss_hist)).mean()):.4f} {step / (last - t0):.0f} steps/s")
     nets = [[layers] for layers in net.export(range(G))]
     router = GridRouter("bc", models, np.asarray(weights, dtype=np.float64), nets)
     agree = [float(tied[g][np.arange(n), router.outputs(x, g).argmax(1)].mean()) for g in range(G)]
@@ -134,7 +135,7 @@ def train_cql_grid_bandit(x: np.ndarray, action: np.ndarray, quality: np.ndarray
         inits = [linear_init(sizes, cfg.seed * 1009 + j) for _ in range(G) for j in range(C)]
         q = Ensemble(inits)
         opt = torch.optim.AdamW(q.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-        B, last, hist = min(cfg.batch_size, n), time.perf_counter(), []
+        B, last, hist = min(cfg.batch_size, n), time.perf_counter(), deque(maxlen=100)
         log(f"cql grid (bandit): {n} logged prompts, {K} models, {G} cost weights x {C} critics, "
             f"alpha {cfg.alpha}, {cfg.steps} steps of {B}")
         for step in range(1, cfg.steps + 1):
@@ -150,7 +151,7 @@ def train_cql_grid_bandit(x: np.ndarray, action: np.ndarray, quality: np.ndarray
             hist.append(torch.stack([td.mean(), gap.mean()]).detach())
             if time.perf_counter() - last > cfg.log_every_s or step == cfg.steps:
                 last = time.perf_counter()
-                td_m, gap_m = torch.stack(hist[-100:]).mean(0).tolist()
+                td_m, gap_m = torch.stack(list(hist)).mean(0).tolist()
                 log(f"cql grid: step {step}/{cfg.steps} td {td_m:.4f} gap {gap_m:.3f} "
                     f"{step / (last - t0):.0f} steps/s")
     member_scale, member_shift = np.repeat(scale, C), np.repeat(shift, C)

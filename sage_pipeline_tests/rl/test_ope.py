@@ -503,6 +503,13 @@ def test_paired_difference_refuses_other_logs_and_withheld_estimates(sim: Routin
 
     with pytest.raises(ValueError, match="no per-unit terms"):
         ope.paired_difference(evals["static_table"], dc_replace(evals["uniform"], estimates=bare))
+    # nor results evaluated with keep_terms=False (a selection's), whose values are the same
+    light = ope.evaluate_policy(data, policies(sim)["uniform"], evals["uniform"].config, keep_terms=False)
+    assert all(e.terms is None and e.units is None for e in light.estimates.values())
+    assert {k: e.value for k, e in light.estimates.items()} == {
+        k: e.value for k, e in evals["uniform"].estimates.items()}
+    with pytest.raises(ValueError, match="keep_terms=True"):
+        ope.paired_difference(evals["static_table"], light)
 
 
 def static_choice(data: ope.LoggedData) -> np.ndarray:
