@@ -41,7 +41,7 @@ import numpy as np
 
 from sage_pipeline import artifacts
 from sage_pipeline.routing.collector import simulate_episodes
-from sage_pipeline.routing.features import Contexts
+from sage_pipeline.routing.features import Contexts, log_tokens, scaled_count
 from sage_pipeline.routing.policy import sample_actions
 
 ALGORITHMS = ("thompson", "linucb")
@@ -82,10 +82,9 @@ class BanditStateError(ValueError):
 def bandit_features(ctx: Contexts) -> np.ndarray:
     """(n, d) float64: :data:`FEATURES` of each decision (missing prompt sizes encode as 0)."""
     c = np.asarray(ctx.task_complexity_score, dtype=np.float64)
-    tokens = np.nan_to_num(np.asarray(ctx.prompt_tokens, dtype=np.float64), nan=0.0)
-    count = lambda v: np.minimum(np.asarray(v, dtype=np.float64), MAX_COUNT) / MAX_COUNT  # noqa: E731
+    count = lambda v: scaled_count(np.asarray(v, dtype=np.float64), MAX_COUNT)  # noqa: E731
     return np.column_stack([np.ones(len(ctx)), c, c * c, count(ctx.step), count(ctx.failure_count),
-                            count(ctx.primary_failure_count), np.log1p(tokens) / np.log1p(65536.0)])
+                            count(ctx.primary_failure_count), log_tokens(ctx.prompt_tokens)])
 
 
 class LinearBandit:
