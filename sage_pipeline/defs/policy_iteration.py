@@ -10,41 +10,30 @@ from pydantic import Field
 from sage_pipeline import artifacts, markdown
 from sage_pipeline.defs.policy_assets import PromotionGateSection
 from sage_pipeline.defs.resources import SageResource
-from sage_pipeline.defs.sections import to_core
-from sage_pipeline.rl import offline_eval as oe, policy_iteration as pi
+from sage_pipeline.defs.sections import section, to_core
+from sage_pipeline.rl import policy_iteration as pi
 from sage_pipeline.rl.bandit import ALGORITHMS, BanditConfig
 
 GROUP = "closed_loop"
 WORLDS = ("stationary", "drifting")
-_D = pi.LoopConfig()
+_BANDIT = BanditConfig()
 
 
 class ExplorationSection(dg.Config, pi.ExplorationConfig):
     """``sage_pipeline.rl.policy_iteration.ExplorationConfig``: how the deployed router explores."""
 
 
-class PolicyIterationConfig(dg.Config):
+class PolicyIterationConfig(dg.Config, pi.MonthConfig):
+    """policy_iteration's run config: ``sage_pipeline.rl.policy_iteration.MonthConfig`` (days,
+    episodes_per_day, eval_tasks, seed, window_days, cql_steps, alphas, floors), its exploration
+    and gate as sections, and the asset's own two: the worlds to run and the bandit's rule."""
+
+    exploration: ExplorationSection = section(pi.MonthConfig, "exploration", ExplorationSection)
+    gate: PromotionGateSection = section(pi.MonthConfig, "gate", PromotionGateSection)
     worlds: list[str] = Field(list(WORLDS), description="'stationary' and/or 'drifting' (from day 10 one model's "
                               "quality drops 30%, from day 20 another's price doubles; the first 10 days are the "
                               "stationary world)")
-    days: int = Field(_D.days, description="simulated days")
-    episodes_per_day: int = Field(_D.episodes_per_day, description="tasks routed per day by every arm (the same "
-                                  "tasks)")
-    eval_tasks: int = Field(_D.eval_tasks, description="the fixed tasks every day's true values are computed on")
-    seed: int = 0
-    exploration: ExplorationSection = Field(default_factory=ExplorationSection,
-                                            description="the deployed router's exploration (ExplorationConfig: "
-                                            "rule 'gap' or 'uniform', epsilon, epsilon_max, epsilon_min, "
-                                            "temperature, fit_days); its logged propensities feed the nightly OPE")
-    gate: PromotionGateSection = Field(default_factory=PromotionGateSection,
-                                       description="the nightly gate against the deployed policy "
-                                       "(PromotionGateConfig: rule, min_gain)")
-    window_days: int = Field(_D.window_days, description="the nightly chain retrains on the last this many days "
-                             "of journals (0: every day so far)")
-    cql_steps: int = Field(_D.cql_steps, description="CQL gradient steps per night")
-    alphas: list[float] = Field(list(_D.alphas), description="CQL alphas tried each night (FQE on the select half)")
-    floors: list[float] = Field(list(_D.floors), description="SAGE confidence floors tried each night")
-    bandit: str = Field(_D.bandit.algorithm, description=f"the online bandit arm: one of {', '.join(ALGORITHMS)}")
+    bandit: str = Field(_BANDIT.algorithm, description=f"the online bandit arm: one of {', '.join(ALGORITHMS)}")
 
 
 @dg.asset(group_name=GROUP, kinds={"python", "pytorch"},
@@ -69,13 +58,9 @@ def policy_iteration(context: dg.AssetExecutionContext, config: PolicyIterationC
     meta, report = {}, {}
     with artifacts.exclusive(sage.root(), "policy_iteration", context.log.info):
         for world in dict.fromkeys(config.worlds):
-            loop = pi.LoopConfig(
-                days=config.days, episodes_per_day=config.episodes_per_day, seed=config.seed,
-                exploration=to_core(config.exploration, pi.ExplorationConfig),
-                gate=to_core(config.gate, oe.PromotionGateConfig), eval_tasks=config.eval_tasks,
-                window_days=config.window_days, cql_steps=config.cql_steps, alphas=tuple(config.alphas),
-                floors=tuple(config.floors), bandit=BanditConfig(algorithm=config.bandit),
-                world=pi.WorldConfig(drift=world == "drifting"))
+            loop = pi.LoopConfig(**to_core(config, pi.MonthConfig).model_dump(),
+                                 bandit=BanditConfig(algorithm=config.bandit),
+                                 world=pi.WorldConfig(drift=world == "drifting"))
             t0 = time.perf_counter()
             res = pi.run_month(loop, work=sage.path("policy_iteration", "work", world), catalogue=sage.catalogue,
                                table=sage.table, progress=lambda m, w=world: context.log.info(f"{w}: {m}"))

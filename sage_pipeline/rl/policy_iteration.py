@@ -36,7 +36,7 @@ import logging
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Literal
@@ -182,43 +182,55 @@ class GapExploration:
         return (1.0 - eps) * base + eps * cand / cand.sum(axis=1, keepdims=True)
 
 
-@dataclass(frozen=True)
-class LoopConfig:
-    days: int = 30
-    episodes_per_day: int = 2000
-    seed: int = 0
-    # The deployed router's exploration (ExplorationConfig.rule): "gap" explores each decision with a
-    # probability that falls with the fitted Q-gap of the deployed choice, "uniform" at a fixed rate.
-    exploration: ExplorationConfig = ExplorationConfig()
-    window_days: int = 2  # nightly retraining on the last this many days of journals (0: all so far)
-    eval_fraction: float = 0.5  # of the window's sessions: half choose alpha and the floor, half gate
-    eval_tasks: int = 2000  # the fixed tasks every day's true values are computed on
-    cql_steps: int = 500
-    alphas: tuple[float, ...] = (0.03, 0.1, 0.3, 1.0)
-    floors: tuple[float, ...] = (0.0, 0.2, 0.4, 0.55)  # SAGE's confidence floors tried (chosen by FQE, not truth)
-    n_boot: int = 200  # bootstrap resamples of the gate's interval
-    gate: oe.PromotionGateConfig = oe.PromotionGateConfig()  # the deployed policy is the gate's baseline
-    sessions_per_day: int = 250
-    bandit: BanditConfig = BanditConfig()
-    bandit_batch: int = 10  # tasks routed between two bandit updates
-    online_ab_episodes: int = 2000  # each promotion is A/B-tested online against the policy it replaces
-    world: WorldConfig = WorldConfig()
-    arms: tuple[str, ...] = ARMS
+class MonthConfig(BaseModel):
+    """The simulated month's settings a user sets (the ``policy_iteration`` asset's run config
+    inherits them); :class:`LoopConfig` adds the world, the bandit and the loop's internals."""
 
-    def __post_init__(self) -> None:
-        if self.days < 1 or self.episodes_per_day < 50 or self.eval_tasks < 50:
-            raise ValueError(f"days must be >= 1, episodes_per_day and eval_tasks >= 50; got {self.days}, "
-                             f"{self.episodes_per_day}, {self.eval_tasks}")
-        if self.window_days < 0:
-            raise ValueError(f"window_days must be >= 0 (0: every day so far), got {self.window_days}")
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    days: int = Field(30, ge=1, description="simulated days")
+    episodes_per_day: int = Field(2000, ge=50, description="tasks routed per day by every arm (the same tasks)")
+    eval_tasks: int = Field(2000, ge=50, description="the fixed tasks every day's true values are computed on")
+    seed: int = Field(0, description="seed of the tasks, the exploration, the training and the bootstrap")
+    exploration: ExplorationConfig = Field(default_factory=ExplorationConfig,
+                                           description="the deployed router's exploration; its logged "
+                                           "propensities feed the nightly OPE")
+    window_days: int = Field(2, ge=0, description="the nightly chain retrains on the last this many days of "
+                             "journals (0: every day so far)")
+    cql_steps: int = Field(500, ge=1, description="CQL gradient steps per night")
+    alphas: list[float] = Field([0.03, 0.1, 0.3, 1.0], min_length=1,
+                                description="CQL alphas tried each night (FQE on the select half chooses)")
+    floors: list[float] = Field([0.0, 0.2, 0.4, 0.55], min_length=1,
+                                description="SAGE confidence floors tried each night (FQE chooses, not truth)")
+    gate: oe.PromotionGateConfig = Field(default_factory=oe.PromotionGateConfig,
+                                         description="the nightly gate; the deployed policy is its baseline")
+
+
+class LoopConfig(MonthConfig):
+    """:class:`MonthConfig` and what the benchmark varies besides: the world, the online bandit,
+    the arms run, and the loop's internals."""
+
+    eval_fraction: float = Field(0.5, gt=0.0, lt=1.0, description="of the window's sessions: half choose alpha "
+                                 "and the floor, half gate")
+    n_boot: int = Field(200, ge=1, description="bootstrap resamples of the gate's interval")
+    sessions_per_day: int = Field(250, ge=1, description="sessions a day's journal splits its tasks into")
+    bandit: BanditConfig = Field(default_factory=BanditConfig, description="the online bandit arm")
+    bandit_batch: int = Field(10, ge=1, description="tasks routed between two bandit updates")
+    online_ab_episodes: int = Field(2000, ge=30, description="each promotion is A/B-tested online against the "
+                                    "policy it replaces on this many tasks")
+    world: WorldConfig = Field(default_factory=WorldConfig, description="stationary or drifting")
+    arms: tuple[str, ...] = Field(ARMS, description=f"the arms run: any of {', '.join(ARMS)}")
+
+    @model_validator(mode="after")
+    def _known_arms(self) -> LoopConfig:
         bad = [a for a in self.arms if a not in ARMS]
         if bad or not self.arms:
             raise ValueError(f"arms {bad or 'none'}: choose from {', '.join(ARMS)}")
+        return self
 
     def to_dict(self) -> dict:
-        """The config as JSON types (the typed sections, exploration and gate, as their dumps)."""
-        return {f.name: (v.model_dump() if isinstance(v, BaseModel) else asdict(v) if is_dataclass(v) else v)
-                for f in fields(self) for v in [getattr(self, f.name)]}
+        """The config as JSON types (the bandit and the world, dataclasses, as dicts too)."""
+        return self.model_dump()
 
 
 # ---------------------------------------------------------------------- journals
