@@ -5,7 +5,7 @@
 
 For each size, a fresh artifact root gets the whole offline chain in lineage order:
 synthetic_sessions -> trajectories -> routing_dataset -> its GX checks -> reward_report ->
-bc_policy -> cql_policy -> offline_eval -> sage_router_checkpoint. Every step is materialized
+bc_policy -> cql_policy -> offline_eval -> promoted_policy -> sage_router_checkpoint. Every step is materialized
 by Dagster in-process (``execute_in_process``, the asset's own code and metadata) in its OWN
 child process, so its peak RSS is that child's ``ru_maxrss`` (read with ``os.wait4``), not
 the benchmark's. Prints a table per asset and size, the growth exponent of each asset's time
@@ -34,7 +34,8 @@ STEPS = [
     ("reward_report", ["reward_report"], False),
     ("bc_policy", ["bc_policy"], False),
     ("cql_policy", ["cql_policy"], False),
-    ("offline_eval", ["offline_eval"], False),
+    ("offline_eval", ["offline_eval"], True),
+    ("promoted_policy", ["promoted_policy"], False),
     ("sage_router_checkpoint", ["sage_router_checkpoint"], False),
 ]
 
@@ -51,7 +52,7 @@ def _child(root: str, label: str, episodes: int, out: str, extra: str = "{}") ->
     sel = sel.without_checks() if checks is False else sel
     sel = dg.AssetSelection.checks_for_assets(*keys) if checks == "only" else sel
     assets = [ra.synthetic_sessions, ra.trajectories, ra.routing_dataset, ra.reward_report, pa.bc_policy,
-              pa.cql_policy, pa.offline_eval, pa.sage_router_checkpoint]
+              pa.cql_policy, pa.offline_eval, pa.promoted_policy, pa.sage_router_checkpoint]
     defs = dg.Definitions(assets=assets, asset_checks=[rc.routing_dataset_contract, rc.routing_dataset_volume],
                           resources={"sage": SageResource(data_dir=root)})
     job = dg.define_asset_job("scale_step", selection=sel)

@@ -28,12 +28,13 @@ from sage_pipeline.defs.resources import SageResource, SandboxResource
 ROUTING_ASSETS = [routing_assets.synthetic_sessions, routing_assets.trajectories,
                   routing_assets.routing_dataset, routing_assets.reward_report,
                   policy_assets.bc_policy, policy_assets.cql_policy, policy_assets.offline_eval,
-                  policy_assets.sage_router_checkpoint]
+                  policy_assets.promoted_policy, policy_assets.sage_router_checkpoint]
 
 offline_routing_job = dg.define_asset_job(
     "offline_routing", selection=dg.AssetSelection.groups(routing_assets.GROUP),
     description="The offline routing chain: logs -> trajectories -> routing_dataset -> reward_report "
-                "-> bc_policy, cql_policy -> offline_eval (with the promotion gate) -> sage_router_checkpoint "
+                "-> bc_policy, cql_policy -> offline_eval (with the promotion gate) -> promoted_policy -> "
+                "sage_router_checkpoint "
                 "-> online_ab (the served policy against the table, online in the simulator).")
 
 sage_main_job = dg.define_asset_job(

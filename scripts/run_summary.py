@@ -50,6 +50,9 @@ def main() -> int:
     if ev:
         print(f"offline_eval: {ev.get('promotion')}")
         print(f"offline_eval, SAGE's router space: {ev.get('promotion_sage')}")
+    _, pp = _meta(instance, dg.AssetKey("promoted_policy"))
+    if pp:
+        print(f"promoted_policy: multi_model {pp.get('multi_model')}; sage_binary {pp.get('sage_binary')}")
     _, ck = _meta(instance, dg.AssetKey("sage_router_checkpoint"))
     if ck:
         print(f"sage_router_checkpoint: {ck.get('path') if ck.get('written') else 'not written'} "

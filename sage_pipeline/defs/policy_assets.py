@@ -2,6 +2,9 @@
 routing_dataset -> bc_policy, cql_policy -> offline_eval (with the promotion gate)."""
 # No `from __future__ import annotations`: Dagster reads the real annotations.
 
+import json
+from datetime import datetime, timezone
+
 import dagster as dg
 from pydantic import Field, model_validator
 
@@ -56,9 +59,11 @@ def _behaviour(support: str, bc_model):
     return bc_model if support == "behaviour" else None
 
 
-# offline_eval's files, switched together: a report never names a promotion the folders lack
-OFFLINE_EVAL_FILES = ("reports/offline_eval.json", "reports/offline_eval.png", "checkpoints/promoted",
-                      "checkpoints/promoted_sage")
+# offline_eval's files, switched together: a report never names a decision the staged gate lacks
+OFFLINE_EVAL_FILES = ("reports/offline_eval.json", "reports/offline_eval.png", "checkpoints/gate")
+# promoted_policy's: what passed the gate, published (a space that promoted nothing keeps its last one)
+PROMOTED_FILES = tuple(f"checkpoints/{d}" for d in oe.GATE_SPACES.values())
+GATE_CHECK = "gate_decision_is_consistent"
 
 SPACES_FIELD = Field(list(SPACES), description="action spaces to train: 'multi_model' (any logged model per "
                      "role) and 'sage_binary' (the table's primary or fallback, what SAGE's router executes)")
@@ -184,10 +189,14 @@ class OfflineEvalConfig(dg.Config, ope.OPESettings):
                       "Per action space: multi_model judges the static table, BC and CQL; sage_binary judges "
                       "what SAGE's router would run (each policy distilled into per-role classifiers behind "
                       "SAGE's confidence floor, chosen by OPE, with the YAML fallback), the networks shown "
-                      "beside. Promotion gate: a policy is promoted (checkpoints/promoted/, and "
-                      "checkpoints/promoted_sage/ for the served composite) only if the lower bound of its gain "
-                      "over the table (clipped step-wise DR, paired on the same report episodes) exceeds "
-                      "gate.min_gain of the table's estimate.")
+                      "beside. Promotion gate: a policy passes (staged in checkpoints/gate/ with decision.json; "
+                      "promoted_policy publishes it) only if the lower bound of its gain over the table (clipped "
+                      "step-wise DR, paired on the same report episodes) exceeds gate.min_gain of the table's "
+                      f"estimate. Blocking check {GATE_CHECK}: the staged decision is for this dataset and its "
+                      "policies load.",
+          check_specs=[dg.AssetCheckSpec(GATE_CHECK, asset="offline_eval", blocking=True,
+                                         description="the staged gate decision is for the current dataset and "
+                                         "every promoted policy in it loads (promoted_policy runs only then)")])
 def offline_eval(context: dg.AssetExecutionContext, config: OfflineEvalConfig,
                  sage: SageResource) -> dg.MaterializeResult:
     path, df = _dataset(sage)
@@ -208,11 +217,12 @@ def offline_eval(context: dg.AssetExecutionContext, config: OfflineEvalConfig,
                 "cql": load_policy(ckpts["cql"], spec, multi.actions)}
     rep = reports["multi_model"] = oe.run_offline_eval(df_eval, policies, multi, ope_cfg, sim=sim,
                                                        progress=context.log.info, behaviour=behaviour, gate=gate)
+    decided_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
     with sage.writing("offline_eval", list(OFFLINE_EVAL_FILES), context.log.info) as stage:
-        promoted = oe.promote(rep.gate, ckpts, stage.path("checkpoints", "promoted"),
-                              evidence | {"summary": rep.summary()})
-        meta |= {"promoted": rep.gate.promoted or "none", "promotion": rep.gate.reason,
-                 "promoted_path": dg.MetadataValue.path(str(stage.public(promoted))) if promoted else "none"}
+        gate_dir = stage.path("checkpoints", "gate")
+        gate_dir.mkdir(parents=True, exist_ok=True)
+        oe.promote(rep.gate, ckpts, gate_dir / "multi_model", evidence | {"summary": rep.summary()})
+        meta |= {"promoted": rep.gate.promoted or "none", "promotion": rep.gate.reason}
         # SAGE's binary space, when trained on this dataset: judge what SAGE's router would run
         binary = multi.binary()
         trained = {k: _checkpoint_dir(sage, k, "sage_binary") for k in ("bc", "cql")}
@@ -227,15 +237,15 @@ def offline_eval(context: dg.AssetExecutionContext, config: OfflineEvalConfig,
                 {k: load_policy(p, spec, binary.actions) for k, p in trained.items()}, ope_cfg, sim,
                 context.log.info, behaviour, config.floor_selection, gate)
             reports["sage_binary"] = rep
-            promoted_sage = oe.promote_served(rep.gate, served, stage.path("checkpoints", "promoted_sage"),
-                                              evidence | {"summary": rep.summary()},
-                                              served_at=sage.path("checkpoints", "promoted_sage"))
+            # staged with the path SAGE will be pointed at once promoted_policy publishes it
+            oe.promote_served(rep.gate, served, gate_dir / "sage_binary", evidence | {"summary": rep.summary()},
+                              served_at=sage.path("checkpoints", oe.GATE_SPACES["sage_binary"]))
             meta |= {"promoted_sage": rep.gate.promoted or "none", "promotion_sage": rep.gate.reason,
-                     "promoted_sage_path": (dg.MetadataValue.path(str(stage.public(promoted_sage)))
-                                            if promoted_sage else "none"),
                      "served_floor_selection": dg.MetadataValue.md("\n\n".join(
                          f"**{n}** (from {s.source}; floor chosen by {s.how}; agreement with the network on eval "
                          f"states: {s.agreement_eval})\n\n{markdown.table(s.table)}" for n, s in served.items()))}
+        oe.write_decision(gate_dir, decided_at, evidence["dataset_sha256"],
+                          {k: r.gate for k, r in reports.items()})
         out = stage.public(artifacts.write_json(
             stage.path("reports", "offline_eval.json"),
             {k: r.to_dict() for k, r in reports.items()} | {"propensities_estimated_by_bc": n_estimated}))
@@ -247,16 +257,70 @@ def offline_eval(context: dg.AssetExecutionContext, config: OfflineEvalConfig,
         meta |= {f"summary{sfx}": dg.MetadataValue.md(markdown.table(r.summary())),
                  f"estimates{sfx}": dg.MetadataValue.md(markdown.table(r.rows())),
                  f"sample_size_warning{sfx}": r.warning or "none"}
+    problems = oe.check_decision(sage.path("checkpoints", "gate"), evidence["dataset_sha256"], _staged_loaders(sage))
     return dg.MaterializeResult(metadata=meta | {
         "action_spaces": list(reports),
         "plot": dg.MetadataValue.md(markdown.image(png, "OPE estimates with 95% intervals; ground truth dashed")),
         "ground_truth": "simulator" if sim is not None else f"none ({truth})",
         "propensities_estimated_by_bc": n_estimated,
+        "decided_at": decided_at,
         "path": dg.MetadataValue.path(str(out)),
-    })
+    }, check_results=[dg.AssetCheckResult(
+        check_name=GATE_CHECK, passed=not problems, severity=dg.AssetCheckSeverity.ERROR,
+        description="; ".join(problems) or "the staged decision is for this dataset and every promoted policy loads",
+        metadata={"decided_at": decided_at, "problems": len(problems)})])
 
 
-@dg.asset(group_name=GROUP, deps=[offline_eval], kinds={"python", "sklearn"},
+def _staged_loaders(sage: SageResource) -> dict:
+    """How each space's staged (or published) policy is loaded, to check it."""
+    multi = _space(sage)
+    return {"multi_model": lambda p: load_policy(p, FeatureSpec(roles=multi.roles), multi.actions),
+            "sage_binary": lambda p: sage_router.load_sage_checkpoint(p, sage.table, _space(sage, "sage_binary"))}
+
+
+@dg.asset(group_name=GROUP, deps=[offline_eval], kinds={"python", "json"},
+          description="What passed offline_eval's promotion gate, published: checkpoints/promoted/ (the "
+                      "multi-model policy, with promotion.json) and checkpoints/promoted_sage/ (the served composite "
+                      "SAGE's router loads, with its manifest). Runs only when offline_eval's blocking check "
+                      f"{GATE_CHECK} passes (the staged decision is for the current dataset and its policies load). "
+                      "A space whose gate promoted nothing tonight keeps its last promotion; the metadata says which "
+                      "policy is promoted in each space, since when and why.")
+def promoted_policy(context: dg.AssetExecutionContext, sage: SageResource) -> dg.MaterializeResult:
+    gate_dir = sage.path("checkpoints", "gate")
+    decision = oe.read_decision(gate_dir)
+    loaders, meta = _staged_loaders(sage), {"decided_at": decision["decided_at"]}
+    # run on its own, after the dataset changed, it must not publish a decision about other data
+    problems = oe.check_decision(gate_dir, artifacts.file_sha256(sage.path("routing", rd.PARQUET_NAME)), loaders)
+    if problems:
+        raise dg.Failure(f"promoted_policy: the gate decision staged in {gate_dir} cannot be published: "
+                         + "; ".join(problems))
+    with sage.writing("promoted_policy", list(PROMOTED_FILES), context.log.info) as stage:
+        for space, folder in oe.GATE_SPACES.items():
+            entry, public = decision["spaces"].get(space), sage.path("checkpoints", folder)
+            if entry is None:
+                meta[space] = "not evaluated by the last offline_eval"
+            elif entry["promoted"]:
+                loaders[space](oe.publish(gate_dir, space, stage.path("checkpoints", folder)))
+                meta[space] = f"{entry['promoted']} (promoted {decision['decided_at']})"
+                context.log.info(f"{space}: published {entry['promoted']} to {public}")
+            else:
+                kept = _promoted_name(public)
+                meta[space] = f"{kept} (kept: tonight's gate promoted nothing)" if kept else "none (the YAML table)"
+            if entry is not None:
+                meta[f"reason_{space}"] = entry["reason"]
+    return dg.MaterializeResult(metadata=meta | {
+        f"path_{space}": dg.MetadataValue.path(str(sage.path("checkpoints", folder)))
+        for space, folder in oe.GATE_SPACES.items() if sage.path("checkpoints", folder).exists()})
+
+
+def _promoted_name(folder) -> str | None:
+    for name in ("promotion.json", "manifest.json"):
+        if (folder / name).is_file():
+            return json.loads((folder / name).read_text(encoding="utf-8")).get("policy")
+    return None
+
+
+@dg.asset(group_name=GROUP, deps=[promoted_policy], kinds={"python", "sklearn"},
           description="The promoted sage_binary policy as the file SAGE's router loads unchanged "
                       "(checkpoints/sage/policy.joblib: {'models': {role: classifier}, 'feature_keys': [...]}) "
                       "plus manifest.json (versions, source, agreement per role, min_confidence); the metadata "

@@ -236,6 +236,75 @@ def promote_served(decision: GateDecision, served: dict[str, "ServedSelection"],
     return Path(dest)
 
 
+# ------------------------------------------------------------------ the gate's decision, staged
+# offline_eval stages what passed its gate in one folder (``checkpoints/gate/``): decision.json and,
+# per action space that promoted, the policy as it will be published; the promoted_policy asset
+# publishes it (``checkpoints/promoted/``, ``checkpoints/promoted_sage/``) once the decision checks.
+DECISION_FILE = "decision.json"
+GATE_SPACES = {"multi_model": "promoted", "sage_binary": "promoted_sage"}  # space -> published folder
+
+
+def write_decision(gate_dir: str | Path, decided_at: str, dataset_sha256: str,
+                   spaces: dict[str, GateDecision]) -> Path:
+    """``decision.json`` of a staged gate: per evaluated space the promoted policy (or None) and why."""
+    return artifacts.write_json(Path(gate_dir) / DECISION_FILE, {
+        "decided_at": decided_at, "dataset_sha256": dataset_sha256,
+        "spaces": {k: {"promoted": d.promoted, "reason": d.reason, "staged": k if d.promoted else None}
+                   for k, d in spaces.items()}})
+
+
+def read_decision(gate_dir: str | Path) -> dict:
+    p = Path(gate_dir) / DECISION_FILE
+    if not p.is_file():
+        raise FileNotFoundError(f"{p} not found: no gate decision is staged; materialize offline_eval first")
+    d = json.loads(p.read_text(encoding="utf-8"))
+    bad = [k for k in ("decided_at", "dataset_sha256", "spaces") if k not in d]
+    unknown = [k for k in d.get("spaces", {}) if k not in GATE_SPACES]
+    if bad or unknown or not isinstance(d.get("spaces"), dict):
+        raise ValueError(f"{p}: not a gate decision (missing {bad}, unknown spaces {unknown}); re-materialize "
+                         "offline_eval")
+    return d
+
+
+def check_decision(gate_dir: str | Path, dataset_sha256: str, load: dict[str, Callable[[Path], object]]) -> list[str]:
+    """What is wrong with the staged decision (empty: nothing): it must be for ``dataset_sha256``, and
+    each promoted space's staged policy must exist, load (``load[space](folder)``) and record the same
+    dataset."""
+    gate_dir = Path(gate_dir)
+    try:
+        d = read_decision(gate_dir)
+    except (OSError, ValueError) as e:
+        return [str(e)]
+    problems = []
+    if d["dataset_sha256"] != dataset_sha256:
+        problems.append(f"the decision is for dataset {d['dataset_sha256'][:12]}, the dataset now is "
+                        f"{dataset_sha256[:12]}: re-materialize offline_eval")
+    for space, entry in d["spaces"].items():
+        if not entry.get("promoted"):
+            continue
+        folder = gate_dir / entry["staged"]
+        try:
+            load[space](folder)
+            staged = json.loads((folder / ("promotion.json" if space == "multi_model" else "manifest.json"))
+                                .read_text(encoding="utf-8"))
+        except Exception as e:  # noqa: BLE001 - any failure to load is the finding
+            problems.append(f"{space}: the staged {entry['promoted']!r} at {folder} does not load: {e}")
+            continue
+        if staged.get("dataset_sha256") != dataset_sha256:
+            problems.append(f"{space}: the staged {entry['promoted']!r} records dataset "
+                            f"{str(staged.get('dataset_sha256'))[:12]}, not {dataset_sha256[:12]}")
+    return problems
+
+
+def publish(gate_dir: str | Path, space: str, dest: str | Path) -> Path:
+    """Copy a staged space's promoted policy to ``dest`` as one (``artifacts.atomic_dir``)."""
+    entry = read_decision(gate_dir)["spaces"][space]
+    src = Path(gate_dir) / entry["staged"]
+    with artifacts.atomic_dir(dest) as tmp:
+        shutil.copytree(src, tmp, dirs_exist_ok=True, symlinks=False)
+    return Path(dest)
+
+
 # ------------------------------------------------------------------ propensities, selection
 PROPENSITY_FLOOR = 1e-3
 

@@ -155,6 +155,16 @@ def test_policies_and_offline_eval_with_gate(chain):
         assert cand["ci_low"] > gate["static_estimate"]
     else:
         assert gate["reason"].startswith("no policy promoted") and not promoted.exists()
+    # offline_eval staged its decision (checked, blocking) and promoted_policy published it
+    checks = {e.event_specific_data.check_name: e.event_specific_data for e in result.all_events
+              if e.event_type_value == "ASSET_CHECK_EVALUATION"}
+    assert checks["gate_decision_is_consistent"].passed
+    decision = json.loads((root / "checkpoints" / "gate" / "decision.json").read_text())
+    assert decision["spaces"]["multi_model"]["promoted"] == gate["promoted"]
+    assert decision["decided_at"] == meta["decided_at"]
+    published = _metadata(result, "promoted_policy")
+    assert published["decided_at"] == meta["decided_at"]
+    assert published["multi_model"].startswith(gate["promoted"] or "none")
     cql_meta = _metadata(result, "cql_policy")
     assert "on the eval split" in cql_meta["selected_by"]
     # 600 episodes leave a few dozen per eval half: both assets say the numbers are not to be trusted
@@ -193,6 +203,44 @@ def test_sage_binary_space_judges_what_sage_serves(chain):
         assert env["SAGE_RL_CHECKPOINT"] == str(promoted / "policy.joblib") and promoted.is_symlink()
     else:
         assert sage["written"] is False and not (root / "checkpoints" / "sage").exists()
+
+
+def test_promoted_policy_refuses_a_stale_or_broken_gate_decision(chain, tmp_path):
+    """promoted_policy publishes only a decision about the dataset there is now, whose staged
+    policies load; otherwise it fails naming what to do, and the published folders stay."""
+    import shutil
+
+    root, _ = chain
+    copy = tmp_path / "root"
+    shutil.copytree(root, copy, symlinks=True)  # the links are relative: they resolve in the copy
+    job = dg.Definitions(assets=ROUTING_ASSETS, resources={"sage": SageResource(data_dir=str(copy))}) \
+        .resolve_implicit_global_asset_job_def().get_subset(asset_selection={dg.AssetKey("promoted_policy")})
+
+    def run():
+        res = job.execute_in_process(instance=dg.DagsterInstance.ephemeral(), raise_on_error=False)
+        return res, "" if res.success else str(res.get_step_failure_events()[0].event_specific_data.error)
+
+    ok, _ = run()
+    assert ok.success
+    decision_path = copy / "checkpoints" / "gate" / "decision.json"
+    decision = json.loads(decision_path.read_text())
+    before = {p.name: p.read_bytes() for p in (copy / "checkpoints" / "promoted").iterdir()} \
+        if (copy / "checkpoints" / "promoted").exists() else {}
+    decision_path.write_text(json.dumps(decision | {"dataset_sha256": "0" * 64}))
+    res, err = run()
+    assert not res.success and "the decision is for dataset 000000000000" in err and "offline_eval" in err
+    after = {p.name: p.read_bytes() for p in (copy / "checkpoints" / "promoted").iterdir()} \
+        if (copy / "checkpoints" / "promoted").exists() else {}
+    assert after == before
+    decision_path.write_text(json.dumps(decision))
+    promoted = decision["spaces"]["multi_model"]["promoted"]
+    if promoted:  # a staged policy that does not load is refused too
+        (copy / "checkpoints" / "gate" / "multi_model" / "policy.json").write_text("{not json")
+        res, err = run()
+        assert not res.success and f"multi_model: the staged {promoted!r}" in err and "does not load" in err
+    decision_path.unlink()
+    res, err = run()
+    assert not res.success and "materialize offline_eval first" in err
 
 
 def test_logs_without_propensities_use_bc_estimates(tmp_path):
@@ -262,7 +310,7 @@ def test_multi_model_only_skips_sages_space_and_writes_no_sage_checkpoint(tmp_pa
 
 
 WRITERS = ["trajectories", "routing_dataset", "reward_report", "bc_policy", "cql_policy", "offline_eval",
-           "sage_router_checkpoint"]
+           "promoted_policy", "sage_router_checkpoint"]
 
 
 @pytest.mark.parametrize("asset", WRITERS)

@@ -32,7 +32,8 @@ def chain(tmp_path_factory):
     )
     job = test_defs.resolve_implicit_global_asset_job_def()
     selection = [dg.AssetKey(k) for k in ("trajectories", "routing_dataset", "reward_report", "bc_policy",
-                                          "cql_policy", "offline_eval", "sage_router_checkpoint")]
+                                          "cql_policy", "offline_eval", "promoted_policy",
+                                          "sage_router_checkpoint")]
     result = job.execute_in_process(run_config=RUN, instance=dg.DagsterInstance.ephemeral(),
                                     asset_selection=selection)
     return root, result
