@@ -1,7 +1,7 @@
 # The README's commands. Each target creates the virtualenv and installs what it needs.
 #   make run    materialize every asset on embedded defaults (DAGSTER_HOME=.dagster_home)
 #   make test   run the test suite
-#   make test-fast  the tests that need no Docker, browser or database and take under a second each
+#   make test-fast  the tests that need no Docker, browser or database and take under a second each, 2 workers
 #   make dev    open the Dagster UI on the same instance
 #   make lint   ruff check (configured in pyproject.toml; CI runs it)
 PYTHON ?= python3
@@ -46,10 +46,11 @@ test: install sysdeps
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: that is a failure here" >&2; exit 1; fi; \
 	exit $$rc
 
-# Everything but the tests marked docker, browser, postgres or slow (sage_pipeline_tests/conftest.py):
-# under a minute on a 2-core machine, with no system services. `make test` and CI run everything.
+# Everything but the tests marked docker, browser, postgres or slow (sage_pipeline_tests/conftest.py),
+# in two pytest-xdist workers: under a minute on a 2-core machine, with no system services.
+# `make test` and CI run everything (in one process: its fixtures start services).
 test-fast: install
-	$(BIN)/pytest -q -m "not docker and not browser and not postgres and not slow"
+	$(BIN)/pytest -q -n 2 -m "not docker and not browser and not postgres and not slow"
 
 lint: install
 	$(BIN)/ruff check .
