@@ -531,7 +531,8 @@ _TEMP_FILE = re.compile(r"\..+\.[a-z0-9_]{8}\.tmp")  # artifacts.atomic_path
 _TEMP_DIR = re.compile(r"\..+\.(?:tmp-[a-z0-9_]{8}|old(?:-[a-z0-9_]{8})?|parts\.[a-z0-9_]{8})")
 # artifacts.atomic_set's links made and not yet renamed into place
 _TEMP_LINK = re.compile(r"\..+\.link-[0-9a-f]{8}|\.(?:current|previous)\.[0-9a-f]{8}")
-VOLATILE = {"seconds", "created_at", "started_at", "finished_at", "at", "decided_at"}  # times inside otherwise equal JSON
+# times inside otherwise equal JSON
+VOLATILE = {"seconds", "created_at", "started_at", "finished_at", "at", "decided_at"}
 
 
 def _volatile(key: str) -> bool:
