@@ -357,17 +357,13 @@ class CodeTaskSim(TaskSimBase):
 
 
 # -------------------------------------------------------------- environments
-class CodeTaskVecEnv(gym.vector.VectorEnv):
-    """``n_envs`` episodes stepped together with numpy: a Gymnasium ``VectorEnv`` with
-    same-step autoreset (``metadata["autoreset_mode"]``): after a finished episode the
-    returned observation is the next episode's first, and ``infos["final_obs"]`` holds the
-    finished one's last observation (rows flagged by ``infos["_final_obs"]``). Every end is a
-    true terminal; nothing is truncated. Tasks are drawn uniformly from ``task_idx`` at every
-    reset. One seeded generator drives tasks and outcomes (``reset(seed=...)`` re-seeds it)."""
+class TaskVecEnvBase(gym.vector.VectorEnv):
+    """What the two batch envs share: the tasks episodes are drawn from, and the spaces (the
+    observation in [0, 1], one discrete action; autoreset in the same step)."""
 
     metadata: ClassVar[dict] = {"autoreset_mode": AutoresetMode.SAME_STEP, "render_modes": []}
 
-    def __init__(self, sim: CodeTaskSim, task_idx: np.ndarray | None = None, n_envs: int = 64, seed: int = 0):
+    def _init_spaces(self, sim, task_idx: np.ndarray | None, n_envs: int) -> None:
         if n_envs < 1:
             raise ValueError(f"n_envs must be >= 1, got {n_envs}")
         self.sim = sim
@@ -381,6 +377,18 @@ class CodeTaskVecEnv(gym.vector.VectorEnv):
         self.single_action_space = gym.spaces.Discrete(self.n_actions)
         self.observation_space = batch_space(self.single_observation_space, n_envs)
         self.action_space = batch_space(self.single_action_space, n_envs)
+
+
+class CodeTaskVecEnv(TaskVecEnvBase):
+    """``n_envs`` episodes stepped together with numpy: a Gymnasium ``VectorEnv`` with
+    same-step autoreset (``metadata["autoreset_mode"]``): after a finished episode the
+    returned observation is the next episode's first, and ``infos["final_obs"]`` holds the
+    finished one's last observation (rows flagged by ``infos["_final_obs"]``). Every end is a
+    true terminal; nothing is truncated. Tasks are drawn uniformly from ``task_idx`` at every
+    reset. One seeded generator drives tasks and outcomes (``reset(seed=...)`` re-seeds it)."""
+
+    def __init__(self, sim: CodeTaskSim, task_idx: np.ndarray | None = None, n_envs: int = 64, seed: int = 0):
+        self._init_spaces(sim, task_idx, n_envs)
         # the encoding's per-task parts (ObsSpec.encode, written directly: tested equal)
         spec, nf, T = sim.obs_spec, len(sim.families), sim.config.max_attempts
         self._static = np.zeros((len(sim), nf + 1), dtype=np.float32)  # family one-hot, difficulty

@@ -67,13 +67,11 @@ from typing import ClassVar
 
 import gymnasium as gym
 import numpy as np
-from gymnasium.vector import AutoresetMode
-from gymnasium.vector.utils import batch_space
 
 from sage_pipeline.routing.reward import RewardSpec, apply_version, sage_step_reward
 from sage_pipeline.routing.schema import REWARD_MAX, REWARD_MIN, ROLE_INDEX
 from sage_pipeline.routing.table import RoutingTable
-from sage_pipeline.sim.env import Executor, TaskOutcomes, TaskSimBase, resolve_outcomes
+from sage_pipeline.sim.env import Executor, TaskOutcomes, TaskSimBase, TaskVecEnvBase, resolve_outcomes
 from sage_pipeline.sim.loop_config import SageLoopConfig, SageLoopConfigError
 from sage_pipeline.sim.obs import LAST_OUTCOMES, LoopObs, ObsSpec
 from sage_pipeline.sim.schema import OUTCOME_KINDS, TaskRecord
@@ -309,7 +307,7 @@ def _subset(o: TaskOutcomes, keep: np.ndarray) -> TaskOutcomes:
 
 
 # ---------------------------------------------------------------------- environments
-class SageLoopVecEnv(gym.vector.VectorEnv):
+class SageLoopVecEnv(TaskVecEnvBase):
     """``num_envs`` episodes stepped together with numpy: a Gymnasium ``VectorEnv`` with
     same-step autoreset (after a finished episode the returned observation is the next
     episode's first; ``infos["final_obs"]`` holds the finished one's last observation, rows
@@ -322,22 +320,8 @@ class SageLoopVecEnv(gym.vector.VectorEnv):
     coders' failed-attempt key), and writes the encoding directly: the same episodes for the
     same uniforms (tested), in a few dozen numpy calls per step."""
 
-    metadata: ClassVar[dict] = {"autoreset_mode": AutoresetMode.SAME_STEP, "render_modes": []}
-
     def __init__(self, sim: SageLoopSim, task_idx: np.ndarray | None = None, n_envs: int = 64, seed: int = 0):
-        if n_envs < 1:
-            raise ValueError(f"n_envs must be >= 1, got {n_envs}")
-        self.sim = sim
-        self.task_idx = np.arange(len(sim)) if task_idx is None else np.asarray(task_idx, dtype=np.int64)
-        if not len(self.task_idx):
-            raise ValueError("task_idx is empty: no task to run episodes on")
-        self.num_envs, self.n_actions = n_envs, len(sim.actions)
-        self.obs_spec, self.actions, self.role_mask = sim.obs_spec, sim.actions, sim.role_mask
-        self.obs_dim = sim.obs_spec.dim
-        self.single_observation_space = gym.spaces.Box(0.0, 1.0, shape=(self.obs_dim,), dtype=np.float32)
-        self.single_action_space = gym.spaces.Discrete(self.n_actions)
-        self.observation_space = batch_space(self.single_observation_space, n_envs)
-        self.action_space = batch_space(self.single_action_space, n_envs)
+        self._init_spaces(sim, task_idx, n_envs)
         self._tables()
         self._seed = seed
         self.rng = np.random.default_rng(seed)
