@@ -144,7 +144,7 @@ def browser(chrome_binaries, tmp_path_factory):
     opts = webdriver.ChromeOptions()
     opts.binary_location = chromium
     for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                "--no-first-run", "--disable-dev-shm-usage", "--window-size=2400,1300", "--lang=en-US",
+                "--no-first-run", "--disable-dev-shm-usage", "--window-size=2800,1300", "--lang=en-US",
                 f"--user-data-dir={tmp_path_factory.mktemp('chromium_profile')}"):
         opts.add_argument(arg)
     driver = webdriver.Chrome(service=Service(executable_path=chromedriver), options=opts)

@@ -23,7 +23,7 @@ def test_an_empty_instance_fails_naming_every_asset(tmp_path):
     (tmp_path / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
     proc = _summary(tmp_path)
     assert proc.returncode == 1
-    assert "assets materialized: 0 of 15" in proc.stdout  # every asset but the on-demand simulated month
+    assert "assets materialized: 0 of 16" in proc.stdout  # every asset but the on-demand simulated month
     assert "not part of make run: policy_iteration" in proc.stdout
     line = next(ln for ln in proc.stderr.splitlines() if ln.startswith("never materialized: "))
     assert {"offline_eval", "sandbox_rollouts", "sleep_cycle/coder", "sim_tasks"} <= set(
