@@ -55,9 +55,7 @@ def run_one(seed: int, world: str, kw: dict) -> dict:
     from sage_pipeline.rl.bandit import BanditConfig
 
     t0 = time.perf_counter()
-    from sage_pipeline.rl.offline_eval import PromotionGateConfig
-
-    exploration, gate = pi.ExplorationConfig(**kw.pop("exploration")), PromotionGateConfig(**kw.pop("gate"))
+    exploration, gate = pi.ExplorationConfig(**kw.pop("exploration")), pi.LoopGateConfig(**kw.pop("gate"))
     cfg = pi.LoopConfig(seed=seed, world=pi.WorldConfig(drift=world == "drifting"),
                         bandit=BanditConfig(algorithm=kw.pop("bandit")), exploration=exploration, gate=gate, **kw)
     res = pi.run_month(cfg, progress=lambda *_: None)

@@ -191,7 +191,7 @@ class OfflineEvalConfig(dg.Config, ope.OPESettings):
                       "SAGE's confidence floor, chosen by OPE, with the YAML fallback), the networks shown "
                       "beside. Promotion gate: a policy passes (staged in checkpoints/gate/ with decision.json; "
                       "promoted_policy publishes it) only if the lower bound of its gain over the table (clipped "
-                      "step-wise DR, paired on the same report episodes) exceeds gate.min_gain of the table's "
+                      "step-wise DR, paired on the same report episodes) exceeds gate.min_gain (0) of the table's "
                       f"estimate. Blocking check {GATE_CHECK}: the staged decision is for this dataset and its "
                       "policies load.",
           check_specs=[dg.AssetCheckSpec(GATE_CHECK, asset="offline_eval", blocking=True,

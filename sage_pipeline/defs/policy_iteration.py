@@ -8,7 +8,6 @@ import dagster as dg
 from pydantic import Field
 
 from sage_pipeline import artifacts, markdown
-from sage_pipeline.defs.policy_assets import PromotionGateSection
 from sage_pipeline.defs.resources import SageResource
 from sage_pipeline.defs.sections import section, to_core
 from sage_pipeline.rl import policy_iteration as pi
@@ -23,13 +22,17 @@ class ExplorationSection(dg.Config, pi.ExplorationConfig):
     """``sage_pipeline.rl.policy_iteration.ExplorationConfig``: how the deployed router explores."""
 
 
+class LoopGateSection(dg.Config, pi.LoopGateConfig):
+    """``sage_pipeline.rl.policy_iteration.LoopGateConfig``: the nightly gate's rule and bar."""
+
+
 class PolicyIterationConfig(dg.Config, pi.MonthConfig):
     """policy_iteration's run config: ``sage_pipeline.rl.policy_iteration.MonthConfig`` (days,
     episodes_per_day, eval_tasks, seed, window_days, cql_steps, alphas, floors), its exploration
     and gate as sections, and the asset's own two: the worlds to run and the bandit's rule."""
 
     exploration: ExplorationSection = section(pi.MonthConfig, "exploration", ExplorationSection)
-    gate: PromotionGateSection = section(pi.MonthConfig, "gate", PromotionGateSection)
+    gate: LoopGateSection = section(pi.MonthConfig, "gate", LoopGateSection)
     worlds: list[str] = Field(list(WORLDS), description="'stationary' and/or 'drifting' (from day 10 one model's "
                               "quality drops 30%, from day 20 another's price doubles; the first 10 days are the "
                               "stationary world)")

@@ -182,6 +182,19 @@ class GapExploration:
         return (1.0 - eps) * base + eps * cand / cand.sum(axis=1, keepdims=True)
 
 
+# The nightly gate's bar: a month gates ~30 times, mostly between near-equal policies, and a
+# one-sided 97.5% bound lets ties through (0 wrong promotions is the goal; docs/benchmarks.md)
+LOOP_MIN_GAIN = 0.005
+
+
+class LoopGateConfig(oe.PromotionGateConfig):
+    """The simulated month's gate: :class:`offline_eval.PromotionGateConfig` with a bar of
+    :data:`LOOP_MIN_GAIN` of the deployed policy's estimate."""
+
+    min_gain: float = Field(LOOP_MIN_GAIN, ge=0.0, description="the paired lower bound of the candidate's gain "
+                            "over the deployed policy must exceed this share of the deployed policy's estimate")
+
+
 class MonthConfig(BaseModel):
     """The simulated month's settings a user sets (the ``policy_iteration`` asset's run config
     inherits them); :class:`LoopConfig` adds the world, the bandit and the loop's internals."""
@@ -202,8 +215,8 @@ class MonthConfig(BaseModel):
                                 description="CQL alphas tried each night (FQE on the select half chooses)")
     floors: list[float] = Field([0.0, 0.2, 0.4, 0.55], min_length=1,
                                 description="SAGE confidence floors tried each night (FQE chooses, not truth)")
-    gate: oe.PromotionGateConfig = Field(default_factory=oe.PromotionGateConfig,
-                                         description="the nightly gate; the deployed policy is its baseline")
+    gate: LoopGateConfig = Field(default_factory=LoopGateConfig,
+                                 description="the nightly gate; the deployed policy is its baseline")
 
 
 class LoopConfig(MonthConfig):

@@ -48,3 +48,14 @@ def test_its_own_job_and_group():
     assert defs.resolve_asset_graph().get(dg.AssetKey("policy_iteration")).group_name == "closed_loop"
     offline = defs.resolve_job_def("offline_routing").asset_layer.executable_asset_keys
     assert dg.AssetKey("policy_iteration") not in offline and dg.AssetKey("online_ab") in offline
+
+
+def test_the_months_gate_keeps_its_own_bar():
+    """offline_eval's one gate against the table promotes any gain above 0; the month, which gates
+    every night between near-equal policies, keeps a bar of 0.5% in its core and its run config."""
+    from sage_pipeline.defs.policy_assets import OfflineEvalConfig
+    from sage_pipeline.defs.policy_iteration import PolicyIterationConfig
+    from sage_pipeline.rl import offline_eval as oe, policy_iteration as pi
+
+    assert oe.PromotionGateConfig().min_gain == OfflineEvalConfig().gate.min_gain == 0.0
+    assert pi.LoopConfig().gate.min_gain == PolicyIterationConfig().gate.min_gain == pi.LOOP_MIN_GAIN == 0.005
