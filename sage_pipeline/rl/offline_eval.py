@@ -117,7 +117,6 @@ def regret_closure(v: float, v_static: float, v_oracle: float) -> float | None:
 
 
 # ------------------------------------------------------------------ gate
-GATE_RULES = ("paired", "value")  # PromotionGateConfig.rule
 GATE_RULE = "paired"
 # The paired rule's bar, a share of the baseline's estimate: offline_eval's gate promotes any gain
 # whose paired lower bound is above 0 (SAGE's binary space, 50 seeds: 50 promotions, none wrong;
@@ -257,10 +256,15 @@ def read_decision(gate_dir: str | Path) -> dict:
     p = Path(gate_dir) / DECISION_FILE
     if not p.is_file():
         raise FileNotFoundError(f"{p} not found: no gate decision is staged; materialize offline_eval first")
-    d = json.loads(p.read_text(encoding="utf-8"))
-    bad = [k for k in ("decided_at", "dataset_sha256", "spaces") if k not in d]
-    unknown = [k for k in d.get("spaces", {}) if k not in GATE_SPACES]
-    if bad or unknown or not isinstance(d.get("spaces"), dict):
+    try:
+        d = json.loads(p.read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise ValueError(f"{p}: not JSON ({e}); re-materialize offline_eval") from None
+    if not isinstance(d, dict) or not isinstance(d.get("spaces"), dict):
+        raise ValueError(f"{p}: not a gate decision (an object with 'spaces' expected); re-materialize offline_eval")
+    bad = [k for k in ("decided_at", "dataset_sha256") if k not in d]
+    unknown = [k for k in d["spaces"] if k not in GATE_SPACES]
+    if bad or unknown:
         raise ValueError(f"{p}: not a gate decision (missing {bad}, unknown spaces {unknown}); re-materialize "
                          "offline_eval")
     return d

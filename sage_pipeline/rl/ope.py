@@ -62,7 +62,6 @@ BANDIT_ESTIMATORS = ("ips", "snips", "dm", "dr", "sndr", "switch_dr")
 EPISODE_ESTIMATORS = ("pdis", "step_dr", "step_wdr", "step_dr_clip", "fqe")
 # The episode-return estimate every report leads with and the promotion gate reads.
 HEADLINE_ESTIMATOR = "step_dr_clip"
-BANDIT_SCOPES = ("first_step", "all_decisions")
 DETERMINISTIC_PSCORE = 1.0 - 1e-9  # a logged propensity this close to 1: the behaviour had no other choice
 
 

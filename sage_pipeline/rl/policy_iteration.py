@@ -98,9 +98,6 @@ class WorldConfig:
         return [self.quality_day, self.price_day] if self.drift else []
 
 
-EXPLORATION_RULES = ("gap", "uniform")
-
-
 class ExplorationConfig(BaseModel):
     """How the deployed router explores (what its journals log as the propensity).
 

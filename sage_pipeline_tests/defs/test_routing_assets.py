@@ -238,6 +238,9 @@ def test_promoted_policy_refuses_a_stale_or_broken_gate_decision(chain, tmp_path
         (copy / "checkpoints" / "gate" / "multi_model" / "policy.json").write_text("{not json")
         res, err = run()
         assert not res.success and f"multi_model: the staged {promoted!r}" in err and "does not load" in err
+    decision_path.write_text("{not json")
+    res, err = run()
+    assert not res.success and f"{decision_path}: not JSON" in err
     decision_path.unlink()
     res, err = run()
     assert not res.success and "materialize offline_eval first" in err
