@@ -333,13 +333,15 @@ SUPPORT_RULES = ("logged_pairs", "behaviour")
 
 
 def _evaluate_all(policies: dict[str, object], data: ope.LoggedData, config: ope.OPEConfig, behaviour,
-                  progress: Callable[[str], None], keep_terms: bool = True) -> dict[str, ope.PolicyEvaluation]:
+                  progress: Callable[[str], None], keep_terms: bool = True,
+                  intervals: tuple[str, ...] | None = None) -> dict[str, ope.PolicyEvaluation]:
     """Every policy's evaluation; with a ``behaviour`` model (BC) support is the behaviour
     policy's (its probabilities), else the sample's (logged (role, model) pairs). ``keep_terms``:
-    keep the per-unit terms the paired gate needs (a selection does not)."""
+    keep the per-unit terms the paired gate needs (a selection does not); ``intervals``: the
+    estimators whose interval is computed (:func:`ope.evaluate_policy`; default all)."""
     bp = ope.policy_probs(behaviour, data) if behaviour is not None else None
     return {name: ope.evaluate_policy(data, pol, config, behaviour_probs=bp, progress=progress,
-                                      keep_terms=keep_terms) for name, pol in policies.items()}
+                                      keep_terms=keep_terms, intervals=intervals) for name, pol in policies.items()}
 
 
 SELECTION_CRITERIA = ("fqe", "estimate", "lower_bound")
@@ -364,12 +366,15 @@ def select_by_ope(candidates: dict[str, object], df_eval: pd.DataFrame, catalogu
     rank offline-RL hyperparameters by fitted-Q evaluation). Its model's bias hurts a ranking only
     where it differs between candidates; the estimates that are reported and gated stay the
     importance-weighted ones (:data:`GATE_ESTIMATOR`), unbiased where the model is right.
-    ``None`` when no candidate has support in the eval rows (each evaluation says why).
+    ``None`` when no candidate has support in the eval rows (each evaluation says why). Only
+    :data:`GATE_ESTIMATOR`'s interval is computed (the one a selection reports and
+    ``lower_bound`` reads); every other estimator gets its value alone.
     """
     if criterion not in SELECTION_CRITERIA:
         raise ValueError(f"criterion must be one of {SELECTION_CRITERIA}, got {criterion!r}")
     data = ope.LoggedData.from_frame(df_eval, catalogue.actions, catalogue.roles)
-    evals = _evaluate_all(candidates, data, config, behaviour, progress, keep_terms=False)
+    evals = _evaluate_all(candidates, data, config, behaviour, progress, keep_terms=False,
+                          intervals=(GATE_ESTIMATOR,))
     key = SELECTION_ESTIMATOR[criterion]
     pick = (lambda e: e.ci_low) if criterion == "lower_bound" else (lambda e: e.value)
     scored = {n: pick(e.estimates[key]) for n, e in evals.items() if e.estimates[key].value is not None}

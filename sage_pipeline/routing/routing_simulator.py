@@ -274,7 +274,11 @@ class RoutingSimulator:
                                               policy, mask)[1] for i in range(0, len(tasks), VALUE_CHUNK)])
 
     def policy_value(self, policy, tasks: Tasks) -> PolicyValue:
-        """Exact expected return of ``policy`` on each task (no sampling)."""
+        """Exact expected return of ``policy`` on each task (no sampling). This simulator's own
+        :class:`OraclePolicy` is valued by one backward induction (its value is the optimum's), not
+        by asking it for its actions, which takes one more induction per (attempt, failures) state."""
+        if isinstance(policy, OraclePolicy) and policy.sim is self:
+            return PolicyValue(policy.name, self._values(tasks, None, policy.mask))
         return PolicyValue(getattr(policy, "name", "policy"), self._values(tasks, policy))
 
     def optimal_value(self, tasks: Tasks, mask: np.ndarray | None = None) -> PolicyValue:

@@ -635,3 +635,35 @@ def test_module_imports_only_numpy_and_the_routing_core() -> None:
     code = f"import sys, sage_pipeline.rl.ope; print(sorted(m for m in {heavy!r} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_intervals_limits_the_bootstraps_to_the_named_estimators(sim: RoutingSimulator, multistep) -> None:
+    _, data, evals = multistep
+    full = evals["uniform"]
+    only = ope.evaluate_policy(data, policies(sim)["uniform"], full.config, keep_terms=False,
+                               intervals=("step_dr_clip",))
+    # every value is computed; the named interval is the full evaluation's to the bit (each
+    # bootstrap is seeded alike), the others are left out and say so
+    assert {k: e.value for k, e in only.estimates.items()} == {k: e.value for k, e in full.estimates.items()}
+    clip, whole = only.estimates["step_dr_clip"], full.estimates["step_dr_clip"]
+    assert (clip.ci_low, clip.ci_high, clip.se) == (whole.ci_low, whole.ci_high, whole.se)
+    rest = [e for k, e in only.estimates.items() if k != "step_dr_clip"]
+    assert rest and all(e.ci_low is None and e.ci_high is None and e.se is None for e in rest)
+    assert "no interval computed" in only.estimates["fqe"].format()
+    with pytest.raises(ValueError, match=r"unknown estimators \['step_drr'\]"):
+        ope.evaluate_policy(data, policies(sim)["uniform"], full.config, intervals=("step_drr",))
+
+
+def test_bootstrap_cis_gives_each_estimate_its_own_interval(sim: RoutingSimulator, multistep) -> None:
+    _, data, evals = multistep
+    terms = [evals["uniform"].estimates[k].terms for k in ("snips", "dr", "sndr")]
+    groups = evals["uniform"].estimates["dr"].groups
+    together = ope.bootstrap_cis(terms, 300, 0.05, 3, groups=groups)
+    for t, ci in zip(terms, together):
+        alone = ope.bootstrap_ci(t, 300, 0.05, 3, groups=groups)
+        assert (ci.low, ci.high, ci.se) == pytest.approx((alone.low, alone.high, alone.se), rel=1e-9, abs=1e-12)
+    # estimates over other rows cannot share a resample
+    with pytest.raises(ValueError, match="different rows"):
+        ope.bootstrap_cis([np.ones(5), np.ones(6)])
+    with pytest.raises(ValueError, match="nothing to bootstrap"):
+        ope.bootstrap_cis([np.ones(0)])

@@ -266,8 +266,15 @@ def test_optimal_value_dominates_every_policy_on_every_task(sim, tasks):
 def test_oracle_policy_is_optimal(sim, tasks):
     oracle = sim.oracle_policy()
     assert oracle.name == "oracle" and oracle.actions == sim.actions
-    v = sim.policy_value(oracle, tasks)
+    v = sim.policy_value(oracle, tasks)  # valued by one backward induction (its value is the optimum's) ...
     np.testing.assert_allclose(v.per_task, sim.optimal_value(tasks).per_task, rtol=0, atol=1e-12)
+    # ... which its actions, valued as any other policy's, confirm
+    from types import SimpleNamespace
+
+    by_actions = SimpleNamespace(name="oracle_by_actions", actions=oracle.actions, action_probs=oracle.action_probs)
+    v_actions = sim.policy_value(by_actions, tasks)
+    assert v_actions.name == "oracle_by_actions"
+    np.testing.assert_allclose(v_actions.per_task, v.per_task, rtol=0, atol=1e-12)
     # its probabilities are valid one-hot rows on candidates
     ctx = sim.contexts(tasks, np.full(len(tasks), 2), np.ones(len(tasks)))
     probs = check_probs(oracle, ctx, oracle.action_probs(ctx))
@@ -398,6 +405,10 @@ def test_binary_oracle_is_the_best_primary_or_fallback_policy(sim, tasks, catalo
     probs = check_probs(oracle, ctx, oracle.action_probs(ctx))
     assert (probs[~binary[ctx.role]] == 0).all()
     assert sim.policy_value(oracle, tasks).per_task == pytest.approx(best_binary)
+    from types import SimpleNamespace
+
+    by_actions = SimpleNamespace(name="by_actions", actions=oracle.actions, action_probs=oracle.action_probs)
+    assert sim.policy_value(by_actions, tasks).per_task == pytest.approx(best_binary)
 
 
 def test_simulator_refuses_a_table_with_other_roles(catalogue):
