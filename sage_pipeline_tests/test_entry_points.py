@@ -37,3 +37,14 @@ def test_the_package_itself_imports_no_dagster():
     code = ("import sys, sage_pipeline, sage_pipeline.rl; "
             "bad = [m for m in ('dagster', 'great_expectations') if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_steps_fork_from_a_server_that_preloaded_the_definitions():
+    """The default executor: Dagster's multiprocess executor, forkserver start, this module preloaded
+    (what makes a step start in under a second); max_concurrent stays the user's to set."""
+    assert definitions.defs.executor.name == "multiprocess_forkserver"
+    assert definitions._forkserver({"max_concurrent": 3}) == {
+        "start_method": {"forkserver": {"preload_modules": [MODULE]}}, "max_concurrent": 3}
+    job = definitions.defs.resolve_job_def("offline_routing")
+    assert job.executor_def.name == "multiprocess_forkserver"
+    assert set(job.executor_def.config_schema.as_field().config_type.fields) == {"max_concurrent"}

@@ -1,7 +1,8 @@
 """The project's Definitions on the Celery executor (``dagster-celery``): every step of every
 run is a Celery task that any worker listening on the broker may pick up.
 
-A deployment module: ``sage_pipeline.definitions`` stays on Dagster's default executor, and
+A deployment module: ``sage_pipeline.definitions`` stays on its default executor (Dagster's
+multiprocess executor, forkserver start), and
 only what loads this module (``dagster ... -m sage_pipeline.defs.celery_definitions``, or a
 workspace.yaml naming it) runs on Celery. The broker and the result backend come from the
 environment of the process that starts the run, read when a run starts:
@@ -32,4 +33,5 @@ sage_celery_executor = celery_executor.configured(
     name="sage_celery",
 )
 
-defs = dg.Definitions.merge(_project.defs, dg.Definitions(executor=sage_celery_executor))
+# the project's fragments with this executor instead of the project's default (merge refuses two)
+defs = dg.Definitions.merge(*_project.FRAGMENTS, dg.Definitions(executor=sage_celery_executor))

@@ -7,7 +7,9 @@ from __future__ import annotations
 import re
 
 import dagster as dg
+import pytest
 
+from sage_pipeline import definitions as project
 from sage_pipeline.definitions import defs
 from sage_pipeline_tests.ui import _support as sup
 
@@ -22,9 +24,15 @@ def _graph_node(name: str):
 
 
 def test_an_executor_merged_in_a_deployment_module_reaches_every_job():
-    """Section 2's pattern, with the multiprocess executor standing in for k8s_job_executor."""
+    """Section 2's pattern, with the multiprocess executor standing in for k8s_job_executor: the
+    project's fragments merged with the deployment's executor (the project's own ``defs`` carries
+    its default executor, and Definitions.merge refuses a second, as the doc says)."""
     stand_in = dg.multiprocess_executor.configured({"max_concurrent": 3}, name="stand_in_executor")
-    merged = dg.Definitions.merge(defs, dg.Definitions(executor=stand_in))
+    assert defs.executor.name == "multiprocess_forkserver" and "multiprocess_forkserver" in DOC.read_text()
+    with pytest.raises(dg.DagsterInvariantViolationError, match="both have an executor"):
+        dg.Definitions.merge(defs, dg.Definitions(executor=stand_in))
+    assert "dg.Definitions.merge(*_project.FRAGMENTS, dg.Definitions(executor=" in DOC.read_text()
+    merged = dg.Definitions.merge(*project.FRAGMENTS, dg.Definitions(executor=stand_in))
     jobs = merged.get_repository_def().get_all_jobs()
     names = {j.name for j in jobs}
     assert {"offline_routing", "sage_main"} <= names
