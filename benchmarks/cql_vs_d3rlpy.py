@@ -115,7 +115,8 @@ def d3rlpy_side(inputs: Path, output: Path) -> None:
     ).create(device=False)
     t1 = time.perf_counter()
     metrics: dict = {}
-    for _, metrics in algo.fitter(  # noqa: B007 (the last epoch's metrics are read below)dataset, n_steps=hp["steps"], n_steps_per_epoch=hp["steps"],
+    for _, metrics in algo.fitter(  # noqa: B007 (the last epoch's metrics are read below)
+                                  dataset, n_steps=hp["steps"], n_steps_per_epoch=hp["steps"],
                                   logger_adapter=NoopAdapterFactory(), show_progress=False,
                                   save_interval=10**9):
         pass
