@@ -667,3 +667,28 @@ def test_bootstrap_cis_gives_each_estimate_its_own_interval(sim: RoutingSimulato
         ope.bootstrap_cis([np.ones(5), np.ones(6)])
     with pytest.raises(ValueError, match="nothing to bootstrap"):
         ope.bootstrap_cis([np.ones(0)])
+
+
+def test_evaluation_runs_on_one_blas_thread(sim: RoutingSimulator, multistep) -> None:
+    """BLAS threads spin-waiting for a core another process holds made offline_eval 3x slower:
+    an evaluation holds BLAS to one thread while it runs, and gives the setting back."""
+    from threadpoolctl import threadpool_info
+
+    def blas_threads() -> set[int]:
+        return {lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"}
+
+    _, data, _ = multistep
+    uniform = policies(sim)["uniform"]
+    seen: list[set[int]] = []
+
+    class Watching:
+        name, actions = "watching", uniform.actions
+
+        def action_probs(self, ctx):
+            seen.append(blas_threads())
+            return uniform.action_probs(ctx)
+
+    before = blas_threads()
+    ope.evaluate_policy(data, Watching(), ope.OPEConfig(n_boot=20), keep_terms=False)
+    assert seen and all(s == {1} for s in seen), seen
+    assert blas_threads() == before
