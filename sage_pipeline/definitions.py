@@ -48,7 +48,7 @@ sage_main_job = dg.define_asset_job(
 
 
 def _forkserver(config: dict) -> dict:
-    return {"start_method": {"forkserver": {"preload_modules": ["sage_pipeline.definitions"]}}, **config}
+    return {"start_method": {"forkserver": {"preload_modules": [__name__]}}, **config}
 
 
 # Dagster's multiprocess executor (each step in its own process), its processes forked from a

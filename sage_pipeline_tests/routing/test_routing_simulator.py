@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -269,8 +270,6 @@ def test_oracle_policy_is_optimal(sim, tasks):
     v = sim.policy_value(oracle, tasks)  # valued by one backward induction (its value is the optimum's) ...
     np.testing.assert_allclose(v.per_task, sim.optimal_value(tasks).per_task, rtol=0, atol=1e-12)
     # ... which its actions, valued as any other policy's, confirm
-    from types import SimpleNamespace
-
     by_actions = SimpleNamespace(name="oracle_by_actions", actions=oracle.actions, action_probs=oracle.action_probs)
     v_actions = sim.policy_value(by_actions, tasks)
     assert v_actions.name == "oracle_by_actions"
@@ -405,8 +404,6 @@ def test_binary_oracle_is_the_best_primary_or_fallback_policy(sim, tasks, catalo
     probs = check_probs(oracle, ctx, oracle.action_probs(ctx))
     assert (probs[~binary[ctx.role]] == 0).all()
     assert sim.policy_value(oracle, tasks).per_task == pytest.approx(best_binary)
-    from types import SimpleNamespace
-
     by_actions = SimpleNamespace(name="by_actions", actions=oracle.actions, action_probs=oracle.action_probs)
     assert sim.policy_value(by_actions, tasks).per_task == pytest.approx(best_binary)
 
