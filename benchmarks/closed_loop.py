@@ -5,8 +5,10 @@ price x2 on day 20), ``sage_pipeline.rl.policy_iteration.run_month`` runs side b
 same days and tasks: the static table forever, the online bandit (SAGE's Tier 1), the nightly
 offline chain with the gate (journals -> ingest -> routing dataset -> CQL -> SAGE's served
 classifiers -> gate against the deployed policy) and the oracle (the best binary policy of
-each day's world). Each promotion is A/B-tested online against the policy it replaces
-(``rl.online_ab``, common random numbers) with the gate's OPE estimates. The bandit's own
+each day's world). Each candidate the offline gate passes is A/B-tested online against the
+deployed policy (``rl.online_ab``, common random numbers) with the gate's OPE estimates, and
+deployed only if the online interval of its gain lies above 0 (``--no-confirm-online``: the
+offline gate alone decides). The bandit's own
 journals of the last days are evaluated offline by the same OPE.
 
 Goals (issue 19), over 20 seeds:
@@ -20,7 +22,7 @@ Goals (issue 19), over 20 seeds:
     .venv/bin/python benchmarks/closed_loop.py [--seeds 20] [--first-seed 0] [--workers 2] [--days 30]
         [--worlds stationary drifting] [--episodes-per-day 2000] [--cql-steps 500]
         [--exploration gap|uniform] [--epsilon-max 0.3] [--epsilon-min 0.02] [--epsilon 0.1]
-        [--gate-rule paired|value] [--min-gain 0.005] [--window-days 2] [--fit-days 1]
+        [--gate-rule paired|value] [--min-gain 0.005] [--no-confirm-online] [--window-days 2] [--fit-days 1]
         [--bandit thompson|linucb]
     .venv/bin/python benchmarks/closed_loop.py --online-ab [--seeds 20] [--ab-episodes 2000]
 
@@ -213,6 +215,10 @@ def summarise(runs: list[dict]) -> dict:
              "bandit_share_of_static": statistics.fmean(x["cumulative_regret"]["bandit"]
                                                         / x["cumulative_regret"]["static_table"] for x in s),
              "promotions": sum(x["promotions"] for x in s), "wrong_promotions": sum(x["wrong_promotions"] for x in s),
+             # what the offline gate alone passed, before the online A/B confirmed or stopped it
+             "offline_gate_passed": sum(x["offline_gate_passed"] for x in s),
+             "offline_gate_wrong": sum(x["offline_gate_wrong"] for x in s),
+             "rejected_online": sum(x["rejected_online"] for x in s),
              "seeds_with_a_promotion": _share(x["promotions"] > 0 for x in s),
              "online_ab_promotions_inside": f"{sum(x['online_ab']['ope_difference_inside'] for x in s)}/"
                                             f"{sum(x['online_ab']['promotions_tested'] for x in s)}",
@@ -291,6 +297,8 @@ def main() -> None:
                          "deployed estimate (the gate before issue 19)")
     ap.add_argument("--min-gain", type=float, default=d.gate.min_gain,
                     help="the gate's bar (share of the deployed value)")
+    ap.add_argument("--no-confirm-online", action="store_true",
+                    help="the offline gate alone promotes (no online A/B confirmation before deploying)")
     ap.add_argument("--window-days", type=int, default=d.window_days)
     ap.add_argument("--bandit", default="thompson", choices=["thompson", "linucb"])
     ap.add_argument("--online-ab", action="store_true", help="instead of the month: the online_ab asset's "
@@ -307,7 +315,7 @@ def main() -> None:
     a.out = a.out or str(SCRATCH / "closed_loop.json")
     kw = {"days": a.days, "episodes_per_day": a.episodes_per_day, "cql_steps": a.cql_steps,
           "alphas": tuple(a.alphas), "floors": tuple(a.floors), "window_days": a.window_days, "bandit": a.bandit,
-          "gate": {"rule": a.gate_rule, "min_gain": a.min_gain},
+          "gate": {"rule": a.gate_rule, "min_gain": a.min_gain, "confirm_online": not a.no_confirm_online},
           "exploration": {"rule": a.exploration, "epsilon": a.epsilon, "epsilon_max": a.epsilon_max,
                           "epsilon_min": a.epsilon_min, "fit_days": a.fit_days}}
     jobs = [(s, w) for s in range(a.first_seed, a.first_seed + a.seeds) for w in a.worlds]
@@ -321,7 +329,8 @@ def main() -> None:
             print(f"seed {r['seed']:>3} {r['world']:<10} {r['seconds']:6.0f} s  regret table "
                   f"{x['cumulative_regret']['static_table']:.3f} bandit {x['cumulative_regret']['bandit']:.3f} "
                   f"nightly {x['cumulative_regret']['nightly']:.3f} (share {x['nightly_regret_share_of_static']:.2f}), "
-                  f"promotions {x['promotions']} wrong {x['wrong_promotions']}, recovery "
+                  f"promotions {x['promotions']} wrong {x['wrong_promotions']} (offline gate passed "
+                  f"{x['offline_gate_passed']}, wrong {x['offline_gate_wrong']}), recovery "
                   f"{ {k: v['days_to_within_5pct'] for k, v in x['recovery'].items()} }", flush=True)
             Path(a.out).write_text(json.dumps({"args": vars(a), "runs": runs}, default=str))
     summary = summarise(runs)

@@ -24,7 +24,7 @@ within 5% in >= 90% of seeds; no wrong promotion.
 
     .venv/bin/python benchmarks/offline_quality.py [--seeds 50] [--workers 2] [--episodes N]
         [--criterion fqe|estimate|lower_bound] [--support logged_pairs|behaviour] [--eval-fraction F]
-        [--action-space multi_model|sage_binary]
+        [--action-space multi_model|sage_binary] [--clip-factors 1 1.5 2 3 inf]
 
 Results: printed, and every seed's figures in ``benchmarks/.scratch/offline_quality.json``.
 """
@@ -47,7 +47,8 @@ SCRATCH = ROOT / "benchmarks" / ".scratch"
 
 
 def run_seed(seed: int, episodes: int, criterion: str = "fqe", eval_fraction: float | None = None,
-             support: str = "logged_pairs", action_space: str = "multi_model", floor_criterion: str = "fqe") -> dict:
+             support: str = "logged_pairs", action_space: str = "multi_model", floor_criterion: str = "fqe",
+             clip_factors: tuple[float, ...] = ()) -> dict:
     import pyarrow.parquet as pq
 
     from sage_pipeline.rl import bc, cql, offline_eval as oe, ope
@@ -91,6 +92,7 @@ def run_seed(seed: int, episodes: int, criterion: str = "fqe", eval_fraction: fl
                                                  {"bc": bc_policy, "cql": sel.result.policy()}, report_cfg, sim,
                                                  quiet, behaviour, floor_criterion)
         policies, subject = report.evaluations, "cql_served"
+        subject_policy = served[subject].policy
         extra = {"min_confidence": {n: s.policy.min_confidence for n, s in served.items()},
                  "agreement_eval": {n: s.agreement_eval for n, s in served.items()}}
     else:
@@ -99,9 +101,13 @@ def run_seed(seed: int, episodes: int, criterion: str = "fqe", eval_fraction: fl
         report = oe.run_offline_eval(oe.eval_part(df, "report"), policies, space, report_cfg, sim=sim,
                                      progress=quiet, behaviour=behaviour)
         subject, extra = "cql", {}
+        subject_policy = policies[subject]
     gt = report.truth.episode_value
     # the gate as it would decide with each episode estimator (the asset's is oe.GATE_ESTIMATOR, paired),
     # and with the rule before issue 19 (the candidate's lower bound against the table's estimate)
+    if clip_factors:  # the subject's clipped step-wise DR at every clip, on the same report episodes
+        extra["clip_factors"] = clip_sweep(oe.eval_part(df, "report"), space, subject_policy, behaviour,
+                                           seed, clip_factors)
     cands = tuple(n for n in policies if n.endswith("_served")) if action_space == "sage_binary" else None
     gates = {est: oe.promotion_gate(report.evaluations, estimator=est, candidates=cands).promoted
              for est in ("step_dr", "step_wdr", "step_dr_clip")}
@@ -114,6 +120,37 @@ def run_seed(seed: int, episodes: int, criterion: str = "fqe", eval_fraction: fl
         "estimates": report.rows(), "promoted": report.gate.promoted, "gate": report.gate.reason,
         "promoted_by": gates, "gate_candidates": report.gate.candidates, **extra,
     }
+
+
+def clip_sweep(df_report, space, policy, behaviour, seed: int, clip_factors: tuple[float, ...]) -> dict:
+    """``step_dr_clip`` of ``policy`` with each clip factor (``inf``: plain step-wise DR), each
+    with its bootstrap interval, on the report half: how ``OPEConfig.clip_factor`` was chosen."""
+    from sage_pipeline.rl import ope
+
+    data = ope.LoggedData.from_frame(df_report, space.actions, space.roles)
+    bp = ope.policy_probs(behaviour, data) if behaviour is not None else None
+    out = {}
+    for f in clip_factors:
+        e = ope.evaluate_policy(data, policy, ope.OPEConfig(n_boot=1000, seed=seed, clip_factor=f),
+                                behaviour_probs=bp, progress=lambda *_: None, keep_terms=False,
+                                intervals=("step_dr_clip",)).estimates["step_dr_clip"]
+        out[f"{f:g}"] = {"estimate": e.value, "ci_low": e.ci_low, "ci_high": e.ci_high}
+    return out
+
+
+def summarise_clips(runs: list[dict]) -> dict:
+    """Per clip factor, over the seeds: the subject's relative error (mean, max, share within
+    5%) and how often the 95% interval covers its true value."""
+    out = {}
+    for f in runs[0]["clip_factors"]:
+        cells = [(r["clip_factors"][f], r["ground_truth"][r["subject"]]) for r in runs
+                 if r["clip_factors"][f]["estimate"] is not None]
+        err = [abs(c["estimate"] - t) / abs(t) for c, t in cells]
+        out[f] = {"evaluated": len(cells), "mean_rel_error": statistics.fmean(err) if err else None,
+                  "max_rel_error": max(err, default=None),
+                  "share_within_5pct": sum(e <= 0.05 for e in err) / len(err) if err else None,
+                  "coverage": sum(c["ci_low"] <= t <= c["ci_high"] for c, t in cells) / len(cells) if cells else None}
+    return out
 
 
 def summarise(runs: list[dict]) -> dict:
@@ -147,6 +184,8 @@ def summarise(runs: list[dict]) -> dict:
     for r in runs:
         for e in r["estimates"]:
             cells.setdefault((e["policy"], e["estimator"]), []).append(e)
+    if "clip_factors" in runs[0]:
+        out["clip_factors"] = summarise_clips(runs)
     out["estimators"] = {}
     for (pol, est), rows in cells.items():
         ok = [e for e in rows if e["estimate"] is not None]
@@ -178,6 +217,9 @@ def main() -> None:
                          "confidence floor, YAML fallback) against the best binary policy")
     ap.add_argument("--floor-criterion", default="fqe", choices=("fqe", "estimate", "lower_bound"),
                     help="sage_binary: how OPE on the select half picks the served composite's confidence floor")
+    ap.add_argument("--clip-factors", type=float, nargs="*", default=[],
+                    help="also evaluate the subject with step_dr_clip at each of these clip factors (inf: plain "
+                         "step-wise DR) on the same report episodes, e.g. 1 1.5 2 3 inf")
     ap.add_argument("--out", default=None, help="file name under benchmarks/.scratch/ "
                     "(default offline_quality[_sage_binary].json)")
     args = ap.parse_args()
@@ -193,7 +235,8 @@ def main() -> None:
     with ProcessPoolExecutor(args.workers) as pool:
         n = len(seeds)
         for r in pool.map(run_seed, seeds, [args.episodes] * n, [args.criterion] * n, [args.eval_fraction] * n,
-                          [args.support] * n, [args.action_space] * n, [args.floor_criterion] * n):
+                          [args.support] * n, [args.action_space] * n, [args.floor_criterion] * n,
+                          [tuple(args.clip_factors)] * n):
             runs.append(r)
             subj = r["subject"]
             print(f"seed {r['seed']:3d}: cql {r['alpha']:<10} {subj} regret closure {r['regret_closure'][subj]:.3f}  "
@@ -210,6 +253,10 @@ def main() -> None:
     for est, k in s["promotions_by"].items():
         print(f"gate on {est}: {k} promotions, {s['wrong_promotions_by'][est]} not truly better than the table")
     print(f"the gate's paired interval of the gain over the table: {s['gate_gain_interval']}")
+    for f, v in s.get("clip_factors", {}).items():
+        print(f"{s['subject']} step_dr_clip at clip factor {f}: mean rel err {v['mean_rel_error']:.2%}, max "
+              f"{v['max_rel_error']:.2%}, within 5% in {v['share_within_5pct']:.0%}, coverage {v['coverage']:.0%} "
+              f"({v['evaluated']} seeds)")
     print(f"\n{'policy/estimator':<30}{'scope':<10}{'coverage':>10}{'mean rel err':>14}{'max rel err':>13}"
           f"{'<=5%':>7}")
     for k, v in s["estimators"].items():

@@ -46,10 +46,12 @@ class PolicyIterationConfig(dg.Config, pi.MonthConfig):
                       "routing dataset, CQL with alpha and SAGE's confidence floor chosen by OPE) retrains on the last "
                       "days' journals, and the gate promotes the served candidate only if the lower bound of its gain "
                       "over the deployed policy (clipped step-wise DR, paired on the same episodes) exceeds "
-                      "gate.min_gain of its value; a promotion is deployed the next day. Beside it, on the same tasks: "
+                      "gate.min_gain of its value and an online A/B against the deployed policy (SAGE's "
+                      "compare-policy, common random numbers) confirms the gain is above 0 (gate.confirm_online); "
+                      "a promotion is deployed the next day. Beside it, on the same tasks: "
                       "the static table forever, the online bandit (SAGE's Tier 1) and the oracle. Per day the true "
-                      "value of each; in total cumulative regret, promotions (each A/B-tested online against the policy"
-                      " it replaces), wrong promotions, recovery after each change, and OPE on the bandit's own logs. "
+                      "value of each; in total cumulative regret, promotions, candidates the online A/B stopped, "
+                      "wrong promotions, recovery after each change, and OPE on the bandit's own logs. "
                       "Stationary and/or drifting world. Runs on its own, from nothing, in its own job simulated_month,"
                       " not in make run (a few minutes of CPU per world; benchmarks/closed_loop.py runs it over 20 "
                       "seeds).")
@@ -76,6 +78,8 @@ def policy_iteration(context: dg.AssetExecutionContext, config: PolicyIterationC
                 f"{world}_cumulative_regret": dg.MetadataValue.json(s["cumulative_regret"]),
                 f"{world}_nightly_regret_share_of_static": s.get("nightly_regret_share_of_static"),
                 f"{world}_promotions": s.get("promotions"), f"{world}_wrong_promotions": s.get("wrong_promotions"),
+                f"{world}_offline_gate_passed": s.get("offline_gate_passed"),
+                f"{world}_rejected_online": s.get("rejected_online"),
                 f"{world}_recovery": dg.MetadataValue.json(s.get("recovery", {})),
                 f"{world}_bandit_logs_ope": dg.MetadataValue.json(res.bandit_ope),
                 f"{world}_value_by_day": dg.MetadataValue.md(markdown.image(png, f"{world}: true value by day")),

@@ -12,8 +12,11 @@ distilled into SAGE's per-role classifiers behind a confidence floor chosen the 
 (``offline_eval.train_select_cql`` and ``distill_select_served``, as the assets), then the
 gate (``offline_eval.promotion_gate``, as the assets): the candidate is promoted only if the
 lower bound of its gain over the deployed policy, clipped step-wise DR paired on the same
-report-half episodes, exceeds ``min_gain`` of the deployed policy's estimate. A promotion is
-the next day's deployed policy; tonight's window also refits the deployed policy's Q-function
+report-half episodes, exceeds ``min_gain`` of the deployed policy's estimate. A candidate that
+passes is then A/B-tested online against the deployed policy (``online_ab``: SAGE's
+``compare-policy``, common random numbers) and promoted only if the online 95% interval of its
+gain lies above 0 (``LoopGateConfig.confirm_online``). A promotion is the next day's deployed
+policy; tonight's window also refits the deployed policy's Q-function
 that tomorrow's exploration reads.
 
 The world: stationary, or drifting (``WorldConfig``): from ``quality_day`` one model's
@@ -190,6 +193,17 @@ class LoopGateConfig(oe.PromotionGateConfig):
 
     min_gain: float = Field(LOOP_MIN_GAIN, ge=0.0, description="the paired lower bound of the candidate's gain "
                             "over the deployed policy must exceed this share of the deployed policy's estimate")
+    confirm_online: bool = Field(True, description="a candidate the offline gate passes is then A/B-tested online "
+                                 "against the deployed policy (common random numbers, LoopConfig.online_ab_episodes "
+                                 "tasks each: SAGE's compare-policy) and deployed only if the lower bound of the "
+                                 "online 95% interval of its gain is above 0; false: the offline gate alone decides")
+
+
+def confirmed_online(difference: dict[str, float], gate: LoopGateConfig) -> bool:
+    """Whether an online A/B's paired ``difference`` (candidate - deployed: mean, ci_low,
+    ci_high) confirms a candidate the offline gate passed: its lower bound above 0, or always
+    when ``gate.confirm_online`` is off."""
+    return (not gate.confirm_online) or difference["ci_low"] > 0.0
 
 
 class MonthConfig(BaseModel):
@@ -436,18 +450,23 @@ def run_month(config: LoopConfig, work: Path | None = None, progress: Callable[[
                     row |= {"promoted": night.promoted, "gate": night.reason, "alpha": night.alpha,
                             "floor": night.floor, "night_s": round(night.seconds, 2),
                             "gate_difference": night.estimates["difference"], "candidate_true_value": v_new}
-                    if night.promoted:
-                        row |= {"promoted_true_value": v_new, "wrong_promotion": v_new < v_old}
-                        # online_ab of the promotion in tonight's world, with the gate's OPE estimates
+                    if night.promoted:  # the offline gate passed it: A/B it online in tonight's world
                         ab_cfg = ab.OnlineABConfig(episodes=config.online_ab_episodes, seed=config.seed * 1000 + day)
                         rep = ab.online_ab(sim, deployed, night.candidate, ab_cfg,
                                            {"a": night.estimates["deployed"]["value"],
                                             "b": night.estimates["candidate"]["value"]}, (deployed_name, "candidate"))
+                        ok = confirmed_online(rep.difference, config.gate)
                         row["online_ab"] = {"from": deployed_name, "difference": rep.difference,
                                             "true_difference": rep.true_difference, "ope": rep.ope,
                                             "ope_difference_inside": rep.ope_difference_inside,
-                                            "ope_value_inside": rep.ope_value_inside}
-                        deployed, deployed_name = night.candidate, f"served@night{day}"
+                                            "ope_value_inside": rep.ope_value_inside, "confirmed": ok}
+                        row |= {"offline_gate_passed": True, "offline_gate_wrong": v_new < v_old, "promoted": ok,
+                                "gate": f"{night.reason}; online A/B gain {rep.difference['mean']:+.4f} "
+                                        f"[{rep.difference['ci_low']:+.4f}, {rep.difference['ci_high']:+.4f}]: "
+                                        + ("deployed" if ok else "not deployed (its lower bound is not above 0)")}
+                        if ok:
+                            row |= {"promoted_true_value": v_new, "wrong_promotion": v_new < v_old}
+                            deployed, deployed_name = night.candidate, f"served@night{day}"
                     # tomorrow's exploration reads the deployed policy's Q-function on the last days' journals
                     recent = {p.name for p in dirs[-config.exploration.fit_days:]}
                     fresh = df[df["source_file"].map(lambda f: Path(f).parent.name).isin(recent)]
@@ -516,6 +535,9 @@ def summarise(days: list[dict], config: LoopConfig) -> dict:
         st = out["cumulative_regret"]["static_table"]
         out["nightly_regret_share_of_static"] = out["cumulative_regret"]["nightly"] / st if st > 0 else None
         out["promotions"] = sum(bool(d.get("promoted")) for d in days)
+        out["offline_gate_passed"] = sum(bool(d.get("offline_gate_passed")) for d in days)
+        out["offline_gate_wrong"] = sum(bool(d.get("offline_gate_wrong")) for d in days)
+        out["rejected_online"] = out["offline_gate_passed"] - out["promotions"]
         abs_ = [d["online_ab"] for d in days if "online_ab" in d]
         out["online_ab"] = {"promotions_tested": len(abs_),
                             "ope_difference_inside": sum(bool(a["ope_difference_inside"]) for a in abs_),

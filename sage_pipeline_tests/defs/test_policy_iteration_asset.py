@@ -26,11 +26,13 @@ def test_a_tiny_month_materializes_with_its_figures(tmp_path):
         assert set(regret) == {"static_table", "bandit", "nightly"} and all(v >= -1e-9 for v in regret.values())
         assert "data:image/png;base64," in meta[f"{world}_value_by_day"]
         assert meta[f"{world}_wrong_promotions"] >= 0
+        assert meta[f"{world}_rejected_online"] == meta[f"{world}_offline_gate_passed"] - meta[f"{world}_promotions"]
     report = json.loads((tmp_path / "policy_iteration" / "policy_iteration.json").read_text())
     assert [d["day"] for d in report["drifting"]["days"]] == [0, 1, 2]
     assert (tmp_path / "policy_iteration" / "drifting.png").is_file()
     loop = report["stationary"]["config"]["loop"]
-    assert loop["exploration"]["rule"] == "gap" and loop["gate"] == {"rule": "paired", "min_gain": 0.01}
+    assert loop["exploration"]["rule"] == "gap" and loop["gate"] == {"rule": "paired", "min_gain": 0.01,
+                                                                         "confirm_online": True}
     assert all(0.0 < d["exploration"]["leave_probability"] < 0.3 for d in report["stationary"]["days"])
 
 

@@ -80,14 +80,29 @@ def test_a_short_month_adds_up(tmp_path, catalogue, table):
         g = d["gate_difference"]
         assert g["difference_ci_low"] <= g["difference"] <= g["difference_ci_high"]
         assert d["candidate_true_value"] <= d["oracle"] + 1e-9
-    for d in res.days:
+    for d in res.days:  # what the offline gate passed is A/B-tested; only a confirmed gain is deployed
         if d.get("promoted"):
-            assert d["online_ab"]["from"] and "difference" in d["online_ab"]
+            assert d["online_ab"]["from"] and d["online_ab"]["difference"]["ci_low"] > 0
+        if "online_ab" in d:
+            assert d["offline_gate_passed"] and d["promoted"] == d["online_ab"]["confirmed"]
+    assert s["promotions"] + s["rejected_online"] == s["offline_gate_passed"] >= s["promotions"]
+    assert s["offline_gate_wrong"] >= s["wrong_promotions"]
+    deployed = [d["deployed"] for d in res.days]  # the deployed policy changes exactly after a promotion
+    assert [b != a for a, b in zip(deployed, deployed[1:])] == [bool(d.get("promoted")) for d in res.days[:-1]]
     logs = sorted(p.name for p in (tmp_path / "nightly").rglob("*.log"))
     assert logs == ["2026-12-01.log", "2026-12-02.log", "2026-12-03.log", "2026-12-04.log"]
     assert res.bandit_ope.get("skipped")  # the last days cross a change: no single truth
     png = pi.plot_days(res.days)
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_online_ab_confirms_a_promotion_only_above_zero():
+    on, off = pi.LoopGateConfig(), pi.LoopGateConfig(confirm_online=False)
+    assert on.confirm_online  # the default: the offline gate, then the online A/B
+    assert pi.confirmed_online({"mean": 0.01, "ci_low": 0.002, "ci_high": 0.018}, on)
+    assert not pi.confirmed_online({"mean": 0.006, "ci_low": -0.002, "ci_high": 0.014}, on)
+    assert not pi.confirmed_online({"mean": 0.0, "ci_low": 0.0, "ci_high": 0.0}, on)  # a tie is no gain
+    assert pi.confirmed_online({"mean": -0.01, "ci_low": -0.02, "ci_high": 0.0}, off)  # the offline gate alone
 
 
 def test_bandit_logs_are_evaluated_by_ope(tmp_path, catalogue, table):
