@@ -31,8 +31,8 @@ binary space on 20,000 logged episodes, then the promoted served policy against 
 online, with offline_eval's estimates.
 
 Results: printed (a markdown table for docs/benchmarks.md), every seed's days in
-``benchmarks/.scratch/closed_loop.json`` and the value-by-day plot of the first seed in
-``benchmarks/.scratch/closed_loop_<world>.png``.
+``benchmarks/.scratch/closed_loop.json`` (``--out``) and the value-by-day plot of the first seed
+beside it, ``closed_loop_<world>.png``.
 """
 
 from __future__ import annotations
@@ -262,12 +262,12 @@ def summarise(runs: list[dict]) -> dict:
     return out
 
 
-def plot_first(runs: list[dict]) -> None:
+def plot_first(runs: list[dict], folder: Path = SCRATCH) -> None:
     from sage_pipeline.rl.policy_iteration import plot_days
 
     for world in {r["world"] for r in runs}:
         first = min((r for r in runs if r["world"] == world), key=lambda r: r["seed"])
-        (SCRATCH / f"closed_loop_{world}.png").write_bytes(plot_days(first["days"], f"{world} world, seed "
+        (folder / f"closed_loop_{world}.png").write_bytes(plot_days(first["days"], f"{world} world, seed "
                                                                                      f"{first['seed']}"))
 
 
@@ -336,7 +336,7 @@ def main() -> None:
     summary = summarise(runs)
     Path(a.out).write_text(json.dumps({"args": vars(a), "wall_s": time.perf_counter() - t0, "summary": summary,
                                        "runs": runs}, default=str))
-    plot_first(runs)
+    plot_first(runs, Path(a.out).parent)  # beside the results
     print(json.dumps(summary, indent=1, default=str))
     print(f"wall {time.perf_counter() - t0:.0f} s; {a.seeds} seeds x {len(a.worlds)} worlds, {a.workers} workers")
 

@@ -1,0 +1,57 @@
+"""The benchmark scripts still run: every one parses its arguments (its imports load), and the
+two that exercise the most core APIs (the offline chain's quality and the simulated month) run
+a tiny case end to end and write their results. Figures are not checked here (they live in
+docs/benchmarks.md); breakage is: a benchmark that no test ran once stopped running unnoticed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = sorted(p.name for p in (ROOT / "benchmarks").glob("*.py"))
+
+
+def run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    out = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, f"{args}: exit {out.returncode}\n{out.stderr[-3000:]}"
+    return out
+
+
+def test_there_are_benchmarks():
+    assert {"offline_quality.py", "closed_loop.py", "ppo_vs_sb3.py", "env_speed.py"} <= set(SCRIPTS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_benchmark_parses_its_arguments(script):
+    assert "usage:" in run(f"benchmarks/{script}", "--help", timeout=120).stdout
+
+
+@pytest.mark.slow
+def test_offline_quality_runs_a_seed_with_its_clip_sweep(tmp_path):
+    out = tmp_path / "oq.json"
+    run("benchmarks/offline_quality.py", "--seeds", "1", "--workers", "1", "--episodes", "3000",
+        "--action-space", "sage_binary", "--clip-factors", "1.5", "inf", "--out", str(out))
+    res = json.loads(out.read_text())
+    (r,) = res["runs"]
+    rows = {(e["policy"], e["estimator"]): e for e in r["estimates"]}
+    # the sweep's 1.5 is the report's clipped step-wise DR, and inf its plain step-wise DR
+    assert r["clip_factors"]["1.5"]["estimate"] == pytest.approx(rows["cql_served", "step_dr_clip"]["estimate"])
+    assert r["clip_factors"]["inf"]["estimate"] == pytest.approx(rows["cql_served", "step_dr"]["estimate"])
+    assert set(res["summary"]["clip_factors"]) == {"1.5", "inf"}
+
+
+@pytest.mark.slow
+def test_closed_loop_runs_a_tiny_month(tmp_path):
+    out = tmp_path / "cl.json"
+    run("benchmarks/closed_loop.py", "--seeds", "1", "--days", "3", "--episodes-per-day", "300", "--cql-steps", "30",
+        "--workers", "1", "--worlds", "stationary", "--out", str(out))
+    res = json.loads(out.read_text())
+    s = res["summary"]["stationary"]
+    assert s["seeds"] == 1 and s["promotions"] + s["rejected_online"] == s["offline_gate_passed"]
+    assert (tmp_path / "closed_loop_stationary.png").read_bytes()[:4] == b"\x89PNG"
