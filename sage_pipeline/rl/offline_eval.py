@@ -228,8 +228,11 @@ def promote_served(decision: GateDecision, served: dict[str, "ServedSelection"],
     if decision.promoted is None:
         return None
     sel = served[decision.promoted]
+    c = decision.candidates.get(decision.promoted, {})
     sage_router.write_sage_checkpoint(dest, sel.policy, {
         "policy": decision.promoted, "source": sel.source, "reason": decision.reason,
+        # the gate's paired estimate of the gain over the table, with its 95% interval (online_ab reads it)
+        "gain_over_table": {k: c.get(k) for k in ("difference", "difference_ci_low", "difference_ci_high")},
         "min_confidence_selected_by": sel.how, "agreement_eval": sel.agreement_eval, **evidence},
         served_at=served_at)
     return Path(dest)

@@ -130,6 +130,8 @@ class OnlineABReport:
     ope_value_inside: bool | None  # OPE's estimate of B's value inside B's online interval
     ope_difference_inside: bool | None  # OPE's estimated difference inside the online difference interval
     identical_decisions: float  # share of first decisions where A and B chose the same model
+    # OPE's and the online difference agree within both their errors (None: OPE's interval unknown)
+    ope_agrees: bool | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -150,7 +152,9 @@ def online_ab(sim: RoutingSimulator, a, b, config: OnlineABConfig = OnlineABConf
               ope_estimates: dict[str, float | None] | None = None,
               names: tuple[str, str] = ("static_table", "served")) -> OnlineABReport:
     """A (``a``) vs B (``b``) on ``config.episodes`` fresh simulated tasks with common random
-    numbers; ``ope_estimates``: offline_eval's ``{"b": V(B), "a": V(A)}`` estimates, when known."""
+    numbers; ``ope_estimates``: offline_eval's ``{"b": V(B), "a": V(A)}`` estimates, when known,
+    and its paired 95% interval of B - A (``difference_ci_low``, ``difference_ci_high``), which
+    :func:`agrees` needs."""
     rng = np.random.default_rng(config.seed)
     tasks = sim.sample_tasks(config.episodes, rng)
     u = CommonNumbers.draw(len(tasks), sim.config.max_attempts, rng)
@@ -163,11 +167,28 @@ def online_ab(sim: RoutingSimulator, a, b, config: OnlineABConfig = OnlineABConf
     diff = mean_interval(results[names[1]].returns - results[names[0]].returns)
     est = dict(ope_estimates or {})
     v_b, v_a = est.get("b"), est.get("a")
-    ope = {"value_b": v_b, "value_a": v_a, "difference": None if v_a is None or v_b is None else v_b - v_a}
+    ope = {"value_b": v_b, "value_a": v_a, "difference": None if v_a is None or v_b is None else v_b - v_a,
+           "difference_ci_low": est.get("difference_ci_low"), "difference_ci_high": est.get("difference_ci_high")}
     ctx0 = sim.contexts(tasks, np.zeros(len(tasks), dtype=np.int64), np.zeros(len(tasks), dtype=np.int64))
     same = float((np.argmax(a.action_probs(ctx0), axis=1) == np.argmax(b.action_probs(ctx0), axis=1)).mean())
     return OnlineABReport(len(tasks), arms, diff, truth[names[1]] - truth[names[0]], ope,
-                          inside(v_b, arms[names[1]]["value"]), inside(ope["difference"], diff), same)
+                          inside(v_b, arms[names[1]]["value"]), inside(ope["difference"], diff), same,
+                          agrees(ope, diff))
+
+
+def agrees(ope: dict, online: dict[str, float]) -> bool | None:
+    """Whether OPE's estimated difference and the online one agree within both their errors:
+    the gap between them is at most 1.96 standard errors of their difference, OPE's standard
+    error read from its paired 95% interval (``difference_ci_low``/``_high``, normal). This is
+    the test to act on: "OPE's estimate inside the online interval" asks OPE to be as precise as
+    the online A/B, which with common random numbers it is not (importance weights on logged
+    data), so that one fails for an honest OPE whenever the online test is the sharper one.
+    None when OPE's difference or its interval is unknown."""
+    lo, hi, d = ope.get("difference_ci_low"), ope.get("difference_ci_high"), ope.get("difference")
+    if d is None or lo is None or hi is None:
+        return None
+    se_ope = (hi - lo) / (2 * Z95)
+    return bool(abs(d - online["mean"]) <= Z95 * math.hypot(se_ope, online["se"]))
 
 
 def ope_estimates_from_summary(summary: list[dict], policy: str, static: str = "static_table",

@@ -32,9 +32,10 @@ def _checks(result) -> dict:
             if e.event_type_value == "ASSET_CHECK_EVALUATION"}
 
 
-def _served_root(root, sim, table, catalogue, ope_gain: float):
+def _served_root(root, sim, table, catalogue, ope_gain: float, ope_half_width: float | None = None):
     """A root as the chain leaves it: the collector's simulator.json, the action space, and a SAGE
-    checkpoint (the best binary policy distilled) whose manifest records offline_eval's summary."""
+    checkpoint (the best binary policy distilled) whose manifest records offline_eval's summary and,
+    with ``ope_half_width``, the gate's paired interval of the gain (checkpoints before it had none)."""
     collector.collect(sim, root / "sessions" / "synthetic", collector.CollectorConfig(episodes=200, seed=0),
                       progress=lambda *_: None, versions_dir=root / ".synthetic_versions")
     space = ActionSpace.build(table, catalogue=catalogue)
@@ -49,8 +50,11 @@ def _served_root(root, sim, table, catalogue, ope_gain: float):
     v_served = sim.policy_value(served, tasks).mean
     summary = [{"policy": "static_table", "step_dr_clip": v_static},
                {"policy": "oracle_served", "step_dr_clip": v_static + (v_served - v_static) * ope_gain}]
+    gain = (v_served - v_static) * ope_gain
+    extra = {} if ope_half_width is None else {"gain_over_table": {
+        "difference": gain, "difference_ci_low": gain - ope_half_width, "difference_ci_high": gain + ope_half_width}}
     sage_router.write_sage_checkpoint(root / "checkpoints" / "sage", served,
-                                      {"policy": "oracle_served", "source": "test", "summary": summary})
+                                      {"policy": "oracle_served", "source": "test", "summary": summary, **extra})
     return v_served - v_static
 
 
@@ -79,6 +83,21 @@ def test_an_ope_estimate_outside_the_online_interval_warns(tmp_path, sim, table,
     assert _meta(result)["ope_difference_inside_interval"] == "False"
     check = _checks(result)["online_ab_agrees_with_offline_eval"]
     assert not check.passed and check.severity == dg.AssetCheckSeverity.WARN
+
+
+@pytest.mark.parametrize("ope_gain, half_width, inside, agrees", [
+    (1.3, 0.05, "False", "True"),    # outside the sharp online interval, but within OPE's own error: no warning
+    (4.0, 0.01, "False", "False"),   # four times the real gain with a narrow interval: a real disagreement
+    (1.0, 0.02, "True", "True"),
+])
+def test_agreement_counts_both_errors(tmp_path, sim, table, catalogue, ope_gain, half_width, inside, agrees):
+    _served_root(tmp_path, sim, table, catalogue, ope_gain=ope_gain, ope_half_width=half_width)
+    result = _materialize(tmp_path)
+    meta = _meta(result)
+    assert (meta["ope_difference_inside_interval"], meta["ope_agrees_within_both_errors"]) == (inside, agrees)
+    check = _checks(result)["online_ab_agrees_with_offline_eval"]
+    assert check.passed == (agrees == "True") and check.metadata["rule"].value == "within both errors"
+    assert check.metadata["ope_difference_inside_interval"].value == inside
 
 
 @pytest.mark.parametrize("what", ["no_checkpoint", "no_simulator"])

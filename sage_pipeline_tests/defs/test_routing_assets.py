@@ -199,8 +199,13 @@ def test_sage_binary_space_judges_what_sage_serves(chain):
         assert "export SAGE_RL_POLICY=1" in sage["sage_env"]
         # the promoted copy names where SAGE finds it, not the staged version it was written into
         promoted = root / "checkpoints" / "promoted_sage"
-        env = json.loads((promoted / "manifest.json").read_text())["sage_env"]
+        manifest = json.loads((promoted / "manifest.json").read_text())
+        env = manifest["sage_env"]
         assert env["SAGE_RL_CHECKPOINT"] == str(promoted / "policy.joblib") and promoted.is_symlink()
+        # the gate's paired interval of the gain over the table travels with it (online_ab reads it)
+        c, g = rep["gate"]["candidates"][rep["gate"]["promoted"]], manifest["gain_over_table"]
+        assert g == {k: c.get(k) for k in ("difference", "difference_ci_low", "difference_ci_high")}
+        assert set(g.values()) == {None}  # this chain's 'value' rule computes no paired difference
     else:
         assert sage["written"] is False and not (root / "checkpoints" / "sage").exists()
 

@@ -57,6 +57,15 @@ def test_paired_interval_is_tight_and_about_the_truth(sim, table, catalogue):
     assert rep.arms["oracle"]["pass_rate"] >= rep.arms["static_table"]["pass_rate"]
 
 
+def test_agreement_within_both_errors():
+    online = {"mean": 0.060, "ci_low": 0.0515, "ci_high": 0.0685, "se": 0.0043}
+    wide = {"difference": 0.072, "difference_ci_low": 0.048, "difference_ci_high": 0.096}  # se 0.0122
+    assert not ab.inside(wide["difference"], online) and ab.agrees(wide, online)  # gap 0.012 < 1.96 x 0.0130
+    far = {"difference": 0.100, "difference_ci_low": 0.095, "difference_ci_high": 0.105}  # gap 0.040
+    assert ab.agrees(far, online) is False
+    assert ab.agrees({"difference": 0.07}, online) is None and ab.agrees({"difference": None}, online) is None
+
+
 def test_config_and_summary_reading():
     with pytest.raises(ValueError, match=r"episodes\n  Input should be greater than or equal to 30"):
         ab.OnlineABConfig(episodes=5)
