@@ -611,13 +611,21 @@ class Sandbox:
         with contextlib.suppress(Exception):
             atexit.unregister(self.close)
 
-    def _remove_labelled(self) -> None:
+    def _remove_labelled(self, wait_s: float = 30.0) -> None:
+        """Remove this sandbox's containers and wait until the daemon lists none: a stopped
+        worker's container may still be in its auto-removal (listed, and refusing a second
+        removal) when close() gets here, more so on a loaded machine. Gives up after ``wait_s``."""
         if self.client is None:
             return
+        deadline = time.monotonic() + wait_s
         with contextlib.suppress(Exception):
-            for c in self.client.containers.list(all=True, filters={"label": f"{LABEL_KEY}={self.label}"}):
-                with contextlib.suppress(Exception):  # removed meanwhile (auto_remove) is fine
-                    c.remove(force=True)
+            while left := self.client.containers.list(all=True, filters={"label": f"{LABEL_KEY}={self.label}"}):
+                for c in left:
+                    with contextlib.suppress(Exception):  # its auto-removal is in progress: wait for it
+                        c.remove(force=True)
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
         with contextlib.suppress(Exception):
             self.client.close()
 
