@@ -39,7 +39,7 @@ FORMAT = "sage_router_joblib"
 SAGE_DEFAULT_MIN_CONFIDENCE = 0.55
 # manifest keys a copy of the checkpoint (sage_router_checkpoint) carries over from its source
 CARRIED_MANIFEST_KEYS = ("policy", "source", "reason", "min_confidence_selected_by", "agreement_eval",
-                         "dataset_sha256", "summary")
+                         "dataset_sha256", "summary", "gain_over_table")
 
 
 @dataclass(frozen=True)

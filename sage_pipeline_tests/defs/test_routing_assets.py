@@ -206,6 +206,8 @@ def test_sage_binary_space_judges_what_sage_serves(chain):
         c, g = rep["gate"]["candidates"][rep["gate"]["promoted"]], manifest["gain_over_table"]
         assert g == {k: c.get(k) for k in ("difference", "difference_ci_low", "difference_ci_high")}
         assert set(g.values()) == {None}  # this chain's 'value' rule computes no paired difference
+        # and reaches the copy SAGE loads, which online_ab reads
+        assert json.loads((root / "checkpoints" / "sage" / "manifest.json").read_text())["gain_over_table"] == g
     else:
         assert sage["written"] is False and not (root / "checkpoints" / "sage").exists()
 
