@@ -454,12 +454,14 @@ def run_month(config: LoopConfig, work: Path | None = None, progress: Callable[[
                         ab_cfg = ab.OnlineABConfig(episodes=config.online_ab_episodes, seed=config.seed * 1000 + day)
                         rep = ab.online_ab(sim, deployed, night.candidate, ab_cfg,
                                            {"a": night.estimates["deployed"]["value"],
-                                            "b": night.estimates["candidate"]["value"]}, (deployed_name, "candidate"))
+                                            "b": night.estimates["candidate"]["value"],
+                                            **night.estimates["difference"]}, (deployed_name, "candidate"))
                         ok = confirmed_online(rep.difference, config.gate)
                         row["online_ab"] = {"from": deployed_name, "difference": rep.difference,
                                             "true_difference": rep.true_difference, "ope": rep.ope,
                                             "ope_difference_inside": rep.ope_difference_inside,
-                                            "ope_value_inside": rep.ope_value_inside, "confirmed": ok}
+                                            "ope_value_inside": rep.ope_value_inside, "ope_agrees": rep.ope_agrees,
+                                            "confirmed": ok}
                         row |= {"offline_gate_passed": True, "offline_gate_wrong": v_new < v_old, "promoted": ok,
                                 "gate": f"{night.reason}; online A/B gain {rep.difference['mean']:+.4f} "
                                         f"[{rep.difference['ci_low']:+.4f}, {rep.difference['ci_high']:+.4f}]: "

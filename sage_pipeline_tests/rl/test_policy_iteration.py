@@ -85,6 +85,7 @@ def test_a_short_month_adds_up(tmp_path, catalogue, table):
             assert d["online_ab"]["from"] and d["online_ab"]["difference"]["ci_low"] > 0
         if "online_ab" in d:
             assert d["offline_gate_passed"] and d["promoted"] == d["online_ab"]["confirmed"]
+            assert d["online_ab"]["ope_agrees"] is not None  # the gate's paired interval reached the A/B
     assert s["promotions"] + s["rejected_online"] == s["offline_gate_passed"] >= s["promotions"]
     assert s["offline_gate_wrong"] >= s["wrong_promotions"]
     deployed = [d["deployed"] for d in res.days]  # the deployed policy changes exactly after a promotion
@@ -103,6 +104,20 @@ def test_the_online_ab_confirms_a_promotion_only_above_zero():
     assert not pi.confirmed_online({"mean": 0.006, "ci_low": -0.002, "ci_high": 0.014}, on)
     assert not pi.confirmed_online({"mean": 0.0, "ci_low": 0.0, "ci_high": 0.0}, on)  # a tie is no gain
     assert pi.confirmed_online({"mean": -0.01, "ci_low": -0.02, "ci_high": 0.0}, off)  # the offline gate alone
+
+
+def test_a_promotion_passes_the_offline_gate_then_the_online_ab(tmp_path):
+    # the defaults on seed 0: night 0's candidate clears the offline gate and the A/B confirms it
+    cfg = pi.LoopConfig(days=2, seed=0, eval_tasks=300, n_boot=100, online_ab_episodes=300,
+                        arms=("static_table", "nightly", "oracle"))
+    night0, day1 = pi.run_month(cfg, work=tmp_path, progress=lambda *_: None).days
+    ab = night0["online_ab"]
+    assert night0["offline_gate_passed"] and night0["promoted"] and ab["confirmed"]
+    assert ab["difference"]["ci_low"] > 0
+    assert "online A/B gain" in night0["gate"] and night0["gate"].endswith("deployed")
+    assert ab["ope_agrees"] is not None  # the gate's paired interval reached the A/B
+    assert night0["wrong_promotion"] == (night0["candidate_true_value"] < night0["nightly_deployed"])
+    assert (night0["deployed"], day1["deployed"]) == ("static_table", "served@night0")
 
 
 def test_bandit_logs_are_evaluated_by_ope(tmp_path, catalogue, table):
