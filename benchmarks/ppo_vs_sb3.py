@@ -70,12 +70,19 @@ from sage_pipeline.sim.schema import read_tasks
 SCRATCH = ROOT / "benchmarks" / ".scratch"
 
 
-def load_sim(data_dir: Path, synthetic: bool) -> tuple[SageLoopSim, str]:
+def load_suite(data_dir: Path, synthetic: bool) -> tuple[list, object, str]:
+    """The tasks and their rollouts: the project's (``make run`` materializes them in the sandbox),
+    or the tests' synthetic suite when there are none or ``synthetic``."""
     tasks_file, shards = data_dir / "sim" / "tasks.jsonl", data_dir / "sim" / "rollouts"
     if not synthetic and tasks_file.is_file() and shards.is_dir() and any(shards.glob("shard-*.parquet")):
-        return SageLoopSim.build(read_tasks(tasks_file), read_rollouts(shards)), f"{tasks_file} + {shards}"
+        return read_tasks(tasks_file), read_rollouts(shards), f"{tasks_file} + {shards}"
     from sage_pipeline_tests.sim.synthetic import synthetic_suite
-    return SageLoopSim.build(*synthetic_suite(1200, seed=0)), "synthetic suite (1,200 tasks)"
+    return *synthetic_suite(1200, seed=0), "synthetic suite (1,200 tasks)"
+
+
+def load_sim(data_dir: Path, synthetic: bool) -> tuple[SageLoopSim, str]:
+    tasks, rollouts, source = load_suite(data_dir, synthetic)
+    return SageLoopSim.build(tasks, rollouts), source
 
 
 # ----------------------------------------------------------- SB3 adapters
@@ -254,7 +261,7 @@ def main() -> None:
         profile(sim, train, PPOConfig(**cfg0.model_dump() | {"eval_every": 0}))
         return
 
-    fixed = {r["policy"]: r for r in gt.compare({}, test)}
+    fixed = {r["policy"]: r for r in gt.compare({}, test, train_idx=train)}
     v_static, v_oracle = fixed["static_table"]["value"], fixed["oracle"]["value"]
     value_of = lambda pol: gt.policy_value(pol, test).value  # noqa: E731
     load = os.getloadavg()

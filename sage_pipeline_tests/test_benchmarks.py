@@ -55,3 +55,15 @@ def test_closed_loop_runs_a_tiny_month(tmp_path):
     s = res["summary"]["stationary"]
     assert s["seeds"] == 1 and s["promotions"] + s["rejected_online"] == s["offline_gate_passed"]
     assert (tmp_path / "closed_loop_stationary.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.slow
+def test_loop_calibration_maps_one_combination(tmp_path):
+    out = tmp_path / "lc.json"
+    printed = run("benchmarks/loop_calibration.py", "--synthetic", "--seconds", "70", "--latency-weights", "0.01",
+                  "--cost-weights", "20", "--tests-gains", "10", "--out", str(out)).stdout
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["table_fallback_fits"] and 0 < row["static_pass"] <= row["oracle_pass"] <= 1
+    # learned from the task's observation, a class cannot beat its per-task optimum
+    assert row["learned one-step route"] <= row["best one-step route"] + 1e-9
+    assert "| 70 | 0.01 | 20 | 10 | yes |" in printed

@@ -16,7 +16,11 @@ task, calls per task, for
   the best single arm (one action for the whole task), the best one-step route (a first
   call, then one action repeated: one routing decision per task, what a contextual bandit
   makes) and the best feedback-blind plan (any fixed sequence; an upper bound on every
-  policy that does not read the feedback);
+  policy that does not read the feedback). Each of them knows the task's own wrong candidates;
+* on the SAGE loop, the same two classes as policies of the task's observation only (its
+  family and difficulty): the learned one-step route and the learned feedback-blind plan, one
+  plan per family and difficulty bin, fitted with full information on the train tasks
+  (``LoopGroundTruth.learned_blind``): the best one-step learner that sees the task;
 * on the SAGE loop, the online bandit of :mod:`sage_pipeline.rl.bandit` (LinUCB on SAGE's
   routing features, which hold no feedback) after ``bandit_steps`` decisions on the train tasks,
   valued greedily;
@@ -43,7 +47,8 @@ from sage_pipeline.sim.loop_env import SageLoopSim, SageLoopVecEnv
 from sage_pipeline.sim.loop_truth import LoopGroundTruth, regret_closure
 from sage_pipeline.sim.obs import LoopObs
 
-BLIND = ("best single arm", "best one-step route", "best feedback-blind plan")
+BLIND = ("best single arm", "best one-step route", "best feedback-blind plan",  # per task: they know its candidates
+         "learned one-step route", "learned feedback-blind plan")  # from the task's observation, on the train tasks
 BANDIT = "online bandit (LinUCB, greedy)"
 
 
@@ -150,7 +155,8 @@ def train_and_evaluate(sim, config: PPOConfig | None = None, log: Callable[[str]
     if isinstance(sim, SageLoopSim) and bandit_steps > 0:
         bandit, extra = run_online_bandit(sim, train, bandit_steps, seed=config.seed, log=log)
         policies = {BANDIT: bandit, **policies}
-    rows = gt.compare(policies, test)
+    learned = {"train_idx": train} if isinstance(gt, LoopGroundTruth) else {}  # feedback-blind policies learned on it
+    rows = gt.compare(policies, test, **learned)
     by = {r["policy"]: r for r in rows}
     cost = {"heldout_mean_cost_usd": by[served]["mean_cost_usd"],
             "heldout_mean_latency_s": by[served]["mean_latency_s"]}

@@ -34,6 +34,7 @@ best single arm per task (the same action at every call, or stop).
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -71,6 +72,17 @@ class OraclePolicy:
         out = np.zeros((len(obs), len(self.actions)))
         out[np.arange(len(obs)), q.argmax(axis=1)] = 1.0
         return out
+
+
+@dataclass(frozen=True)
+class Plans:
+    """Every fixed plan (a sequence of action indices, made until a pass; ``()`` stops at once)
+    and its exact channels per task, with the classes it belongs to."""
+
+    plans: list[tuple[int, ...]]
+    values: np.ndarray  # (n tasks, plans, len(CHANNELS))
+    route: np.ndarray  # (plans,) bool: a first call, then one action repeated until the end (or nothing)
+    arm: np.ndarray  # (plans,) bool: one action repeated until the end
 
 
 class LoopGroundTruth:
@@ -203,15 +215,15 @@ class LoopGroundTruth:
         return StaticTablePolicy(self.sim)
 
     # ------------------------------------------------------------------ feedback-blind policies
-    def _blind(self, task: np.ndarray) -> tuple[np.ndarray, np.ndarray, list]:
-        """Every fixed plan, per task: (best plan's channels (n, C), best single arm's (n, C),
-        the best plan per task as action names)."""
-        s, n, C = self.sim, len(task), len(CHANNELS)
+    def plan_values(self, task_idx: np.ndarray | None = None) -> Plans:
+        """Every fixed plan's exact channels on each task: a tree of at most ``A^budget``
+        prefixes, each prefix a plan (make these calls until a pass, then stop); along a prefix
+        the distribution of the hidden candidate is propagated exactly."""
+        s, task = self.sim, self._task(task_idx)
+        n, C = len(task), len(CHANNELS)
         valid_w = (np.arange(s.W)[None, :] < s.n_wrong[task][:, None]).astype(np.float64)
         kinds_w = s.wrong_kind[task]
-        best = np.zeros((n, C))  # the empty plan: stop at once
-        best_plan, best_route = [() for _ in range(n)], [() for _ in range(n)]
-        arm, route = np.zeros((n, C)), np.zeros((n, C))
+        plans, values, route, arm = [()], [np.zeros((n, C))], [True], [True]  # the empty plan: stop at once
         # a node: (plan, state index, candidate distribution (n, J) still running, channels so far (n, C))
         pi0 = np.zeros((n, self.J))
         pi0[:, 0] = 1.0
@@ -239,48 +251,100 @@ class LoopGroundTruth:
                         new_pi[:, 1:] = pi[:, 1:] * (1 - r)  # a failed repair keeps its candidate
                         gain = (pi[:, 0, None] * none + (pi[:, 1:] * r).sum(axis=1)[:, None] * win
                                 + (new_pi[:, 1:, None] * fail_w).sum(axis=1))
-                    new_acc = acc + gain
-                    better = new_acc[:, 0] > best[:, 0] + 1e-12
-                    best[better] = new_acc[better]
-                    for i in np.flatnonzero(better):
-                        best_plan[i] = (*plan, a)
-                    new_plan = (*plan, a)
+                    new_plan, new_acc = (*plan, a), acc + gain
                     last = self.succ[nxt, a] < 0  # the same action cannot follow: a repetition ends here
+                    plans.append(new_plan)
+                    values.append(new_acc)
                     # a one-step route: a first call, then one action repeated (or nothing) until the end
-                    if len(new_plan) == 1 or (len(set(new_plan[1:])) == 1 and last):
-                        better = new_acc[:, 0] > route[:, 0] + 1e-12
-                        route[better] = new_acc[better]
-                        for i in np.flatnonzero(better):
-                            best_route[i] = new_plan[:2]
-                    if len(set(new_plan)) == 1 and last:  # one arm, repeated until the end
-                        better = new_acc[:, 0] > arm[:, 0] + 1e-12
-                        arm[better] = new_acc[better]
+                    route.append(len(new_plan) == 1 or (len(set(new_plan[1:])) == 1 and bool(last)))
+                    arm.append(len(set(new_plan)) == 1 and bool(last))  # one arm, repeated until the end
                     nodes.append((new_plan, nxt, new_pi, new_acc))
             frontier = nodes
-        names = [tuple(s.actions[a] for a in p) for p in best_plan]
-        routes = [tuple(s.actions[a] for a in p) for p in best_route]
-        return best, route, arm, names, routes
+        return Plans(plans, np.stack(values, axis=1), np.array(route), np.array(arm))
 
     def best_blind(self, task_idx: np.ndarray | None = None) -> tuple[dict[str, PolicyValue], list]:
         """Exact per-task optima of three feedback-blind policy classes, and the best plan per
         task (action names): ``best feedback-blind plan`` (any sequence, stopping anywhere),
         ``best one-step route`` (a first call, then one action repeated until the budget or a
         pass: one routing decision per task, as a contextual bandit makes it) and ``best single
-        arm`` (one action repeated)."""
+        arm`` (one action repeated). Each knows the task's own wrong candidates (which kinds it
+        can produce), which no policy that only observes the task's family and difficulty does:
+        :meth:`learned_blind` is that policy."""
         task = self._task(task_idx)
-        parts = [self._blind(task[i:i + CHUNK]) for i in range(0, len(task), CHUNK)]
-        names = ("best feedback-blind plan", "best one-step route", "best single arm")
-        vals = {name: PolicyValue(name, np.concatenate([p[k] for p in parts])) for k, name in enumerate(names)}
-        return vals, {"plans": [x for p in parts for x in p[3]], "routes": [x for p in parts for x in p[4]]}
+        classes = {"best feedback-blind plan": None, "best one-step route": "route", "best single arm": "arm"}
+        vals: dict[str, list] = {name: [] for name in classes}
+        names: dict[str, list] = {"plans": [], "routes": []}
+        for i in range(0, len(task), CHUNK):
+            pv = self.plan_values(task[i:i + CHUNK])
+            rows = np.arange(pv.values.shape[0])
+            for name, member in classes.items():
+                idx = np.arange(len(pv.plans)) if member is None else np.flatnonzero(getattr(pv, member))
+                best = idx[pv.values[:, idx, 0].argmax(axis=1)]
+                vals[name].append(pv.values[rows, best])
+                if member is None:
+                    names["plans"] += [tuple(self.sim.actions[a] for a in pv.plans[b]) for b in best]
+                elif member == "route":  # the first call and the repeated follow-up
+                    names["routes"] += [tuple(self.sim.actions[a] for a in pv.plans[b][:2]) for b in best]
+        return {name: PolicyValue(name, np.concatenate(v)) for name, v in vals.items()}, names
+
+    def learned_blind(self, train_idx: np.ndarray, test_idx: np.ndarray, route_only: bool = False,
+                      bins: tuple[int, ...] = (1, 2, 4, 8), folds: int = 5, seed: int = 0) -> tuple[PolicyValue, dict]:
+        """The best feedback-blind plan as a policy that sees only the task's observation (its
+        family and difficulty), learned with full information on ``train_idx``: one plan per
+        family and difficulty bin (quantile bins of the train tasks), the one with the highest
+        mean exact value there; the number of bins chosen by ``folds``-fold cross-validation on
+        the train tasks. Valued exactly on ``test_idx``. ``route_only``: one-step routes only."""
+        s = self.sim
+        train, test = np.asarray(train_idx, dtype=np.int64), np.asarray(test_idx, dtype=np.int64)
+        pv = self.plan_values(np.concatenate([train, test]))
+        cols = np.flatnonzero(pv.route) if route_only else np.arange(len(pv.plans))
+        v_train, v_test = pv.values[:len(train)][:, cols], pv.values[len(train):][:, cols]
+
+        def fit(rows: np.ndarray, k: int) -> tuple[np.ndarray, dict]:
+            edges = np.quantile(s.difficulty[train[rows]], np.linspace(0, 1, k + 1)[1:-1])
+            key = s.family[train[rows]] * (k + 1) + np.searchsorted(edges, s.difficulty[train[rows]])
+            best = {int(g): int(v_train[rows][key == g, :, 0].mean(axis=0).argmax()) for g in np.unique(key)}
+            return edges, best | {-1: int(v_train[rows, :, 0].mean(axis=0).argmax())}  # -1: a cell never seen
+
+        def choose(model, tasks: np.ndarray) -> np.ndarray:
+            edges, best = model
+            key = s.family[tasks] * (len(edges) + 2) + np.searchsorted(edges, s.difficulty[tasks])
+            return np.array([best.get(int(g), best[-1]) for g in key])
+
+        fold = np.random.default_rng(seed).integers(0, folds, len(train))
+
+        def cv_value(k: int) -> float:  # the mean held-out-fold value of the plans fitted on the other folds
+            out = []
+            for f in range(folds):
+                held = np.flatnonzero(fold == f)
+                if len(held):
+                    chosen = choose(fit(np.flatnonzero(fold != f), k), train[held])
+                    out.append(v_train[held, chosen, 0].mean())
+            return float(np.mean(out))
+
+        cv = {k: cv_value(k) for k in bins}
+        k = max(cv, key=cv.get)
+        model = fit(np.arange(len(train)), k)
+        chosen = choose(model, test)
+        name = "learned one-step route" if route_only else "learned feedback-blind plan"
+        plans = {tuple(s.actions[a] for a in pv.plans[cols[c]]) for c in set(model[1].values())}
+        return (PolicyValue(name, v_test[np.arange(len(test)), chosen]),
+                {"bins": k, "cv_value": cv, "distinct_plans": sorted(plans)})
 
     # ------------------------------------------------------------------ the comparison
-    def compare(self, policies: dict, task_idx: np.ndarray | None = None, blind: bool = True) -> list[dict]:
+    def compare(self, policies: dict, task_idx: np.ndarray | None = None, blind: bool = True,
+                train_idx: np.ndarray | None = None) -> list[dict]:
         """Exact summary rows for ``policies`` plus the table, the oracle and (``blind``) the best
-        feedback-blind plan and arm, with regret closure."""
+        feedback-blind plan, route and arm per task -- and, given ``train_idx``, the feedback-blind
+        plan and route learned from the task's observation on those tasks (:meth:`learned_blind`)
+        -- with regret closure."""
         task = self._task(task_idx)
         vals = {"static_table": self.policy_value(self.static_policy(), task), "oracle": self.optimal_value(task)}
         if blind:
             vals |= self.best_blind(task)[0]
+            if train_idx is not None:
+                learned = (self.learned_blind(train_idx, task, route_only=r)[0] for r in (True, False))
+                vals |= {v.name: v for v in learned}
         vals |= {name: self.policy_value(p, task) for name, p in policies.items()}
         vs, vo = vals["static_table"].value, vals["oracle"].value
         return [v.summary() | {"policy": name, "regret_closure": regret_closure(v.value, vs, vo)}

@@ -57,10 +57,14 @@ def test_ppo_policy_materializes_with_heldout_ground_truth(materialized):
     assert md["train_tasks"] + md["heldout_tasks"] <= 120
     assert "data:image/png;base64," in md["learning_curve"]
     for policy in ("static_table", "oracle", "best feedback-blind plan", "best one-step route", "best single arm",
-                   "online bandit (LinUCB, greedy)", "ppo (greedy, served)", "ppo (softmax)"):
+                   "learned one-step route", "learned feedback-blind plan", "online bandit (LinUCB, greedy)",
+                   "ppo (greedy, served)", "ppo (softmax)"):
         assert policy in md["heldout"]
     for c in ("closure_best_feedback_blind_plan", "closure_best_one_step_route", "closure_best_single_arm"):
         assert md[c] <= 1 + 1e-9
+    # what is learned from the task's observation cannot beat the per-task optimum of its class
+    assert md["closure_learned_one_step_route"] <= md["closure_best_one_step_route"] + 1e-9
+    assert md["closure_learned_feedback_blind_plan"] <= md["closure_best_feedback_blind_plan"] + 1e-9
     # the calibration table names every model of SAGE's table the loop calls, with its sources
     for model in ("qwen2.5-coder:1.5b", "qwen2.5-coder:14b", "codestral:22b", "claude-sonnet-4-5"):
         assert model in md["calibration"]
