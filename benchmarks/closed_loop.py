@@ -8,7 +8,10 @@ classifiers -> gate against the deployed policy) and the oracle (the best binary
 each day's world). Each candidate the offline gate passes is A/B-tested online against the
 deployed policy (``rl.online_ab``, common random numbers) with the gate's OPE estimates, and
 deployed only if the online interval of its gain lies above 0 (``--no-confirm-online``: the
-offline gate alone decides). The bandit's own
+offline gate alone decides). When a day's logged return drops against the day before (same
+deployed policy and exploration; one-sided z > ``--change-z``), the loop takes it for a change:
+the window restarts that day and the router explores at ``--epsilon-max`` for
+``--explore-days`` days (``--no-change-detection``: it does not react). The bandit's own
 journals of the last days are evaluated offline by the same OPE.
 
 Goals (issue 19), over 20 seeds:
@@ -23,6 +26,7 @@ Goals (issue 19), over 20 seeds:
         [--worlds stationary drifting] [--episodes-per-day 2000] [--cql-steps 500]
         [--exploration gap|uniform] [--epsilon-max 0.3] [--epsilon-min 0.02] [--epsilon 0.1]
         [--gate-rule paired|value] [--min-gain 0.005] [--no-confirm-online] [--window-days 2] [--fit-days 1]
+        [--no-change-detection] [--change-z 5] [--explore-days 1]
         [--bandit thompson|linucb]
     .venv/bin/python benchmarks/closed_loop.py --online-ab [--seeds 20] [--ab-episodes 2000]
 
@@ -59,7 +63,8 @@ def run_one(seed: int, world: str, kw: dict) -> dict:
     t0 = time.perf_counter()
     exploration, gate = pi.ExplorationConfig(**kw.pop("exploration")), pi.LoopGateConfig(**kw.pop("gate"))
     cfg = pi.LoopConfig(seed=seed, world=pi.WorldConfig(drift=world == "drifting"),
-                        bandit=BanditConfig(algorithm=kw.pop("bandit")), exploration=exploration, gate=gate, **kw)
+                        bandit=BanditConfig(algorithm=kw.pop("bandit")), exploration=exploration, gate=gate,
+                        change=pi.ChangeConfig(**kw.pop("change")), **kw)
     res = pi.run_month(cfg, progress=lambda *_: None)
     return {"seed": seed, "world": world, "seconds": time.perf_counter() - t0, "summary": res.summary,
             "bandit_ope": res.bandit_ope, "days": res.days}
@@ -233,6 +238,9 @@ def summarise(runs: list[dict]) -> dict:
         w["nightly_regret_parts"] = {
             "exploration": statistics.fmean(sum(d["nightly_deployed"] - d["nightly"] for d in r["days"]) for r in rs),
             "served_gap": statistics.fmean(sum(d["oracle"] - d["nightly_deployed"] for d in r["days"]) for r in rs)}
+        # the days the loop took a drop in its logged return for a change (none is right in the stationary world)
+        w["changes_detected"] = {r["seed"]: r["summary"].get("changes_detected", [])
+                                 for r in sorted(rs, key=lambda r: r["seed"])}
         w["first_promotion_night"] = [next((d["day"] for d in r["days"] if d.get("promoted")), None)
                                       for r in sorted(rs, key=lambda r: r["seed"])]
         # the gate's paired interval against the candidate's true gain (on the fixed eval tasks), every night
@@ -303,6 +311,12 @@ def main() -> None:
     ap.add_argument("--no-confirm-online", action="store_true",
                     help="the offline gate alone promotes (no online A/B confirmation before deploying)")
     ap.add_argument("--window-days", type=int, default=d.window_days)
+    ap.add_argument("--no-change-detection", action="store_true",
+                    help="the loop does not react to a drop in its logged return (policy_iteration.ChangeConfig)")
+    ap.add_argument("--change-z", type=float, default=d.change.z,
+                    help="the one-sided z of a day's drop in logged return that counts as a change")
+    ap.add_argument("--explore-days", type=int, default=d.change.explore_days,
+                    help="days after a detected change that explore at --epsilon-max everywhere")
     ap.add_argument("--bandit", default="thompson", choices=["thompson", "linucb"])
     ap.add_argument("--online-ab", action="store_true", help="instead of the month: the online_ab asset's "
                     "question over seeds, at the assets' default size (offline chain in SAGE's binary space, then "
@@ -318,6 +332,7 @@ def main() -> None:
     a.out = a.out or str(SCRATCH / "closed_loop.json")
     kw = {"days": a.days, "episodes_per_day": a.episodes_per_day, "cql_steps": a.cql_steps,
           "alphas": tuple(a.alphas), "floors": tuple(a.floors), "window_days": a.window_days, "bandit": a.bandit,
+          "change": {"enabled": not a.no_change_detection, "z": a.change_z, "explore_days": a.explore_days},
           "gate": {"rule": a.gate_rule, "min_gain": a.min_gain, "confirm_online": not a.no_confirm_online},
           "exploration": {"rule": a.exploration, "epsilon": a.epsilon, "epsilon_max": a.epsilon_max,
                           "epsilon_min": a.epsilon_min, "fit_days": a.fit_days}}

@@ -26,13 +26,18 @@ class LoopGateSection(dg.Config, pi.LoopGateConfig):
     """``sage_pipeline.rl.policy_iteration.LoopGateConfig``: the nightly gate's rule and bar."""
 
 
+class ChangeSection(dg.Config, pi.ChangeConfig):
+    """``sage_pipeline.rl.policy_iteration.ChangeConfig``: what the loop does when its journals show a change."""
+
+
 class PolicyIterationConfig(dg.Config, pi.MonthConfig):
     """policy_iteration's run config: ``sage_pipeline.rl.policy_iteration.MonthConfig`` (days,
-    episodes_per_day, eval_tasks, seed, window_days, cql_steps, alphas, floors), its exploration
-    and gate as sections, and the asset's own two: the worlds to run and the bandit's rule."""
+    episodes_per_day, eval_tasks, seed, window_days, cql_steps, alphas, floors), its exploration,
+    gate and change detection as sections, and the asset's own two: the worlds to run and the bandit's rule."""
 
     exploration: ExplorationSection = section(pi.MonthConfig, "exploration", ExplorationSection)
     gate: LoopGateSection = section(pi.MonthConfig, "gate", LoopGateSection)
+    change: ChangeSection = section(pi.MonthConfig, "change", ChangeSection)
     worlds: list[str] = Field(list(WORLDS), description="'stationary' and/or 'drifting' (from day 10 one model's "
                               "quality drops 30%, from day 20 another's price doubles; the first 10 days are the "
                               "stationary world)")
@@ -48,7 +53,8 @@ class PolicyIterationConfig(dg.Config, pi.MonthConfig):
                       "over the deployed policy (clipped step-wise DR, paired on the same episodes) exceeds "
                       "gate.min_gain of its value and an online A/B against the deployed policy (SAGE's "
                       "compare-policy, common random numbers) confirms the gain is above 0 (gate.confirm_online); "
-                      "a promotion is deployed the next day. Beside it, on the same tasks: "
+                      "a promotion is deployed the next day; a significant drop in the logged return restarts the "
+                      "window and raises exploration for a few days (change). Beside it, on the same tasks: "
                       "the static table forever, the online bandit (SAGE's Tier 1) and the oracle. Per day the true "
                       "value of each; in total cumulative regret, promotions, candidates the online A/B stopped, "
                       "wrong promotions, recovery after each change, and OPE on the bandit's own logs. "
@@ -81,11 +87,13 @@ def policy_iteration(context: dg.AssetExecutionContext, config: PolicyIterationC
                 f"{world}_offline_gate_passed": s.get("offline_gate_passed"),
                 f"{world}_rejected_online": s.get("rejected_online"),
                 f"{world}_recovery": dg.MetadataValue.json(s.get("recovery", {})),
+                f"{world}_changes_detected": dg.MetadataValue.json(s.get("changes_detected", [])),
                 f"{world}_bandit_logs_ope": dg.MetadataValue.json(res.bandit_ope),
                 f"{world}_value_by_day": dg.MetadataValue.md(markdown.image(png, f"{world}: true value by day")),
                 f"{world}_days": dg.MetadataValue.md(markdown.table([
                     {k: d.get(k) for k in ("day", "oracle", "static_table", "bandit", "nightly", "nightly_deployed",
-                                           "promoted", "wrong_promotion")} for d in res.days])),
+                                           "promoted", "wrong_promotion", "drop_z", "change_detected")}
+                    for d in res.days])),
             }
         path = artifacts.write_json(sage.path("policy_iteration", "policy_iteration.json"), report)
     return dg.MaterializeResult(metadata=meta | {"path": dg.MetadataValue.path(str(path)), "seed": config.seed,

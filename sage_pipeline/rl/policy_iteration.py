@@ -17,7 +17,10 @@ passes is then A/B-tested online against the deployed policy (``online_ab``: SAG
 ``compare-policy``, common random numbers) and promoted only if the online 95% interval of its
 gain lies above 0 (``LoopGateConfig.confirm_online``). A promotion is the next day's deployed
 policy; tonight's window also refits the deployed policy's Q-function
-that tomorrow's exploration reads.
+that tomorrow's exploration reads. When a day's logged return drops against the day before
+under the same deployed policy and exploration (:class:`ChangeConfig`), the loop takes it for a
+change in the world: the window restarts that day and the router explores at ``epsilon_max``
+everywhere for the next days.
 
 The world: stationary, or drifting (``WorldConfig``): from ``quality_day`` one model's
 capability for every role drops by ``quality_drop`` (30%), and from ``price_day`` another
@@ -182,6 +185,27 @@ class GapExploration:
         return (1.0 - eps) * base + eps * cand / cand.sum(axis=1, keepdims=True)
 
 
+class ChangeConfig(BaseModel):
+    """How the loop reacts when its own journals show the world changed.
+
+    Each day the mean episode return the deployed router logged is compared with the previous
+    day's, when both days ran the same deployed policy with the same exploration regime. A drop
+    with a one-sided z above ``z`` (Welch, the two days' per-episode returns) is a detected
+    change. Then, for ``explore_days`` days, the router explores at ``ExplorationConfig.epsilon_max``
+    everywhere, because its fitted Q-function describes the old world and the next candidates
+    will differ from it where the old one could not tell; and the nightly window starts at the
+    day the drop was seen, so no candidate is trained or gated on the old world's journals."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    enabled: bool = Field(True, description="detect drops in the logged return and react; false: never")
+    z: float = Field(5.0, gt=0.0, description="one-sided z of today's drop in mean episode return against "
+                     "yesterday's (same deployed policy and exploration) that counts as a change")
+    explore_days: int = Field(1, ge=0, description="days after a detected change that explore at "
+                              "exploration.epsilon_max everywhere (docs/benchmarks.md: 0 left a recovery at 4 "
+                              "days, 2 cost more regret than 1 for the same recoveries)")
+
+
 # The nightly gate's bar: a month gates ~30 times, mostly between near-equal policies, and a
 # one-sided 97.5% bound lets ties through (0 wrong promotions is the goal; docs/benchmarks.md)
 LOOP_MIN_GAIN = 0.005
@@ -228,6 +252,8 @@ class MonthConfig(BaseModel):
                                 description="SAGE confidence floors tried each night (FQE chooses, not truth)")
     gate: LoopGateConfig = Field(default_factory=LoopGateConfig,
                                  description="the nightly gate; the deployed policy is its baseline")
+    change: ChangeConfig = Field(default_factory=ChangeConfig,
+                                 description="what the loop does when its journals show the world changed")
 
 
 class LoopConfig(MonthConfig):
@@ -415,6 +441,7 @@ def run_month(config: LoopConfig, work: Path | None = None, progress: Callable[[
         work = Path(own_tmp.name)
     try:
         journals = {"nightly": work / "nightly", "bandit": work / "bandit"}
+        explore_until, window_start, yesterday = -1, 0, None
         for day in range(config.days):
             sim = world(day)
             date = start + timedelta(days=day)
@@ -430,25 +457,39 @@ def run_month(config: LoopConfig, work: Path | None = None, progress: Callable[[
                               tasks, rows, date, f"bandit-{config.seed}", config.sessions_per_day,
                               np.random.default_rng([config.seed, 4, day]))
             if "nightly" in config.arms:
-                behaviour = config.exploration.behaviour(deployed, q_model, q_spec)
+                boosted = day <= explore_until
+                behaviour = (EpsilonGreedyPolicy(deployed, config.exploration.epsilon_max, name="deployed+exploration")
+                             if boosted else config.exploration.behaviour(deployed, q_model, q_spec))
                 row["nightly"] = _value(sim, behaviour, eval_tasks)
                 row["nightly_deployed"] = _value(sim, deployed, eval_tasks)
                 row["deployed"] = deployed_name
                 rows = collector.simulate_episodes(sim, tasks, behaviour, np.random.default_rng([config.seed, 5, day]))
-                row["exploration"] = exploration_summary(sim, tasks, rows, deployed, behaviour)
+                row["exploration"] = exploration_summary(sim, tasks, rows, deployed, behaviour) | {"boosted": boosted}
+                everywhere = boosted or (q_model is None and config.exploration.rule == "gap")  # at epsilon_max
+                today = DayReturns.of(rows, len(tasks), (deployed_name, everywhere))
+                z = today.drop_z(yesterday)
+                row["logged_return"], row["drop_z"] = today.mean, z
+                if config.change.enabled and z is not None and z > config.change.z:
+                    row["change_detected"] = True
+                    explore_until, window_start = day + config.change.explore_days, day
+                    progress(f"day {day + 1}: the logged return fell from {yesterday.mean:.4f} to {today.mean:.4f} "
+                             f"(z {z:.1f}): a change; the window restarts today and the router explores at "
+                             f"{config.exploration.epsilon_max} for {config.change.explore_days} days")
+                yesterday = today
                 day_dir = journals["nightly"] / date.date().isoformat()
                 write_journal(day_dir / f"{date.date().isoformat()}.log", sim, tasks, rows, date,
                               f"loop-{config.seed}", config.sessions_per_day,
                               np.random.default_rng([config.seed, 6, day]))
                 if day < config.days - 1:  # the last night's policy would never be deployed
-                    dirs = sorted(p for p in journals["nightly"].iterdir() if p.is_dir())
-                    dirs = dirs[-config.window_days:] if config.window_days else dirs
+                    dirs = sorted(p for p in journals["nightly"].iterdir() if p.is_dir())  # one per day so far
+                    dirs = dirs[max(window_start, day + 1 - config.window_days if config.window_days else 0):]
                     df, _ = logged_dataset(dirs, work / "night" / date.date().isoformat(), table, catalogue, reward,
                                            config.eval_fraction)
                     night = nightly(df, space, table, deployed, config, config.seed * 1000 + day)
                     v_new, v_old = _value(sim, night.candidate, eval_tasks), row["nightly_deployed"]
-                    row |= {"promoted": night.promoted, "gate": night.reason, "alpha": night.alpha,
-                            "floor": night.floor, "night_s": round(night.seconds, 2),
+                    row |= {"window": [dirs[0].name, dirs[-1].name], "promoted": night.promoted,
+                            "gate": night.reason, "alpha": night.alpha, "floor": night.floor,
+                            "night_s": round(night.seconds, 2),
                             "gate_difference": night.estimates["difference"], "candidate_true_value": v_new}
                     if night.promoted:  # the offline gate passed it: A/B it online in tonight's world
                         ab_cfg = ab.OnlineABConfig(episodes=config.online_ab_episodes, seed=config.seed * 1000 + day)
@@ -486,6 +527,28 @@ def run_month(config: LoopConfig, work: Path | None = None, progress: Callable[[
             own_tmp.cleanup()
     result.summary = summarise(result.days, config)
     return result
+
+
+@dataclass(frozen=True)
+class DayReturns:
+    """One day's logged episode returns, with what produced them."""
+
+    regime: tuple  # (deployed policy, explored everywhere at epsilon_max)
+    mean: float
+    var_of_mean: float
+
+    @classmethod
+    def of(cls, rows: dict[str, np.ndarray], n_tasks: int, regime: tuple) -> DayReturns:
+        ret = np.bincount(rows["task"], weights=rows["reward"], minlength=n_tasks)
+        return cls(regime, float(ret.mean()), float(ret.var(ddof=1) / len(ret)))
+
+    def drop_z(self, yesterday: DayReturns | None) -> float | None:
+        """The one-sided z of today's drop against ``yesterday``; None when the two days are not
+        comparable (another deployed policy or exploration regime, or no yesterday)."""
+        if yesterday is None or yesterday.regime != self.regime:
+            return None
+        se = np.sqrt(self.var_of_mean + yesterday.var_of_mean)
+        return float((yesterday.mean - self.mean) / se) if se > 0 else None
 
 
 def exploration_summary(sim: RoutingSimulator, tasks: Tasks, rows: dict[str, np.ndarray], deployed,
@@ -546,6 +609,7 @@ def summarise(days: list[dict], config: LoopConfig) -> dict:
                             "first_from_static_inside": next((a["ope_difference_inside"] for a in abs_
                                                               if a["from"] == "static_table"), None)}
         out["wrong_promotions"] = sum(bool(d.get("wrong_promotion")) for d in days)
+        out["changes_detected"] = [d["day"] for d in days if d.get("change_detected")]
         out["recovery"] = {}
         for change in config.world.changes():
             gaps = {d["day"]: (d["oracle"] - d["nightly_deployed"]) / abs(d["oracle"]) for d in days

@@ -34,6 +34,19 @@ def test_a_tiny_month_materializes_with_its_figures(tmp_path):
     assert loop["exploration"]["rule"] == "gap" and loop["gate"] == {"rule": "paired", "min_gain": 0.01,
                                                                          "confirm_online": True}
     assert all(0.0 < d["exploration"]["leave_probability"] < 0.3 for d in report["stationary"]["days"])
+    assert loop["change"] == {"enabled": True, "z": 5.0, "explore_days": 1}  # the core's defaults, as a section
+    drifting = report["drifting"]["days"]
+    assert meta["drifting_changes_detected"] == [d["day"] for d in drifting if d.get("change_detected")]
+
+
+def test_change_detection_is_set_from_the_run_config(tmp_path):
+    config = {**TINY, "worlds": ["stationary"], "days": 2, "change": {"enabled": False, "explore_days": 3}}
+    result = dg.materialize([policy_iteration], resources={"sage": SageResource(data_dir=str(tmp_path))},
+                            run_config={"ops": {"policy_iteration": {"config": config}}},
+                            instance=dg.DagsterInstance.ephemeral())
+    report = json.loads((tmp_path / "policy_iteration" / "policy_iteration.json").read_text())
+    assert result.success and report["stationary"]["config"]["loop"]["change"] == {"enabled": False, "z": 5.0,
+                                                                                   "explore_days": 3}
 
 
 def test_bad_world_is_refused(tmp_path):

@@ -120,6 +120,42 @@ def test_a_promotion_passes_the_offline_gate_then_the_online_ab(tmp_path):
     assert (night0["deployed"], day1["deployed"]) == ("static_table", "served@night0")
 
 
+def test_a_days_drop_in_logged_return_is_compared_only_like_with_like():
+    a, b = pi.DayReturns(("t", False), 0.70, 0.0001), pi.DayReturns(("t", False), 0.66, 0.0003)
+    assert b.drop_z(a) == pytest.approx(0.04 / 0.02)  # Welch: (0.70 - 0.66) / sqrt(1e-4 + 3e-4)
+    assert a.drop_z(b) == pytest.approx(-2.0)  # a rise is a negative drop
+    assert b.drop_z(None) is None
+    assert pi.DayReturns(("served@night3", False), 0.5, 1e-4).drop_z(a) is None  # another deployed policy
+    assert pi.DayReturns(("t", True), 0.5, 1e-4).drop_z(a) is None  # another exploration regime
+    rows = {"task": np.array([0, 0, 1, 2]), "reward": np.array([0.5, 0.25, 1.0, 0.0])}
+    day = pi.DayReturns.of(rows, 3, ("t", False))  # episode returns 0.75, 1.0, 0.0
+    assert day.mean == pytest.approx(1.75 / 3) and day.var_of_mean == pytest.approx(np.var([0.75, 1, 0], ddof=1) / 3)
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_a_detected_change_restarts_the_window_and_explores(tmp_path, enabled):
+    # the gate never promotes (min_gain 1), so days 1 and 2 run the same deployed policy; on day 2
+    # one model loses 60% of its quality
+    cfg = pi.LoopConfig(days=4, episodes_per_day=1000, eval_tasks=300, cql_steps=50, alphas=(0.1,), floors=(0.0,),
+                        n_boot=30, arms=("static_table", "nightly", "oracle"), gate=pi.LoopGateConfig(min_gain=1.0),
+                        change=pi.ChangeConfig(enabled=enabled),
+                        world=pi.WorldConfig(drift=True, quality_day=2, quality_drop=0.6, price_day=99))
+    days = pi.run_month(cfg, work=tmp_path, progress=lambda *_: None).days
+    # day 0 explored everywhere (no fitted model yet), so day 1 is not compared with it
+    assert days[0]["drop_z"] is None and days[1]["drop_z"] is None
+    assert days[2]["drop_z"] > cfg.change.z  # the drop shows in the logs
+    assert days[2]["logged_return"] < days[1]["logged_return"]
+    assert [bool(d.get("change_detected")) for d in days] == [False, False, enabled, False]
+    assert days[1]["window"] == ["2026-12-01", "2026-12-02"]  # window_days 2
+    if enabled:  # night 2 trains and gates on the new world only; day 3 explores at epsilon_max (0.15 a decision)
+        assert days[2]["window"] == ["2026-12-03", "2026-12-03"]
+        assert days[3]["exploration"]["boosted"] and days[3]["exploration"]["leave_probability"] == pytest.approx(0.15)
+        assert days[3]["drop_z"] is None  # another exploration regime than day 2's
+    else:
+        assert days[2]["window"] == ["2026-12-02", "2026-12-03"]
+        assert not days[3]["exploration"]["boosted"] and days[3]["exploration"]["leave_probability"] < 0.15
+
+
 def test_bandit_logs_are_evaluated_by_ope(tmp_path, catalogue, table):
     cfg = pi.LoopConfig(days=3, episodes_per_day=1000, eval_tasks=300, arms=("static_table", "bandit", "oracle"),
                         n_boot=100)
@@ -200,3 +236,7 @@ def test_config_errors():
         pi.ExplorationConfig(rule="boltzmann")
     with pytest.raises(ValueError, match="arms"):
         pi.LoopConfig(arms=("nightly", "ppo"))
+    with pytest.raises(ValueError, match=r"change.z\n  Input should be greater than 0"):
+        pi.LoopConfig(change={"z": 0})
+    with pytest.raises(ValueError, match=r"explore_days\n  Input should be greater than or equal to 0"):
+        pi.ChangeConfig(explore_days=-1)
