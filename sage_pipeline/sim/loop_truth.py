@@ -27,8 +27,11 @@ made, all of them failed: it follows a fixed plan, a sequence of actions, until 
 budget or its own stop. :meth:`LoopGroundTruth.best_blind` finds, per task, the best such plan
 exactly, by enumerating every sequence (a tree of at most ``A^budget`` prefixes; along a prefix
 the distribution of the hidden candidate is propagated exactly). It is an upper bound on every
-feedback-blind policy, a learned one-step contextual bandit included. :meth:`best_bandit` is the
-best single arm per task (the same action at every call, or stop).
+feedback-blind policy, a learned one-step contextual bandit included; it also gives the best
+one-step route and the best single arm per task (the same action at every call, or stop).
+:meth:`LoopGroundTruth.plan_values` is every plan's value per task. Because these optima know
+each task's own wrong candidates, :meth:`LoopGroundTruth.learned_blind` gives the same classes as
+policies of what an agent sees of a task (its family and difficulty), fitted on train tasks.
 """
 
 from __future__ import annotations
