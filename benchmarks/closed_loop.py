@@ -239,7 +239,7 @@ def summarise(runs: list[dict]) -> dict:
             "exploration": statistics.fmean(sum(d["nightly_deployed"] - d["nightly"] for d in r["days"]) for r in rs),
             "served_gap": statistics.fmean(sum(d["oracle"] - d["nightly_deployed"] for d in r["days"]) for r in rs)}
         # the days the loop took a drop in its logged return for a change (none is right in the stationary world)
-        w["changes_detected"] = {r["seed"]: r["summary"].get("changes_detected", [])
+        w["changes_detected"] = {r["seed"]: r["summary"]["changes_detected"]
                                  for r in sorted(rs, key=lambda r: r["seed"])}
         w["first_promotion_night"] = [next((d["day"] for d in r["days"] if d.get("promoted")), None)
                                       for r in sorted(rs, key=lambda r: r["seed"])]

@@ -40,12 +40,14 @@ def evaluate(tasks, rollouts, base, seconds: float, latency_weight: float, cost_
     from sage_pipeline.sim.loop_env import SageLoopSim
     from sage_pipeline.sim.loop_truth import LoopGroundTruth
 
+    def with_(part, **values):  # the calibration's own validation: a bad value names its field
+        return type(part).model_validate(part.model_dump() | values)
+
     a = base.assumptions
     cfg = base.model_copy(update={
-        "budget": base.budget.model_copy(update={"seconds": seconds}),
-        "reward": base.reward.model_copy(update={"latency_weight": latency_weight, "cost_weight": cost_weight}),
-        "assumptions": a.model_copy(update={"debug_tests_gain": a.debug_tests_gain.model_copy(
-            update={"value": tests_gain})})})
+        "budget": with_(base.budget, seconds=seconds),
+        "reward": with_(base.reward, latency_weight=latency_weight, cost_weight=cost_weight),
+        "assumptions": a.model_copy(update={"debug_tests_gain": with_(a.debug_tests_gain, value=tests_gain)})})
     sim = SageLoopSim.build(tasks, rollouts, cfg)
     gt = LoopGroundTruth(sim)
     rows = {r["policy"]: r for r in gt.compare({}, sim.split_index("test"), train_idx=sim.split_index("train"))}
@@ -77,6 +79,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from ppo_vs_sb3 import load_suite
+    from pydantic import ValidationError
 
     from sage_pipeline.sim.loop_config import SageLoopConfig
 
@@ -88,7 +91,11 @@ def main() -> None:
     print("|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|")
     t0, rows = time.perf_counter(), []
     for combo in itertools.product(args.seconds, args.latency_weights, args.cost_weights, args.tests_gains):
-        r = evaluate(tasks, rollouts, base, *combo)
+        try:
+            r = evaluate(tasks, rollouts, base, *combo)
+        except ValidationError as exc:  # e.g. a budget <= 0: the calibration names the field
+            ap.error(f"seconds {combo[0]:g}, latency weight {combo[1]:g}, cost weight {combo[2]:g}, tests gain "
+                     f"{combo[3]:g}: {exc}")
         rows.append(r)
         print(f"| {r['seconds']:g} | {r['latency_weight']:g} | {r['cost_weight']:g} | {r['tests_gain']:g} | "
               f"{'yes' if r['table_fallback_fits'] else 'no'} | {r['static_pass']:.3f} | {r['oracle_pass']:.3f} | "

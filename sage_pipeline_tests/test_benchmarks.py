@@ -67,3 +67,12 @@ def test_loop_calibration_maps_one_combination(tmp_path):
     # learned from the task's observation, a class cannot beat its per-task optimum
     assert row["learned one-step route"] <= row["best one-step route"] + 1e-9
     assert "| 70 | 0.01 | 20 | 10 | yes |" in printed
+
+
+@pytest.mark.slow
+def test_loop_calibration_refuses_a_bad_budget_naming_the_field(tmp_path):
+    out = subprocess.run([sys.executable, "benchmarks/loop_calibration.py", "--synthetic", "--seconds", "-5",
+                          "--latency-weights", "0.01", "--cost-weights", "20", "--tests-gains", "10",
+                          "--out", str(tmp_path / "lc.json")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "seconds -5" in out.stderr and "Budget\nseconds" in out.stderr
+    assert not (tmp_path / "lc.json").exists()

@@ -54,7 +54,7 @@ class PolicyIterationConfig(dg.Config, pi.MonthConfig):
                       "gate.min_gain of its value and an online A/B against the deployed policy (SAGE's "
                       "compare-policy, common random numbers) confirms the gain is above 0 (gate.confirm_online); "
                       "a promotion is deployed the next day; a significant drop in the logged return restarts the "
-                      "window and raises exploration for a few days (change). Beside it, on the same tasks: "
+                      "window and raises exploration for change.explore_days days. Beside it, on the same tasks: "
                       "the static table forever, the online bandit (SAGE's Tier 1) and the oracle. Per day the true "
                       "value of each; in total cumulative regret, promotions, candidates the online A/B stopped, "
                       "wrong promotions, recovery after each change, and OPE on the bandit's own logs. "

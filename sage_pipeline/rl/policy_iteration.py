@@ -191,10 +191,10 @@ class ChangeConfig(BaseModel):
     Each day the mean episode return the deployed router logged is compared with the previous
     day's, when both days ran the same deployed policy with the same exploration regime. A drop
     with a one-sided z above ``z`` (Welch, the two days' per-episode returns) is a detected
-    change. Then, for ``explore_days`` days, the router explores at ``ExplorationConfig.epsilon_max``
-    everywhere, because its fitted Q-function describes the old world and the next candidates
-    will differ from it where the old one could not tell; and the nightly window starts at the
-    day the drop was seen, so no candidate is trained or gated on the old world's journals."""
+    change. Then the nightly window starts at the day the drop was seen, so no candidate is
+    trained or gated on the old world's journals; and for ``explore_days`` days the router
+    explores at ``ExplorationConfig.epsilon_max`` everywhere, because the next candidates differ
+    from the deployed policy where its low exploration gave the gate's OPE little support."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -465,8 +465,7 @@ def run_month(config: LoopConfig, work: Path | None = None, progress: Callable[[
                 row["deployed"] = deployed_name
                 rows = collector.simulate_episodes(sim, tasks, behaviour, np.random.default_rng([config.seed, 5, day]))
                 row["exploration"] = exploration_summary(sim, tasks, rows, deployed, behaviour) | {"boosted": boosted}
-                everywhere = boosted or (q_model is None and config.exploration.rule == "gap")  # at epsilon_max
-                today = DayReturns.of(rows, len(tasks), (deployed_name, everywhere))
+                today = DayReturns.of(rows, len(tasks), (deployed_name, boosted, q_model is None))
                 z = today.drop_z(yesterday)
                 row["logged_return"], row["drop_z"] = today.mean, z
                 if config.change.enabled and z is not None and z > config.change.z:
@@ -533,7 +532,7 @@ def run_month(config: LoopConfig, work: Path | None = None, progress: Callable[[
 class DayReturns:
     """One day's logged episode returns, with what produced them."""
 
-    regime: tuple  # (deployed policy, explored everywhere at epsilon_max)
+    regime: tuple  # what explored: (deployed policy, boosted after a change, before any fitted Q-function)
     mean: float
     var_of_mean: float
 

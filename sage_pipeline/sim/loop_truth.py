@@ -37,7 +37,7 @@ policies of what an agent sees of a task (its family and difficulty), fitted on 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -221,9 +221,13 @@ class LoopGroundTruth:
     def plan_values(self, task_idx: np.ndarray | None = None) -> Plans:
         """Every fixed plan's exact channels on each task: a tree of at most ``A^budget``
         prefixes, each prefix a plan (make these calls until a pass, then stop); along a prefix
-        the distribution of the hidden candidate is propagated exactly."""
-        s, task = self.sim, self._task(task_idx)
-        n, C = len(task), len(CHANNELS)
+        the distribution of the hidden candidate is propagated exactly. ``CHUNK`` tasks at a time."""
+        task = self._task(task_idx)
+        parts = [self._plan_values(task[i:i + CHUNK]) for i in range(0, len(task), CHUNK)]
+        return replace(parts[0], values=np.concatenate([p.values for p in parts]))
+
+    def _plan_values(self, task: np.ndarray) -> Plans:
+        s, n, C = self.sim, len(task), len(CHANNELS)
         valid_w = (np.arange(s.W)[None, :] < s.n_wrong[task][:, None]).astype(np.float64)
         kinds_w = s.wrong_kind[task]
         plans, values, route, arm = [()], [np.zeros((n, C))], [True], [True]  # the empty plan: stop at once
@@ -273,66 +277,61 @@ class LoopGroundTruth:
         arm`` (one action repeated). Each knows the task's own wrong candidates (which kinds it
         can produce), which no policy that only observes the task's family and difficulty does:
         :meth:`learned_blind` is that policy."""
-        task = self._task(task_idx)
-        classes = {"best feedback-blind plan": None, "best one-step route": "route", "best single arm": "arm"}
-        vals: dict[str, list] = {name: [] for name in classes}
-        names: dict[str, list] = {"plans": [], "routes": []}
-        for i in range(0, len(task), CHUNK):
-            pv = self.plan_values(task[i:i + CHUNK])
-            rows = np.arange(pv.values.shape[0])
-            for name, member in classes.items():
-                idx = np.arange(len(pv.plans)) if member is None else np.flatnonzero(getattr(pv, member))
-                best = idx[pv.values[:, idx, 0].argmax(axis=1)]
-                vals[name].append(pv.values[rows, best])
-                if member is None:
-                    names["plans"] += [tuple(self.sim.actions[a] for a in pv.plans[b]) for b in best]
-                elif member == "route":  # the first call and the repeated follow-up
-                    names["routes"] += [tuple(self.sim.actions[a] for a in pv.plans[b][:2]) for b in best]
-        return {name: PolicyValue(name, np.concatenate(v)) for name, v in vals.items()}, names
+        pv = self.plan_values(task_idx)
+        rows, out, names = np.arange(pv.values.shape[0]), {}, {}
+        for name, member in (("best feedback-blind plan", np.ones(len(pv.plans), bool)),
+                             ("best one-step route", pv.route), ("best single arm", pv.arm)):
+            idx = np.flatnonzero(member)
+            best = idx[pv.values[:, idx, 0].argmax(axis=1)]
+            out[name] = PolicyValue(name, pv.values[rows, best])
+            names[name] = [tuple(self.sim.actions[a] for a in pv.plans[b]) for b in best]
+        # a route's name: its first call and the follow-up it repeats
+        routes = [r[:2] for r in names["best one-step route"]]
+        return out, {"plans": names["best feedback-blind plan"], "routes": routes}
 
-    def learned_blind(self, train_idx: np.ndarray, test_idx: np.ndarray, route_only: bool = False,
-                      bins: tuple[int, ...] = (1, 2, 4, 8), folds: int = 5, seed: int = 0) -> tuple[PolicyValue, dict]:
-        """The best feedback-blind plan as a policy that sees only the task's observation (its
-        family and difficulty), learned with full information on ``train_idx``: one plan per
-        family and difficulty bin (quantile bins of the train tasks), the one with the highest
-        mean exact value there; the number of bins chosen by ``folds``-fold cross-validation on
-        the train tasks. Valued exactly on ``test_idx``. ``route_only``: one-step routes only."""
+    def learned_blind(self, train_idx: np.ndarray, test_idx: np.ndarray, bins: tuple[int, ...] = (1, 2, 4, 8),
+                      folds: int = 5, seed: int = 0) -> dict[str, tuple[PolicyValue, dict]]:
+        """The best one-step route and the best feedback-blind plan as policies that see only the
+        task's observation (its family and difficulty), learned with full information on
+        ``train_idx``: one plan per family and difficulty bin (quantile bins of the train tasks),
+        the one with the highest mean exact value there; the number of bins chosen by
+        ``folds``-fold cross-validation on the train tasks. Valued exactly on ``test_idx``.
+        Returns ``{"learned one-step route" | "learned feedback-blind plan": (value, info)}``."""
         s = self.sim
         train, test = np.asarray(train_idx, dtype=np.int64), np.asarray(test_idx, dtype=np.int64)
         pv = self.plan_values(np.concatenate([train, test]))
-        cols = np.flatnonzero(pv.route) if route_only else np.arange(len(pv.plans))
-        v_train, v_test = pv.values[:len(train)][:, cols], pv.values[len(train):][:, cols]
-
-        def fit(rows: np.ndarray, k: int) -> tuple[np.ndarray, dict]:
-            edges = np.quantile(s.difficulty[train[rows]], np.linspace(0, 1, k + 1)[1:-1])
-            key = s.family[train[rows]] * (k + 1) + np.searchsorted(edges, s.difficulty[train[rows]])
-            best = {int(g): int(v_train[rows][key == g, :, 0].mean(axis=0).argmax()) for g in np.unique(key)}
-            return edges, best | {-1: int(v_train[rows, :, 0].mean(axis=0).argmax())}  # -1: a cell never seen
-
-        def choose(model, tasks: np.ndarray) -> np.ndarray:
-            edges, best = model
-            key = s.family[tasks] * (len(edges) + 2) + np.searchsorted(edges, s.difficulty[tasks])
-            return np.array([best.get(int(g), best[-1]) for g in key])
-
         fold = np.random.default_rng(seed).integers(0, folds, len(train))
+        held_out = [(np.flatnonzero(fold != f), np.flatnonzero(fold == f)) for f in range(folds)]
 
-        def cv_value(k: int) -> float:  # the mean held-out-fold value of the plans fitted on the other folds
-            out = []
-            for f in range(folds):
-                held = np.flatnonzero(fold == f)
-                if len(held):
-                    chosen = choose(fit(np.flatnonzero(fold != f), k), train[held])
-                    out.append(v_train[held, chosen, 0].mean())
-            return float(np.mean(out))
+        def cell(tasks: np.ndarray, edges: np.ndarray) -> np.ndarray:  # family x difficulty bin
+            return s.family[tasks] * (len(edges) + 1) + np.searchsorted(edges, s.difficulty[tasks])
 
-        cv = {k: cv_value(k) for k in bins}
-        k = max(cv, key=cv.get)
-        model = fit(np.arange(len(train)), k)
-        chosen = choose(model, test)
-        name = "learned one-step route" if route_only else "learned feedback-blind plan"
-        plans = {tuple(s.actions[a] for a in pv.plans[cols[c]]) for c in set(model[1].values())}
-        return (PolicyValue(name, v_test[np.arange(len(test)), chosen]),
-                {"bins": k, "cv_value": cv, "distinct_plans": sorted(plans)})
+        def fit(v: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, dict]:
+            edges = np.quantile(s.difficulty[train[rows]], np.linspace(0, 1, k + 1)[1:-1])
+            key = cell(train[rows], edges)
+            best = {int(g): int(v[rows][key == g].mean(axis=0).argmax()) for g in np.unique(key)}
+            return edges, best | {-1: int(v[rows].mean(axis=0).argmax())}  # -1: a cell no train task is in
+
+        def choose(model: tuple[np.ndarray, dict], tasks: np.ndarray) -> np.ndarray:
+            edges, best = model
+            return np.array([best.get(int(g), best[-1]) for g in cell(tasks, edges)], dtype=np.int64)
+
+        def cv_value(returns: np.ndarray, k: int) -> float:  # held-out folds' value of plans fitted on the rest
+            return float(np.mean([returns[held, choose(fit(returns, rest, k), train[held])].mean()
+                                  for rest, held in held_out if len(held)]))
+
+        out = {}
+        for name, cols in (("learned one-step route", np.flatnonzero(pv.route)),
+                           ("learned feedback-blind plan", np.arange(len(pv.plans)))):
+            v_train, v_test = pv.values[:len(train)][:, cols], pv.values[len(train):][:, cols]
+            returns = v_train[:, :, 0]
+            cv = {k: cv_value(returns, k) for k in bins}
+            k = max(cv, key=cv.get)
+            model = fit(returns, np.arange(len(train)), k)
+            plans = sorted({tuple(s.actions[a] for a in pv.plans[cols[c]]) for c in set(model[1].values())})
+            out[name] = (PolicyValue(name, v_test[np.arange(len(test)), choose(model, test)]),
+                         {"bins": k, "cv_value": cv, "distinct_plans": plans})
+        return out
 
     # ------------------------------------------------------------------ the comparison
     def compare(self, policies: dict, task_idx: np.ndarray | None = None, blind: bool = True,
@@ -346,8 +345,7 @@ class LoopGroundTruth:
         if blind:
             vals |= self.best_blind(task)[0]
             if train_idx is not None:
-                learned = (self.learned_blind(train_idx, task, route_only=r)[0] for r in (True, False))
-                vals |= {v.name: v for v in learned}
+                vals |= {name: v for name, (v, _) in self.learned_blind(train_idx, task).items()}
         vals |= {name: self.policy_value(p, task) for name, p in policies.items()}
         vs, vo = vals["static_table"].value, vals["oracle"].value
         return [v.summary() | {"policy": name, "regret_closure": regret_closure(v.value, vs, vo)}

@@ -224,18 +224,29 @@ def test_the_learned_blind_plan_is_the_best_plan_per_family_and_difficulty_bin(s
     pv = gt.plan_values(every)
     assert pv.plans[0] == () and pv.route[0] and pv.arm[0] and (pv.values[:, 0] == 0).all()  # stop at once
     # fitted and valued on the same tasks with one bin: per family, the plan with the best mean value there
-    learned, info = gt.learned_blind(every, every, bins=(1,))
+    fitted = gt.learned_blind(every, every, bins=(1,))
+    learned, info = fitted["learned feedback-blind plan"]
     expected = sum(pv.values[sim.family == f, :, 0].mean(axis=0).max() * (sim.family == f).sum()
                    for f in np.unique(sim.family)) / len(sim)
     assert info["bins"] == 1 and learned.value == pytest.approx(expected)
-    route, _ = gt.learned_blind(every, every, route_only=True, bins=(1,))
+    route, _ = fitted["learned one-step route"]
     assert route.name == "learned one-step route" and route.value <= learned.value + 1e-12
     # a policy of the observation cannot beat the per-task optimum of its class, task by task
     best = gt.best_blind(every)[0]
     assert (learned.per_task[:, 0] <= best["best feedback-blind plan"].per_task[:, 0] + 1e-9).all()
     assert (route.per_task[:, 0] <= best["best one-step route"].per_task[:, 0] + 1e-9).all()
     # held-out tasks are valued with the plans fitted on the others; the bins are chosen by cross-validation
-    held, info = gt.learned_blind(every[::2], every[1::2], bins=(1, 2))
+    held, info = gt.learned_blind(every[::2], every[1::2], bins=(1, 2))["learned feedback-blind plan"]
     assert len(held.per_task) == len(every[1::2]) and info["bins"] in (1, 2) and set(info["cv_value"]) == {1, 2}
     rows = {r["policy"]: r for r in gt.compare({}, every[1::2], train_idx=every[::2])}
     assert rows["learned feedback-blind plan"]["value"] == pytest.approx(held.value)
+
+
+def test_plan_values_in_chunks_equal_one_enumeration(sim, gt, monkeypatch):
+    import sage_pipeline.sim.loop_truth as lt
+
+    whole = gt.plan_values()
+    monkeypatch.setattr(lt, "CHUNK", 5)
+    chunked = gt.plan_values()
+    assert chunked.plans == whole.plans and (chunked.route == whole.route).all()
+    np.testing.assert_allclose(chunked.values, whole.values, atol=1e-12)
