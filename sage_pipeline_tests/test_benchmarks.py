@@ -66,7 +66,28 @@ def test_loop_calibration_maps_one_combination(tmp_path):
     assert row["table_fallback_fits"] and 0 < row["static_pass"] <= row["oracle_pass"] <= 1
     # learned from the task's observation, a class cannot beat its per-task optimum
     assert row["learned one-step route"] <= row["best one-step route"] + 1e-9
-    assert "| 70 | 0.01 | 20 | 10 | yes |" in printed
+    # the knobs not given keep the file's values: 4 calls, slope 6, timeout gain -2.5
+    assert "| 70 | 4 | 0.01 | 20 | 10 | 6 | -2.5 | yes |" in printed
+    assert (row["calls"], row["difficulty_slope"], row["timeout_gain"]) == (4, 6.0, -2.5)
+
+
+@pytest.mark.slow
+def test_loop_calibration_samples_every_knob_within_its_range(tmp_path):
+    out = tmp_path / "lc.json"
+    printed = run("benchmarks/loop_calibration.py", "--synthetic", "--sample", "3", "--sample-seed", "1",
+                  "--out", str(out)).stdout
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == 3 and len({r["cost_weight"] for r in rows}) == 3
+    ranges = json.loads(subprocess.run(
+        [sys.executable, "-c", "import json, loop_calibration as lc; print(json.dumps(lc.SAMPLE_RANGES))"],
+        cwd=ROOT / "benchmarks", capture_output=True, text=True, check=True, timeout=60).stdout)
+    assert set(ranges) == {"seconds", "calls", "latency_weight", "cost_weight", "tests_gain", "difficulty_slope",
+                           "timeout_gain"}
+    for r in rows:
+        for knob, (lo, hi) in ranges.items():
+            assert lo <= r[knob] <= hi, (knob, r[knob])
+        assert isinstance(r["calls"], int)
+    assert "all three goals met with the best one-step route per task in" in printed
 
 
 @pytest.mark.slow

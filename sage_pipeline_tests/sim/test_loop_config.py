@@ -44,6 +44,10 @@ def test_derived_numbers_follow_the_published_ones():
     assert m.latency_s == pytest.approx(58.0 / (2 - 0.534))
     logit = lambda p: math.log(p / (1 - p))  # noqa: E731
     assert m.debug_logit == pytest.approx(logit(m.repair_rate) + logit(0.896) - logit(0.534))
+    # a wrong answer against an exception: the published repair rates' logit difference (45% vs 77%)
+    g = cfg.assumed["debug_kind_gain"]
+    assert g["exception"] - g["wrong_answer"] == pytest.approx(logit(0.77) - logit(0.45), abs=0.01)
+    assert "selfrepair" in cfg.sources and "selfrepair" in cfg.why["debug_kind_gain"]
     a = cfg.assumed
     assert cfg.usd_per_call("qwen2.5-coder:14b", "code") == pytest.approx(
         a["gpu_watts"] * m.latency_s / 3.6e6 * a["usd_per_kwh"])
@@ -125,7 +129,8 @@ def test_a_missing_or_broken_file_says_so(tmp_path):
 
 def test_the_reports_calibration_is_written_as_before(tmp_path):
     """ppo_policy.json records SageLoopConfig.to_dict(): byte for byte what the dataclasses wrote
-    (the fixture was written by them), so existing readers and reports agree."""
+    (the fixture was written by them; its values follow the file's: the feedback kinds' gains and
+    their source changed on 2026-11-27), so existing readers and reports agree."""
     d = SageLoopConfig.load().to_dict()
     assert (d["source"], d["routing_table"]) == (str(DEFAULT_CONFIG), str(DEFAULT_CONFIG.parent / "sage_models.yaml"))
     d |= {"source": "<source>", "routing_table": "<routing_table>"}

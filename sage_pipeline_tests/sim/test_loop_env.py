@@ -126,7 +126,9 @@ def test_the_debuggers_chance_depends_on_the_feedback(config):
     sim = hand_sim(config, kinds, [(9, 10), (1, 10), (9, 10), (0, 10)])
     p = sim.p_debug[0]  # (candidates, debuggers)
     assert (p[0] > p[1]).all()  # a near miss is easier to repair than a wrong approach
-    assert (p[0] > p[2]).all() and (p[2] > p[3]).all()  # a failing assertion > a traceback > a timeout
+    # at the same share of tests: a traceback > a failing assertion (the published repair rates, 77% vs 45%)
+    # > a timeout
+    assert (p[2] > p[0]).all() and (p[0] > p[3]).all()
     # and the environment repairs with that chance, keeping the candidate when it fails
     n, d = 6000, sim.actions.index("debug:qwen2.5-coder:14b")
     for j in (0, 3):
