@@ -55,17 +55,40 @@ sys.path.insert(0, str(ROOT))
 SCRATCH = ROOT / "benchmarks" / ".scratch"
 
 
-def run_one(seed: int, world: str, kw: dict) -> dict:
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+# the loop's config field (section.field, as pydantic's error locates it) -> the flag that sets it
+FLAGS = {"days": "--days", "episodes_per_day": "--episodes-per-day", "cql_steps": "--cql-steps",
+         "alphas": "--alphas", "floors": "--floors", "window_days": "--window-days",
+         "change.z": "--change-z", "change.explore_days": "--explore-days", "gate.min_gain": "--min-gain",
+         "exploration.epsilon": "--epsilon", "exploration.epsilon_max": "--epsilon-max",
+         "exploration.epsilon_min": "--epsilon-min", "exploration.fit_days": "--fit-days"}
+
+
+def month_config(seed: int, world: str, kw: dict):
+    """The month's ``LoopConfig`` from the flags' values (``kw`` as ``main`` builds it); a bad value
+    raises pydantic's ValidationError, located at the config's field."""
     from sage_pipeline.rl import policy_iteration as pi
     from sage_pipeline.rl.bandit import BanditConfig
 
+    kw = dict(kw)
+    return pi.LoopConfig(seed=seed, world=pi.WorldConfig(drift=world == "drifting"),
+                         bandit=BanditConfig(algorithm=kw.pop("bandit")), **kw)
+
+
+def config_error(exc) -> str:
+    """A ValidationError as one line per field: the flag that set it, the field, what is wrong."""
+    out = []
+    for e in exc.errors():
+        field = ".".join(str(part) for part in e["loc"] if not isinstance(part, int))
+        out.append(f"{FLAGS.get(field, field)} (the loop's {field}): {e['msg']}, got {e['input']!r}")
+    return "; ".join(out)
+
+
+def run_one(seed: int, world: str, kw: dict) -> dict:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    from sage_pipeline.rl import policy_iteration as pi
+
     t0 = time.perf_counter()
-    exploration, gate = pi.ExplorationConfig(**kw.pop("exploration")), pi.LoopGateConfig(**kw.pop("gate"))
-    cfg = pi.LoopConfig(seed=seed, world=pi.WorldConfig(drift=world == "drifting"),
-                        bandit=BanditConfig(algorithm=kw.pop("bandit")), exploration=exploration, gate=gate,
-                        change=pi.ChangeConfig(**kw.pop("change")), **kw)
-    res = pi.run_month(cfg, progress=lambda *_: None)
+    res = pi.run_month(month_config(seed, world, kw), progress=lambda *_: None)
     return {"seed": seed, "world": world, "seconds": time.perf_counter() - t0, "summary": res.summary,
             "bandit_ope": res.bandit_ope, "days": res.days}
 
@@ -336,6 +359,12 @@ def main() -> None:
           "gate": {"rule": a.gate_rule, "min_gain": a.min_gain, "confirm_online": not a.no_confirm_online},
           "exploration": {"rule": a.exploration, "epsilon": a.epsilon, "epsilon_max": a.epsilon_max,
                           "epsilon_min": a.epsilon_min, "fit_days": a.fit_days}}
+    from pydantic import ValidationError
+
+    try:  # refused here, naming the flag, not in a worker's traceback
+        month_config(a.first_seed, a.worlds[0], kw)
+    except ValidationError as exc:
+        ap.error(config_error(exc))
     jobs = [(s, w) for s in range(a.first_seed, a.first_seed + a.seeds) for w in a.worlds]
     t0, runs = time.perf_counter(), []
     with ProcessPoolExecutor(max_workers=a.workers) as pool:

@@ -47,6 +47,20 @@ def test_offline_quality_runs_a_seed_with_its_clip_sweep(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("flag, value, says", [
+    ("--change-z", "-1", "--change-z (the loop's change.z): Input should be greater than 0, got -1.0"),
+    ("--epsilon-max", "3", "--epsilon-max (the loop's exploration.epsilon_max): Input should be less than or equal "
+                           "to 1, got 3.0"),
+    ("--alphas", "-1", "--alphas (the loop's alphas): Input should be greater than or equal to 0, got -1.0"),
+])
+def test_closed_loop_refuses_a_bad_flag_before_any_month_naming_it(tmp_path, flag, value, says):
+    out = subprocess.run([sys.executable, "benchmarks/closed_loop.py", "--seeds", "1", flag, value,
+                          "--out", str(tmp_path / "cl.json")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and says in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "cl.json").exists()
+
+
+@pytest.mark.slow
 def test_closed_loop_runs_a_tiny_month(tmp_path):
     out = tmp_path / "cl.json"
     run("benchmarks/closed_loop.py", "--seeds", "1", "--days", "3", "--episodes-per-day", "300", "--cql-steps", "30",

@@ -45,7 +45,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 import numpy as np
@@ -246,10 +246,12 @@ class MonthConfig(BaseModel):
     window_days: int = Field(2, ge=0, description="the nightly chain retrains on the last this many days of "
                              "journals (0: every day so far)")
     cql_steps: int = Field(500, ge=1, description="CQL gradient steps per night")
-    alphas: list[float] = Field([0.03, 0.1, 0.3, 1.0], min_length=1,
-                                description="CQL alphas tried each night (FQE on the select half chooses)")
-    floors: list[float] = Field([0.0, 0.2, 0.4, 0.55], min_length=1,
-                                description="SAGE confidence floors tried each night (FQE chooses, not truth)")
+    alphas: list[Annotated[float, Field(ge=0.0, allow_inf_nan=False)]] = Field(
+        [0.03, 0.1, 0.3, 1.0], min_length=1, description="CQL alphas tried each night, each >= 0 (FQE on the "
+        "select half chooses)")
+    floors: list[Annotated[float, Field(ge=0.0, le=1.0)]] = Field(
+        [0.0, 0.2, 0.4, 0.55], min_length=1, description="SAGE confidence floors tried each night, each in [0, 1] "
+        "(FQE chooses, not truth)")
     gate: LoopGateConfig = Field(default_factory=LoopGateConfig,
                                  description="the nightly gate; the deployed policy is its baseline")
     change: ChangeConfig = Field(default_factory=ChangeConfig,

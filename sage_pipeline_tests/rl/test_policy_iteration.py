@@ -240,3 +240,10 @@ def test_config_errors():
         pi.LoopConfig(change={"z": 0})
     with pytest.raises(ValueError, match=r"explore_days\n  Input should be greater than or equal to 0"):
         pi.ChangeConfig(explore_days=-1)
+    # every alpha and floor of the nightly grid is checked before the month starts, not on its first night
+    with pytest.raises(ValueError, match=r"alphas.1\n  Input should be greater than or equal to 0"):
+        pi.MonthConfig(alphas=[0.1, -0.5])
+    with pytest.raises(ValueError, match=r"floors.0\n  Input should be less than or equal to 1"):
+        pi.LoopConfig(floors=[1.5])
+    with pytest.raises(ValueError, match=r"alphas.0\n  Input should be a finite number"):
+        pi.MonthConfig(alphas=[float("nan")])
