@@ -4,6 +4,7 @@ routing_dataset -> bc_policy, cql_policy -> offline_eval (with the promotion gat
 
 import json
 from datetime import datetime, timezone
+from typing import Annotated
 
 import dagster as dg
 from pydantic import Field, model_validator
@@ -108,8 +109,9 @@ class CQLPolicyConfig(dg.Config, cql.CQLConfig):
     alphas are a grid, one chosen by OPE) and how the alpha is chosen."""
 
     action_spaces: list[str] = SPACES_FIELD
-    alphas: list[float] = Field(list(oe.DEFAULT_ALPHAS), description="conservative weights tried in one batched "
-                                "run; OPE on the eval split keeps one (see selection)")
+    alphas: list[Annotated[float, Field(ge=0.0, allow_inf_nan=False)]] = Field(
+        list(oe.DEFAULT_ALPHAS), min_length=1, description="conservative weights tried in one batched run, each >= 0; "
+        "OPE on the eval split keeps one (see selection)")
     selection: str = Field("fqe", description="how OPE on the eval split's select half ranks the alphas: 'fqe' "
                            "(default): the best fitted-Q evaluation estimate; 'estimate': the best estimate of the "
                            "gate's clipped step-wise DR; 'lower_bound': the best lower bound of its interval "

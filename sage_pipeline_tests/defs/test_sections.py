@@ -62,6 +62,10 @@ def test_bc_and_cql_policies_take_every_core_setting():
     assert to_core(pa.CQLPolicyConfig(), CQLConfig) == CQLConfig()
     with pytest.raises(ValidationError, match="set alphas .* instead of alpha"):
         pa.CQLPolicyConfig(alpha=0.1)  # cql_policy trains a grid of alphas: a single one would be ignored
+    with pytest.raises(ValidationError, match=r"\nalphas.1\n  Input should be greater than or equal to 0"):
+        pa.CQLPolicyConfig(alphas=[0.1, -0.1])  # refused with the run config, not when training starts
+    with pytest.raises(ValidationError, match=r"\nalphas\n  List should have at least 1 item"):
+        pa.CQLPolicyConfig(alphas=[])
     with pytest.raises(ValidationError, match=r"\nhidden\n  List should have at least 1 item"):
         pa.BCPolicyConfig(hidden=[])
 
