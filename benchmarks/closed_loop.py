@@ -50,6 +50,8 @@ import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
+from _cli import count  # noqa: E402  (benchmarks/ is the script's folder: first on sys.path)
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 SCRATCH = ROOT / "benchmarks" / ".scratch"
@@ -309,9 +311,9 @@ def main() -> None:
     from sage_pipeline.rl.policy_iteration import LoopConfig
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seeds", type=int, default=20)
+    ap.add_argument("--seeds", type=count, default=20)
     ap.add_argument("--first-seed", type=int, default=0)
-    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--workers", type=count, default=2)
     ap.add_argument("--worlds", nargs="+", default=["stationary", "drifting"], choices=["stationary", "drifting"])
     d, x = LoopConfig(), LoopConfig().exploration  # the defaults are the loop's own
     ap.add_argument("--days", type=int, default=d.days)

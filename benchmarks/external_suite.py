@@ -21,6 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the baseline of sandbox_throughput.py
 
+from _cli import count  # noqa: E402  (benchmarks/ is the script's folder: first on sys.path)
 from sandbox_throughput import container_per_task
 
 from sage_pipeline.sim.sandbox import open_sandbox
@@ -31,7 +32,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--humaneval", type=Path, default=SAMPLE_FILES["humaneval"])
     ap.add_argument("--mbpp", type=Path, default=SAMPLE_FILES["mbpp"])
-    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--workers", type=count, default=2)
     ap.add_argument("--rounds", type=int, default=10, help="times the canonical solutions are run for the rate")
     ap.add_argument("--per-container", type=int, default=20, help="problems in the docker-run-per-problem baseline")
     args = ap.parse_args()

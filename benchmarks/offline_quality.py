@@ -41,6 +41,8 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from _cli import count  # noqa: E402  (benchmarks/ is the script's folder: first on sys.path)
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 SCRATCH = ROOT / "benchmarks" / ".scratch"
@@ -201,9 +203,9 @@ def summarise(runs: list[dict]) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seeds", type=int, default=50)
+    ap.add_argument("--seeds", type=count, default=50)
     ap.add_argument("--first-seed", type=int, default=0)
-    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--workers", type=count, default=2)
     ap.add_argument("--episodes", type=int, default=None, help="default: the collector's default")
     ap.add_argument("--criterion", default="fqe", choices=("fqe", "estimate", "lower_bound"),
                     help="how OPE picks CQL's alpha (the cql_policy asset's default: fqe)")

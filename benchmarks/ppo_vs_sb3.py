@@ -60,6 +60,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from _cli import count  # noqa: E402  (benchmarks/ is the script's folder: first on sys.path)
+
 from sage_pipeline.rl.ppo import PPOConfig, train_ppo
 from sage_pipeline.rl.ppo_policy import BANDIT, BLIND, run_online_bandit
 from sage_pipeline.sim.loop_env import SageLoopSim, SageLoopVecEnv
@@ -238,7 +240,7 @@ def profile(sim, train_idx, cfg: PPOConfig) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--seeds", type=count, default=5)
     ap.add_argument("--timesteps", type=int, default=PPOConfig().total_timesteps)
     ap.add_argument("--eval-every", type=int, default=2, help="updates between learning-curve points")
     ap.add_argument("--bandit-steps", type=int, default=100_000)

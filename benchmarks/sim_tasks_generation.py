@@ -30,6 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _cli import count  # noqa: E402  (benchmarks/ is the script's folder: first on sys.path)
+
 from sage_pipeline.sim import mutants
 from sage_pipeline.sim.sandbox import open_sandbox
 from sage_pipeline.sim.schema import ExecJob, TaskRecord
@@ -90,7 +92,7 @@ def main() -> None:
                     help="tasks (every family) verified per contender")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--backend", default="local", choices=["local", "docker"])
-    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--workers", type=count, default=2)
     args = ap.parse_args()
     load = os.getloadavg()[0]
 

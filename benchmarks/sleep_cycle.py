@@ -43,6 +43,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from _cli import count  # noqa: E402  (benchmarks/ is the script's folder: first on sys.path)
+
 from sage_pipeline.sleep.backends import OpenAIBackend, OpenAIConfig
 from sage_pipeline.sleep.cycle import CycleConfig
 from sage_pipeline.sleep.gate import GateConfig
@@ -195,7 +197,7 @@ def failing(seeds: int, scratch: Path) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--seeds", type=int, default=20)
+    p.add_argument("--seeds", type=count, default=20)
     p.add_argument("--nights", type=int, default=5)
     p.add_argument("--skills", nargs="+", default=["coder", "reviewer"])
     args = p.parse_args()

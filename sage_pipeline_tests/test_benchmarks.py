@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = sorted(p.name for p in (ROOT / "benchmarks").glob("*.py"))
+SCRIPTS = sorted(p.name for p in (ROOT / "benchmarks").glob("*.py") if not p.name.startswith("_"))  # _cli: shared
 
 
 def run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
@@ -44,6 +44,16 @@ def test_offline_quality_runs_a_seed_with_its_clip_sweep(tmp_path):
     assert r["clip_factors"]["1.5"]["estimate"] == pytest.approx(rows["cql_served", "step_dr_clip"]["estimate"])
     assert r["clip_factors"]["inf"]["estimate"] == pytest.approx(rows["cql_served", "step_dr"]["estimate"])
     assert set(res["summary"]["clip_factors"]) == {"1.5", "inf"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script, flag", [("ppo_vs_sb3.py", "--seeds"), ("closed_loop.py", "--seeds"),
+                                          ("closed_loop.py", "--workers"), ("offline_quality.py", "--workers"),
+                                          ("sleep_cycle.py", "--seeds")])
+def test_a_count_below_one_is_a_usage_error_naming_the_flag(script, flag):
+    out = subprocess.run([sys.executable, f"benchmarks/{script}", flag, "0"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 2 and f"argument {flag}: expected a whole number >= 1, got 0" in out.stderr
 
 
 @pytest.mark.slow
