@@ -15,7 +15,8 @@ run. For every combination, on the held-out tasks, exactly (``sim/loop_truth.py`
   the budget.
 
 Combinations are a grid (one flag per knob; a knob not given keeps the file's value) or, with
-``--sample N``, N draws of every knob at once, uniform over ``SAMPLE_RANGES``.
+``--sample N``, N draws of every knob at once, uniform over ``SAMPLE_RANGES`` (a grid flag beside
+it is refused).
 
     .venv/bin/python benchmarks/loop_calibration.py [--seconds 50 56 70] [--latency-weights 0.01 0.015]
         [--cost-weights 15 20] [--tests-gains 10 20] [--calls 4] [--slopes 6] [--timeout-gains -2.5]
@@ -153,6 +154,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.sample < 0:
         ap.error(f"--sample {args.sample}: expected a number of combinations >= 0")
+    given = [KNOBS[k][0] for k in KNOBS if getattr(args, k) is not None]
+    if args.sample and given:  # the draws set every knob: a grid flag beside them would be ignored
+        ap.error(f"--sample draws every knob from SAMPLE_RANGES: drop {', '.join(given)}, or drop --sample for a grid")
 
     from ppo_vs_sb3 import load_suite
     from pydantic import ValidationError

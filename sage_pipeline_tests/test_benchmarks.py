@@ -114,6 +114,13 @@ def test_loop_calibration_samples_every_knob_within_its_range(tmp_path):
     assert "all three goals met with the best one-step route per task in" in printed
 
 
+def test_loop_calibration_refuses_grid_flags_beside_sample(tmp_path):
+    out = subprocess.run([sys.executable, "benchmarks/loop_calibration.py", "--sample", "3", "--seconds", "70",
+                          "--out", str(tmp_path / "lc.json")], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "--sample draws every knob from SAMPLE_RANGES: drop --seconds" in out.stderr
+    assert not (tmp_path / "lc.json").exists()
+
+
 @pytest.mark.slow
 def test_loop_calibration_refuses_a_bad_budget_naming_the_field(tmp_path):
     out = subprocess.run([sys.executable, "benchmarks/loop_calibration.py", "--synthetic", "--seconds", "-5",
