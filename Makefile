@@ -4,6 +4,7 @@
 #   make test-fast  the tests that need no Docker, browser or database and take under a second each, 2 workers
 #   make dev    open the Dagster UI on the same instance
 #   make lint   ruff check (configured in pyproject.toml; CI runs it)
+#   make sage-contract SAGE_SRC=<a SAGE checkout>  the tests that run SAGE's own code against the project
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -14,7 +15,16 @@ export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 export GX_ANALYTICS_ENABLED := false
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install sysdeps run test test-fast lint dev validate bench clean cluster-demo
+.PHONY: install sysdeps run test test-fast lint dev validate bench clean cluster-demo sage-contract
+
+# SAGE's source for the contract tests (CI: ../shared/upstream/sage). Set, SAGE is installed into
+# .sage/venv (scripts/sage_venv.sh, never into .venv) and SAGE_PYTHON exported to the tests; unset,
+# those tests are skipped and `make test` says so.
+SAGE_SRC ?=
+SAGE_PY = if [ -n "$(SAGE_SRC)" ]; then SAGE_PYTHON=$$(scripts/sage_venv.sh "$(SAGE_SRC)" .sage) || exit 1; \
+	  export SAGE_PYTHON; echo "SAGE contract tests run against $(SAGE_SRC) ($$SAGE_PYTHON)"; \
+	elif [ -z "$$SAGE_PYTHON" ]; then echo "SAGE contract tests will NOT run: SAGE_SRC is unset \
+	(make test SAGE_SRC=<a SAGE checkout>)" >&2; fi
 
 install: $(VENV)/.installed
 
@@ -42,9 +52,15 @@ run: install
 	@echo "Done. Open the UI on these runs with: make dev"
 
 test: install sysdeps
-	@$(BIN)/pytest; rc=$$?; \
+	@$(SAGE_PY); $(BIN)/pytest; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: that is a failure here" >&2; exit 1; fi; \
 	exit $$rc
+
+# The contract suite alone: SAGE's own code (SAGE_SRC, a SAGE checkout) in a virtualenv of its own
+# writes and reads the journals and loads every checkpoint kind the project writes.
+sage-contract: install
+	@test -n "$(SAGE_SRC)" || { echo "make sage-contract needs SAGE_SRC=<a SAGE checkout>" >&2; exit 2; }
+	@$(SAGE_PY); $(BIN)/pytest -m sage_contract
 
 # Everything but the tests marked docker, browser, postgres or slow (sage_pipeline_tests/conftest.py),
 # in two pytest-xdist workers: under a minute on a 2-core machine, with no system services.

@@ -152,26 +152,48 @@ class Router:
     # ------------------------------------------------------------------ the journal
     def event(self, role: str, task_complexity_score: float, primary_failure_count: int, failure_count: int,
               selected: str, policy_source: str, propensity: float) -> dict:
-        """SAGE's MODEL_ROUTING_DECISION for one decision, plus ``propensity``."""
+        """SAGE's MODEL_ROUTING_DECISION for one decision, plus ``propensity``, shaped as SAGE's
+        ``log_event`` shapes it: UTC timestamp, payload, then the ids from the environment."""
         r = self.space.role_index[role]
         values = {"task_complexity_score": np.array([float(task_complexity_score)]),
                   "primary_failure_count": np.array([int(primary_failure_count)]),
                   "failure_count": np.array([int(failure_count)])}
-        return {"type": MRD, "timestamp": datetime.now(timezone.utc).astimezone().isoformat(),
-                "agent_role": role, "task_complexity_score": float(task_complexity_score),
-                "primary_failure_count": int(primary_failure_count),
-                "primary_model": self.space.actions[self._primary[r]],
-                "fallback_model": self.space.actions[self._fallback[r]],
-                "selected_model": selected,
-                "matched_fallback_triggers": [str(t) for t in self.table.routes[role].triggers
-                                              if t.fires(values)[0]],
-                "policy_source": policy_source, "propensity": propensity}
+        event = {"type": MRD, "timestamp": datetime.now(timezone.utc).isoformat(),
+                 "agent_role": role, "task_complexity_score": float(task_complexity_score),
+                 "primary_failure_count": int(primary_failure_count),
+                 "primary_model": self.space.actions[self._primary[r]],
+                 "fallback_model": self.space.actions[self._fallback[r]],
+                 "selected_model": selected,
+                 "matched_fallback_triggers": [str(t) for t in self.table.routes[role].triggers
+                                               if t.fires(values)[0]],
+                 "policy_source": policy_source, "propensity": propensity}
+        return with_sage_ids(event)
 
     def _append(self, event: dict) -> None:
-        """One JSON line appended with a single write (O_APPEND), as SAGE appends its journal."""
-        self.journal.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, (json.dumps(event, allow_nan=False) + "\n").encode("utf-8"))
-        finally:
-            os.close(fd)
+        """One JSON line appended with a single write (O_APPEND), as SAGE appends its journal;
+        like SAGE's ``log_event``, also to ``SAGE_JSON_LOG_EXTRA_PATH`` when that is set."""
+        line = (json.dumps(event, allow_nan=False) + "\n").encode("utf-8")
+        extra = (os.environ.get("SAGE_JSON_LOG_EXTRA_PATH") or "").strip()
+        for path in (self.journal, *([Path(extra)] if extra else [])):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, line)
+            finally:
+                os.close(fd)
+
+
+def with_sage_ids(event: dict) -> dict:
+    """``event`` with the ids SAGE's ``log_event`` adds from its environment, after the payload
+    and in its order: ``session_id`` when ``SAGE_SESSION_ID`` is set and not empty (``sage run``
+    sets a fresh uuid per run), ``trace_id`` when ``SAGE_TRACE_ID`` is not blank (stripped).
+    Without them the ingest can only join the line by its file's stem, and under ``sage run``
+    every other line of the session carries the id."""
+    out = dict(event)
+    session_id = os.environ.get("SAGE_SESSION_ID")
+    if session_id:
+        out["session_id"] = session_id
+    trace_id = (os.environ.get("SAGE_TRACE_ID") or "").strip()
+    if trace_id:
+        out["trace_id"] = trace_id
+    return out

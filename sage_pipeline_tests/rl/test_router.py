@@ -62,6 +62,12 @@ def setup():
     return table, space
 
 
+@pytest.fixture(autouse=True)
+def _no_sage_env(monkeypatch):
+    for var in ("SAGE_SESSION_ID", "SAGE_TRACE_ID", "SAGE_JSON_LOG_EXTRA_PATH"):
+        monkeypatch.delenv(var, raising=False)
+
+
 def test_confident_policy_acts_else_yaml(setup, tmp_path):
     table, space = setup
     journal = tmp_path / "memory" / "sessions" / "2026-11-24.log"
@@ -154,3 +160,29 @@ def test_bad_input_is_named(setup):
     narrow = space.binary()  # same actions, but claude is not a candidate for the coder
     with pytest.raises(ValueError, match="may choose 'claude-sonnet-4-5' for role 'coder'"):
         Router(wider, table, narrow)
+
+
+def test_lines_carry_the_ids_sage_run_sets_as_log_event_adds_them(setup, tmp_path, monkeypatch):
+    """Under `sage run` every line of SAGE's own carries SAGE_SESSION_ID (and SAGE_TRACE_ID when
+    set): the router's lines must too, after the payload and in log_event's order, or the
+    ingest cannot join them to the session's steps."""
+    table, space = setup
+    journal = tmp_path / "memory" / "sessions" / "2026-11-24.log"
+    extra = tmp_path / "extra" / "all.jsonl"
+    monkeypatch.setenv("SAGE_SESSION_ID", "5f0c9a1e2b3d4c5e6f708192a3b4c5d6")
+    monkeypatch.setenv("SAGE_TRACE_ID", "  trace-7  ")
+    monkeypatch.setenv("SAGE_JSON_LOG_EXTRA_PATH", str(extra))
+    Router(Fixed(space), table, space, min_confidence=0.6, seed=0, journal=journal).route("coder", 0.9, 0, 0)
+    line = json.loads(journal.read_text())
+    assert list(line)[:2] == ["type", "timestamp"] and list(line)[-2:] == ["session_id", "trace_id"]
+    assert (line["session_id"], line["trace_id"]) == ("5f0c9a1e2b3d4c5e6f708192a3b4c5d6", "trace-7")
+    assert datetime.fromisoformat(line["timestamp"]).utcoffset().total_seconds() == 0  # UTC, as log_event
+    assert extra.read_text() == journal.read_text()  # SAGE_JSON_LOG_EXTRA_PATH gets the same line
+
+
+def test_blank_ids_are_left_out_as_log_event_leaves_them(setup, tmp_path, monkeypatch):
+    table, space = setup
+    monkeypatch.setenv("SAGE_SESSION_ID", "")
+    monkeypatch.setenv("SAGE_TRACE_ID", "   ")
+    event = Router(Fixed(space), table, space).route("coder", 0.99, 0, 0).event
+    assert "session_id" not in event and "trace_id" not in event
