@@ -133,3 +133,32 @@ def test_sage_exporter_reads_the_project_s_synthetic_journals(sage_python, sim, 
             "print(json.dumps({'rows': len(rows), 'roles': sorted(ROUTER_ROLES)}))\n")
     got = json.loads(_run_sage(sage_python, code, tmp_path).strip().splitlines()[-1])
     assert got["rows"] == sum(n for role, n in steps.items() if role in set(got["roles"]))
+
+
+FIXTURE = Path(__file__).parents[1] / "routing" / "fixtures" / "sage_journal"
+# the two runs its README gives (days with `sage run`'s session ids, rotated; days without)
+FIXTURE_RUNS = (dict(start="2026-11-16", days=3, sessions_per_day=12, tasks=8, seed=20261116, rotate_mb=0.25),
+                dict(start="2026-11-19", days=3, sessions_per_day=4, tasks=8, seed=20261119, no_session_id=True))
+
+
+def test_the_journal_fixture_is_what_sage_writes(sage_python, tmp_path):
+    """The committed fixture is SAGE's output byte for byte: regenerated here by SAGE's code."""
+    from sage_pipeline_tests.conftest import SAGE_WRITER
+
+    ws = tmp_path / "ws"
+    for run in FIXTURE_RUNS:
+        argv = [sage_python, str(SAGE_WRITER), "--workspace", str(ws), "--models-yaml", str(FIXTURE / "models.yaml")]
+        for k, v in run.items():
+            argv += ["--" + k.replace("_", "-")] + ([] if v is True else [str(v)])
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+    ours = {p.name: p.read_bytes() for p in (FIXTURE / "memory" / "sessions").iterdir()}
+    sage = {p.name: p.read_bytes() for p in (ws / "memory" / "sessions").iterdir()}
+    assert sorted(ours) == sorted(sage)
+    assert [n for n in ours if ours[n] != sage[n]] == []
+
+
+def test_the_fixture_models_yaml_is_sage_s_own(sage_python, tmp_path):
+    code = "from sage.config.paths import bundled_models_yaml\nprint(bundled_models_yaml())\n"
+    path = Path(_run_sage(sage_python, code, tmp_path).strip().splitlines()[-1])
+    assert path.read_bytes() == (FIXTURE / "models.yaml").read_bytes()

@@ -211,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--days, --sessions-per-day and --tasks must be >= 1")
 
     ws = Path(args.workspace).resolve()
+    models_yaml = Path(args.models_yaml).resolve() if args.models_yaml else None  # before the chdir below
     ws.mkdir(parents=True, exist_ok=True)
     os.chdir(ws)  # SAGE writes memory/ relative to its working folder
     for var in ("SAGE_SESSION_ID", "SAGE_TRACE_ID", "SAGE_RL_POLICY", "SAGE_RL_CHECKPOINT", "SAGE_RL_MIN_CONFIDENCE",
@@ -230,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     sage_logger.datetime = _FakeDatetime
     rng = random.Random(args.seed)
     ollama_safe.ollama = _Ollama(rng)
-    router = ModelRouter(Path(args.models_yaml) if args.models_yaml else None)
+    router = ModelRouter(models_yaml)
     bandit = UCBStrategyBandit(storage_path=ws / "memory" / "rl" / "ucb_bandit.json")
     counts = {"sessions": 0, "timeouts": 0}
     day0 = datetime.fromisoformat(args.start).replace(tzinfo=timezone.utc)

@@ -32,8 +32,10 @@ def test_every_figure_names_a_source_and_every_assumption_a_reason(doc):
     for s in cfg.sources.values():
         assert s.url.startswith("https://") and s.title and s.where
     assert set(cfg.why) == set(cfg.assumed) and all(len(cfg.why[k]) > 20 for k in cfg.assumed)
-    # the packaged SAGE table is the journal fixture's models.yaml, unchanged
-    assert cfg.routing_table.read_text() == FIXTURE_TABLE.read_text()
+    # the loop's table routes SAGE's roles (SAGE's own models.yaml is the journal fixture's); its
+    # models are the calibration's names, not yet SAGE's tags (issue "SAGE in the loop")
+    loop_roles = set(yaml.safe_load(cfg.routing_table.read_text())["routing"])
+    assert loop_roles == set(yaml.safe_load(FIXTURE_TABLE.read_text())["routing"])
 
 
 def test_derived_numbers_follow_the_published_ones():
