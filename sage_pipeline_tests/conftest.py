@@ -45,6 +45,8 @@ _NAMED_MARKS: dict[str, tuple[str, ...]] = {
     "sim/test_sandbox.py::test_verdicts[docker_sandbox]": ("docker",),
     "sim/test_sandbox.py::test_the_test_suite_never_leaves_containers_behind": ("docker",),  # runs `docker ps`
     "ui/test_postgres_storage.py": ("postgres",),  # a throwaway PostgreSQL cluster
+    "routing/test_sage_generated_journals.py": ("sage_contract",),  # SAGE's own code writes the journals
+    "defs/test_routing_assets.py::test_journals_sage_wrote_pass_the_blocking_checks": ("sage_contract",),
     # PostgreSQL storage and a Redis broker
     "cluster/test_celery_executor.py::test_slice_runs_on_two_celery_workers_with_in_process_results": ("postgres",),
 }
@@ -53,6 +55,7 @@ _NAMED_MARKS: dict[str, tuple[str, ...]] = {
 _SLOW = (
     "defs/test_benchmark_assets.py",
     "defs/test_online_ab.py",
+    "defs/test_offline_eval_sessions.py",
     "defs/test_policy_iteration_asset.py",
     "defs/test_routing_assets.py",
     "defs/test_run_reaper.py",
@@ -74,6 +77,8 @@ _SLOW = (
     "rl/test_ope.py::test_episode_estimators_recover_the_exact_policy_value",
     "rl/test_ope.py::test_evaluate_policy_on_the_routing_dataset",
     "rl/test_router.py::test_logged_propensity_is_the_exact_frequency_with_exploration",
+    "rl/test_sage_explore.py::test_sages_router_explores_with_the_reconstructed_probability",
+    "rl/test_sage_explore.py::test_sages_router_runs_every_checkpoint_kind_as_the_project_models_it",
     "rl/test_sage_router.py::test_sage_loads_the_file_unchanged_in_a_bare_process",
     "routing_benchmark/test_run.py::test_given_split_from_a_split_column_and_its_errors",
     "routing_benchmark/test_run.py::test_many_models_in_routerbench_layout",

@@ -1,6 +1,8 @@
 """Great Expectations suites on routing_dataset, as Dagster asset checks."""
 
 
+import json
+
 import dagster as dg
 
 from sage_pipeline.defs.resources import SageResource
@@ -24,12 +26,19 @@ def routing_dataset_contract(sage: SageResource) -> dg.AssetCheckResult:
 
 @dg.asset_check(asset="routing_dataset", blocking=False,
                 description="Great Expectations volume: at least min_rows_per_role decisions (default "
-                            "500) for every role. A warning: few rows make per-role estimates noisy.")
+                            "500) for every role that has decisions in the dataset. A role with none is not "
+                            "judged (SAGE's `sage run` never logs shell_router or shell_chat, and its planner "
+                            "and reviewer decisions have no outcome of their own): it is listed with why. A "
+                            "warning: few rows make per-role estimates noisy.")
 def routing_dataset_volume(sage: SageResource) -> dg.AssetCheckResult:
     df = rd.read_routing_dataset(sage.path("routing", rd.PARQUET_NAME), ["role"])  # all the suite reads
     roles = ActionSpace.load(sage.path("routing", ACTION_SPACE_FILE)).roles
-    res = expectations.validate_volume(df, roles, sage.min_rows_per_role)
+    report = sage.path("routing", rd.BUILD_REPORT_NAME)
+    built = json.loads(report.read_text()) if report.is_file() else {}
+    judged, without = expectations.roles_to_judge(df, roles, built)
+    res = expectations.validate_volume(df, judged, sage.min_rows_per_role)
     return dg.AssetCheckResult(
         passed=res.success, severity=dg.AssetCheckSeverity.WARN,
-        metadata={"min_rows_per_role": sage.min_rows_per_role,
+        metadata={"min_rows_per_role": sage.min_rows_per_role, "roles_judged": list(judged),
+                  "roles_without_rows": dg.MetadataValue.json(without),
                   "result": dg.MetadataValue.md(res.to_markdown())})

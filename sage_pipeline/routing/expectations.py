@@ -6,8 +6,10 @@ every (role, model) pair is one the dataset's action space allows (roles from th
 table, models from the table and the logs), and decision ids are unique.
 ``validate_contract_file`` runs the contract on the Parquet file in row batches, so its
 memory does not grow with the logs. ``volume`` warns when a role has too few rows to learn
-from; a role absent from the data is reported with 0 rows. Both run on an ephemeral GX context (no files, no network, no
-progress bars). GX is imported inside the functions, so importing this module is cheap.
+from; a role absent from the data is reported with 0 rows (the asset check judges only the roles
+:func:`roles_to_judge` returns, and lists the others with why they have none). Both run on an
+ephemeral GX context (no files, no network, no progress bars). GX is imported inside the
+functions, so importing this module is cheap.
 """
 
 from __future__ import annotations
@@ -281,6 +283,21 @@ def validate_contract_file(path: str | Path, space: ActionSpace, batch_rows: int
     outcomes = [ExpectationOutcome(_name(r.expectation_config), bool(r.success), _details(r, cols))
                 for r in results]
     return SuiteResult("contract", all(o.success for o in outcomes), outcomes)
+
+
+def roles_to_judge(df: pd.DataFrame, roles: tuple[str, ...], build_report: dict | None = None
+                   ) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The roles the volume warning judges (those of ``roles`` with at least one row), and for
+    every other role why it has none: the logs never name it (SAGE's ``sage run`` never routes
+    shell_router or shell_chat), or they do but none of its decisions has an outcome of its own
+    (SAGE's planner and reviewer, see the build report's ``routing_decisions_unused``)."""
+    present = set(df["role"].astype(str).unique())
+    logged = set((build_report or {}).get("roles_logged") or [])
+    judged = tuple(r for r in roles if r in present)
+    without = {r: ("logged, but no decision of it has an observable outcome (see the build report's "
+                   "routing_decisions_unused and not_joined)" if r in logged else "not in the logs")
+               for r in roles if r not in present}
+    return judged, without
 
 
 def validate_volume(df: pd.DataFrame, roles: tuple[str, ...], min_rows_per_role: int = 500) -> VolumeResult:

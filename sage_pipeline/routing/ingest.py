@@ -1,12 +1,16 @@
 """Streaming ingest of SAGE's session journals into ``trajectories.parquet`` and two side tables.
 
-What SAGE writes: ``memory/sessions/<YYYY-MM-DD>.log``, one JSON object per line,
-``{"type": ..., "timestamp": <ISO 8601>, ...payload}``. ``session_id`` and ``trace_id`` are
-there only when SAGE's environment sets ``SAGE_SESSION_ID`` / ``SAGE_TRACE_ID``; otherwise
-the file's stem is the session (``2026-11-20.log.gz`` -> ``2026-11-20``), as in SAGE's own
-exporter. Every ``*.log``, ``*.log.gz``, ``*.jsonl`` and ``*.jsonl.gz`` file under the
-configured folders (recursively) is read exactly once, in bounded memory (a few MB of
-buffer plus one row group per output table):
+What SAGE writes: ``memory/sessions/<YYYY-MM-DD>.log`` (rotated to ``<date>.<N>.log`` under
+``SAGE_SESSION_LOG_MAX_MB``, memory/manager.py), one JSON object per line,
+``{"type": ..., "timestamp": <ISO 8601>, ...payload}``, and the workflow's own plain-text lines
+``[<ts>] CHECKPOINT completed=N pending=M`` and ``[TOKEN_SUMMARY] ...`` (orchestrator/workflow.py
+save_memory: counted by kind in ``text_lines``, never quarantined; see :data:`SAGE_TEXT_LINES`).
+``session_id`` and ``trace_id`` are there only when SAGE's environment sets ``SAGE_SESSION_ID`` /
+``SAGE_TRACE_ID`` (``sage run`` sets a fresh session id per run); otherwise the session is the
+journal's day, the file's stem without the rotation number (:func:`file_stem`). Every ``*.log``,
+``*.log.gz``, ``*.jsonl`` and ``*.jsonl.gz`` file under the configured folders (recursively) is
+read exactly once, in SAGE's writing order (:func:`journal_order`), in bounded memory (a few MB
+of buffer plus one row group per output table):
 
 Every kept row has ``timestamp_utc`` (the ``timestamp``, required, parsed as ISO 8601 with
 or without an offset, naive meaning UTC, "Z" allowed, in years 1678-2261), its
@@ -15,13 +19,17 @@ or without an offset, naive meaning UTC, "Z" allowed, in years 1678-2261), its
 * ``TRAJECTORY_STEP`` events that pass validation become rows of ``trajectories.parquet``
   (:data:`~sage_pipeline.routing.schema.TRAJECTORY_COLUMNS`). Required: ``timestamp``,
   ``task_id``, ``agent`` (the role), ``action.model_chosen``, ``reward`` (finite, in
-  [-2, 2]) and ``terminal``; ids, role and model non-empty strings. Optional (null when
+  [-2, 2]) and ``terminal``; ids and role non-empty strings; the model a string, where SAGE's
+  ``""`` (``task.model_used`` never set: the circuit breaker's step after a timed-out call) is
+  kept as null and counted per role in ``steps_without_model``. Optional (null when
   absent): ``session_id`` (``session_id_source`` says ``logged`` or ``file_stem``),
   ``trace_id``, ``action.prompt_strategy_key``, ``extra.synthetic`` (``data_source``),
   every ``state`` key (``task_complexity_score`` in [0, 1], ``primary_failure_count`` >= 0,
   ``verification_passed``, ``failed_reason``, ...; keys the dataset does not read are
   skipped, whatever their type) and the two extensions SAGE itself never writes,
-  ``step`` (>= 0) and ``propensity`` (in (0, 1]). Roles and models are any strings (Ollama
+  ``step`` (>= 0) and ``propensity`` (in (0, 1]); ``verdict`` (the reviewer's PASS/FAIL,
+  which SAGE spreads from the step's extra), ``state.debug_retry`` and ``state.debug_status``
+  (the debugger's). Roles and models are any strings (Ollama
   tags, ``shell_router``, ...): no catalogue is consulted here.
 * ``MODEL_ROUTING_DECISION`` events become rows of ``routing_decisions.parquet``
   (:data:`~sage_pipeline.routing.schema.ROUTING_DECISION_COLUMNS`; required ``agent_role``
@@ -37,7 +45,8 @@ or without an offset, naive meaning UTC, "Z" allowed, in years 1678-2261), its
   empty, a bad timestamp, out-of-range numbers) is a valid SAGE line all the same: it is
   counted in ``unusable_side_events``, the first few with file, line and reason in
   ``unusable_side_examples``, and left out of its side table, not quarantined.
-* Anything else (truncated JSON, not an object, no string ``type``, a ``TRAJECTORY_STEP``
+* Anything else is damage (truncated JSON, not an object, no string ``type``, a
+  non-JSON line other than SAGE's two text lines whole, a ``TRAJECTORY_STEP``
   with wrong types, missing or empty required fields, a timestamp that is not ISO 8601,
   non-finite or out-of-range numbers, duplicate steps, non-UTF-8 bytes, over-long lines)
   goes to ``quarantine.jsonl`` with its file, line number and reason.
@@ -47,7 +56,8 @@ when the step is logged, else ``(session_id, task_id, role, timestamp)`` (the ti
 as a UTC instant).
 
 ``lines_read == accepted_lines + quarantined_lines`` holds for every run, where accepted
-lines are the trajectory rows, the other events (side events included) and blank lines.
+lines are the trajectory rows, the other events (side events included), SAGE's text lines
+and blank lines. Only quarantined lines count toward the trajectories asset's blocking check.
 
 The hot path decodes each line once with one typed msgspec decoder (types are checked in
 C; unknown keys are skipped), validates values column-wise with numpy/pyarrow and parses
@@ -63,6 +73,7 @@ import fnmatch
 import json
 import logging
 import os
+import re
 import time
 import zlib
 from collections import Counter
@@ -124,6 +135,8 @@ class State(msgspec.Struct, gc=False, frozen=True):
     reviewer_score: Union[float, None] = None
     latency_s: Union[float, None] = None
     cost_usd: Union[float, None] = None
+    debug_retry: Union[int, None] = None  # the debugger's step (workflow.py debug_agent)
+    debug_status: Union[str, None] = None
 
 
 class Extra(msgspec.Struct, gc=False, frozen=True):
@@ -153,6 +166,7 @@ class Event(_Envelope, gc=False):
     reward: Union[float, None] = None
     terminal: Union[bool, None] = None
     extra: Extra = Extra()
+    verdict: Union[str, None] = None  # the reviewer's step: PASS or FAIL (record_trajectory_step spreads extra)
     # MODEL_ROUTING_DECISION
     agent_role: Union[str, None] = None
     task_complexity_score: Union[float, None] = None
@@ -181,6 +195,7 @@ class StepEvent(_Envelope, gc=False):
     reward: Union[float, None] = None
     terminal: Union[bool, None] = None
     extra: Extra = Extra()
+    verdict: Union[str, None] = None
 
 
 class RoutingDecisionEvent(_Envelope, gc=False):
@@ -202,6 +217,16 @@ class TokenUsageEvent(_Envelope, gc=False):
     completion_tokens: Union[int, None] = None
     cost_usd: Union[float, None] = None
 
+
+# SAGE's own plain-text journal lines: ``save_memory`` writes them with ``append_session_log``
+# (orchestrator/workflow.py, around line 2504). Only a whole line in exactly one of these
+# shapes is SAGE's text; any other line that is not JSON (a JSON object cut short starts with
+# "{", and cannot match) is damage and is quarantined.
+SAGE_TEXT_LINES = {
+    "text_checkpoint": re.compile(r"\[\d{4}-\d{2}-\d{2}T[0-9:.+\-]+Z?\] CHECKPOINT completed=\d+ pending=\d+"),
+    "text_token_summary": re.compile(
+        r"\[TOKEN_SUMMARY\] total_tokens=[0-9.]+ prompt=[0-9.]+ completion=[0-9.]+ calls=[0-9.]+"),
+}
 
 _SLOW_TYPES = {TRAJECTORY_STEP: StepEvent, MODEL_ROUTING_DECISION: RoutingDecisionEvent,
                TOKEN_USAGE: TokenUsageEvent}
@@ -231,6 +256,9 @@ _STEP_FIELDS: _Fields = {
     "cost_usd": ("state.cost_usd", pa.float64(), False),
     "logged_reward": ("reward", pa.float64(), True),
     "terminal": ("terminal", pa.bool_(), True),
+    "verdict": ("verdict", pa.string(), False),
+    "debug_retry": ("state.debug_retry", pa.int64(), False),
+    "debug_status": ("state.debug_status", pa.string(), False),
 }
 _MRD_FIELDS: _Fields = {
     "timestamp": ("timestamp", pa.string(), True),
@@ -323,6 +351,8 @@ class IngestStats:
     lines_read: int = 0
     steps_accepted: int = 0
     blank_lines: int = 0
+    text_lines: Counter = field(default_factory=Counter)  # SAGE's plain-text lines by kind (not events)
+    steps_without_model: Counter = field(default_factory=Counter)  # role -> steps SAGE logged with model ""
     other_events: Counter = field(default_factory=Counter)  # every type but TRAJECTORY_STEP
     quarantined: int = 0
     quarantine_reasons: Counter = field(default_factory=Counter)
@@ -338,7 +368,8 @@ class IngestStats:
 
     @property
     def accepted_lines(self) -> int:
-        return self.steps_accepted + self.blank_lines + sum(self.other_events.values())
+        return (self.steps_accepted + self.blank_lines + sum(self.other_events.values())
+                + sum(self.text_lines.values()))
 
     @property
     def quarantined_fraction(self) -> float:
@@ -360,6 +391,9 @@ class IngestStats:
         n_syn = int(pc.sum(pc.equal(table["data_source"], "synthetic")).as_py() or 0)
         self.rows_by_source.update({"synthetic": n_syn, "real": table.num_rows - n_syn})
         self.steps_without_step += table["step"].null_count
+        if table["model"].null_count:
+            roles = table["role"].filter(table["model"].is_null())
+            self.steps_without_model.update({d["values"]: d["counts"] for d in pc.value_counts(roles).to_pylist()})
         from_stem = pc.equal(table["session_id_source"], "file_stem")
         n_stem = int(pc.sum(from_stem).as_py() or 0)
         if n_stem:
@@ -374,6 +408,7 @@ class IngestStats:
             "bytes_read": self.bytes_read, "lines_read": self.lines_read,
             "accepted_lines": self.accepted_lines, "trajectory_steps": self.steps_accepted,
             "other_events": dict(self.other_events), "blank_lines": self.blank_lines,
+            "text_lines": dict(self.text_lines), "steps_without_model": dict(self.steps_without_model),
             "quarantined_lines": self.quarantined, "quarantined_fraction": self.quarantined_fraction,
             "quarantine_reasons": dict(self.quarantine_reasons.most_common()),
             "rows_by_source": dict(self.rows_by_source),
@@ -383,6 +418,8 @@ class IngestStats:
             "steps_without_step": self.steps_without_step,
             "sessions_from_file_stem": self.sessions_from_file_stem,
             "steps_session_from_file_stem": self.steps_session_from_file_stem,
+            "rotated_journal_parts": sum(bool(_ROTATED.fullmatch(Path(Path(f).name.removesuffix(".gz")).stem))
+                                         for f in self.files),
             "seconds": round(self.seconds, 3),
         }
 
@@ -416,7 +453,7 @@ class NoTrajectorySteps(ValueError):
 
 # ---------------------------------------------------------------- reading
 def find_logs(config: IngestConfig, setting: str = "log_dirs") -> list[Path]:
-    """Every journal file under the configured folders, sorted; a missing folder is an error."""
+    """Every journal file under the configured folders, in :func:`journal_order`; a missing folder is an error."""
     return discover_logs(config, setting)[0]
 
 
@@ -459,13 +496,37 @@ def discover_logs(config: IngestConfig, setting: str = "log_dirs") -> tuple[list
                         files.add(path)
                     elif not path.exists():
                         skipped.append({"path": str(path), "reason": "a broken link or a file removed while listing"})
-    return sorted(files), sorted(skipped, key=lambda sk: sk["path"])
+    return sorted(files, key=journal_order), sorted(skipped, key=lambda sk: sk["path"])
+
+
+_ROTATED = re.compile(r"(\d{4}-\d{2}-\d{2})\.(\d+)")  # manager.py: f"{today}.{i}.log", today %Y-%m-%d
 
 
 def file_stem(path: str | Path) -> str:
-    """The session id SAGE's exporter uses for a journal without ``session_id``: the file
-    name without ``.gz`` and then without its extension (``2026-11-20.log.gz`` -> ``2026-11-20``)."""
-    return Path(Path(path).name.removesuffix(".gz")).stem
+    """The session id of a journal line without ``session_id``: the day of its journal.
+
+    SAGE's exporter (rl/export_dataset.py ``load_all_events``) uses ``lp.stem``; this is the file
+    name without ``.gz`` and its extension (``2026-11-20.log.gz`` -> ``2026-11-20``), and
+    without the rotation number ``MemoryManager.append_session_log`` adds (memory/manager.py:
+    ``<date>.log`` is renamed ``<date>.<i>.log`` when it would pass ``SAGE_SESSION_LOG_MAX_MB``):
+    ``2026-11-20.3.log`` -> ``2026-11-20``. A day's rotated parts are one journal cut in pieces,
+    so without a logged session id they are one session, as the un-rotated file would be
+    (``lp.stem`` would make ``2026-11-20.3`` a session of its own and cut the runs in it)."""
+    stem = Path(Path(path).name.removesuffix(".gz")).stem
+    m = _ROTATED.fullmatch(stem)
+    return m.group(1) if m else stem
+
+
+def journal_order(path: str | Path) -> tuple:
+    """Sort key of journal files in the order SAGE wrote them: by folder, then day, then
+    rotation part: ``<date>.1.log`` (the oldest, renamed first), ``<date>.2.log``, ...,
+    then ``<date>.log`` (the part still being written). Other names sort by name."""
+    p = Path(path)
+    stem = Path(p.name.removesuffix(".gz")).stem
+    m = _ROTATED.fullmatch(stem)
+    if m:
+        return (str(p.parent), m.group(1), 0, int(m.group(2)), p.name)
+    return (str(p.parent), stem, 1, 0, p.name)
 
 
 def _utf8_errors(parts: list[bytes], data: bytes, cut: int) -> list[int]:
@@ -507,7 +568,8 @@ def _head(line: bytes) -> str:
 
 def _slow_path(line: bytes) -> tuple[str, object, str | None]:
     """Classify a line the fast decoder refused: ``(kind, payload, type)`` with kind one of
-    'blank', 'other' (any type the ingest does not keep), 'event' (a step or side event,
+    'blank', 'text' (one of SAGE's own plain-text lines, payload its kind: see
+    :data:`SAGE_TEXT_LINES`), 'other' (any type the ingest does not keep), 'event' (a step or side event,
     payload the decoded struct), 'unusable' (a side event with wrong types, payload the
     reason) or 'bad' (payload the quarantine reason)."""
     if not line.strip():
@@ -516,6 +578,10 @@ def _slow_path(line: bytes) -> tuple[str, object, str | None]:
         text = line.decode("utf-8")
     except UnicodeDecodeError as exc:
         return "bad", f"not valid UTF-8: byte 0x{line[exc.start]:02x} at offset {exc.start}", None
+    if text[:1] == "[":
+        for kind, pattern in SAGE_TEXT_LINES.items():
+            if pattern.fullmatch(text):
+                return "text", kind, None
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -619,7 +685,9 @@ def _check(cols: dict[str, pa.Array], fields: _Fields, nonempty: tuple[str, ...]
     return f, ts_utc
 
 
-_STEP_NONEMPTY = ("session_id", "task_id", "role", "model")
+# action.model_chosen may be "": SAGE writes ``getattr(task, "model_used", "") or ""`` (workflow.py
+# circuit_breaker, debug_agent); such a step is kept with a null model (see _rows), never refused
+_STEP_NONEMPTY = ("session_id", "task_id", "role")
 _STEP_RANGES = (
     ("task_complexity_score", 0.0, 1.0, False),
     ("logged_reward", REWARD_MIN, REWARD_MAX, False),
@@ -740,6 +808,7 @@ class _BlockResult:
     token_usage: pa.Table | None = None  # usable TOKEN_USAGE rows
     unusable: list[tuple[int, str, str]] = field(default_factory=list)  # (line, type, reason)
     damaged: tuple[int, str] | None = None  # (line, reason): the file is unreadable from there on
+    text_lines: Counter = field(default_factory=Counter)  # SAGE's plain-text lines, by kind
 
 
 class _Damaged(Exception):
@@ -938,6 +1007,9 @@ def _rows(typ: str, events: list, pos: list[int], stem: str, fname: str,
     cols["session_id"], cols["session_id_source"] = _session(cols["session_id"], stem)
     if is_step:
         cols["data_source"] = pc.if_else(cols.pop("_synthetic").fill_null(False), "synthetic", "real")
+        no_model = pc.equal(cols["model"], "").fill_null(False)
+        if pc.any(no_model).as_py():  # SAGE's "" (task.model_used never set): null, counted by role
+            cols["model"] = pc.if_else(no_model, pa.scalar(None, pa.string()), cols["model"])
     if n < len(keep):
         mask = pa.array(keep)
         cols = {c: cols[c].filter(mask) for c in kind.schema.names if c in cols}
@@ -975,6 +1047,7 @@ def process_block(block: _Block, max_line_bytes: int) -> _BlockResult:
     other = Counter(types.tolist()) if len(kept[TRAJECTORY_STEP][0]) < len(types) else Counter()
     other.pop(TRAJECTORY_STEP, None)
     blank = 0
+    text: Counter = Counter()
     unusable: list[tuple[int, str, str]] = []
     for i in slow:
         if i in special:
@@ -986,6 +1059,8 @@ def process_block(block: _Block, max_line_bytes: int) -> _BlockResult:
             other[typ] += 1
         if kind == "blank":
             blank += 1
+        elif kind == "text":
+            text[payload] += 1
         elif kind == "event":
             kept[typ][0].append(payload)
             kept[typ][1].append(i)
@@ -1003,7 +1078,7 @@ def process_block(block: _Block, max_line_bytes: int) -> _BlockResult:
         unusable += [(line_no, typ, reason) for _, line_no, reason in refused]
     return _BlockResult(fname, len(lines), table, keys, quarantined, other, blank,
                         side[MODEL_ROUTING_DECISION], side[TOKEN_USAGE], sorted(unusable),
-                        (first, block.damaged) if block.damaged else None)
+                        (first, block.damaged) if block.damaged else None, text)
 
 
 # Parquet encoding: dictionaries only where values repeat (ids, roles, models, flags; on
@@ -1013,6 +1088,7 @@ _DICTIONARY_COLUMNS = frozenset({
     "session_id", "session_id_source", "trace_id", "role", "model", "prompt_strategy_key", "failed_reason",
     "data_source", "source_file", "agent_role", "primary_model", "fallback_model", "selected_model",
     "matched_fallback_triggers", "policy_source", "agent", "verification_passed", "terminal", "timed_out",
+    "verdict", "debug_status", "debug_retry",
     "primary_failure_count", "failure_count", "task_complexity_score"})
 _STATISTICS_COLUMNS = ("timestamp_utc", "session_id", "source_file", "source_line")
 
@@ -1104,6 +1180,7 @@ def ingest(config: IngestConfig, out_dir: str | Path, progress: Callable[[str], 
         for res in results:
             stats.lines_read += res.lines
             stats.blank_lines += res.blank_lines
+            stats.text_lines.update(res.text_lines)
             stats.other_events.update(res.other_events)
             if res.damaged:
                 stats.damaged_files.append({"file": res.fname, "line": res.damaged[0], "reason": res.damaged[1]})

@@ -1,7 +1,12 @@
 """The routing dataset: one row per routing decision, versioned, split by session.
 
 Built from ``trajectories.parquet`` (validated TRAJECTORY_STEP events) joined with the
-``MODEL_ROUTING_DECISION`` and ``TOKEN_USAGE`` events the ingest kept beside it. Adds what
+``MODEL_ROUTING_DECISION`` and ``TOKEN_USAGE`` events the ingest kept beside it. SAGE's
+``sage run`` journals hold no step per decision: their reviewer, debugger and circuit-breaker
+steps are outcomes, and :func:`sage_workflow_decisions` reads the decisions they follow (the
+coder's from the reviewer's step, the debugger's from its MODEL_ROUTING_DECISION) with their
+outcomes, tokens, seconds and provenance, counting what cannot be joined (docs/architecture.md,
+"Joining SAGE's journals"). Adds what
 the learners and the evaluation need: the episode, the step (derived where SAGE did not
 log one), the action index in the dataset's :class:`ActionSpace`, what the static table
 would have chosen, the cost (logged, else priced by the catalogue, else ``unknown``), the
@@ -16,25 +21,29 @@ import hashlib
 import json
 import shutil
 import tempfile
-from dataclasses import asdict, dataclass
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import msgspec
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sage_pipeline import artifacts
+from sage_pipeline.routing import ingest
 from sage_pipeline.routing.action_space import ActionSpace
 from sage_pipeline.routing.catalogue import ModelCatalogue
-from sage_pipeline.routing.reward import RewardSpec, apply_version
+from sage_pipeline.routing.reward import RewardSpec, apply_version, dataset_reward_spec, sage_composite_reward
 from sage_pipeline.routing.schema import DATASET_COLUMNS, SCHEMA_VERSION
 from sage_pipeline.routing.table import RoutingTable
 
 PARQUET_NAME = f"routing_v{SCHEMA_VERSION}.parquet"
+BUILD_REPORT_NAME = "build_report.json"  # BuildReport.to_dict(): joins, derivations and what was left out
 JSONL_NAME = f"routing_v{SCHEMA_VERSION}.jsonl"
 
 
@@ -48,6 +57,15 @@ class DatasetConfig(BaseModel):
     eval_fraction: float = Field(0.2, gt=0.0, lt=1.0, description="share of sessions in the eval split (by session "
                                  "hash), in (0, 1)")
     split_salt: str = Field("sage-routing", description="salt of the session hash that assigns the split")
+
+    @field_validator("reward", mode="before")
+    @classmethod
+    def _reward(cls, v: Any) -> Any:
+        """reward_v1/reward_v2: a plain RewardSpec (equal to the simulator's); reward_v3_tokens_seconds:
+        a LocalCostRewardSpec (:func:`~sage_pipeline.routing.reward.dataset_reward_spec`)."""
+        if cls.model_fields["reward"].annotation is not RewardSpec:  # a subclass's own section (the asset's config)
+            return v
+        return dataset_reward_spec(v) if isinstance(v, dict | BaseModel) else v
 
 
 # The default read as a class attribute, as it could be when DatasetConfig was a dataclass
@@ -84,6 +102,331 @@ def _episode_complete(df: pd.DataFrame, logged_failures: pd.Series | None = None
     return ok.to_numpy()
 
 
+# ---------------------------------------------------------------- SAGE's `sage run` journals
+# In `sage run`, TRAJECTORY_STEP comes only from the reviewer, the debugger and the orchestrator
+# (orchestrator/workflow.py: verification_gate, debug_agent, circuit_breaker). None of them is
+# the routing decision it follows; the decisions are read as follows (docs/architecture.md,
+# "Joining SAGE's journals"):
+# * the assigned agent's: the reviewer's step names the task's model (action.model_chosen =
+#   task.model_used) and, for the coder, the UCB bandit's strategy key (agents/coder.py: the
+#   coder never calls ModelRouter.select, so it logs no MODEL_ROUTING_DECISION); another
+#   assigned agent (documentation, test_engineer) is its MODEL_ROUTING_DECISION of that model;
+# * the debugger's: its MODEL_ROUTING_DECISION (agents/debugger.py select("debugger", c,
+#   next_retry)), matched to the debugger's step that follows by complexity and retry;
+# * outcomes: the next reviewer verdict of the task (PASS terminal, FAIL not), the debugger's
+#   debug_status (no patch: the task goes back to its agent) and the circuit breaker
+#   (failed_reason timeout / retry_limit, terminal).
+ASSIGNED_ROLES = frozenset({"coder", "documentation", "test_engineer", "architect", "memory_optimizer"})
+UNUSED_MRD_REASONS = {
+    "planner": "planner: route_model/PlannerAgent choose the planner's model; no step of `sage run` is its outcome",
+    "reviewer": "reviewer: its verdict is the assigned agent's outcome; no step credits the reviewer's own model",
+    "debugger": "debugger: no debugger step of the same complexity and retry followed it in the session",
+    "shell_router": "shell_router: the interactive shell's routing; no task, no outcome",
+    "shell_chat": "shell_chat: the interactive shell's chat; no task, no outcome",
+}
+UNUSED_MRD_DEFAULT = "no reviewer step of its model, complexity and failure count followed it in the session"
+_NO_AGENT = ("reviewer step whose assigned agent is unknown: no coder strategy key and no MODEL_ROUTING_DECISION "
+             "of an assigned role with its model, complexity and failure count")
+_NO_MODEL = "reviewer step without the assigned agent's model (model_chosen empty)"
+_NO_DEBUG_MRD = "debugger step without its MODEL_ROUTING_DECISION (the debugger's model is unknown)"
+_TIMEOUT = ("assigned agent's call timed out before SAGE recorded its model (circuit breaker 'timeout' with the "
+            "task's new attempt unlogged)")
+_DANGLING = "debugger decision with no later verdict or circuit breaker (the journal ends)"
+
+
+def is_workflow_step(steps: pd.DataFrame) -> np.ndarray:
+    """Steps SAGE's workflow writes as outcomes: the orchestrator's, a reviewer step with a
+    verdict, a debugger step with debug_status or debug_retry. Every other step (SAGE's
+    collect_synth, the project's collector) is the decision of its own agent."""
+    none = pd.Series(False, index=steps.index)
+    role = steps["role"].astype(str)
+    verdict = steps["verdict"].notna() if "verdict" in steps else none
+    dbg = (steps["debug_status"].notna() | steps["debug_retry"].notna()) if "debug_status" in steps else none
+    return ((role == "orchestrator") | ((role == "reviewer") & verdict) | ((role == "debugger") & dbg)).to_numpy()
+
+
+def file_rank(files: pd.Series) -> pd.Series:
+    """Each journal file's place in SAGE's writing order (:func:`ingest.journal_order`: a day's
+    rotated parts by number, then the part still written)."""
+    codes, uniq = pd.factorize(files, sort=False)
+    order = sorted(range(len(uniq)), key=lambda i: ingest.journal_order(str(uniq[i])))
+    rank = np.empty(len(uniq), dtype=np.int64)
+    rank[order] = np.arange(len(uniq))
+    return pd.Series(rank[codes], index=files.index)
+
+
+def _ref(row) -> str:
+    return f"{Path(row.source_file).name}:{int(row.source_line)}"
+
+
+def _same(a, b) -> bool:
+    return a is not None and b is not None and abs(float(a) - float(b)) < 1e-9
+
+
+class _Decision:
+    def __init__(self, role: str, model: str, row, source: str, base: dict, mrd=None, tus=None,
+                 c=None, fc=None, strategy=None) -> None:
+        self.role, self.model, self.row, self.source, self.mrd = role, model, row, source, mrd
+        self.tus = list(tus or [])
+        self.c, self.fc, self.strategy = c, fc, strategy
+        self.task_id, self.episode, self.session, self.data_source = (base["task_id"], base["episode"],
+                                                                       base["session"], base["data_source"])
+        self.outcome: str | None = None  # verdict, no_patch or circuit_breaker
+        self.outcome_refs: list[str] = []
+        self.verdict_passed: bool | None = None
+        self.reward = 0.0
+        self.terminal = False
+        self.failed_reason: str | None = None
+        self.dropped_episode = False
+
+
+class _Task:
+    def __init__(self, episode: int = 0) -> None:
+        self.episode, self.decisions, self.author_open = episode, [], True
+        self.pending: _Decision | None = None
+        self.ended = self.dropped = False
+
+
+def _take_mrd(open_mrds: list[dict], roles, model, c, fc) -> dict | None:
+    """The latest open MODEL_ROUTING_DECISION of one of ``roles`` (and ``model`` when given) with
+    this complexity and failure count; it is taken (one decision, one outcome)."""
+    for m in reversed(open_mrds):
+        r = m["row"]
+        if r.agent_role in roles and (model is None or r.selected_model == model) \
+                and _same(r.task_complexity_score, c) and (fc is None or _same(r.primary_failure_count, fc)):
+            open_mrds.remove(m)
+            return m
+    return None
+
+
+def _from_mrd(m: dict, base: dict, used: set) -> _Decision:
+    r = m["row"]
+    used.add((str(r.source_file), int(r.source_line)))
+    return _Decision(r.agent_role, r.selected_model, r, "routing_decision", base, mrd=r, tus=m["tus"],
+                     c=r.task_complexity_score, fc=r.primary_failure_count)
+
+
+def _set_verdict(d: _Decision, r) -> None:
+    d.outcome, d.reward = "verdict", float(r.logged_reward or 0.0)
+    d.verdict_passed = str(r.verdict).upper() == "PASS"
+    d.outcome_refs.append(_ref(r))
+
+
+def sage_workflow_decisions(steps: pd.DataFrame, mrd: pd.DataFrame | None,
+                            tu: pd.DataFrame | None) -> tuple[pd.DataFrame | None, dict]:
+    """The routing decisions of SAGE's ``sage run`` journals with their outcomes (pure).
+
+    ``steps``: the workflow steps (:func:`is_workflow_step`) of some sessions; ``mrd``, ``tu``:
+    the MODEL_ROUTING_DECISION and TOKEN_USAGE rows of the same sessions. Each session is read
+    in SAGE's writing order (timestamp, then journal file in rotation order, then line). Returns
+    one row per decision with an outcome, in :func:`build_routing_dataset`'s joined shape with
+    ``provenance`` (the lines that made the row), and what could not be joined, by reason.
+    """
+    frames = []
+    for kind, df in (("S", steps), ("M", mrd), ("U", tu)):
+        if df is not None and not df.empty:
+            frames.append(df.assign(ev_kind=kind))
+    ev = pd.concat(frames, ignore_index=True, sort=False)
+    ts = pd.to_datetime(ev["timestamp_utc"], utc=True)
+    ev["ev_ts"] = ((ts - pd.Timestamp(0, tz="UTC")) // pd.Timedelta(1, "us")).astype("int64")  # microseconds
+    ev["ev_rank"] = file_rank(ev["source_file"])
+    ev = ev.sort_values(["session_id", "ev_ts", "ev_rank", "source_line"], kind="stable")
+    for col in ("agent_role", "selected_model", "verdict", "debug_status", "debug_retry", "failed_reason",
+                "prompt_strategy_key", "prompt_tokens", "completion_tokens", "cost_usd", "task_id", "role", "model",
+                "task_complexity_score", "primary_failure_count", "logged_reward", "terminal", "data_source"):
+        if col not in ev:
+            ev[col] = None
+    ev = ev.astype(object).where(ev.notna(), None)
+    out: list[_Decision] = []
+    all_tasks: list[_Task] = []
+    unjoined: Counter = Counter()
+    used: set[tuple[str, int]] = set()
+    notes: Counter = Counter()  # outcomes read that start no decision of their own, token usage by owner
+    claimed: list[dict] = []  # every MRD with the TOKEN_USAGE it claimed
+    for sid, sess in ev.groupby("session_id", sort=False):
+        tasks: dict[str, _Task] = {}
+        open_mrds: list[dict] = []  # MODEL_ROUTING_DECISIONs since the session's last step
+        loose: list[dict] = []  # TOKEN_USAGE since the last step that no open MRD claimed
+        prev_ts = None
+        for r in sess.itertuples(index=False):
+            if r.ev_kind == "M":
+                open_mrds.append({"row": r, "tus": []})
+                claimed.append(open_mrds[-1])
+            elif r.ev_kind == "U":
+                rec = {"row": r, "s": (r.ev_ts - prev_ts) / 1e6 if prev_ts is not None else None}
+                # each agent calls select once, then chat once: the latest open MRD of this model without a call
+                owner = next((m for m in reversed(open_mrds) if m["row"].selected_model == r.model and not m["tus"]),
+                             None)
+                (owner["tus"] if owner is not None else loose).append(rec)
+            else:
+                _step(r, sid, tasks, all_tasks, open_mrds, loose, used, unjoined, notes, out)
+                open_mrds, loose = [], []  # an agent's select, chat and step come in that order
+            prev_ts = r.ev_ts
+        for t in tasks.values():
+            if t.pending is not None:
+                unjoined[_DANGLING] += 1
+                t.decisions.remove(t.pending)
+                out.remove(t.pending)
+                t.pending, t.dropped = None, True
+    for t in all_tasks:
+        for d in t.decisions:
+            d.dropped_episode = t.dropped
+    unused: Counter = Counter()
+    claimed_unused = sum(len(m["tus"]) for m in claimed
+                         if (str(m["row"].source_file), int(m["row"].source_line)) not in used)
+    if mrd is not None and not mrd.empty:
+        for role, f, ln in zip(mrd["agent_role"].astype(str), mrd["source_file"].astype(str),
+                               mrd["source_line"].astype("int64")):
+            if (f, int(ln)) not in used:
+                unused[UNUSED_MRD_REASONS.get(role, f"{role}: {UNUSED_MRD_DEFAULT}")] += 1
+    attributed = sum(len(d.tus) for d in out)
+    n_tu = 0 if tu is None else len(tu)
+    notes["TOKEN_USAGE of a decision with a row"] += attributed
+    notes["TOKEN_USAGE of a MODEL_ROUTING_DECISION without a row (its own call: planner, reviewer, ...)"] += \
+        claimed_unused
+    report = {"decisions": len(out), "by_role": dict(Counter(d.role for d in out)),
+              "by_source": dict(Counter(d.source for d in out)), "not_joined": dict(unjoined),
+              "routing_decisions_unused": dict(unused), "token_usage_attributed": attributed,
+              "token_usage_unattributed": n_tu - attributed - claimed_unused,
+              "notes": {k: v for k, v in notes.items() if v}}
+    return _decision_frame(out), report
+
+
+def _step(r, sid, tasks: dict, all_tasks: list, open_mrds: list, loose: list, used: set, unjoined: Counter,
+          notes: Counter, out: list) -> None:
+    """One workflow step of session ``sid``: a decision revealed, an outcome, or both."""
+    t = tasks.get(r.task_id)
+    if t is None or t.ended:  # a task id seen again after its episode ended: a new episode
+        t = tasks[r.task_id] = _Task(0 if t is None else t.episode + 1)
+        all_tasks.append(t)
+    base = {"task_id": r.task_id, "episode": t.episode, "session": sid, "data_source": r.data_source}
+    if r.role == "reviewer":
+        if t.pending is not None:  # the debugger's patch was verified: the verdict is its outcome
+            _set_verdict(t.pending, r)
+            t.pending = None
+        elif t.author_open:
+            t.author_open = False
+            d = _author_decision(r, open_mrds, loose, base, used, unjoined)
+            if d is None:
+                t.dropped = True
+            else:
+                _set_verdict(d, r)
+                t.decisions.append(d)
+                out.append(d)
+        elif t.decisions:  # a further verdict with no decision in between (e.g. a fix pattern applied)
+            t.decisions[-1].outcome_refs.append(_ref(r))
+            notes["reviewer verdict with no new decision since the last (added to the last decision's provenance)"] += 1
+        if bool(r.terminal):
+            t.ended = True
+            if t.decisions:
+                t.decisions[-1].terminal = True
+    elif r.role == "debugger":
+        status = str(r.debug_status or "")
+        if t.pending is not None:  # the last patch failed verification without a reviewer step
+            # (verification_gate: the verify command failed, "Verification failed (rc=...)", logs no step)
+            t.pending.outcome, t.pending.verdict_passed, t.pending.reward = "failed_unreviewed", False, 0.0
+            t.pending = None
+        m = _take_mrd(open_mrds, ("debugger",), None, r.task_complexity_score, r.debug_retry)
+        if m is None:
+            unjoined[_NO_DEBUG_MRD] += 1
+            t.dropped = True
+        else:
+            d = _from_mrd(m, base, used)
+            d.outcome_refs.append(_ref(r))
+            if status == "patch_ready":
+                t.pending = d  # its outcome is the next verdict of the task (or the circuit breaker)
+            else:  # no patch: the task goes back to its agent (debug_agent sets it pending)
+                d.outcome, d.reward, d.verdict_passed = "no_patch", float(r.logged_reward or 0.0), None
+                d.failed_reason = f"debugger_{status or 'no_patch'}"
+            t.decisions.append(d)
+            out.append(d)
+        t.author_open = status != "patch_ready"
+    else:  # the orchestrator's circuit breaker: the task failed
+        reason = str(r.failed_reason or "")
+        if t.pending is not None:  # the patch never reached verification
+            t.pending.outcome, t.pending.verdict_passed = "circuit_breaker", None
+            t.pending.reward = float(r.logged_reward or 0.0)
+            t.pending = None
+        if t.author_open and t.decisions and "timeout" in reason:
+            unjoined[_TIMEOUT] += 1
+        if t.decisions:
+            last = t.decisions[-1]
+            last.terminal, last.failed_reason = True, reason or last.failed_reason
+            last.outcome_refs.append(_ref(r))
+        else:
+            unjoined[f"circuit breaker ({reason or 'no reason'}) of a task with no observed decision: the assigned "
+                     "agent's model was never recorded"] += 1
+        t.ended = True
+
+
+def _author_decision(r, open_mrds: list, loose: list, base: dict, used: set, unjoined: Counter) -> _Decision | None:
+    """The assigned agent's decision a reviewer verdict reveals, or None (counted)."""
+    if r.model is None:
+        unjoined[_NO_MODEL] += 1
+        return None
+    key = str(r.prompt_strategy_key or "")
+    if key.startswith("coder:"):  # the coder's UCB bandit (agents/coder.py): no MODEL_ROUTING_DECISION
+        # CoderAgent.run calls chat once: its call is the latest one of its model that no MRD claimed
+        tus = [u for u in loose if u["row"].model == r.model][-1:]
+        for u in tus:
+            loose.remove(u)
+        return _Decision("coder", r.model, r, "reviewer_step", base, tus=tus, c=r.task_complexity_score,
+                         fc=r.primary_failure_count, strategy=key)
+    m = _take_mrd(open_mrds, ASSIGNED_ROLES, r.model, r.task_complexity_score, r.primary_failure_count)
+    if m is None:
+        unjoined[_NO_AGENT] += 1
+        return None
+    d = _from_mrd(m, base, used)
+    d.strategy = key or None
+    return d
+
+
+def _decision_frame(ds: list[_Decision]) -> pd.DataFrame | None:
+    """Decisions as rows of :func:`build_routing_dataset`'s joined frame."""
+    if not ds:
+        return None
+
+    def tok(d, k):
+        v = [getattr(u["row"], k) for u in d.tus if getattr(u["row"], k) is not None]
+        return float(sum(v)) if v else np.nan
+
+    def secs(d):
+        v = [u["s"] for u in d.tus if u["s"] is not None]
+        return float(sum(v)) if v else np.nan
+
+    rows = []
+    for d in ds:
+        r, m = d.row, d.mrd
+        prov = {"decision": _ref(r), "decision_source": d.source, "outcome": d.outcome_refs,
+                "token_usage": [_ref(u["row"]) for u in d.tus]}
+        rows.append({
+            "role": d.role, "model": d.model, "session_id": d.session, "task_id": d.task_id,
+            "episode_key": d.task_id if d.episode == 0 else f"{d.task_id}#{d.episode}",
+            "step": None, "timestamp": r.timestamp, "timestamp_utc": r.timestamp_utc,
+            "source_file": r.source_file, "source_line": int(r.source_line),
+            "task_complexity_score": d.c, "primary_failure_count": d.fc, "failure_count": d.fc,
+            "prompt_tokens": np.nan, "verification_passed": d.verdict_passed,
+            "timed_out": d.terminal and "timeout" in str(d.failed_reason or ""),
+            "reviewer_score": d.reward if d.outcome == "verdict" else np.nan, "latency_s": secs(d),
+            "cost_usd": np.nan, "logged_reward": d.reward, "terminal": d.terminal, "propensity": np.nan,
+            "data_source": d.data_source or "real", "failed_reason": d.failed_reason,
+            "prompt_strategy_key": d.strategy, "decision_source": d.source, "provenance": json.dumps(prov),
+            "episode_dropped": d.dropped_episode, "outcome": d.outcome,
+            "mrd_line": None if m is None else int(m.source_line),
+            "mrd_primary": None if m is None else m.primary_model,
+            "mrd_fallback": None if m is None else m.fallback_model,
+            "mrd_triggers": None if m is None or m.matched_fallback_triggers is None
+            else json.dumps(list(m.matched_fallback_triggers)),
+            "mrd_policy_source": "ucb_bandit" if d.source == "reviewer_step"
+            else (None if m is None else m.policy_source),
+            "mrd_propensity": None if m is None else m.propensity,
+            "mrd_task_complexity_score": d.c, "mrd_primary_failure_count": d.fc,
+            "tu_prompt_tokens": tok(d, "prompt_tokens"), "tu_completion_tokens": tok(d, "completion_tokens"),
+            "tu_cost_usd": tok(d, "cost_usd"),
+        })
+    return pd.DataFrame(rows)
+
+
 @dataclass
 class BuildReport:
     """What building the dataset joined, derived and left out (asset metadata)."""
@@ -97,6 +440,16 @@ class BuildReport:
     propensity_source: dict[str, int]
     cost_source: dict[str, int]
     models_without_price: list[str]
+    # SAGE's `sage run` journals (sage_workflow_decisions): what was read and what could not be joined
+    decisions_by_source: dict[str, int] = field(default_factory=dict)  # trajectory_step, reviewer_step, ...
+    not_joined: dict[str, int] = field(default_factory=dict)  # reason -> decisions (or steps) left out
+    routing_decisions_unused: dict[str, int] = field(default_factory=dict)  # reason -> MRDs no row is made of
+    steps_without_model: dict[str, int] = field(default_factory=dict)  # role -> decision steps with model ""
+    notes: dict[str, int] = field(default_factory=dict)
+    roles_logged: list[str] = field(default_factory=list)  # roles any step or MRD of the logs names
+    propensity_unknown: dict[str, int] = field(default_factory=dict)  # why a decision has no propensity -> count
+    # reconstructed propensities by where they come from: 'yaml' or the deployed checkpoint's sha256
+    propensity_from: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -126,18 +479,27 @@ def _merge_reports(reports: list[BuildReport], extra_unattributed: int) -> Build
         token_usage_unattributed=sum(r.token_usage_unattributed for r in reports) + extra_unattributed,
         propensity_source=add([r.propensity_source for r in reports]),
         cost_source=add([r.cost_source for r in reports]),
-        models_without_price=sorted({m for r in reports for m in r.models_without_price}))
+        models_without_price=sorted({m for r in reports for m in r.models_without_price}),
+        decisions_by_source=add([r.decisions_by_source for r in reports]),
+        not_joined=add([r.not_joined for r in reports]),
+        propensity_unknown=add([r.propensity_unknown for r in reports]),
+        propensity_from=add([r.propensity_from for r in reports]),
+        routing_decisions_unused=add([r.routing_decisions_unused for r in reports]),
+        steps_without_model=add([r.steps_without_model for r in reports]),
+        notes=add([r.notes for r in reports]),
+        roles_logged=sorted({x for r in reports for x in r.roles_logged}))
 
 
 def _join_routing_decisions(df: pd.DataFrame, mrd: pd.DataFrame | None) -> pd.DataFrame:
-    """Each decision's MODEL_ROUTING_DECISION: the latest one before it in the same file and
-    session, for the same role and the selected model; one routing decision serves one step."""
+    """Each decision's MODEL_ROUTING_DECISION: the latest one before it in the same session (in
+    SAGE's writing order: journal file in rotation order, then line), for the same role and the
+    selected model; one routing decision serves one step."""
     cols = ("mrd_line", "mrd_primary", "mrd_fallback", "mrd_triggers", "mrd_policy_source",
             "mrd_propensity", "mrd_task_complexity_score", "mrd_primary_failure_count")
     if mrd is None or mrd.empty:
         return df.assign(**{c: pd.Series([None] * len(df), index=df.index, dtype=object) for c in cols})
     right = pd.DataFrame({
-        "source_file": mrd["source_file"].astype(str), "session_id": mrd["session_id"].astype(str),
+        "_pos": _position(mrd), "session_id": mrd["session_id"].astype(str),
         "role": mrd["agent_role"].astype(str), "model": mrd["selected_model"].astype(str),
         "mrd_line": mrd["source_line"].astype("int64"), "mrd_primary": mrd["primary_model"],
         "mrd_fallback": mrd["fallback_model"],
@@ -146,32 +508,32 @@ def _join_routing_decisions(df: pd.DataFrame, mrd: pd.DataFrame | None) -> pd.Da
         "mrd_policy_source": mrd["policy_source"], "mrd_propensity": mrd["propensity"],
         "mrd_task_complexity_score": mrd["task_complexity_score"],
         "mrd_primary_failure_count": mrd["primary_failure_count"],
-    }).sort_values("mrd_line", kind="stable")
-    left = df[["source_file", "session_id", "role", "model", "source_line"]].reset_index()
-    left = left.sort_values("source_line", kind="stable")
-    m = pd.merge_asof(left, right, left_on="source_line", right_on="mrd_line",
-                      by=["source_file", "session_id", "role", "model"], direction="backward")
+    }).sort_values("_pos", kind="stable")
+    left = df[["session_id", "role", "model"]].assign(_at=_position(df)).reset_index()
+    left = left.sort_values("_at", kind="stable")
+    m = pd.merge_asof(left, right, left_on="_at", right_on="_pos",
+                      by=["session_id", "role", "model"], direction="backward")
     # an MRD matched by several steps (a step that logged none reuses an older one): keep the first
-    m = m.sort_values("source_line", kind="stable")
-    reused = m["mrd_line"].notna() & m.duplicated(["source_file", "session_id", "role", "model", "mrd_line"])
+    m = m.sort_values("_at", kind="stable")
+    reused = m["_pos"].notna() & m.duplicated(["session_id", "role", "model", "_pos"])
     m.loc[reused, list(cols)] = None
     return df.join(m.set_index("index")[list(cols)])
 
 
 def _join_token_usage(df: pd.DataFrame, tu: pd.DataFrame | None) -> tuple[pd.DataFrame, int]:
-    """TOKEN_USAGE events summed onto the next decision of the same file and session that
-    used the same model (SAGE logs a call's usage before the step it belongs to)."""
+    """TOKEN_USAGE events summed onto the next decision of the same session (in writing order)
+    that used the same model (SAGE logs a call's usage before the step it belongs to)."""
     cols = {"tu_prompt_tokens": np.nan, "tu_completion_tokens": np.nan, "tu_cost_usd": np.nan}
     if tu is None or tu.empty:
         return df.assign(**cols), 0
-    left = pd.DataFrame({"source_file": tu["source_file"].astype(str), "session_id": tu["session_id"].astype(str),
-                         "model": tu["model"].astype(str), "line": tu["source_line"].astype("int64"),
+    left = pd.DataFrame({"session_id": tu["session_id"].astype(str),
+                         "model": tu["model"].astype(str), "line": _position(tu),
                          "p": tu["prompt_tokens"].astype("float64"), "c": tu["completion_tokens"].astype("float64"),
                          "usd": tu["cost_usd"].astype("float64")}).sort_values("line", kind="stable")
-    right = df[["source_file", "session_id", "model", "source_line"]].reset_index().sort_values(
-        "source_line", kind="stable").rename(columns={"index": "row"})
-    m = pd.merge_asof(left, right, left_on="line", right_on="source_line",
-                      by=["source_file", "session_id", "model"], direction="forward")
+    right = df[["session_id", "model"]].assign(_at=_position(df)).reset_index().sort_values(
+        "_at", kind="stable").rename(columns={"index": "row"})
+    m = pd.merge_asof(left, right, left_on="line", right_on="_at",
+                      by=["session_id", "model"], direction="forward")
     unattributed = int(m["row"].isna().sum())
     g = m.dropna(subset=["row"]).groupby("row")
     sums = pd.DataFrame({"tu_prompt_tokens": g["p"].sum(min_count=1), "tu_completion_tokens": g["c"].sum(min_count=1),
@@ -180,12 +542,24 @@ def _join_token_usage(df: pd.DataFrame, tu: pd.DataFrame | None) -> tuple[pd.Dat
     return df.join(sums), unattributed
 
 
+_POS_LINES = 1 << 40  # lines per journal file in a writing position (file rank * this + line)
+
+
+def _position(df: pd.DataFrame) -> pd.Series:
+    """Each row's place in SAGE's writing order across its journal files: the file's rank
+    (:func:`file_rank`: a day's rotated parts by number, then the current one), then the line."""
+    return file_rank(df["source_file"]) * _POS_LINES + df["source_line"].astype("int64")
+
+
 def _derive_steps(df: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
     """The step index of every decision, and ``logged``/``derived``: an episode whose steps are
-    all logged keeps them; any other is ordered by timestamp, then file, then line."""
-    logged = df["step"].notna().groupby([df["session_id"], df["task_id"]]).transform("all")
-    order = df.sort_values(["session_id", "task_id", "timestamp_utc", "source_file", "source_line"], kind="stable")
-    derived = order.groupby(["session_id", "task_id"], sort=False).cumcount().reindex(df.index)
+    all logged keeps them; any other is ordered by timestamp, then journal file in writing order
+    (rotated parts by number), then line."""
+    ep = [df["session_id"], df["episode_key"]]
+    logged = df["step"].notna().groupby(ep).transform("all")
+    order = df.assign(_rank=file_rank(df["source_file"])).sort_values(
+        ["session_id", "episode_key", "timestamp_utc", "_rank", "source_line"], kind="stable")
+    derived = order.groupby(["session_id", "episode_key"], sort=False).cumcount().reindex(df.index)
     step = np.where(logged, df["step"].fillna(-1), derived).astype(np.int64)
     return pd.Series(step, index=df.index), pd.Series(np.where(logged, "logged", "derived"), index=df.index)
 
@@ -203,21 +577,99 @@ def _catalogue_cost(models: pd.Series, prompt_tokens: pd.Series, catalogue: Mode
     return out
 
 
+def _empty_report(excluded: dict, dropped: int, tu_unattributed: int, wf: dict, no_model: dict,
+                  roles_logged: list[str]) -> BuildReport:
+    return BuildReport({str(k): int(v) for k, v in excluded.items()}, dropped, 0, 0, 0, tu_unattributed, {}, {}, [],
+                       not_joined=wf.get("not_joined", {}),
+                       routing_decisions_unused=wf.get("routing_decisions_unused", {}),
+                       steps_without_model=no_model, notes=wf.get("notes", {}), roles_logged=roles_logged)
+
+
+def _by_session(df: pd.DataFrame | None, sessions: set) -> tuple[pd.DataFrame | None, pd.DataFrame | None]:
+    """``df``'s rows of ``sessions``, and the others."""
+    if df is None or df.empty:
+        return None, df
+    inside = df["session_id"].astype(str).isin(sessions)
+    return df[inside].reset_index(drop=True), df[~inside].reset_index(drop=True)
+
+
+# decisions (ROUTING_DECISION_COLUMNS) -> propensity (NaN: unknown) and propensity_note, same index
+PropensityOf = Callable[[pd.DataFrame], pd.DataFrame]
+BANDIT_NOTE = ("the coder's model is chosen by SAGE's UCB bandit (sage/rl/ucb_bandit.py), deterministic given a "
+               "history the journal does not hold, so its probability is unknown")
+
+
+def _reconstruct(df: pd.DataFrame, out: pd.DataFrame,
+                 propensity_of: PropensityOf | None) -> tuple[dict[str, int], dict[str, int]]:
+    """Fill ``out``'s missing propensities of decisions that have their MODEL_ROUTING_DECISION
+    with ``propensity_of``; returns why the rest stay unknown (reason -> decisions) and where the
+    reconstructed ones come from ('yaml' or a checkpoint's sha256 -> decisions)."""
+    missing = out["propensity"].isna().to_numpy()
+    bandit = missing & (df["mrd_policy_source"] == "ucb_bandit").to_numpy()
+    unknown: dict[str, int] = {BANDIT_NOTE: int(bandit.sum())} if bandit.any() else {}
+    sources: dict[str, int] = {}
+    todo = missing & ~bandit & df["mrd_line"].notna().to_numpy()
+    if propensity_of is not None and todo.any():
+        rows = df.loc[todo]
+        decisions = pd.DataFrame({
+            "timestamp_utc": rows["timestamp_utc"], "agent_role": rows["role"],
+            "task_complexity_score": rows["mrd_task_complexity_score"].astype("float64"),
+            "primary_failure_count": rows["mrd_primary_failure_count"].astype("float64"),
+            "primary_model": rows["mrd_primary"], "fallback_model": rows["mrd_fallback"],
+            "selected_model": rows["model"], "matched_fallback_triggers": rows["mrd_triggers"],
+            "policy_source": rows["mrd_policy_source"]}, index=rows.index)
+        got = propensity_of(decisions)
+        p = got["propensity"].astype("float64")
+        known = p.notna()
+        out.loc[known[known].index, "propensity"] = p[known]
+        out.loc[known[known].index, "propensity_source"] = "reconstructed"
+        if "propensity_checkpoint" in got:
+            sources = {str(k): int(v) for k, v in got.loc[known, "propensity_checkpoint"].value_counts().items()}
+        for note, n in got.loc[~known, "propensity_note"].value_counts().items():
+            unknown[str(note)] = unknown.get(str(note), 0) + int(n)
+    elif todo.any():
+        unknown["not reconstructed (no deployments record was given)"] = int(todo.sum())
+    no_mrd = int((missing & ~bandit & df["mrd_line"].isna().to_numpy()).sum())
+    if no_mrd:
+        unknown["no MODEL_ROUTING_DECISION to reconstruct it from"] = no_mrd
+    return unknown, sources
+
+
 def build_routing_dataset(trajectories: pd.DataFrame, table: RoutingTable, catalogue: ModelCatalogue | None = None,
                           config: DatasetConfig = DatasetConfig(), routing_decisions: pd.DataFrame | None = None,
                           token_usage: pd.DataFrame | None = None,
-                          price_source: str = "the model catalogue", empty_ok: bool = False) -> BuiltDataset:
+                          price_source: str = "the model catalogue", empty_ok: bool = False,
+                          propensity_of: PropensityOf | None = None) -> BuiltDataset:
     """Turn validated trajectory rows into the routing dataset (pure, no I/O).
 
-    Joins (each documented in docs/architecture.md): ``routing_decisions`` gives each
-    decision the table's primary/fallback as SAGE logged them, the matched triggers,
-    ``policy_source`` and, for a ``learned`` decision that logged it, its propensity, and
-    fills a missing complexity or primary-failure count; ``token_usage`` gives prompt
-    tokens (and cost, when logged) where the step's state has none. Steps SAGE did not log
-    are derived (timestamp, file, line). Returns the dataset, the action space it uses
-    (roles from ``table``, models from the table and the logs) and what was derived.
-    ``empty_ok`` (a chunk of the logs, see :func:`build_routing_dataset_files`): no routable
-    decision gives ``frame=None`` and what was left out, not an error.
+    ``propensity_of`` (the routing_dataset asset passes ``sage_explore.reconstruct_propensities``
+    with the deployments record) gives a decision joined to its MODEL_ROUTING_DECISION and with
+    no logged propensity the exact probability SAGE's router had of that choice, from the line
+    and the checkpoint deployed then (``propensity_source = reconstructed``; 1.0 for a YAML-only
+    router): a frame of :data:`~sage_pipeline.routing.schema.ROUTING_DECISION_COLUMNS` in, one of
+    ``propensity`` and ``propensity_note`` on the same index out. What stays unknown is counted
+    by reason in ``propensity_unknown``.
+
+    Two kinds of steps (docs/architecture.md, "Joining SAGE's journals"):
+
+    * SAGE's ``sage run`` workflow steps (reviewer verdicts, debugger and orchestrator steps,
+      :func:`is_workflow_step`) are outcomes, not decisions: :func:`sage_workflow_decisions`
+      reads the decisions they follow (the coder's from the reviewer step's model and strategy
+      key, the debugger's and any other assigned agent's from their MODEL_ROUTING_DECISION)
+      and joins each to its outcome, tokens and seconds; what cannot be joined is counted by
+      reason. Their ``reward_v1`` is SAGE's (``rl/reward.py composite_reward``) of the outcome.
+    * Every other step (SAGE's ``collect_synth``, the project's collector) is its agent's own
+      decision, joined to the latest MODEL_ROUTING_DECISION of its session, role and model
+      before it and to the TOKEN_USAGE of its model since the previous decision; its logged
+      reward is reward_v1.
+
+    Steps SAGE did not log are derived (timestamp, then journal file in writing order, then
+    line) per episode: a task of a session, a new one when the task id starts again after its
+    episode ended (journals without session ids hold every run of the day). Returns the dataset,
+    the action space it uses (roles from ``table``, models from the table and the logs) and
+    what was joined, derived and left out. ``empty_ok`` (a chunk of the logs, see
+    :func:`build_routing_dataset_files`): no routable decision gives ``frame=None`` and what
+    was left out, not an error.
     """
     if trajectories.empty:
         raise ValueError("no trajectory rows to build the routing dataset from: the trajectories asset "
@@ -225,41 +677,79 @@ def build_routing_dataset(trajectories: pd.DataFrame, table: RoutingTable, catal
     df = trajectories.reset_index(drop=True)
     if "timestamp_utc" not in df:
         df["timestamp_utc"] = pd.to_datetime(df["timestamp"], utc=True, format="ISO8601", errors="coerce")
+    for col in ("verdict", "debug_retry", "debug_status", "failed_reason", "prompt_strategy_key"):
+        if col not in df:
+            df[col] = None
+    roles_logged = set(df["role"].astype(str)) - {"orchestrator"}
+    if routing_decisions is not None and not routing_decisions.empty:
+        roles_logged |= set(routing_decisions["agent_role"].astype(str))
+    roles_logged = sorted(roles_logged)
+    wf_mask = is_workflow_step(df)
+    wf_steps, df = df[wf_mask].reset_index(drop=True), df[~wf_mask].reset_index(drop=True)
+    wf_report: dict = {}
+    wf_frame = None
+    if not wf_steps.empty:
+        sessions = set(wf_steps["session_id"].astype(str))
+        wf_mrd, routing_decisions = _by_session(routing_decisions, sessions)
+        wf_tu, token_usage = _by_session(token_usage, sessions)
+        wf_frame, wf_report = sage_workflow_decisions(wf_steps, wf_mrd, wf_tu)
+    no_model = df["model"].isna()  # SAGE logged model_chosen "": its exporter skips such a step too
+    steps_without_model = {str(k): int(v) for k, v in df.loc[no_model, "role"].value_counts().items()}
+    df = df[~no_model].reset_index(drop=True)
     routed = df["role"].isin(table.roles)
-    excluded = df.loc[~routed, "role"].value_counts().to_dict()
+    excluded = Counter({str(k): int(v) for k, v in df.loc[~routed, "role"].value_counts().items()})
     df = df[routed].reset_index(drop=True)
+    tu_unattributed = 0
+    if not df.empty:
+        df = _join_routing_decisions(df, routing_decisions)
+        df, tu_unattributed = _join_token_usage(df, token_usage)
+        df = df.assign(episode_key=df["task_id"], decision_source="trajectory_step", provenance=None,
+                       episode_dropped=False, outcome=None, reward_v1=df["logged_reward"].astype("float64"))
+    elif token_usage is not None:
+        tu_unattributed = len(token_usage)
+    tu_unattributed += int(wf_report.get("token_usage_unattributed", 0))
+    if wf_frame is not None:
+        wf_frame["reward_v1"] = sage_composite_reward(
+            wf_frame["logged_reward"].to_numpy(dtype=np.float64),
+            wf_frame["verification_passed"].map({True: 1.0, False: 0.0}).to_numpy(dtype=np.float64, na_value=np.nan),
+            wf_frame["terminal"].to_numpy(dtype=bool), wf_frame["failed_reason"].to_numpy(dtype=object))
+        wf_routed = wf_frame["role"].isin(table.roles)
+        excluded.update({str(k): int(v) for k, v in wf_frame.loc[~wf_routed, "role"].value_counts().items()})
+        wf_frame = wf_frame[wf_routed]
+        df = wf_frame.reset_index(drop=True) if df.empty else pd.concat([df, wf_frame], ignore_index=True, sort=False)
     if df.empty and empty_ok:
-        return BuiltDataset(None, None, BuildReport({str(k): int(v) for k, v in excluded.items()}, 0, 0, 0, 0,
-                                                    0 if token_usage is None else len(token_usage), {}, {}, []))
+        return BuiltDataset(None, None, _empty_report(excluded, 0, tu_unattributed, wf_report, steps_without_model,
+                                                      roles_logged))
     if df.empty:
         raise ValueError(f"no decision of the logs is for a role the routing table {table.source} routes "
-                         f"(logged roles: {sorted(excluded)}; table roles: {', '.join(table.roles)}): "
-                         "point SAGE_ROUTING_TABLE at the models.yaml the logs were made with")
-    df = _join_routing_decisions(df, routing_decisions)
-    df, tu_unattributed = _join_token_usage(df, token_usage)
+                         f"(logged roles: {sorted(excluded) or roles_logged}; table roles: {', '.join(table.roles)}; "
+                         f"not joined: {wf_report.get('not_joined') or 'none'}): point SAGE_ROUTING_TABLE at the "
+                         "models.yaml the logs were made with")
     df["task_complexity_score"] = df["task_complexity_score"].astype("float64").fillna(
         df["mrd_task_complexity_score"].astype("float64"))
     df["primary_failure_count"] = df["primary_failure_count"].astype("Float64").fillna(
         df["mrd_primary_failure_count"].astype("Float64"))
     # an episode with a decision of unknown complexity cannot be replayed: leave it out, counted
-    no_cx = df["task_complexity_score"].isna().groupby([df["session_id"], df["task_id"]]).transform("any")
+    no_cx = df["task_complexity_score"].isna().groupby([df["session_id"], df["episode_key"]]).transform("any")
     dropped = int(no_cx.sum())
     df = df[~no_cx].reset_index(drop=True)
     if df.empty and empty_ok:
-        return BuiltDataset(None, None, BuildReport({str(k): int(v) for k, v in excluded.items()}, dropped, 0, 0, 0,
-                                                    tu_unattributed, {}, {}, []))
+        return BuiltDataset(None, None, _empty_report(excluded, dropped, tu_unattributed, wf_report,
+                                                      steps_without_model, roles_logged))
     if df.empty:
         raise ValueError("no decision has a task_complexity_score (in its state or its MODEL_ROUTING_DECISION): "
                          "the routing dataset needs it for every decision")
     step, step_source = _derive_steps(df)
     df["step"], df["step_source"] = step, step_source
-    df = df.sort_values(["session_id", "task_id", "step"], kind="stable").reset_index(drop=True)
+    df = df.sort_values(["session_id", "episode_key", "step"], kind="stable").reset_index(drop=True)
+    workflow = df["decision_source"].to_numpy(dtype=object) != "trajectory_step"
     logged_pairs = list(df[["role", "model"]].drop_duplicates().itertuples(index=False, name=None))
     space = ActionSpace.build(table, logged_pairs, catalogue)
     role_idx = df["role"].map(space.role_index).to_numpy(dtype=np.int64)
+    episode = df["session_id"] + "/" + df["episode_key"]
     out = pd.DataFrame({
-        "decision_id": df["session_id"] + "/" + df["task_id"] + "/" + df["step"].astype(str),
-        "episode_id": df["session_id"] + "/" + df["task_id"],
+        "decision_id": episode + "/" + df["step"].astype(str),
+        "episode_id": episode,
         "session_id": df["session_id"], "task_id": df["task_id"],
         "step": df["step"].astype("int64"), "step_source": df["step_source"], "role": df["role"], "model": df["model"],
     })
@@ -270,7 +760,7 @@ def build_routing_dataset(trajectories: pd.DataFrame, table: RoutingTable, catal
     primary_model = np.asarray(space.actions, dtype=object)[space.primary[role_idx]]
     prim_fail = pd.Series((df["model"].to_numpy(dtype=object) == primary_model)
                           & ~df["verification_passed"].astype("boolean").fillna(False).to_numpy(dtype=bool))
-    earlier = prim_fail.groupby([df["session_id"], df["task_id"]]).cumsum() - prim_fail
+    earlier = prim_fail.groupby([df["session_id"], df["episode_key"]]).cumsum() - prim_fail
     pfc = df["primary_failure_count"].fillna(earlier.astype("Float64")).astype("int64")
     fired = table.fallback_fires(role_idx, df["task_complexity_score"].to_numpy(), pfc.to_numpy(),
                                  failure_count.to_numpy())
@@ -283,6 +773,7 @@ def build_routing_dataset(trajectories: pd.DataFrame, table: RoutingTable, catal
     out["propensity"] = df["propensity"].astype("float64").fillna(learned_p)
     out["propensity_source"] = np.where(df["propensity"].notna(), "logged",
                                         np.where(learned_p.notna(), "logged_routing_decision", "missing"))
+    unknown, reconstructed_from = _reconstruct(df, out, propensity_of)
     out["policy_source"] = df["mrd_policy_source"].astype(object)
     out["matched_fallback_triggers"] = df["mrd_triggers"].astype(object)
     out["task_complexity_score"] = df["task_complexity_score"].astype("float64")
@@ -302,15 +793,25 @@ def build_routing_dataset(trajectories: pd.DataFrame, table: RoutingTable, catal
     unpriced = sorted(set(out.loc[out["cost_source"] == "unknown", "model"]))
     out["latency_s"] = df["latency_s"].astype("float64")
     out["logged_reward"] = df["logged_reward"].astype("float64")
-    if config.reward.version != "reward_v1" and unpriced:
+    # pandas' string dtype (missing: NaN), as the Parquet file reads back
+    out["failed_reason"] = df["failed_reason"].astype(object).where(df["failed_reason"].notna(), None).astype("str")
+    out["decision_source"] = df["decision_source"].astype("str")
+    out["provenance"] = df["provenance"].astype(object).where(df["provenance"].notna(), None).astype("str")
+    if config.reward.version == "reward_v2" and unpriced:
         raise ValueError(f"{config.reward.version} subtracts each call's cost, but models {unpriced} have no logged "
                          f"cost_usd and no price in {price_source}: add them there (models.<name>.cost_per_call "
                          "and cost_per_1k_prompt_tokens; 0 for local models) or use reward_version reward_v1")
-    out["reward"] = apply_version(out["logged_reward"].to_numpy(), out["cost_usd"].to_numpy(), config.reward)
+    tokens_total = (out["prompt_tokens"].astype("Float64").to_numpy(dtype=np.float64, na_value=np.nan)
+                    + out["completion_tokens"].astype("Float64").fillna(0).to_numpy(dtype=np.float64, na_value=0.0))
+    out["reward"] = apply_version(df["reward_v1"].to_numpy(dtype=np.float64), out["cost_usd"].to_numpy(), config.reward,
+                                  tokens=tokens_total, seconds=out["latency_s"].to_numpy(dtype=np.float64))
     out["reward_version"] = config.reward.version
     out["schema_version"] = SCHEMA_VERSION
     out["terminal"] = df["terminal"].astype(bool)
-    out["episode_complete"] = _episode_complete(out, df["failure_count"].astype("Float64"))
+    # SAGE's workflow decisions carry the router's failure count, which is not their step
+    logged_fc = df["failure_count"].astype("Float64").mask(pd.Series(workflow, index=df.index))
+    dropped_ep = df["episode_dropped"].astype(bool).groupby([df["session_id"], df["episode_key"]]).transform("any")
+    out["episode_complete"] = _episode_complete(out, logged_fc) & ~dropped_ep.to_numpy()
     out["split"] = session_split(out["session_id"], config.eval_fraction, config.split_salt)
     out["data_source"] = df["data_source"]
     out["timestamp"] = df["timestamp"]
@@ -324,7 +825,12 @@ def build_routing_dataset(trajectories: pd.DataFrame, table: RoutingTable, catal
         routing_decisions_joined=int(df["mrd_line"].notna().sum()),
         token_usage_joined=int(df["tu_prompt_tokens"].notna().sum()), token_usage_unattributed=tu_unattributed,
         propensity_source=out["propensity_source"].value_counts().to_dict(),
-        cost_source=out["cost_source"].value_counts().to_dict(), models_without_price=unpriced)
+        cost_source=out["cost_source"].value_counts().to_dict(), models_without_price=unpriced,
+        propensity_unknown=unknown, propensity_from=reconstructed_from,
+        decisions_by_source=out["decision_source"].value_counts().to_dict(),
+        not_joined=wf_report.get("not_joined", {}),
+        routing_decisions_unused=wf_report.get("routing_decisions_unused", {}),
+        steps_without_model=steps_without_model, notes=wf_report.get("notes", {}), roles_logged=roles_logged)
     return BuiltDataset(out, space, report)
 
 
@@ -401,7 +907,9 @@ def build_routing_dataset_files(trajectories: str | Path, table: RoutingTable, c
                                 config: DatasetConfig, out_dir: str | Path,
                                 routing_decisions: str | Path | None = None, token_usage: str | Path | None = None,
                                 price_source: str = "the model catalogue",
-                                chunk_rows: int = CHUNK_ROWS) -> tuple[DatasetFiles, ActionSpace, BuildReport]:
+                                chunk_rows: int = CHUNK_ROWS,
+                                propensity_of: PropensityOf | None = None) -> tuple[DatasetFiles, ActionSpace,
+                                                                                 BuildReport]:
     """:func:`build_routing_dataset` from the ingest's Parquet files to the dataset's files,
     ``chunk_rows`` decisions at a time, so memory does not grow with the logs.
 
@@ -416,7 +924,7 @@ def build_routing_dataset_files(trajectories: str | Path, table: RoutingTable, c
     if len(chunks) <= 1:
         read = lambda p: pq.read_table(p).to_pandas() if p is not None and Path(p).is_file() else None  # noqa: E731
         built = build_routing_dataset(read(trajectories), table, catalogue, config, read(routing_decisions),
-                                      read(token_usage), price_source=price_source)
+                                      read(token_usage), price_source=price_source, propensity_of=propensity_of)
         return write_routing_dataset(built.frame, out_dir, config.reward), built.space, built.report
     # token usage of sessions with no decision at all: no chunk sees it, a build of everything leaves it unattributed
     orphan_tu = 0
@@ -435,7 +943,7 @@ def build_routing_dataset_files(trajectories: str | Path, table: RoutingTable, c
             built = build_routing_dataset(
                 pq.read_table(trajectories, filters=[("session_id", "in", list(ids))]).to_pandas(), table,
                 catalogue, config, _read_sessions(routing_decisions, ids), _read_sessions(token_usage, ids),
-                price_source=price_source, empty_ok=True)
+                price_source=price_source, empty_ok=True, propensity_of=propensity_of)
             reports.append(built.report)
             if built.frame is None:
                 continue
@@ -476,7 +984,7 @@ def read_reward_spec(path: str | Path) -> RewardSpec | None:
     """The reward spec recorded in a routing dataset's Parquet metadata, if any."""
     meta = pq.read_schema(path).metadata or {}
     raw = meta.get(b"sage.reward_spec")
-    return RewardSpec(**json.loads(raw)) if raw else None
+    return dataset_reward_spec(json.loads(raw)) if raw else None
 
 
 def read_routing_dataset(path: str | Path, columns: list[str] | tuple[str, ...] | None = None) -> pd.DataFrame:

@@ -986,6 +986,9 @@ def test_good_lines_become_rows(tmp_path):
         "cost_usd": 0.003,
         "logged_reward": 1.05,
         "terminal": False,
+        "verdict": None,
+        "debug_retry": None,
+        "debug_status": None,
         "data_source": "synthetic",
         "source_file": str(path),
         "source_line": 2,
@@ -1149,12 +1152,21 @@ def test_missing_agent_in_sage_shape(tmp_path):
         ({"session": ""}, "empty field session_id"),
         ({"task": ""}, "empty field task_id"),
         ({"role": ""}, "empty field agent"),
-        ({"model": ""}, "empty field action.model_chosen"),
         ({"role": None}, "missing field agent"),
     ],
 )
 def test_empty_ids(tmp_path, over, reason):
     assert_one_bad(tmp_path, line(event(**over)), reason, "missing_field")
+
+
+def test_an_empty_model_is_sages_and_kept_without_one(tmp_path):
+    """SAGE writes model_chosen = ``task.model_used or ""`` (workflow.py circuit_breaker, debug_agent):
+    an empty model is SAGE's own line, kept with a null model and counted by role, never quarantined."""
+    write(tmp_path / "logs" / "session.jsonl", [GOOD_BEFORE, line(event(model="")), GOOD_AFTER])
+    r = run(tmp_path / "logs")
+    assert r.stats.quarantined == 0 and r.stats.steps_accepted == 3
+    assert dict(r.stats.steps_without_model) == {"coder": 1}
+    assert r.rows["model"].isna().tolist() == [False, True, False]
 
 
 @pytest.mark.parametrize(("value", "shown"), [(0, "0"), (0.0, "0"), (1.5, "1.5"), (-0.2, "-0.2")])

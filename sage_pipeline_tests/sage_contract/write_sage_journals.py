@@ -103,8 +103,7 @@ def _session(args, rng: random.Random, router: ModelRouter, bandit: UCBStrategyB
     mm = MemoryManager()
     totals: dict = {}
     planner_c = round(rng.random(), 3)
-    router.select("planner", task_complexity_score=planner_c, failure_count=0)
-    _call(router.config["routing"]["planner"]["primary"], totals)
+    _call(router.select("planner", task_complexity_score=planner_c, failure_count=0), totals)
     completed = pending = 0
     for t in range(args.tasks):
         task_id = f"task_{t + 1:03d}"
