@@ -11,6 +11,14 @@ The promotion gate reads OPE only, never ground truth: a policy is promoted when
 bound of the paired difference of its ``ope.HEADLINE_ESTIMATOR`` (step-wise DR with clipped
 trajectory weights, the estimator of the episode value) with the static table's, on the same
 report episodes, exceeds :data:`GATE_MIN_GAIN` (0) of the table's estimate (``promotion_gate``).
+
+Any journal set SAGE writes is evaluated, however few its sessions (SAGE without SAGE_SESSION_ID writes
+one a day): every interval resamples whole sessions, and below ``OPESettings.min_sessions`` the report
+gives estimates without intervals, says how many sessions it has and needs, and the gate refuses with
+that sentence. Support is said per role (:func:`logged_support`): the share of logged decisions whose
+exact context also saw another model, or whose exploration probability is known; a candidate that
+changes decisions where the logs hold no other model is refused in one sentence naming the role, and
+BC's propensities estimated from deterministic logs never stand in for exploration.
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ import json
 import logging
 import shutil
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
@@ -153,7 +161,8 @@ class GateDecision:
 
 def promotion_gate(evals: dict[str, ope.PolicyEvaluation], static: str = STATIC,
                    estimator: str = GATE_ESTIMATOR, candidates: tuple[str, ...] | None = None,
-                   gate: PromotionGateConfig = PromotionGateConfig()) -> GateDecision:
+                   gate: PromotionGateConfig = PromotionGateConfig(),
+                   unsupported: dict[str, str] | None = None) -> GateDecision:
     """Promote the candidate that beats ``static`` (the table, or the deployed policy) by the widest
     margin; else say why none was promoted. ``candidates``: the policies that may be promoted
     (default: every non-static one; in the sage_binary space only the served composites are).
@@ -166,21 +175,40 @@ def promotion_gate(evals: dict[str, ope.PolicyEvaluation], static: str = STATIC,
     compares an interval of a value with a number: too strict where the two policies share their
     noise (the candidate's interval carries all of it), too lenient where their terms are
     anti-correlated (where two deterministic policies disagree the logs follow one or the other)
-    and blind to static's own error."""
+    and blind to static's own error.
+
+    Either rule refuses, saying why in one sentence, a candidate in ``unsupported`` (name -> why:
+    it changes decisions where the logs hold no other action, :meth:`LoggedSupport.refusal`) and
+    one whose interval was not computed (too few sessions: how many there are and are needed); with
+    ``static`` in ``unsupported`` (the baseline is not the logging policy) nothing is promoted."""
     rule, min_gain = gate.rule, gate.min_gain
-    if static not in evals or evals[static].estimates[estimator].value is None:
-        return GateDecision(None, f"no promotion: the static table has no {estimator} estimate "
-                                  f"({evals[static].no_support_reason if static in evals else 'not evaluated'})",
-                            estimator, None, {}, rule, min_gain)
+    unsupported = unsupported or {}
+    names = [n for n in evals if n != static and (candidates is None or n in candidates)]
+    if static in unsupported or static not in evals or evals[static].estimates[estimator].value is None:
+        if static in unsupported:
+            reason = f"no promotion: the baseline {static} cannot be valued on these logs: {unsupported[static]}"
+        else:
+            reason = (f"no promotion: the static table has no {estimator} estimate "
+                      f"({evals[static].no_support_reason if static in evals else 'not evaluated'})")
+        cands = {n: {"ci_low": None, "passed": False,
+                     "why": f"no support: {unsupported[n]}" if n in unsupported else
+                     f"the baseline {static} has no {estimator} estimate to compare with"} for n in names}
+        return GateDecision(None, reason, estimator, None, cands, rule, min_gain)
     base = evals[static].estimates[estimator].value
     bar = min_gain * abs(base)
     cands = {}
-    for name, ev in evals.items():
-        if name == static or (candidates is not None and name not in candidates):
-            continue
+    for name in names:
+        ev = evals[name]
         e = ev.estimates[estimator]
-        if e.value is None:
-            cands[name] = {"ci_low": None, "passed": False, "why": f"no support: {ev.no_support_reason}"}
+        if name in unsupported:
+            cands[name] = {"ci_low": None, "passed": False, "why": f"no support: {unsupported[name]}"}
+        elif e.value is None:
+            why = str(ev.no_support_reason)
+            cands[name] = {"ci_low": None, "passed": False,
+                           "why": why if why.startswith("no ") else f"no support: {why}"}
+        elif e.ci_low is None and rule == "value":
+            cands[name] = {"ci_low": None, "estimate": e.value, "passed": False,
+                           "why": f"{estimator} {e.value:.4f}, no interval: {ev.interval_reason or 'not computed'}"}
         elif rule == "value":
             passed = e.ci_low > base
             cands[name] = {"ci_low": e.ci_low, "estimate": e.value, "score": e.ci_low, "passed": passed,
@@ -188,6 +216,11 @@ def promotion_gate(evals: dict[str, ope.PolicyEvaluation], static: str = STATIC,
                                    f"{static} estimate {base:.4f}")}
         else:
             d = ope.paired_difference(evals[static], ev, estimator)
+            if d.ci_low is None:
+                cands[name] = {"ci_low": e.ci_low, "estimate": e.value, "difference": d.value, "passed": False,
+                               "why": f"{estimator} paired difference with {static} "
+                                      + (f"{d.value:+.4f}, " if d.value is not None else "") + str(d.reason)}
+                continue
             passed = d.ci_low > bar
             cands[name] = {"ci_low": e.ci_low, "estimate": e.value, "difference": d.value,
                            "difference_ci_low": d.ci_low, "difference_ci_high": d.ci_high, "score": d.ci_low,
@@ -335,16 +368,205 @@ def fill_missing_propensities(df: pd.DataFrame, behaviour_model) -> tuple[pd.Dat
 SUPPORT_RULES = ("logged_pairs", "behaviour")
 
 
+# ------------------------------------------------------------------ support, said plainly
+# A decision's context, for telling deterministic logs from exploring ones: (role, score, primary
+# failure count) with the score rounded to this many decimals. SAGE's router is a deterministic
+# function of exactly these through YAML thresholds (`task_complexity_score > 0.8`,
+# `primary_failure_count >= 2`), and SAGE logs the float its heuristic computed: any coarser bucket
+# that straddles a threshold would show both models from a router that never explores. Six decimals
+# only merges the same score printed twice.
+SCORE_DECIMALS = 6
+# Propensities that are evidence of exploration: logged by the behaviour policy or reconstructed
+# exactly from its MODEL_ROUTING_DECISION; BC's estimates are not (on deterministic logs BC's near-0/1
+# probabilities would turn into weights and tight intervals for decisions no one ever made).
+NOT_EVIDENCE = ("missing", "estimated_bc")
+
+
+@dataclass(frozen=True)
+class RoleSupport:
+    """Per role: how many of its logged decisions could say what another model would have done."""
+
+    role: str
+    decisions: int
+    with_support: int  # decisions whose exact context also saw another candidate, or explored knowingly
+    known_propensity: int  # decisions with a logged or reconstructed exploration probability below 1
+    policy_sources: dict[str, int] = field(default_factory=dict)  # SAGE's policy_source counts (yaml, learned)
+
+    @property
+    def share(self) -> float:
+        return self.with_support / self.decisions if self.decisions else 0.0
+
+    @property
+    def deterministic(self) -> bool:
+        return self.decisions > 0 and self.with_support == 0
+
+    def to_dict(self) -> dict:
+        return {"role": self.role, "decisions": self.decisions, "with_support": self.with_support,
+                "share_with_support": self.share, "known_propensity": self.known_propensity,
+                "deterministic": self.deterministic, "policy_sources": self.policy_sources}
+
+
+@dataclass(frozen=True)
+class LoggedSupport:
+    """Where the logs can value a change of decision: per evaluated decision, the actions of its role
+    its exact context (:data:`SCORE_DECIMALS`) was also logged with, or every candidate where its
+    exploration probability is known (:data:`NOT_EVIDENCE`); per role, the share of decisions with
+    another candidate supported."""
+
+    space: str
+    supported: np.ndarray = field(repr=False)  # (n, K) bool over the evaluated rows
+    role: np.ndarray = field(repr=False)  # (n,) role index of each evaluated row
+    action: np.ndarray = field(repr=False)  # (n,) logged action
+    actions: tuple[str, ...]
+    role_names: tuple[str, ...]  # what ``role`` indexes (the space's roles)
+    roles: dict[str, RoleSupport]  # the roles with evaluated decisions
+
+    def to_dict(self) -> dict:
+        return {"space": self.space, "score_decimals": SCORE_DECIMALS,
+                "roles": [r.to_dict() for r in self.roles.values()]}
+
+    def deterministic_roles(self) -> str | None:
+        """One sentence naming the roles whose logs support no change of decision, or None."""
+        det = [r for r in self.roles.values() if r.deterministic]
+        if not det:
+            return None
+        sources: dict[str, int] = {}
+        for r in det:
+            for k, v in r.policy_sources.items():
+                sources[k] = sources.get(k, 0) + v
+        fix = (BANDIT_FIX if set(sources) == {"ucb_bandit"} else
+               "deploy the exploring checkpoint to collect support" + ("; " + BANDIT_FIX if "ucb_bandit" in sources
+                                                                      else ""))
+        return (f"roles {', '.join(r.role for r in det)} were logged {_who_decided(sources)}: no change of decision "
+                f"there can be valued; {fix}")
+
+    def refusal(self, policy: str, probs: np.ndarray, max_mass: float) -> str | None:
+        """Why ``policy`` (its (n, K) probabilities on the evaluated rows) cannot be judged on these
+        logs, one sentence per role where it puts more than ``max_mass`` (mean per decision) on
+        actions the logs do not support; None when it changes nothing unsupported."""
+        off = probs * ~self.supported
+        mass = off.sum(axis=1)
+        out = []
+        bandit = routed = False
+        for r, name in enumerate(self.role_names):
+            rows = self.role == r
+            if name not in self.roles or mass[rows].mean() <= max_mass:
+                continue
+            rs = self.roles[name]
+            dev = rows & (mass > 1e-12)
+            changed = int((rows & (probs.argmax(axis=1) != self.action) & (mass > 0.5)).sum())
+            logged = self.actions[np.bincount(self.action[dev], minlength=len(self.actions)).argmax()]
+            target = self.actions[off[dev].sum(axis=0).argmax()]
+            if rs.deterministic:
+                who = _who_decided(rs.policy_sources)
+                head = f"role {name}: every logged decision was made {who}"
+            else:
+                head = (f"role {name}: only {rs.with_support} of {rs.decisions} logged decisions "
+                        f"({rs.share:.0%}) saw another model in the same context")
+            how = (f"{policy} changes {changed} of {int(rows.sum())} {name} decisions there" if changed else
+                   f"{policy} puts {mass[rows].mean():.1%} of its probability there")
+            out.append(f"{head}, so the logs cannot say what {target} would have done where {logged} was chosen "
+                       f"({how})")
+            bandit = bandit or "ucb_bandit" in rs.policy_sources
+            routed = routed or set(rs.policy_sources) != {"ucb_bandit"}
+        if not out:
+            return None
+        fixes = []
+        if routed:
+            fixes.append("deploy the exploring checkpoint (SAGE's router then tries the other model with a known "
+                         "probability) to collect support")
+        if bandit:
+            fixes.append(BANDIT_FIX)
+        return "; ".join(out) + ". " + "; ".join(fixes)[:1].upper() + "; ".join(fixes)[1:]
+
+
+# SAGE's coder never calls ModelRouter.select (sage/agents/coder.py): its UCB bandit picks the model
+BANDIT_FIX = ("the coder's model is chosen by SAGE's UCB bandit (sage/rl/ucb_bandit.py), which SAGE's router "
+              "checkpoint does not reach, so no checkpoint can explore or change the coder's choice")
+
+
+def _who_decided(sources: dict[str, int]) -> str:
+    if sources and set(sources) == {"yaml"}:
+        return "by SAGE's deterministic YAML table"
+    if sources and set(sources) == {"ucb_bandit"}:
+        return "by SAGE's coder bandit, whose probabilities the journal does not hold"
+    if sources and set(sources) <= {"yaml", "learned"}:
+        return "by SAGE's YAML table or a checkpoint it loaded, neither of which explores"
+    return "deterministically (no context was logged with two models, and no exploration probability was logged)"
+
+
+def context_keys(df: pd.DataFrame) -> np.ndarray:
+    """One key per row (uint64, a stable hash): (role, task_complexity_score to :data:`SCORE_DECIMALS`,
+    primary_failure_count)."""
+    score = np.rint(df["task_complexity_score"].to_numpy(dtype=np.float64) * 10.0**SCORE_DECIMALS)
+    cols = pd.DataFrame({"role": df["role"].astype(str).to_numpy(), "score": score.astype(np.int64),
+                         "pfc": df["primary_failure_count"].to_numpy(dtype=np.float64, na_value=-1).astype(np.int64)})
+    return pd.util.hash_pandas_object(cols, index=False).to_numpy()
+
+
+def _known_exploration(df: pd.DataFrame) -> np.ndarray:
+    p = df["propensity"].astype("float64").to_numpy(na_value=np.nan)
+    known = np.isfinite(p) & (p < ope.DETERMINISTIC_PSCORE)
+    if "propensity_source" in df:
+        known &= ~df["propensity_source"].astype(str).isin(NOT_EVIDENCE).to_numpy()
+    return known
+
+
+def logged_support(df_eval: pd.DataFrame, space: ActionSpace | ModelCatalogue,
+                   evidence: pd.DataFrame | None = None, name: str | None = None) -> LoggedSupport:
+    """:class:`LoggedSupport` of the rows of ``df_eval`` in ``space``; ``evidence``: the rows whose contexts
+    count (default ``df_eval``; offline_eval passes the whole dataset: the behaviour's randomness shows in
+    any split)."""
+    evidence = df_eval if evidence is None else evidence
+    mask = space.role_mask()
+    K, roles = len(space.actions), tuple(space.roles)
+    ctx = Contexts.from_frame(df_eval, roles) if len(df_eval) else None
+    role = ctx.role if ctx is not None else np.zeros(0, dtype=np.int64)
+    action = df_eval["action_index"].to_numpy(dtype=np.int64)
+    supported = np.zeros((len(df_eval), K), dtype=bool)
+    supported[np.arange(len(df_eval)), action] = True
+    if len(df_eval):
+        keys, ev_keys = context_keys(df_eval), context_keys(evidence)
+        seen = pd.DataFrame({"k": ev_keys, "a": evidence["action_index"].to_numpy(dtype=np.int64)}).drop_duplicates()
+        codes = pd.Index(pd.unique(keys))
+        at = codes.get_indexer(seen["k"].to_numpy())
+        pairs = np.zeros((len(codes), K), dtype=bool)
+        ok = at >= 0
+        pairs[at[ok], seen["a"].to_numpy()[ok]] = True
+        supported |= pairs[codes.get_indexer(keys)]
+        known = _known_exploration(df_eval)
+        supported[known] |= mask[role[known]]
+        supported &= mask[role] | (np.arange(K) == action[:, None])
+    other = (supported & ~(np.arange(K) == action[:, None])).any(axis=1)
+    known = _known_exploration(df_eval) if len(df_eval) else np.zeros(0, dtype=bool)
+    sources = (df_eval["policy_source"].fillna("none").astype(str).to_numpy(dtype=object)
+               if "policy_source" in df_eval else np.full(len(df_eval), "none", dtype=object))
+    per_role = {}
+    for r, rname in enumerate(roles):
+        rows = role == r
+        if not rows.any():
+            continue
+        src = pd.Series(sources[rows]).value_counts()
+        per_role[rname] = RoleSupport(rname, int(rows.sum()), int(other[rows].sum()), int(known[rows].sum()),
+                                      {str(k): int(v) for k, v in src.items() if k != "none"})
+    return LoggedSupport(name or getattr(space, "name", "multi_model"), supported, role, action,
+                         tuple(space.actions), roles, per_role)
+
+
 def _evaluate_all(policies: dict[str, object], data: ope.LoggedData, config: ope.OPEConfig, behaviour,
                   progress: Callable[[str], None], keep_terms: bool = True,
-                  intervals: tuple[str, ...] | None = None) -> dict[str, ope.PolicyEvaluation]:
+                  intervals: tuple[str, ...] | None = None,
+                  support: LoggedSupport | None = None) -> dict[str, ope.PolicyEvaluation]:
     """Every policy's evaluation; with a ``behaviour`` model (BC) support is the behaviour
     policy's (its probabilities), else the sample's (logged (role, model) pairs). ``keep_terms``:
     keep the per-unit terms the paired gate needs (a selection does not); ``intervals``: the
-    estimators whose interval is computed (:func:`ope.evaluate_policy`; default all)."""
+    estimators whose interval is computed (:func:`ope.evaluate_policy`; default all); ``support``: where
+    the logs can value a change of decision (:func:`logged_support`), on top of either rule."""
     bp = ope.policy_probs(behaviour, data) if behaviour is not None else None
+    sup = support.supported if support is not None else None
     return {name: ope.evaluate_policy(data, pol, config, behaviour_probs=bp, progress=progress,
-                                      keep_terms=keep_terms, intervals=intervals) for name, pol in policies.items()}
+                                      keep_terms=keep_terms, intervals=intervals, supported=sup)
+            for name, pol in policies.items()}
 
 
 SELECTION_CRITERIA = ("fqe", "estimate", "lower_bound")
@@ -356,7 +578,8 @@ SELECTION_LABEL = {"fqe": "fqe estimate", "estimate": f"{GATE_ESTIMATOR} estimat
 def select_by_ope(candidates: dict[str, object], df_eval: pd.DataFrame, catalogue: ActionSpace | ModelCatalogue,
                   config: ope.OPEConfig = ope.OPEConfig(), criterion: str = "fqe",
                   progress: Callable[[str], None] = log.info,
-                  behaviour=None) -> tuple[str | None, dict[str, ope.PolicyEvaluation]]:
+                  behaviour=None, evidence: pd.DataFrame | None = None,
+                  ) -> tuple[str | None, dict[str, ope.PolicyEvaluation]]:
     """Pick the candidate OPE values most on the eval rows; never reads ground truth.
 
     ``criterion``: ``fqe`` (default), the highest fitted-Q evaluation estimate; ``estimate``,
@@ -371,16 +594,21 @@ def select_by_ope(candidates: dict[str, object], df_eval: pd.DataFrame, catalogu
     importance-weighted ones (:data:`GATE_ESTIMATOR`), unbiased where the model is right.
     ``None`` when no candidate has support in the eval rows (each evaluation says why). Only
     :data:`GATE_ESTIMATOR`'s interval is computed (the one a selection reports and
-    ``lower_bound`` reads); every other estimator gets its value alone.
+    ``lower_bound`` reads); every other estimator gets its value alone. Support is also the logs'
+    (:func:`logged_support` of ``df_eval``, contexts from ``evidence``). No rows: ``(None, {})``; too few
+    sessions for an interval, ``lower_bound`` ranks nothing (``None``).
     """
     if criterion not in SELECTION_CRITERIA:
         raise ValueError(f"criterion must be one of {SELECTION_CRITERIA}, got {criterion!r}")
+    if df_eval.empty:
+        progress("OPE selection: no eval decisions to rank the candidates on")
+        return None, {}
     data = ope.LoggedData.from_frame(df_eval, catalogue.actions, catalogue.roles)
     evals = _evaluate_all(candidates, data, config, behaviour, progress, keep_terms=False,
-                          intervals=(GATE_ESTIMATOR,))
+                          intervals=(GATE_ESTIMATOR,), support=logged_support(df_eval, catalogue, evidence))
     key = SELECTION_ESTIMATOR[criterion]
     pick = (lambda e: e.ci_low) if criterion == "lower_bound" else (lambda e: e.value)
-    scored = {n: pick(e.estimates[key]) for n, e in evals.items() if e.estimates[key].value is not None}
+    scored = {n: pick(e.estimates[key]) for n, e in evals.items() if pick(e.estimates[key]) is not None}
     return (max(scored, key=scored.get) if scored else None), evals
 
 
@@ -405,17 +633,39 @@ def eval_part(df: pd.DataFrame, part: str) -> pd.DataFrame:
 # table's regret in 72% of seeds and greedy policies' estimates erred by 5% on average; at
 # ~1,000, 93%; at ~2,000 (the default data), 100% and 2.2%.
 MIN_RELIABLE_EPISODES = 1000
+MIN_SESSIONS = ope.OPESettings.model_fields["min_sessions"].default  # declared once, in OPESettings
 
 
-def sample_size_warning(n_episodes: int, part: str) -> str | None:
-    """What to tell the user when an eval half is too small to trust, or None."""
-    if n_episodes >= MIN_RELIABLE_EPISODES:
+def sample_size_warning(n_episodes: int, part: str, n_sessions: int | None = None,
+                        min_sessions: int = MIN_SESSIONS) -> str | None:
+    """What to tell the user when an eval half is too small to trust, or None: fewer episodes than
+    OPE was measured reliable on, or fewer sessions than an interval needs (``n_sessions``: the
+    sessions of the half; a session's decisions are one draw, so episodes alone overstate the data)."""
+    parts = []
+    if n_episodes < MIN_RELIABLE_EPISODES:
+        parts.append(f"{n_episodes} episodes, under the {MIN_RELIABLE_EPISODES} at which OPE was measured reliable "
+                     "(docs/benchmarks.md, 'Offline chain quality')")
+    if n_sessions is not None and n_sessions < min_sessions:
+        parts.append(f"{n_sessions} sessions, under the {min_sessions} a 95% interval needs (OPE setting "
+                     "min_sessions)")
+    if not parts:
         return None
-    return (f"the eval split's {part} half has {n_episodes} episodes, under the {MIN_RELIABLE_EPISODES} "
-            "at which OPE was measured reliable (docs/benchmarks.md, 'Offline chain quality'): "
+    few_sessions = n_sessions is not None and n_sessions < min_sessions
+    return (f"the eval split's {part} half has " + " and ".join(parts) + ": "
             + ("the alpha chosen may be far from the best" if part == "select" else
+               "no interval is given and the gate refuses" if few_sessions else
                "estimates of policies far from the logs can be several percent off")
-            + "; log more sessions or raise routing_dataset's eval_fraction")
+            + "; log more sessions (SAGE writes one per journal file, a day, unless SAGE_SESSION_ID is set, as "
+              "`sage run` does per run) or raise routing_dataset's eval_fraction")
+
+
+def _unranked(select: pd.DataFrame, evals: dict[str, ope.PolicyEvaluation], criterion: str) -> str:
+    """Why :func:`select_by_ope` ranked no candidate."""
+    if select.empty:
+        return "the eval split's select half has no decisions (0 sessions)"
+    if criterion == "lower_bound" and any(e.value is not None for e in evals.values()):
+        return f"no interval to rank by ({next(iter(evals.values())).interval_reason})"
+    return "no candidate has support in the eval split"
 
 
 @dataclass(frozen=True)
@@ -441,17 +691,18 @@ def train_select_cql(df: pd.DataFrame, catalogue: ActionSpace | ModelCatalogue, 
         data = data.restrict(catalogue)
     results = cql.train_cql_grid(data, FeatureSpec(roles=tuple(catalogue.roles)), config, list(alphas), log=progress)
     cands = {f"alpha={a:g}": r.policy() for a, r in zip(alphas, results)}
-    best, evals = select_by_ope(cands, eval_part(df, "select"), catalogue, ope_config, criterion, progress,
-                                behaviour)
+    select = eval_part(df, "select")
+    best, evals = select_by_ope(cands, select, catalogue, ope_config, criterion, progress, behaviour, evidence=df)
     how = f"{SELECTION_LABEL[criterion]} on the eval split's select part"
     if best is None:
-        best, how = list(cands)[int(np.argmax(alphas))], "largest alpha: no candidate has support in the eval split"
+        best, how = list(cands)[int(np.argmax(alphas))], (
+            "largest alpha: " + _unranked(select, evals, criterion))
     table = [{"alpha": n, "fqe": e.estimates["fqe"].value, GATE_ESTIMATOR: e.estimates[GATE_ESTIMATOR].value,
               "ci_low": e.estimates[GATE_ESTIMATOR].ci_low, "ci_high": e.estimates[GATE_ESTIMATOR].ci_high,
               "ess_episodes": e.ess_episode, "no_support": e.no_support_reason, "chosen": n == best}
              for n, e in evals.items()]
     n_episodes = next(iter(evals.values())).n_episodes if evals else 0
-    warning = sample_size_warning(n_episodes, "select")
+    warning = sample_size_warning(n_episodes, "select", select["session_id"].nunique(), ope_config.min_sessions)
     if warning:
         progress(f"WARNING: {warning}")
     return CQLSelection(results[list(cands).index(best)], best, how, table, n_episodes, warning)
@@ -492,20 +743,23 @@ def distill_select_served(df: pd.DataFrame, space: ActionSpace, table: RoutingTa
     base = sage_router.ServedSagePolicy.from_distilled(distilled, table, space, config.default_min_confidence,
                                                        name=f"{source}_served")
     cands = {f"min_confidence={c:g}": base.with_min_confidence(c) for c in config.min_confidence_grid}
-    best, evals = select_by_ope(cands, eval_part(df, "select"), space, ope_config, criterion, progress, behaviour)
+    select = eval_part(df, "select")
+    best, evals = select_by_ope(cands, select, space, ope_config, criterion, progress, behaviour, evidence=df)
     how = f"{SELECTION_LABEL[criterion]} on the eval split's select part"
     if best is None:
-        best, how = f"min_confidence={config.default_min_confidence:g}", "SAGE's default: no floor has support"
+        best, how = (f"min_confidence={config.default_min_confidence:g}",
+                     "SAGE's default: " + _unranked(select, evals, criterion).replace("candidate", "floor"))
         cands.setdefault(best, base)
     table_rows = [{"min_confidence": n.split("=")[1], "fqe": e.estimates["fqe"].value,
                    GATE_ESTIMATOR: e.estimates[GATE_ESTIMATOR].value, "ci_low": e.estimates[GATE_ESTIMATOR].ci_low,
                    "ci_high": e.estimates[GATE_ESTIMATOR].ci_high, "no_support": e.no_support_reason,
                    "chosen": n == best} for n, e in evals.items()]
     chosen = cands[best]
-    ctx_eval = Contexts.from_frame(df[df["split"] == "eval"], space.roles)
+    df_eval = df[df["split"] == "eval"]
     progress(f"{source}: served with {best} ({how})")
-    return ServedSelection(chosen, source, how, table_rows, dict(distilled.agreement),
-                           agreement_by_role(chosen, trained, ctx_eval, space))
+    agreement = (agreement_by_role(chosen, trained, Contexts.from_frame(df_eval, space.roles), space)
+                 if len(df_eval) else {})
+    return ServedSelection(chosen, source, how, table_rows, dict(distilled.agreement), agreement)
 
 
 # ------------------------------------------------------------------ the report
@@ -515,6 +769,11 @@ class OfflineEvalReport:
     truth: GroundTruth | None
     gate: GateDecision
     warning: str | None = None  # sample_size_warning of the report half
+    n_sessions: int = 0  # sessions of the report half: the units every interval resamples
+    n_episodes: int = 0
+    min_sessions: int = MIN_SESSIONS  # the sessions an interval needs (OPESettings.min_sessions)
+    interval_reason: str | None = None  # why no interval is given (too few sessions), or None
+    support: LoggedSupport | None = None  # per role: how much of the logs can value a change of decision
 
     def rows(self) -> list[dict]:
         """One row per (policy, estimator): estimate, interval, truth, relative error."""
@@ -529,7 +788,7 @@ class OfflineEvalReport:
                 out.append({"policy": name, "estimator": est, "scope": e.scope, "estimate": e.value,
                             "ci_low": e.ci_low, "ci_high": e.ci_high, "ground_truth": truth,
                             "relative_error": rel,
-                            "covered": (None if truth is None or e.value is None
+                            "covered": (None if truth is None or e.value is None or e.ci_low is None
                                         else bool(e.ci_low <= truth <= e.ci_high))})
         return out
 
@@ -539,7 +798,7 @@ class OfflineEvalReport:
         for name, ev in self.evaluations.items():
             e = ev.estimates[GATE_ESTIMATOR]
             row = {"policy": name, GATE_ESTIMATOR: e.value, "ci_low": e.ci_low, "ci_high": e.ci_high,
-                   "ess_episodes": ev.ess_episode, "support_share": ev.support_share,
+                   "sessions": ev.n_sessions, "ess_episodes": ev.ess_episode, "support_share": ev.support_share,
                    "clipped_at_weight": ev.clip_weight, "no_support": ev.no_support_reason}
             if self.truth is not None:
                 gt = self.truth.episode_value
@@ -557,29 +816,63 @@ class OfflineEvalReport:
             "evaluations": {k: v.to_dict() for k, v in self.evaluations.items()},
             "ground_truth": asdict(self.truth) if self.truth else None,
             "gate": asdict(self.gate), "sample_size_warning": self.warning,
+            "sessions": {"n_sessions": self.n_sessions, "n_episodes": self.n_episodes,
+                         "min_sessions": self.min_sessions, "intervals": self.interval_reason or "given"},
+            "support_by_role": self.support.to_dict() if self.support is not None else None,
         }
+
+    def support_table(self) -> list[dict]:
+        """Per role: decisions, the share whose context also saw another model, deterministic or not."""
+        return [r.to_dict() for r in self.support.roles.values()] if self.support is not None else []
 
 
 def run_offline_eval(df_eval: pd.DataFrame, policies: dict[str, object], catalogue: ModelCatalogue,
                      config: ope.OPEConfig = ope.OPEConfig(), sim: RoutingSimulator | None = None,
                      progress: Callable[[str], None] = log.info, behaviour=None, oracle=None,
                      candidates: tuple[str, ...] | None = None,
-                     gate: PromotionGateConfig = PromotionGateConfig()) -> OfflineEvalReport:
+                     gate: PromotionGateConfig = PromotionGateConfig(),
+                     evidence: pd.DataFrame | None = None) -> OfflineEvalReport:
     """Evaluate ``policies`` (must include ``static_table``) on the eval rows; ``behaviour``:
     see :func:`_evaluate_all`; ``oracle``: see :func:`ground_truth`; ``candidates``,
     ``gate``: the policies the gate may promote and its rule
-    (:func:`promotion_gate`)."""
+    (:func:`promotion_gate`); ``evidence``: the rows whose contexts show where the behaviour explored
+    (:func:`logged_support`; default ``df_eval``).
+
+    Never raises on a small journal set: with no rows, or fewer sessions than ``config.min_sessions``,
+    the report says how many sessions it has and needs and the gate refuses with that sentence; a
+    candidate that changes decisions where the logs hold no other action is refused per role
+    (:meth:`LoggedSupport.refusal`)."""
     if STATIC not in policies:
         raise ValueError(f"policies must include {STATIC!r}: it is the baseline every policy is compared with")
-    if df_eval.empty:
-        raise ValueError("the eval split is empty: rebuild routing_dataset with a larger eval_fraction or more data")
-    data = ope.LoggedData.from_frame(df_eval, catalogue.actions, catalogue.roles)
-    evals = _evaluate_all(policies, data, config, behaviour, progress)
-    truth = ground_truth(sim, eval_tasks(data), policies, oracle) if sim is not None else None
-    warning = sample_size_warning(evals[STATIC].n_episodes, "report")
+    n_sessions = int(df_eval["session_id"].nunique()) if len(df_eval) else 0
+    n_episodes = int(df_eval["episode_id"].nunique()) if len(df_eval) else 0
+    warning = sample_size_warning(n_episodes, "report", n_sessions, config.min_sessions)
     if warning:
         progress(f"WARNING: {warning}")
-    return OfflineEvalReport(evals, truth, promotion_gate(evals, candidates=candidates, gate=gate), warning)
+    if df_eval.empty:
+        why = f"the eval split's report half is empty: {ope.session_shortfall(0, config.min_sessions)}"
+        progress(f"offline_eval: {why}")
+        return OfflineEvalReport({}, None, GateDecision(None, f"no policy promoted: {why}", rule=gate.rule,
+                                                        min_gain=gate.min_gain),
+                                 warning, 0, 0, config.min_sessions, why, None)
+    data = ope.LoggedData.from_frame(df_eval, catalogue.actions, catalogue.roles)
+    support = logged_support(df_eval, catalogue, evidence)
+    evals = _evaluate_all(policies, data, config, behaviour, progress, support=support)
+    unsupported = {}
+    for name, pol in policies.items():
+        if name == STATIC or candidates is None or name in candidates:
+            why = support.refusal(name, ope.policy_probs(pol, data), config.max_unsupported_mass)
+            if why:
+                unsupported[name] = why
+    truth = ground_truth(sim, eval_tasks(data), policies, oracle) if sim is not None else None
+    decision = promotion_gate(evals, candidates=candidates, gate=gate, unsupported=unsupported)
+    det = support.deterministic_roles()
+    if decision.promoted is None and det:  # say it even where no candidate changed a decision there
+        if "exploring checkpoint" in decision.reason:  # the advice once
+            det = det.replace("; deploy the exploring checkpoint to collect support", "")
+        decision = replace(decision, reason=f"{decision.reason}. Support: {det}")
+    return OfflineEvalReport(evals, truth, decision, warning, evals[STATIC].n_sessions, n_episodes,
+                             config.min_sessions, evals[STATIC].interval_reason, support)
 
 
 def run_sage_binary_eval(df: pd.DataFrame, df_eval: pd.DataFrame, space: ActionSpace, table: RoutingTable,
@@ -600,7 +893,7 @@ def run_sage_binary_eval(df: pd.DataFrame, df_eval: pd.DataFrame, space: ActionS
     report = run_offline_eval(df_eval, policies, space, config, sim=sim, progress=progress, behaviour=behaviour,
                               oracle=sim.oracle_policy(space.mask) if sim is not None else None,
                               candidates=tuple(served),
-                              gate=gate)
+                              gate=gate, evidence=df)
     return report, served
 
 
@@ -615,6 +908,12 @@ def plot_offline_eval(report: OfflineEvalReport) -> bytes:
     rows = [r for r in report.rows() if r["estimate"] is not None]
     policies = list(report.evaluations)
     fig, axes = plt.subplots(1, 2, figsize=(12, 3.8), sharey=False)
+    if not rows:  # nothing to draw: say why on the figure instead of raising
+        for ax in axes:
+            ax.axis("off")
+        axes[0].text(0.0, 0.5, "no estimates: " + (report.interval_reason or report.gate.reason), wrap=True,
+                     fontsize=8, va="center")
+        return artifacts.png_bytes(fig)
     for ax, scope, title in ((axes[0], "episode", "episode return"), (axes[1], "decision", "first-decision reward")):
         sub = [r for r in rows if r["scope"] == scope]
         ests = sorted({r["estimator"] for r in sub}, key=[r["estimator"] for r in sub].index)
@@ -626,8 +925,10 @@ def plot_offline_eval(report: OfflineEvalReport) -> bytes:
                 if r:
                     xs.append(i + (j - (len(ests) - 1) / 2) * width)
                     ys.append(r["estimate"])
-                    lo.append(r["estimate"] - r["ci_low"])
-                    hi.append(r["ci_high"] - r["estimate"])
+                    # no interval (too few sessions): the point alone; a percentile interval can exclude
+                    # its own estimate (a ratio over few sessions): the bar then stops at the point
+                    lo.append(0.0 if r["ci_low"] is None else max(r["estimate"] - r["ci_low"], 0.0))
+                    hi.append(0.0 if r["ci_high"] is None else max(r["ci_high"] - r["estimate"], 0.0))
             ax.errorbar(xs, ys, yerr=[lo, hi], fmt="o", ms=3, capsize=2, label=est)
         if report.truth is not None:
             truth = report.truth.episode_value if scope == "episode" else report.truth.first_step_value
@@ -635,6 +936,8 @@ def plot_offline_eval(report: OfflineEvalReport) -> bytes:
                 ax.hlines(truth[p], i - 0.45, i + 0.45, colors="k", linestyles="--", lw=1)
             ax.axhline(truth["oracle"], color="tab:green", lw=0.8, ls=":", label="oracle (truth)")
         ax.set_xticks(range(len(policies)), policies, fontsize=8)
-        ax.set_title(f"{title}: estimate, 95% CI; dashed = ground truth", fontsize=8)
+        ax.set_title(f"{title}: estimate, 95% CI; dashed = ground truth"
+                     + (f"\nno intervals: {report.n_sessions} sessions, {report.min_sessions} needed"
+                        if report.interval_reason else ""), fontsize=8)
         ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return artifacts.png_bytes(fig)

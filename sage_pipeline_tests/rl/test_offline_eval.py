@@ -252,3 +252,184 @@ def test_ground_truth_only_where_the_simulator_knows_every_judged_decision_and_m
     got, why = oe.ground_truth_simulator(tmp_path / "none.json", sim.catalogue, sim.table, RewardSpec(), synthetic,
                                          sim.actions)
     assert got is None and "no simulator manifest" in why
+
+
+# ---------------------------------------------------------------- any journal set SAGE writes (issue 32)
+def _report(evals: dict, **kw) -> oe.OfflineEvalReport:
+    return oe.OfflineEvalReport(evals, None, oe.GateDecision(None, "no policy promoted: x"), **kw)
+
+
+def test_plot_draws_intervals_that_exclude_or_lack_their_estimate():
+    """A percentile interval over few sessions can exclude its own estimate (a ratio), and too few sessions
+    give none: the plot raised "'yerr' must not contain negative values"; now it draws what there is."""
+    evals = {"static_table": _eval("static_table", 0.80, 0.82, 0.90),  # the estimate below its interval
+             "cql": _eval("cql", 0.85, None, None),  # no interval (too few sessions)
+             "bc": _eval("bc", None, None, None, reason="no support: x")}
+    assert oe.plot_offline_eval(_report(evals))[:8] == b"\x89PNG\r\n\x1a\n"
+    assert oe.plot_offline_eval(_report({}, interval_reason="0 sessions; a 95% interval needs at least 20"))[:4] \
+        == b"\x89PNG"
+
+
+def test_sample_size_warning_counts_sessions_not_only_episodes():
+    assert oe.sample_size_warning(5000, "report", n_sessions=oe.MIN_SESSIONS) is None
+    w = oe.sample_size_warning(5000, "report", n_sessions=3)
+    assert "report half has 3 sessions, under the 20 a 95% interval needs" in w
+    assert "no interval is given and the gate refuses" in w and "SAGE_SESSION_ID" in w
+    both = oe.sample_size_warning(76, "select", n_sessions=4, min_sessions=30)
+    assert "select half has 76 episodes" in both and "and 4 sessions, under the 30" in both
+    assert oe.MIN_SESSIONS == ope.OPESettings.model_fields["min_sessions"].default  # declared once
+
+
+def test_an_empty_report_half_is_a_report_that_says_so_not_an_error(logged_frame):
+    """An eval split (or its report half) without sessions raised "the eval split is empty"."""
+    from sage_pipeline.routing.policy import StaticTablePolicy
+
+    sim, df = logged_frame
+    rep = oe.run_offline_eval(df.iloc[:0], {"static_table": StaticTablePolicy(sim.table, sim.catalogue)},
+                              sim.catalogue, ope.OPEConfig(n_boot=20), progress=lambda s: None)
+    assert rep.gate.promoted is None and rep.n_sessions == 0 and rep.evaluations == {}
+    assert "report half is empty: 0 sessions; a 95% interval needs at least 20" in rep.gate.reason
+    d = rep.to_dict()
+    assert d["sessions"]["n_sessions"] == 0 and d["sessions"]["intervals"].startswith("the eval split's report half")
+    assert "report half has 0 episodes" in d["sample_size_warning"]
+    static = {"s": StaticTablePolicy(sim.table, sim.catalogue)}
+    assert oe.select_by_ope(static, df.iloc[:0], sim.catalogue) == (None, {})
+    assert oe.plot_offline_eval(rep)[:4] == b"\x89PNG"
+
+
+def test_few_sessions_give_estimates_and_a_gate_that_says_how_many_it_needs(logged_frame):
+    """Three sessions in the report half (three days of SAGE journals without SAGE_SESSION_ID): the
+    estimates stand, no interval is given, and both gate rules refuse with that sentence."""
+    from sage_pipeline.routing.collector import binary_mask
+    from sage_pipeline.routing.policy import StaticTablePolicy
+
+    sim, df = logged_frame
+    rep_half = oe.eval_part(df, "report")
+    day = {s: f"day{i % 3}" for i, s in enumerate(rep_half["session_id"].unique())}
+    three = rep_half.assign(session_id=rep_half["session_id"].map(day))  # each day's journal is one session
+    pols = {"static_table": StaticTablePolicy(sim.table, sim.catalogue), "oracle": sim.oracle_policy(binary_mask(sim))}
+    for rule in ("paired", "value"):
+        rep = oe.run_offline_eval(three, pols, sim.catalogue, ope.OPEConfig(n_boot=50), progress=lambda s: None,
+                                  gate=oe.PromotionGateConfig(rule=rule))
+        assert rep.n_sessions == 3 and rep.gate.promoted is None
+        assert rep.interval_reason.startswith("3 sessions; a 95% interval needs at least 20")
+        why = rep.gate.candidates["oracle"]["why"]
+        assert "no interval: 3 sessions; a 95% interval needs at least 20" in why, why
+        assert all(r["sessions"] == 3 and r["ci_low"] is None for r in rep.summary())
+        assert rep.evaluations["oracle"].value is not None
+        assert rep.to_dict()["sessions"] == {"n_sessions": 3, "n_episodes": int(three["episode_id"].nunique()),
+                                             "min_sessions": 20, "intervals": rep.interval_reason}
+
+
+class _NearlyTheTable:
+    """What BC learns from deterministic logs: the table's choice with probability 0.98."""
+
+    def __init__(self, sim):
+        from sage_pipeline.routing.features import FeatureSpec
+        from sage_pipeline.routing.policy import StaticTablePolicy
+
+        self.static, self.spec = StaticTablePolicy(sim.table, sim.catalogue), FeatureSpec(roles=sim.catalogue.roles)
+        self.mask = sim.role_mask
+
+    def action_probs(self, ctx):
+        uniform = self.mask[ctx.role] / self.mask[ctx.role].sum(axis=1, keepdims=True)
+        return 0.98 * self.static.action_probs(ctx) + 0.02 * uniform
+
+
+class _LowerThreshold:
+    """The table with its complexity trigger moved down by 0.15: primary or fallback only, pairs the
+    logs hold, so no (role, model) pair is missing; it changes the decisions between the thresholds."""
+
+    name = "lower_threshold"
+
+    def __init__(self, sim):
+        from sage_pipeline.routing.policy import StaticTablePolicy
+
+        self.static, self.actions = StaticTablePolicy(sim.table, sim.catalogue), sim.actions
+
+    def action_probs(self, ctx):
+        from dataclasses import replace
+
+        return self.static.action_probs(replace(ctx, task_complexity_score=np.minimum(
+            ctx.task_complexity_score + 0.15, 1.0)))
+
+
+def _yaml_only(sim, df):
+    """The logs SAGE writes with its YAML table: every decision the table's, no propensity (episodes that
+    explored are dropped whole, so each kept episode is complete)."""
+    followed = (df["model"] == df["table_model"]).groupby(df["episode_id"]).transform("all")
+    out = df[followed].copy()
+    out["propensity"] = np.nan
+    out["propensity_source"] = "missing"
+    out["policy_source"] = "yaml"
+    return out
+
+
+def test_deterministic_yaml_logs_refuse_the_gate_naming_support(logged_frame):
+    """On logs from SAGE's YAML table, BC's near-0/1 propensities gave a policy that changes decisions a
+    tight interval (measured before this change: the table moved to 0.65 got [0.896, 0.930] and a paired
+    difference of -0.0016 [-0.0076, ...] while the truth is +0.006). Now every number of such a policy is
+    withheld, each role is reported deterministic, and the gate refuses in one sentence naming support."""
+    from sage_pipeline.routing.policy import StaticTablePolicy
+
+    sim, df = logged_frame
+    yaml_df, n_filled = oe.fill_missing_propensities(_yaml_only(sim, df), _NearlyTheTable(sim))
+    assert n_filled == len(yaml_df) and (yaml_df["propensity_source"] == "estimated_bc").all()
+    report_half = oe.eval_part(yaml_df, "report")
+    pols = {"static_table": StaticTablePolicy(sim.table, sim.catalogue), "lower_threshold": _LowerThreshold(sim)}
+    rep = oe.run_offline_eval(report_half, pols, sim.catalogue, ope.OPEConfig(n_boot=100), progress=lambda s: None)
+    assert all(e.value is None and e.ci_low is None for e in rep.evaluations["lower_threshold"].estimates.values())
+    assert rep.gate.promoted is None
+    why = rep.gate.candidates["lower_threshold"]["why"]
+    assert why.startswith("no support: role ") and "every logged decision was made by SAGE's deterministic YAML " \
+        "table, so the logs cannot say what" in why and "Deploy the exploring checkpoint" in why
+    assert "lower_threshold changes" in why
+    assert rep.n_sessions >= 20 and rep.interval_reason is None  # not a matter of sample size
+    # the whole dataset as evidence (offline_eval's): still deterministic
+    wide = oe.run_offline_eval(report_half, pols, sim.catalogue, ope.OPEConfig(n_boot=20), progress=lambda s: None,
+                               evidence=yaml_df)
+    assert wide.gate.candidates["lower_threshold"]["why"] == why
+    # a candidate that changes nothing is refused too, and the reason still names support
+    same = oe.run_offline_eval(report_half, {"static_table": pols["static_table"],
+                                             "table_again": StaticTablePolicy(sim.table, sim.catalogue)},
+                               sim.catalogue, ope.OPEConfig(n_boot=20), progress=lambda s: None)
+    assert same.gate.promoted is None and "lower bound +0.0000 <= 0" in same.gate.reason
+    assert "Support: roles planner, " in same.gate.reason and "were logged by SAGE's deterministic YAML table: no " \
+        "change of decision there can be valued; deploy the exploring checkpoint" in same.gate.reason
+    static = rep.evaluations["static_table"].estimates["step_dr_clip"]
+    assert static.value is not None and static.ci_low is not None  # the table itself is on-policy: valued
+    roles = rep.to_dict()["support_by_role"]["roles"]
+    assert roles and all(r["deterministic"] and r["share_with_support"] == 0.0 for r in roles)
+    assert all(r["policy_sources"] == {"yaml": r["decisions"]} for r in roles)
+
+
+def test_exploring_logs_have_support_in_every_role(logged_frame):
+    sim, df = logged_frame
+    sup = oe.logged_support(oe.eval_part(df, "report"), sim.catalogue, df)
+    assert sup.roles and all(r.share == 1.0 and not r.deterministic for r in sup.roles.values())
+    assert sup.refusal("oracle", sim.oracle_policy().action_probs(
+        ope.LoggedData.from_frame(oe.eval_part(df, "report"), sim.actions).contexts), 1e-3) is None
+
+
+def test_support_buckets_are_exact_contexts_and_estimated_propensities_are_no_evidence():
+    """A deterministic threshold router logs both models only on either side of its threshold: any
+    bucket wider than the exact score would show 'both' there. Same exact context: support."""
+    import pandas as pd
+
+    from sage_pipeline.routing.catalogue import ModelCatalogue
+
+    cat = ModelCatalogue.load()
+    role = cat.roles[2]
+    a, b = [i for i in range(len(cat.actions)) if cat.role_mask()[2, i]][:2]
+    frame = pd.DataFrame({
+        "role": role, "task_complexity_score": [0.79, 0.8100001, 0.9, 0.9, 0.5, 0.5],
+        "primary_failure_count": [0, 0, 0, 0, 0, 1], "failure_count": [0, 0, 0, 0, 0, 1],
+        "step": 0, "prompt_tokens": 1000, "action_index": [a, b, a, b, a, b],
+        "propensity": [0.97, 0.03, 0.97, 0.03, 0.97, 0.03], "propensity_source": "estimated_bc"})
+    sup = oe.logged_support(frame, cat)
+    other = sup.supported.sum(axis=1) > 1
+    assert other.tolist() == [False, False, True, True, False, False]  # 0.9 saw both; 0.5 differs in failures
+    assert sup.roles[role].with_support == 2 and not sup.roles[role].deterministic
+    logged = frame.assign(propensity_source="logged")  # a known exploration probability: every candidate
+    assert oe.logged_support(logged, cat).roles[role].share == 1.0
+    assert oe.context_keys(frame.assign(task_complexity_score=0.9 + 1e-9))[0] == oe.context_keys(frame)[2]

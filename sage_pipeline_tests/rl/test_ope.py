@@ -692,3 +692,88 @@ def test_evaluation_runs_on_one_blas_thread(sim: RoutingSimulator, multistep) ->
     ope.evaluate_policy(data, Watching(), ope.OPEConfig(n_boot=20), keep_terms=False)
     assert seen and all(s == {1} for s in seen), seen
     assert blas_threads() == before
+
+
+# ---------------------------------------------------------------- few sessions (issue 32)
+def _sessions(data: ope.LoggedData, n: int) -> ope.LoggedData:
+    """``data`` with its episodes dealt into ``n`` sessions (SAGE without SAGE_SESSION_ID: one a day)."""
+    ep = np.unique(data.episode_id, return_inverse=True)[1]
+    return replace(data, session_id=np.array([f"day{i % n}" for i in ep]))
+
+
+def test_too_few_sessions_give_estimates_without_intervals_and_say_how_many_are_needed(sim, multistep) -> None:
+    """Journals without SAGE_SESSION_ID hold one session a day: the bootstrap over 3 sessions was far too
+    narrow, and with 1 session cross-fitting raised ("cross-fitting needs at least 2 sessions")."""
+    _, data, _ = multistep
+    uniform = policies(sim)["uniform"]
+    cfg = ope.OPEConfig(n_boot=50)
+    assert cfg.min_sessions == ope.OPESettings.model_fields["min_sessions"].default == 20
+    for n in (1, 3):
+        ev = ope.evaluate_policy(_sessions(data, n), uniform, cfg, progress=lambda s: None)
+        assert ev.n_sessions == n and ev.value is not None
+        assert all(e.ci_low is None and e.ci_high is None for e in ev.estimates.values())
+        unit = "session" if n == 1 else "sessions"
+        assert ev.interval_reason.startswith(f"{n} {unit}; a 95% interval needs at least 20")
+        assert "SAGE_SESSION_ID" in ev.interval_reason and f"no intervals: {n} {unit}" in ev.format()
+        d = ope.paired_difference(ope.evaluate_policy(_sessions(data, n), policies(sim)["static_table"], cfg,
+                                                      progress=lambda s: None), ev)
+        assert d.value is not None and d.ci_low is None and d.reason.startswith(f"no interval: {n} {unit}")
+    # at min_sessions the interval is back, resampling sessions
+    ev = ope.evaluate_policy(_sessions(data, 20), uniform, cfg, progress=lambda s: None)
+    assert ev.n_sessions == 20 and ev.interval_reason is None and ev.estimates["step_dr_clip"].ci_low is not None
+    # without session ids, each episode is its own unit
+    episodes = len(np.unique(data.episode_id))
+    assert ope.evaluate_policy(data, uniform, cfg, progress=lambda s: None).n_sessions == episodes
+    with pytest.raises(ValueError, match="min_sessions"):
+        ope.OPEConfig(min_sessions=1)
+
+
+def test_cluster_bootstrap_over_sessions_is_wider_than_over_episodes(sim, multistep) -> None:
+    """The interval resamples whole sessions: decisions of a day that share an effect are one draw."""
+    _, data, _ = multistep
+    ep = np.unique(data.episode_id, return_inverse=True)[1]
+    day = ep % 25
+    shifted = replace(data, reward=data.reward + np.random.default_rng(0).normal(0, 0.5, 25)[day],
+                      session_id=np.array([f"d{d}" for d in day]))
+    cfg = ope.OPEConfig(n_boot=300)
+    static = policies(sim)["static_table"]
+    by_session = ope.evaluate_policy(shifted, static, cfg, progress=lambda s: None).estimates["step_dr_clip"]
+    by_episode = ope.evaluate_policy(replace(shifted, session_id=None), static, cfg,
+                                     progress=lambda s: None).estimates["step_dr_clip"]
+    assert by_session.value == pytest.approx(by_episode.value, abs=0.01)  # the folds differ, not the estimator
+    assert (by_session.ci_high - by_session.ci_low) > 2 * (by_episode.ci_high - by_episode.ci_low)
+
+
+def test_snips_undefined_on_the_rounds_is_withheld_not_raised() -> None:
+    """The policy puts no weight on any first decision's logged action, but has support on the retries:
+    evaluate_policy raised "NoSupportError: SNIPS is undefined"; now SNIPS and SNDR are withheld."""
+    from sage_pipeline.routing.features import Contexts
+
+    n_ep = 30
+    role = np.zeros(2 * n_ep, dtype=np.int64)
+    step = np.tile([0, 1], n_ep)
+    ctx = Contexts(role=role, task_complexity_score=np.linspace(0, 1, 2 * n_ep), prompt_tokens=np.full(2 * n_ep, 900.0),
+                   step=step, failure_count=step, primary_failure_count=step)
+    data = ope.LoggedData(ctx, np.tile([0, 1], n_ep).astype(np.int64), np.linspace(0, 1, 2 * n_ep),
+                          np.full(2 * n_ep, 0.5), np.repeat(np.arange(n_ep), 2), ("a", "b"), roles=("coder",))
+
+    class AlwaysB:
+        name, actions = "always_b", ("a", "b")
+
+        def action_probs(self, c):
+            return np.tile([0.0, 1.0], (len(c), 1))
+
+    ev = ope.evaluate_policy(data, AlwaysB(), ope.OPEConfig(n_boot=20), progress=lambda s: None)
+    assert ev.estimates["snips"].value is None and ev.estimates["sndr"].value is None
+    assert ev.estimates["ips"].value == 0.0 and ev.estimates["step_dr_clip"].value is not None
+    assert "snips" not in ev.format() or "snips: no support" in ev.format()
+
+
+def test_support_the_caller_names_is_added_to_the_check() -> None:
+    pi = np.array([[0.0, 1.0], [1.0, 0.0]])
+    action, pscore = np.array([0, 0]), np.array([0.9, 0.9])
+    assert not ope.check_support(pi, action, pscore).no_support
+    sup = ope.check_support(pi, action, pscore, supported=np.array([[True, False], [True, False]]))
+    assert sup.no_support and sup.unsupported_mass == 0.5 and sup.unsupported_rows == 1
+    with pytest.raises(ValueError, match="supported has shape"):
+        ope.check_support(pi, action, pscore, supported=np.ones((3, 2), dtype=bool))
