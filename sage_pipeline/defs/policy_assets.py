@@ -3,6 +3,7 @@ routing_dataset -> bc_policy, cql_policy -> offline_eval (with the promotion gat
 # No `from __future__ import annotations`: Dagster reads the real annotations.
 
 import json
+import os
 from datetime import datetime, timezone
 from typing import Annotated
 
@@ -13,7 +14,7 @@ from sage_pipeline import artifacts, markdown
 from sage_pipeline.defs.resources import SageResource
 from sage_pipeline.defs.routing_assets import GROUP, reward_report, routing_dataset
 from sage_pipeline.defs.sections import to_core
-from sage_pipeline.rl import bc, cql, offline_eval as oe, ope, sage_router
+from sage_pipeline.rl import bc, cql, offline_eval as oe, ope, sage_explore, sage_router
 from sage_pipeline.rl.checkpoint import load_policy, read_meta
 from sage_pipeline.rl.data import REQUIRED, from_dataset
 from sage_pipeline.routing import routing_dataset as rd
@@ -187,21 +188,26 @@ class OfflineEvalConfig(dg.Config, ope.OPESettings):
           description="Off-policy evaluation on the eval split's report half (the half no choice was made on): "
                       "IPS, SNIPS, DM, DR, SNDR, Switch-DR, PDIS, step-wise DR (plain, weighted, and with "
                       "clipped trajectory weights) and FQE with 95% bootstrap "
-                      "intervals, ESS and support; ground truth and regret closure when the data is simulated. "
+                      "intervals over sessions (none below min_sessions: the report says how many it has and "
+                      "needs), ESS and support, per role the share of decisions whose context also saw another "
+                      "model (deterministic logging named); ground truth and regret closure when the data is "
+                      "simulated. "
                       "Per action space: multi_model judges the static table, BC and CQL; sage_binary judges "
                       "what SAGE's router would run (each policy distilled into per-role classifiers behind "
                       "SAGE's confidence floor, chosen by OPE, with the YAML fallback), the networks shown "
                       "beside. Promotion gate: a policy passes (staged in checkpoints/gate/ with decision.json; "
                       "promoted_policy publishes it) only if the lower bound of its gain over the table (clipped "
-                      "step-wise DR, paired on the same report episodes) exceeds gate.min_gain (0) of the table's "
-                      f"estimate. Blocking check {GATE_CHECK}: the staged decision is for this dataset and its "
+                      "step-wise DR, paired on the same report sessions) exceeds gate.min_gain (0) of the table's "
+                      "estimate, and it changes no decision where the logs hold no other model (said per role)."
+                      f" Blocking check {GATE_CHECK}: the staged decision is for this dataset and its "
                       "policies load.",
           check_specs=[dg.AssetCheckSpec(GATE_CHECK, asset="offline_eval", blocking=True,
                                          description="the staged gate decision is for the current dataset and "
                                          "every promoted policy in it loads (promoted_policy runs only then)")])
 def offline_eval(context: dg.AssetExecutionContext, config: OfflineEvalConfig,
                  sage: SageResource) -> dg.MaterializeResult:
-    path, df = _dataset(sage)
+    path = sage.path("routing", rd.PARQUET_NAME)
+    df = rd.read_routing_dataset(path, (*POLICY_COLUMNS, "policy_source"))  # who decided: the support sentences
     multi, table = _space(sage), sage.table
     spec = FeatureSpec(roles=multi.roles)
     bc_model = load_policy(sage.path("checkpoints", "bc"), spec, multi.actions)
@@ -218,7 +224,8 @@ def offline_eval(context: dg.AssetExecutionContext, config: OfflineEvalConfig,
     policies = {"static_table": StaticTablePolicy(table, multi), "bc": bc_model,
                 "cql": load_policy(ckpts["cql"], spec, multi.actions)}
     rep = reports["multi_model"] = oe.run_offline_eval(df_eval, policies, multi, ope_cfg, sim=sim,
-                                                       progress=context.log.info, behaviour=behaviour, gate=gate)
+                                                       progress=context.log.info, behaviour=behaviour, gate=gate,
+                                                       evidence=df)
     decided_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
     with sage.writing("offline_eval", list(OFFLINE_EVAL_FILES), context.log.info) as stage:
         gate_dir = stage.path("checkpoints", "gate")
@@ -258,7 +265,9 @@ def offline_eval(context: dg.AssetExecutionContext, config: OfflineEvalConfig,
         sfx = "" if name == "multi_model" else f"_{name}"
         meta |= {f"summary{sfx}": dg.MetadataValue.md(markdown.table(r.summary())),
                  f"estimates{sfx}": dg.MetadataValue.md(markdown.table(r.rows())),
-                 f"sample_size_warning{sfx}": r.warning or "none"}
+                 f"sample_size_warning{sfx}": r.warning or "none",
+                 f"sessions{sfx}": r.n_sessions, f"intervals{sfx}": r.interval_reason or "given",
+                 f"support_by_role{sfx}": dg.MetadataValue.md(markdown.table(r.support_table()) or "no decisions")}
     problems = oe.check_decision(sage.path("checkpoints", "gate"), evidence["dataset_sha256"], _staged_loaders(sage))
     return dg.MaterializeResult(metadata=meta | {
         "action_spaces": list(reports),
@@ -322,35 +331,79 @@ def _promoted_name(folder) -> str | None:
     return None
 
 
+class SageRouterCheckpointConfig(dg.Config):
+    """sage_router_checkpoint's run config: the table SAGE runs, and whether to explore."""
+
+    sage_models_yaml: str | None = Field(
+        None,
+        description="the models.yaml SAGE runs (default: SAGE_MODELS_YAML, else the sage resource's routing "
+                    "table). The checkpoint is written only if it routes as the table the policy was trained on")
+    explore: bool = Field(False, description="write the exploring checkpoint (sage_explore): SAGE's router then "
+                          "takes the other model with probability exploration_rate in every context, around the "
+                          "promoted policy, or around SAGE's YAML when nothing is promoted")
+    exploration_rate: float | None = Field(None, ge=0.0, le=sage_explore.MAX_RATE,
+                                           description="P(the model the target does not choose) per decision "
+                                           "(unset: sage_explore.ExploreConfig's rate); it costs rate x the target's "
+                                           "mean advantage over the other model in value")
+
+
 @dg.asset(group_name=GROUP, deps=[promoted_policy], kinds={"python", "sklearn"},
           description="The promoted sage_binary policy as the file SAGE's router loads unchanged "
                       "(checkpoints/sage/policy.joblib: {'models': {role: classifier}, 'feature_keys': [...]}) "
-                      "plus manifest.json (versions, source, agreement per role, min_confidence); the metadata "
-                      "shows the environment variables to set in SAGE. Nothing promoted: SAGE keeps its table.")
-def sage_router_checkpoint(context: dg.AssetExecutionContext, sage: SageResource) -> dg.MaterializeResult:
+                      "plus manifest.json (kind, versions, source, agreement per role, min_confidence, and the "
+                      "routing table it is bound to: its sha256, its routing section's sha256, its roles); the "
+                      "metadata shows the environment variables to set in SAGE. Written only for the table SAGE "
+                      "runs (sage_models_yaml); every role with a choice has a classifier, so no floor moves a "
+                      "role off its YAML. With explore: the exploring checkpoint (SAGE randomises with a known "
+                      "probability, around the promoted policy or the YAML). Nothing promoted and no exploring: "
+                      "SAGE keeps its table.")
+def sage_router_checkpoint(context: dg.AssetExecutionContext, config: SageRouterCheckpointConfig,
+                           sage: SageResource) -> dg.MaterializeResult:
     src, dest = sage.path("checkpoints", "promoted_sage"), sage.path("checkpoints", "sage")
     binary = _space(sage, "sage_binary")
-    if not (src / sage_router.JOBLIB_NAME).is_file():
+    promoted = (src / sage_router.JOBLIB_NAME).is_file()
+    if not promoted and not config.explore:
         context.log.warning("no sage_binary policy has passed the promotion gate: SAGE keeps its YAML table")
         return dg.MaterializeResult(metadata={"written": False, "reason": "no sage_binary policy promoted "
                                               "(see offline_eval's promotion_sage)"})
-    served = sage_router.load_sage_checkpoint(src, sage.table, binary)
-    manifest = sage_router.read_manifest(src)
+    try:  # written only for the table SAGE runs
+        sage_table = sage_router.check_table(sage.table, config.sage_models_yaml or os.environ.get("SAGE_MODELS_YAML")
+                                             or sage.table_path())
+    except ValueError as exc:
+        raise dg.Failure(f"sage_router_checkpoint: {exc}") from exc
+    manifest = sage_router.read_manifest(src) if promoted else {"source": f"SAGE's YAML ({sage.table.source})"}
+    served = sage_router.load_sage_checkpoint(src, sage.table, binary).with_every_role() if promoted else sage.table
+    if config.explore:
+        explore = (sage_explore.ExploreConfig() if config.exploration_rate is None
+                   else sage_explore.ExploreConfig(rate=config.exploration_rate))
+        served = sage_explore.build_exploring(served, binary, explore, table=sage.table)
     with artifacts.exclusive(sage.root(), "sage_router_checkpoint", context.log.info):  # both files: one run's
         paths = sage_router.write_sage_checkpoint(dest, served, {k: v for k, v in manifest.items()
-                                                                 if k in sage_router.CARRIED_MANIFEST_KEYS})
-        checked = sage_router.check_loads_as_sage(paths[0], served, binary)
-        env = sage_router.read_manifest(dest)["sage_env"]
+                                                                 if k in sage_router.CARRIED_MANIFEST_KEYS},
+                                                  sage_table=sage_table)
+        checked = (sage_explore.check_loads(paths[0], served, binary) if config.explore
+                   else sage_router.check_loads_as_sage(paths[0], served, binary))
+        written = sage_router.read_manifest(dest)
         sha256 = artifacts.file_sha256(paths[0])
     context.log.info(f"SAGE router checkpoint {paths[0]}: {checked} decisions checked as SAGE makes them")
     return dg.MaterializeResult(metadata={
-        "written": True, "path": dg.MetadataValue.path(str(paths[0])),
+        "written": True, "kind": written["kind"], "path": dg.MetadataValue.path(str(paths[0])),
         "manifest": dg.MetadataValue.path(str(paths[1])), "sha256": sha256,
         "min_confidence": served.min_confidence, "roles": sorted(served.models),
-        "source": manifest.get("source", "unknown"),
+        "yaml_roles": list(written["yaml_roles"]), "source": manifest.get("source", "unknown"),
+        "sage_table": dg.MetadataValue.json({k: written["sage_table"][k] for k in ("path", "sha256", "routing_sha256",
+                                                                                  "roles")}),
+        "exploration": dg.MetadataValue.json(written.get("exploration", {})),
         "agreement_on_eval_states": dg.MetadataValue.json(manifest.get("agreement_eval", {})),
         "agreement_on_train_states": dg.MetadataValue.json(manifest.get("agreement", {})),
         "sage_env": dg.MetadataValue.md("Set in SAGE's environment:\n\n```bash\n" + "\n".join(
-            f"export {k}={v}" for k, v in env.items()) + "\n```"),
+            f"export {k}={v}" for k, v in written["sage_env"].items()) + "\n```\n\nOnce SAGE runs it, record the "
+            "deployment (`python -m sage_pipeline.rl.sage_explore deploy <this folder>`, which prints the exports "
+            "for its kept copy) so each logged decision's probability can be reconstructed."),
         "decisions_checked_as_sage": checked,
+        "roles_sage_never_consults": dg.MetadataValue.md(
+            "none" if not written["roles_sage_never_consults"] else
+            f"{', '.join(written['roles_sage_never_consults'])}: SAGE never asks the checkpoint for these roles "
+            "(the coder's model comes from its UCB bandit, sage/agents/coder.py), so their classifiers change "
+            "nothing SAGE does"),
     })

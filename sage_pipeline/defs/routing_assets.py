@@ -11,9 +11,10 @@ import dagster as dg
 import pyarrow.parquet as pq
 from pydantic import Field
 
-from sage_pipeline import markdown
+from sage_pipeline import artifacts, markdown
 from sage_pipeline.defs.resources import SageResource
 from sage_pipeline.defs.sections import section, to_core
+from sage_pipeline.rl import sage_explore
 from sage_pipeline.routing import collector, ingest, reward_report as rr, routing_dataset as rd
 from sage_pipeline.routing.action_space import FILE_NAME as ACTION_SPACE_FILE
 from sage_pipeline.routing.reward import DatasetRewardSpec
@@ -69,12 +70,15 @@ class TrajectoriesConfig(dg.Config, ingest.IngestConfig):
 @dg.asset(group_name=GROUP, deps=[synthetic_sessions], kinds={"python", "parquet"},
           description="Every TRAJECTORY_STEP event of every SAGE session journal, validated, with provenance "
                       "(data_source, file, line); MODEL_ROUTING_DECISION and TOKEN_USAGE events kept beside it "
-                      "for the dataset's joins. Bad lines go to routing/quarantine.jsonl with the "
-                      "reason; other SAGE event types are counted and skipped.",
+                      "for the dataset's joins. Damaged lines go to routing/quarantine.jsonl with the "
+                      "reason; other SAGE event types and SAGE's own plain-text lines ([ts] CHECKPOINT, "
+                      "[TOKEN_SUMMARY]) are counted and skipped; a step SAGE logged with an empty model (the "
+                      "circuit breaker's, before any model was used) is kept as an outcome and counted.",
           check_specs=[dg.AssetCheckSpec("quarantine_below_threshold", asset="trajectories", blocking=True,
-                                         description="Fails when the quarantined share of log lines, or the "
-                                                     "share of journal files and folders that could not be "
-                                                     "read (or only in part), exceeds "
+                                         description="Fails when the quarantined share of log lines (damaged "
+                                                     "lines only: never SAGE's own text lines or empty-model "
+                                                     "steps), or the share of journal files and folders that "
+                                                     "could not be read (or only in part), exceeds "
                                                      "max_quarantined_fraction (default 1%).")])
 def trajectories(context: dg.AssetExecutionContext, config: TrajectoriesConfig,
                  sage: SageResource) -> dg.MaterializeResult:
@@ -100,6 +104,8 @@ def trajectories(context: dg.AssetExecutionContext, config: TrajectoriesConfig,
             "quarantined_fraction": frac, "accepted + quarantined == lines read":
                 s.accepted_lines + s.quarantined == s.lines_read,
             "other_events": dg.MetadataValue.json(dict(s.other_events)),
+            "sage_text_lines": dg.MetadataValue.json(dict(s.text_lines)),
+            "steps_without_model": dg.MetadataValue.json(dict(s.steps_without_model)),
             "ingest": dg.MetadataValue.json(s.to_dict()),
             "rows_by_source": dg.MetadataValue.json(dict(s.rows_by_source)),
             "quarantine_reasons": dg.MetadataValue.md(markdown.table(reasons)),
@@ -139,24 +145,33 @@ class RoutingDatasetConfig(dg.Config, rd.DatasetConfig):
 @dg.asset(group_name=GROUP, deps=[trajectories], kinds={"python", "parquet"},
           description="One row per routing decision, versioned (schema_version, reward_version), with "
                       "the static table's choice, the action kind and a train/eval split by session "
-                      "hash. Written as routing/routing_v1.parquet and routing_v1.jsonl.")
+                      "hash. From SAGE's `sage run` journals: the coder's decision from the reviewer's step "
+                      "(model, strategy key), the debugger's and other agents' from their "
+                      "MODEL_ROUTING_DECISION, each joined to its outcome (verdict, debugger status, circuit "
+                      "breaker), tokens and seconds, with provenance; decisions that cannot be joined are "
+                      "counted by reason. Written as routing/routing_v1.parquet and routing_v1.jsonl (and "
+                      "build_report.json).")
 def routing_dataset(context: dg.AssetExecutionContext, config: RoutingDatasetConfig,
                     sage: SageResource) -> dg.MaterializeResult:
     cfg = to_core(config, rd.DatasetConfig)  # the reward's other components: RewardSpec's (SAGE's)
-    members = [f"routing/{n}" for n in (rd.PARQUET_NAME, rd.JSONL_NAME, ACTION_SPACE_FILE)]
+    members = [f"routing/{n}" for n in (rd.PARQUET_NAME, rd.JSONL_NAME, ACTION_SPACE_FILE, rd.BUILD_REPORT_NAME)]
     with sage.writing("routing_dataset", members, context.log.info) as stage:
         files, space, built = rd.build_routing_dataset_files(
             sage.path("routing", "trajectories.parquet"), sage.table, sage.catalogue, cfg, stage.path("routing"),
             sage.path("routing", "routing_decisions.parquet"), sage.path("routing", "token_usage.parquet"),
-            price_source=str(sage.catalogue_path()), chunk_rows=config.chunk_rows)
+            price_source=str(sage.catalogue_path()), chunk_rows=config.chunk_rows,
+            propensity_of=sage_explore.propensity_reconstructor(sage.path(*sage_explore.DEPLOYMENTS_FILE),
+                                                                sage.path("routing", "routing_decisions.parquet")))
         space.save(stage.path("routing", ACTION_SPACE_FILE))
+        artifacts.write_json(stage.path("routing", rd.BUILD_REPORT_NAME), built.to_dict())
         df = rd.read_routing_dataset(files.parquet, ["role", "split", "episode_id", "session_id",
                                                      "episode_complete", "propensity_source", "schema_version"])
         schema = pq.read_schema(files.parquet)
         parquet, jsonl = stage.public(files.parquet), stage.public(files.jsonl)
     context.log.info(f"routing dataset: {len(df):,} decisions, {df['episode_id'].nunique():,} episodes; "
                      f"{built.steps_derived:,} steps derived, {built.routing_decisions_joined:,} routing decisions "
-                     f"joined; roles left out (not in the table): {built.excluded_roles or 'none'}")
+                     f"joined; roles left out (not in the table): {built.excluded_roles or 'none'}; decisions not "
+                     f"joined: {sum(built.not_joined.values()):,} ({built.not_joined or 'none'})")
     dtypes = schema.empty_table().to_pandas().dtypes  # the frame's dtypes, from the file
     per_role = df.groupby("role").size().reindex(list(space.roles), fill_value=0)
     return dg.MaterializeResult(metadata={
@@ -169,7 +184,18 @@ def routing_dataset(context: dg.AssetExecutionContext, config: RoutingDatasetCon
         "incomplete_episodes": int((~df["episode_complete"]).groupby(df["episode_id"]).any().sum()),
         "reward_version": cfg.reward.version, "schema_version": int(df["schema_version"].iat[0]),
         "propensities_logged": float((df["propensity_source"] != "missing").mean()),
+        "propensity_source": dg.MetadataValue.json(df["propensity_source"].value_counts().to_dict()),
+        "propensity_unknown": dg.MetadataValue.md(markdown.table(
+            [{"reason": k, "decisions": v} for k, v in built.propensity_unknown.items()])
+            if built.propensity_unknown else "none"),
+        "propensity_reconstructed_from": dg.MetadataValue.json(built.propensity_from),
         "joins_and_derivations": dg.MetadataValue.json(built.to_dict()),
+        "decisions_by_source": dg.MetadataValue.json(built.decisions_by_source),
+        "decisions_not_joined": dg.MetadataValue.md(markdown.table(
+            [{"reason": k, "count": v} for k, v in built.not_joined.items()]) if built.not_joined else "none"),
+        "routing_decisions_without_row": dg.MetadataValue.md(markdown.table(
+            [{"reason": k, "count": v} for k, v in built.routing_decisions_unused.items()])
+            if built.routing_decisions_unused else "none"),
         "action_space": dg.MetadataValue.json(space.describe()),
         "path": dg.MetadataValue.path(str(parquet)), "jsonl": dg.MetadataValue.path(str(jsonl)),
         "sha256": files.parquet_sha256,

@@ -20,7 +20,7 @@ from sage_pipeline.defs.resources import SageResource
 SMALL = {"ops": {"synthetic_sessions": {"config": {"episodes": 600, "seed": 3}},
                  "cql_policy": {"config": {"steps": 300, "n_boot": 50}},
                  "bc_policy": {"config": {"epochs": 10}},
-                 "offline_eval": {"config": {"n_boot": 200, "gate": {"rule": "value"}}}}}
+                 "offline_eval": {"config": {"n_boot": 200, "gate": {"rule": "value"}, "min_sessions": 10}}}}
 
 
 def _run(root: Path, run_config: dict | None = None, raise_on_error: bool = True):
@@ -366,3 +366,37 @@ def test_a_writer_asset_writes_only_while_it_holds_its_lock(chain, monkeypatch, 
     assert writes, f"{asset} wrote nothing"
     outside = [dest for dest, locks in writes if asset not in locks]
     assert not outside, f"{asset} wrote {outside[:3]} without holding its lock"
+
+
+@pytest.mark.parametrize("shape", [["--rotate-mb", "0.02"], ["--rotate-mb", "0.02", "--no-session-id"]],
+                         ids=["session_ids", "no_session_id"])
+def test_journals_sage_wrote_pass_the_blocking_checks(tmp_path, shape):
+    """Journals SAGE's own functions wrote (SAGE_PYTHON; skipped, saying why, without it): plain-text lines
+    and empty-model circuit-breaker steps are SAGE's, so nothing is quarantined, the blocking check is green,
+    and the volume warning judges only roles SAGE's `sage run` logs decisions with outcomes for."""
+    from sage_pipeline_tests.routing.sage_journals import require_sage, write_journals
+
+    _, models = require_sage()
+    summary = write_journals(tmp_path / "ws", "--days", "3", "--sessions-per-day", "2", "--tasks", "6", *shape)
+    test_defs = dg.Definitions(
+        assets=ROUTING_ASSETS,
+        asset_checks=[routing_checks.routing_dataset_contract, routing_checks.routing_dataset_volume],
+        resources={"sage": SageResource(data_dir=str(tmp_path / "root"), routing_table=str(models))},
+    )
+    run = {"ops": {"trajectories": {"config": {"log_dirs": [str(tmp_path / "ws" / "memory" / "sessions")]}}}}
+    result = test_defs.resolve_implicit_global_asset_job_def().execute_in_process(
+        run_config=run, instance=dg.DagsterInstance.ephemeral(),
+        asset_selection=[dg.AssetKey("trajectories"), dg.AssetKey("routing_dataset")])
+    assert result.success
+    traj = _metadata(result, "trajectories")
+    assert traj["quarantined_lines"] == 0 and traj["lines_read"] == sum(summary["lines"].values())
+    n = summary["sessions"]  # each run ends with save_memory's two text lines
+    assert traj["sage_text_lines"] == {"text_checkpoint": n, "text_token_summary": n}
+    ds = _metadata(result, "routing_dataset")
+    assert ds["decisions_by_source"]["reviewer_step"] > 0 and ds["decisions_by_source"]["routing_decision"] > 0
+    assert all("timeout" in k for k in ds["joins_and_derivations"]["not_joined"])  # only calls that timed out
+    checks = _checks(result)
+    assert checks["quarantine_below_threshold"].passed and checks["routing_dataset_contract"].passed
+    vol = {k: v.value for k, v in checks["routing_dataset_volume"].metadata.items()}
+    assert "shell_router" not in vol["roles_judged"] and vol["roles_without_rows"]["shell_chat"] == "not in the logs"
+    assert {"coder", "debugger"} <= set(vol["roles_judged"])

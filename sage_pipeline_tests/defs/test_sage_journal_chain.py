@@ -46,38 +46,67 @@ def _metadata(result, asset: str) -> dict:
 
 
 def test_sage_journals_go_through_with_nothing_quarantined(chain):
+    """Every line SAGE's code wrote is read: events used or counted, its text lines and its
+    model-less circuit-breaker steps skipped as SAGE's, nothing quarantined."""
     root, result = chain
     assert result.success
     traj = _metadata(result, "trajectories")
-    assert traj["quarantined_lines"] == 0 and traj["lines_read"] == traj["accepted_lines"]
-    assert traj["files"] >= 5
+    assert traj["quarantined_lines"] == 0 and traj["lines_read"] == traj["accepted_lines"] == 3379
+    assert traj["files"] == 9  # rotated <date>.1.log parts included
     ingest = traj["ingest"]
-    assert ingest["sessions_from_file_stem"] > 0 and ingest["steps_without_step"] == traj["dagster/row_count"]
-    for other in ("PROMPT_QUALITY_DELTA", "ROUTING_POLICY_ERROR", "CONTEXT_CLAMPED"):
+    assert ingest["text_lines"] == {"text_checkpoint": 48, "text_token_summary": 48}
+    assert ingest["sessions_from_file_stem"] > 0
+    for other in ("MODEL_ROUTING_DECISION", "TOKEN_USAGE", "PROMPT_QUALITY_DELTA", "CIRCUIT_BREAKER_ACTIVATED",
+                  "MEMORY_CHECKPOINT"):
         assert traj["other_events"][other] > 0
-    ds = _metadata(result, "routing_dataset")
-    joins = ds["joins_and_derivations"]
-    assert joins["excluded_roles"] == {} and joins["dropped_no_complexity"] == 0
-    assert joins["steps_derived"] == ds["dagster/row_count"]  # SAGE logs no step: every one derived
-    assert joins["routing_decisions_joined"] == ds["dagster/row_count"]  # each step has its MRD
-    space = json.loads((root / "routing" / "action_space.json").read_text())
-    assert {"shell_router", "shell_chat"} <= set(space["roles"])
-    assert "qwen2.5-coder:1.5b" in space["actions"] and "claude-sonnet-4-5" in space["actions"]
     checks = {e.event_specific_data.check_name: e.event_specific_data
               for e in result.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"}
     assert checks["quarantine_below_threshold"].passed and checks["routing_dataset_contract"].passed
 
 
-def test_offline_eval_reports_both_spaces_on_real_shaped_logs(chain):
+def test_every_coder_and_debugger_decision_is_a_row_with_its_outcome_or_counted(chain):
+    """The coder's model (its UCB bandit's choice, in the reviewer's step) and each debugger and
+    documentation MODEL_ROUTING_DECISION are rows; what has no row is counted with its reason."""
+    root, result = chain
+    ds = _metadata(result, "routing_dataset")
+    assert ds["dagster/row_count"] == 565 and ds["rows_per_role"]["coder"] == 303
+    assert ds["decisions_by_source"] == {"reviewer_step": 303, "routing_decision": 262}
+    report = json.loads((root / "routing" / "build_report.json").read_text())
+    assert sum(report["not_joined"].values()) == 15 and all("timeout" in k or "timed out" in k
+                                                            for k in report["not_joined"])
+    assert set(report["routing_decisions_unused"]) == {k for k in report["routing_decisions_unused"]
+                                                       if k.startswith(("planner:", "reviewer:"))}
+    # YAML decisions get their exact probability back (1: SAGE's router is deterministic); the coder's
+    # bandit leaves no probability in the journal, and that is said
+    assert report["propensity_source"] == {"reconstructed": 262, "missing": 303}
+    assert report["propensity_from"] == {"yaml": 262}
+    assert list(report["propensity_unknown"].values()) == [303] and "UCB bandit" in next(
+        iter(report["propensity_unknown"]))
+    space = json.loads((root / "routing" / "action_space.json").read_text())
+    assert {"shell_router", "shell_chat"} <= set(space["roles"])
+    assert "qwen2.5-coder:1.5b" in space["actions"] and "qwen2.5-coder:14b-instruct-q4_K_M" in space["actions"]
+
+
+def test_offline_eval_refuses_what_sages_logs_cannot_support_and_says_why(chain):
+    """SAGE's own logs: the debugger and documentation decisions come from its deterministic YAML
+    table, the coder's from its UCB bandit. No change of decision can be valued there, and the
+    report half has 3 sessions: the report says so, in words a SAGE user can act on."""
     root, result = chain
     ev = _metadata(result, "offline_eval")
     assert ev["action_spaces"] == ["multi_model", "sage_binary"]
     assert ev["ground_truth"] == "none (not simulated data)"
     report = json.loads((root / "reports" / "offline_eval.json").read_text())
-    served = {r["policy"] for r in report["sage_binary"]["summary"]}
-    assert served == {"static_table", "bc_trained", "cql_trained", "bc_served", "cql_served"}
-    gate = report["sage_binary"]["gate"]
-    assert set(gate["candidates"]) == {"bc_served", "cql_served"}  # never the networks behind them
+    binary = report["sage_binary"]
+    assert {r["policy"] for r in binary["summary"]} == {"static_table", "bc_trained", "cql_trained", "bc_served",
+                                                       "cql_served"}
+    gate = binary["gate"]
+    assert gate["promoted"] is None and set(gate["candidates"]) == {"bc_served", "cql_served"}
+    assert "deterministic YAML table" in gate["reason"] and "deploy the exploring checkpoint" in gate["reason"]
+    assert "UCB bandit" in gate["reason"] and "does not reach" in gate["reason"]  # the coder: no checkpoint helps
+    assert binary["sessions"]["n_sessions"] == 3 and "needs at least 20" in binary["sessions"]["intervals"]
+    roles = {r["role"]: r for r in binary["support_by_role"]["roles"]}
+    assert roles["debugger"]["deterministic"] and roles["documentation"]["deterministic"]
+    assert roles["debugger"]["policy_sources"] == {"yaml": roles["debugger"]["decisions"]}
 
 
 def test_sage_router_checkpoint_says_what_it_did(chain):

@@ -100,14 +100,14 @@ def contexts(space, n=3000, seed=0) -> Contexts:
 
 
 def grid(space, table, roles=None, n=41, counts=range(4)) -> tuple[list, Contexts]:
-    """Every role x complexity x primary-failure count, with the YAML choice of each state."""
+    """Every role x complexity x primary-failure count, with SAGE's YAML choice of each state
+    (the reviewer has no triggers: SAGE's back-compat rule, failure_count >= 2 or score > 0.8)."""
     states = []
     for role in roles or space.roles:
-        route, i = table.routes[role], space.role_index[role]
+        route = table.routes[role]
         for tcs in np.linspace(0, 1, n):
             for fc in counts:
-                fired = table.fallback_fires(np.array([i]), np.array([tcs]), np.array([fc]), np.array([fc]))[0]
-                states.append([role, float(tcs), fc, route.fallback if fired else route.primary, route.primary,
+                states.append([role, float(tcs), fc, sr.yaml_choice(route, float(tcs), fc), route.primary,
                                route.fallback])
     m = len(states)
     fcs = np.array([s[2] for s in states])
@@ -183,12 +183,9 @@ def test_composite_is_a_policy_and_equals_sages_decision_rule(served, space, tab
     probs = check_probs(served, ctx, served.action_probs(ctx))
     assert (probs[~space.mask[ctx.role]] == 0).all()
     chosen = probs.argmax(axis=1)
-    yaml_choice = table.choose(space, ctx.role, ctx.task_complexity_score, ctx.primary_failure_count,
-                               ctx.failure_count)
     for i in range(len(ctx)):
         role = space.roles[ctx.role[i]]
-        want = served.decide(role, float(ctx.task_complexity_score[i]), int(ctx.primary_failure_count[i]),
-                             space.actions[yaml_choice[i]])
+        want = served.decide(role, float(ctx.task_complexity_score[i]), int(ctx.primary_failure_count[i]))
         assert space.actions[chosen[i]] == want
 
 
@@ -229,19 +226,101 @@ def test_bad_served_policies_are_refused(served, table, space):
         sr.ServedSagePolicy(table, space, {"coder": one_class})
 
 
+def sage_yaml(space, table, ctx) -> np.ndarray:
+    """SAGE's YAML choice per row (its failure count is the primary failure count)."""
+    return np.array([space.index[sr.yaml_choice(table.routes[space.roles[r]], s, f)]
+                     for r, s, f in zip(ctx.role, ctx.task_complexity_score, ctx.primary_failure_count)])
+
+
 def test_below_the_floor_the_yaml_choice_is_kept(served, space, table):
     ctx = contexts(space, n=400, seed=2)
-    yaml_choice = table.choose(space, ctx.role, ctx.task_complexity_score, ctx.primary_failure_count,
-                               ctx.failure_count)
+    yaml_choice = sage_yaml(space, table, ctx)
     never = served.with_min_confidence(1.0 + 1e-9)  # no probability is that confident
     assert (never.action_probs(ctx).argmax(axis=1) == yaml_choice).all()
     always = served.with_min_confidence(0.0)
     agree = always.action_probs(ctx).argmax(axis=1) == RulePolicy(space).action_probs(ctx).argmax(axis=1)
     assert agree.mean() > 0.99
-    # a role without a classifier keeps the YAML choice whatever the floor
-    no_coder = sr.ServedSagePolicy(table, space, {k: v for k, v in served.models.items() if k != "coder"}, 0.0)
+
+
+def test_a_role_without_a_classifier_is_modelled_as_sage_routes_it(served, space, table):
+    """SAGE gives a role without a classifier (p 0, confidence 0): YAML while the floor is > 0,
+    its primary at a floor of 0 (0 >= 0), which the manifest's old floor of 0 did to shell_chat."""
+    ctx = contexts(space, n=400, seed=2)
+    yaml_choice = sage_yaml(space, table, ctx)
     coder = ctx.role == space.role_index["coder"]
-    assert (no_coder.action_probs(ctx).argmax(axis=1)[coder] == yaml_choice[coder]).all()
+    no_coder = sr.ServedSagePolicy(table, space, {k: v for k, v in served.models.items() if k != "coder"}, 0.0)
+    assert no_coder.uncovered_roles() == ["coder"]
+    chosen = no_coder.action_probs(ctx).argmax(axis=1)
+    assert (chosen[coder] == space.primary[space.role_index["coder"]]).all()
+    assert (yaml_choice[coder] != chosen[coder]).any()
+    assert no_coder.decide("coder", 0.9, 3) == "qwen2.5-coder:1.5b"
+    assert no_coder.with_min_confidence(0.01).decide("coder", 0.9, 3) == "codestral:22b"
+    # the fix: the role's YAML as a classifier, so every floor keeps it
+    fixed = no_coder.with_every_role()
+    assert fixed.yaml_roles == ("coder",) and fixed.uncovered_roles() == []
+    for floor in (0.0, 0.55, 1.0):
+        got = fixed.with_min_confidence(floor).action_probs(ctx).argmax(axis=1)
+        assert (got[coder] == yaml_choice[coder]).all()
+    d = sr.distill(RulePolicy(space), contexts(space).take(np.flatnonzero(contexts(space).role != 0)), space)
+    assert "coder" not in d.models
+    assert sr.ServedSagePolicy.from_distilled(d, table, space, 0.0).yaml_roles == ("coder",)
+
+
+def test_a_floor_of_0_with_a_role_without_a_classifier_is_not_written(served, space, table, tmp_path):
+    no_coder = sr.ServedSagePolicy(table, space, {k: v for k, v in served.models.items() if k != "coder"}, 0.0)
+    with pytest.raises(ValueError, match=r"roles \['coder'\] would leave their YAML.*with_every_role\(\)"):
+        sr.write_sage_checkpoint(tmp_path / "sage", no_coder, {})
+    assert not (tmp_path / "sage").exists()
+    sr.write_sage_checkpoint(tmp_path / "sage", no_coder.with_min_confidence(0.1), {})  # a floor > 0 keeps YAML
+    sr.write_sage_checkpoint(tmp_path / "sage", no_coder.with_every_role(), {})
+    assert sr.read_manifest(tmp_path / "sage")["yaml_roles"] == ["coder"]
+
+
+@pytest.mark.parametrize("triggers", [["task_complexity_score > 0.8"], ["task_complexity_score >= 0.8"],
+                                      ["task_complexity_score < 0.3", "primary_failure_count == 2"],
+                                      ["failure_count != 1", "task_complexity_score <= 0.45"], []])
+def test_the_yaml_classifier_is_sages_rule_exactly_even_beside_a_boundary(triggers):
+    """scikit-learn's trees see float32: a tree alone cannot tell 0.8 from 0.8000000000000002."""
+    t = RoutingTable.from_dict({"routing": {"coder": {"primary": "a", "fallback": "b", "fallback_triggers": triggers}}})
+    route = t.routes["coder"]
+    clf = sr.yaml_classifier(route)
+    near = [f(b) for b in (0.3, 0.45, 0.8) for f in (lambda b: b, lambda b: np.nextafter(b, 0),
+                                                     lambda b: np.nextafter(b, 1))]
+    s = np.concatenate([np.linspace(-1, 2, 301), near, [0.1 + 0.7, 0.8000000000000002, 1e-300]])
+    for fc in (0, 1, 1.5, 2, 2.0000000000000004, 3, 7):
+        x = np.column_stack([s, np.full(len(s), fc)])
+        assert np.array_equal(clf.predict_proba(x)[:, 1], sr.yaml_fallback(route, s, fc).astype(float)), fc
+    assert list(clf.classes_) == [0, 1]
+
+
+def test_the_manifest_names_the_table_and_writing_for_another_is_refused(served, space, table, tmp_path):
+    import yaml
+
+    path = tmp_path / "models.yaml"
+    path.write_text("# SAGE's table\n" + yaml.safe_dump(TABLE))
+    on_disk = RoutingTable.load(path)
+    served_file = sr.ServedSagePolicy(on_disk, space, dict(served.models), 0.55)
+    _, manifest_path = sr.write_sage_checkpoint(tmp_path / "sage", served_file, {}, sage_table=path)
+    m = json.loads(manifest_path.read_text())["sage_table"]
+    assert m["path"] == str(path.resolve()) and m["sha256"] == artifacts.file_sha256(path)
+    assert m["roles"] == ["coder", "reviewer", "shell_chat"] and m["routing"]["coder"]["fallback"] == "codestral:22b"
+    # the routing section's hash is the content's, whatever the file's comments
+    assert m["routing_sha256"] == sr.table_digest(table)["routing_sha256"]
+    assert json.loads(manifest_path.read_text())["sage_env"]["SAGE_MODELS_YAML"] == str(path.resolve())
+    other = dict(TABLE["routing"], coder={**TABLE["routing"]["coder"], "fallback": "qwen3:14b-q4_K_M"},
+                 shell_chat={**TABLE["routing"]["shell_chat"], "fallback_triggers": ["task_complexity_score > 0.6"]},
+                 debugger={"primary": "a", "fallback": "b"})
+    (tmp_path / "sage_models.yaml").write_text(yaml.safe_dump({"routing": other}))
+    with pytest.raises(ValueError) as err:
+        sr.write_sage_checkpoint(tmp_path / "sage", served_file, {}, sage_table=tmp_path / "sage_models.yaml")
+    msg = str(err.value)
+    assert "role 'coder': primary/fallback qwen2.5-coder:1.5b/codestral:22b in the checkpoint's table, " \
+           "qwen2.5-coder:1.5b/qwen3:14b-q4_K_M in SAGE's" in msg
+    assert "role 'shell_chat': fallback_triggers ['task_complexity_score > 0.5'] in the checkpoint's table, " \
+           "['task_complexity_score > 0.6'] in SAGE's" in msg
+    assert "role 'debugger' of SAGE's table is not in the checkpoint's" in msg
+    assert f"SAGE_ROUTING_TABLE={tmp_path / 'sage_models.yaml'}" in msg and f"SAGE_MODELS_YAML={path}" in msg
+    assert json.loads(manifest_path.read_text())["sha256"] == artifacts.file_sha256(tmp_path / "sage" / "policy.joblib")
 
 
 SAGE_HOOK = textwrap.dedent("""
@@ -253,8 +332,8 @@ SAGE_HOOK = textwrap.dedent("""
     out = []
     for role, tcs, fc, yaml_choice, primary, fallback in states:
         clf = ckpt["models"].get(role)
-        if clf is None:
-            out.append(yaml_choice)
+        if clf is None:  # SAGE: p 0 at confidence 0
+            out.append(yaml_choice if 0.0 < floor else primary)
             continue
         try:
             proba = clf.predict_proba([[tcs, fc]])[0]
@@ -292,6 +371,8 @@ def test_sage_loads_the_file_unchanged_in_a_bare_process(which, request, space, 
     mine = [space.actions[a] for a in served.action_probs(ctx).argmax(axis=1)]
     assert got["decisions"] == mine
     assert sr.check_loads_as_sage(path, served, space) == 3 * 21 * 4
+    assert set(manifest["sage_table"]) == {"path", "sha256", "routing_sha256", "roles", "routing"}
+    assert manifest["kind"] == "deterministic" and manifest["yaml_roles"] == []
 
 
 def test_the_manifest_says_what_was_written(served, tmp_path):
