@@ -25,6 +25,7 @@ within 5% in >= 90% of seeds; no wrong promotion.
     .venv/bin/python benchmarks/offline_quality.py [--seeds 50] [--workers 2] [--episodes N]
         [--criterion fqe|estimate|lower_bound] [--support logged_pairs|behaviour] [--eval-fraction F]
         [--action-space multi_model|sage_binary] [--clip-factors 1 1.5 2 3 inf]
+    .venv/bin/python benchmarks/offline_quality.py --exploring-sage [--seeds 20] [--exploration-rate R]
 
 Results: printed, and every seed's figures in ``benchmarks/.scratch/offline_quality.json``.
 """
@@ -222,9 +223,24 @@ def main() -> None:
     ap.add_argument("--clip-factors", type=float, nargs="*", default=[],
                     help="also evaluate the subject with step_dr_clip at each of these clip factors (inf: plain "
                          "step-wise DR) on the same report episodes, e.g. 1 1.5 2 3 inf")
+    ap.add_argument("--exploring-sage", action="store_true",
+                    help="the logs of SAGE's unchanged router running the exploring checkpoint around its YAML "
+                         "table: OPE of SAGE-executable candidates against the truth (benchmarks/exploring_ope.py, "
+                         "which takes --seeds, --first-seed, --workers, --episodes and --exploration-rate)")
+    ap.add_argument("--exploration-rate", type=float, default=None,
+                    help="--exploring-sage: the exploring checkpoint's rate (default: ExploreConfig's; 0 is "
+                         "SAGE's deterministic YAML logging)")
     ap.add_argument("--out", default=None, help="file name under benchmarks/.scratch/ "
                     "(default offline_quality[_sage_binary].json)")
     args = ap.parse_args()
+    if args.exploring_sage:
+        import exploring_ope
+
+        argv = ["--seeds", str(args.seeds), "--first-seed", str(args.first_seed), "--workers", str(args.workers)]
+        argv += ["--episodes", str(args.episodes)] if args.episodes is not None else []
+        argv += ["--rate", str(args.exploration_rate)] if args.exploration_rate is not None else []
+        argv += ["--out", args.out] if args.out else []
+        return exploring_ope.main(argv)
     SCRATCH.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     if args.episodes is None:

@@ -47,6 +47,20 @@ def test_offline_quality_runs_a_seed_with_its_clip_sweep(tmp_path):
 
 
 @pytest.mark.slow
+def test_offline_quality_on_exploring_sage_logs_values_what_the_logs_support(tmp_path):
+    """The --exploring-sage mode end to end: with the exploring checkpoint's logs every candidate
+    gets a number; with SAGE's deterministic YAML logs (rate 0) a candidate that deviates gets none."""
+    for rate, name in (("0.2", "explore.json"), ("0", "yaml.json")):
+        run("benchmarks/offline_quality.py", "--exploring-sage", "--seeds", "1", "--workers", "1", "--episodes",
+            "1500", "--exploration-rate", rate, "--out", str(tmp_path / name))
+    explore = json.loads((tmp_path / "explore.json").read_text())["summary"]
+    yaml_only = json.loads((tmp_path / "yaml.json").read_text())["summary"]
+    assert explore["served_best_binary"]["no_support"] == 0 and explore["served_best_binary"]["step_dr"]["evaluated"]
+    assert yaml_only["served_best_binary"]["no_support"] == 1 and yaml_only["served_best_binary"]["step_dr"] is None
+    assert yaml_only["yaml_table"]["step_dr"]["evaluated"] == 1  # the table itself is what its logs support
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("script, flag", [("ppo_vs_sb3.py", "--seeds"), ("closed_loop.py", "--seeds"),
                                           ("closed_loop.py", "--workers"), ("offline_quality.py", "--workers"),
                                           ("sleep_cycle.py", "--seeds")])
