@@ -162,3 +162,46 @@ def test_the_fixture_models_yaml_is_sage_s_own(sage_python, tmp_path):
     code = "from sage.config.paths import bundled_models_yaml\nprint(bundled_models_yaml())\n"
     path = Path(_run_sage(sage_python, code, tmp_path).strip().splitlines()[-1])
     assert path.read_bytes() == (FIXTURE / "models.yaml").read_bytes()
+
+
+def test_sage_running_the_exploring_checkpoint_gives_logs_with_exact_probabilities_and_support(
+        sage_journals, tmp_path):
+    """The loop of issue 32 with SAGE's own code: the exploring checkpoint written for SAGE's table
+    and recorded as deployed; SAGE's workflow functions (ModelRouter with SAGE_RL_POLICY=1) write
+    journals; the ingest and the routing dataset give every routed decision the probability SAGE had
+    of it, from the line and the deployment, and the debugger's contexts now see both models."""
+    import pyarrow.parquet as pq
+
+    from sage_pipeline.rl import sage_explore as se, sage_router as sr
+    from sage_pipeline.routing import ingest, routing_dataset as rd
+
+    table = RoutingTable.load(FIXTURE / "models.yaml")
+    space = ActionSpace.build(table, []).binary()
+    rate = 0.25
+    sr.write_sage_checkpoint(tmp_path / "ck", se.build_exploring(table, space, se.ExploreConfig(rate=rate)), {},
+                             sage_table=FIXTURE / "models.yaml")
+    data = tmp_path / "data"
+    dep = se.record_deployment(data, tmp_path / "ck", deployed_from="2026-10-31T00:00:00+00:00")
+    sessions, _ = sage_journals(days=2, sessions_per_day=6, tasks=8, seed=7, models_yaml=FIXTURE / "models.yaml",
+                                checkpoint=dep.path, min_confidence=dep.min_confidence)
+    events = [json.loads(line) for _, line in _lines(sessions) if line.startswith("{")]
+    mrd = [e for e in events if e["type"] == "MODEL_ROUTING_DECISION"]
+    assert not [e for e in events if e["type"] == "ROUTING_POLICY_ERROR"]  # SAGE loaded it
+    assert {e["policy_source"] for e in mrd} == {"learned"}  # every draw confident enough: the checkpoint acts
+    res = ingest.ingest(ingest.IngestConfig((sessions,)), tmp_path / "routing", progress=lambda *_: None)
+    assert res.stats.to_dict()["quarantined_lines"] == 0
+    files, _, report = rd.build_routing_dataset_files(
+        res.trajectories, table, None, rd.DatasetConfig(), tmp_path / "ds", res.routing_decisions, res.token_usage,
+        propensity_of=se.propensity_reconstructor(se.deployments_path(data), res.routing_decisions))
+    df = pq.read_table(files.parquet).to_pandas()
+    routed = df[df["decision_source"] == "routing_decision"]
+    assert len(routed) > 0 and (routed["propensity_source"] == "reconstructed").all()
+    assert report.propensity_from == {dep.sha256: len(routed)}
+    assert set(np.round(routed["propensity"], 12)) <= {rate, 1 - rate}  # exact: the other model at the rate
+    took_other = routed["model"] != routed["table_model"]
+    assert np.allclose(routed.loc[took_other, "propensity"], rate)
+    assert np.allclose(routed.loc[~took_other, "propensity"], 1 - rate)
+    assert took_other.any() and (~took_other).any()
+    # the coder is SAGE's bandit's: no checkpoint reaches it, and its rows say so
+    coder = df[df["role"] == "coder"]
+    assert len(coder) and coder["propensity"].isna().all() and rd.BANDIT_NOTE in report.propensity_unknown
