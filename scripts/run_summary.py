@@ -56,7 +56,8 @@ def main() -> int:
     _, ck = _meta(instance, dg.AssetKey("sage_router_checkpoint"))
     if ck:
         print(f"sage_router_checkpoint: {ck.get('path') if ck.get('written') else 'not written'} "
-              f"(from {ck.get('source')}; point SAGE_RL_CHECKPOINT at it with SAGE_RL_POLICY=1)")
+              f"(from {ck.get('source')}; for the table {(ck.get('sage_table') or {}).get('path')}; deploy it "
+              "with `python -m sage_pipeline.rl.sage_explore deploy <its folder>`, which prints SAGE's exports)")
     for key in keys:
         if key.path[0] == "sleep_cycle":
             rec, night = _meta(instance, key)
