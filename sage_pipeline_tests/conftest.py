@@ -78,6 +78,7 @@ _SLOW = (
     "rl/test_ope.py::test_evaluate_policy_on_the_routing_dataset",
     "rl/test_router.py::test_logged_propensity_is_the_exact_frequency_with_exploration",
     "rl/test_sage_explore.py::test_sages_router_explores_with_the_reconstructed_probability",
+    "rl/test_sage_explore.py::test_exploration_cost_against_the_simulators_truth",
     "rl/test_sage_explore.py::test_sages_router_runs_every_checkpoint_kind_as_the_project_models_it",
     "rl/test_sage_router.py::test_sage_loads_the_file_unchanged_in_a_bare_process",
     "routing_benchmark/test_run.py::test_given_split_from_a_split_column_and_its_errors",
