@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -14,6 +12,7 @@ os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 from sage_pipeline.routing.catalogue import ModelCatalogue  # noqa: E402
 from sage_pipeline.routing.routing_simulator import RoutingSimulator  # noqa: E402
 from sage_pipeline.routing.table import RoutingTable  # noqa: E402
+from sage_pipeline_tests.sage_contract.sage_journals import SAGE_SKIP, require_sage, write_journals  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -133,52 +132,25 @@ def pytest_collection_modifyitems(config, items):
 
 
 # ----------------------------------------------------------------- SAGE's own code (the contract)
-SAGE_WRITER = _HERE / "sage_contract" / "write_sage_journals.py"
-_SAGE_SKIP = ("SAGE contract test did not run: SAGE_PYTHON is unset. Run `make test SAGE_SRC=<a SAGE checkout>` "
-              "or `make sage-contract SAGE_SRC=<a SAGE checkout>` (CI sets SAGE_SRC=../shared/upstream/sage)")
-
-
 @pytest.fixture(scope="session")
 def sage_python() -> str:
-    """A Python that runs SAGE's code (SAGE installed in a virtualenv of its own by
-    scripts/sage_venv.sh; the Makefile exports SAGE_PYTHON when SAGE_SRC is set). Unset: the
-    test is skipped and the summary says so; set but broken, or SAGE_SRC set without it: the
-    test fails, so a CI that means to run the contract can never skip it silently."""
-    py = os.environ.get("SAGE_PYTHON", "").strip()
-    if not py:
-        if os.environ.get("SAGE_SRC", "").strip():
-            pytest.fail("SAGE_SRC is set but SAGE_PYTHON is not: run the tests through `make test` or "
-                        "`make sage-contract`, which build SAGE's virtualenv (scripts/sage_venv.sh) and export it")
-        pytest.skip(_SAGE_SKIP)
-    probe = subprocess.run([py, "-c", "import sage.orchestrator.model_router, sage.rl.policy"],
-                           capture_output=True, text=True, timeout=120)
-    if probe.returncode:
-        pytest.fail(f"SAGE_PYTHON={py} cannot import SAGE: {probe.stderr.strip()[-500:]}")
-    return py
+    """A Python that runs SAGE's code (``SAGE_PYTHON``; skipped or failed by the rule in
+    sage_contract/sage_journals.py)."""
+    return require_sage()[0]
 
 
 @pytest.fixture(scope="session")
 def sage_journals(sage_python, tmp_path_factory):
     """``write(**options) -> (sessions folder, summary)``: journals written by SAGE's own
-    functions (sage_contract/write_sage_journals.py run with ``sage_python``); options are the
-    writer's flags (``days=3, sessions_per_day=2, no_session_id=True, rotate_mb=0.02, ...``)."""
+    functions; options are the writer's flags (``days=3, sessions_per_day=2, no_session_id=True``)."""
     def write(**options) -> tuple[Path, dict]:
         ws = tmp_path_factory.mktemp("sage_ws")
-        argv = [sage_python, str(SAGE_WRITER), "--workspace", str(ws)]
-        for k, v in options.items():
-            flag = "--" + k.replace("_", "-")
-            if v is True:
-                argv.append(flag)
-            elif v not in (False, None):
-                argv += [flag, str(v)]
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=600)
-        assert out.returncode == 0, f"SAGE's journal writer failed: {out.stderr[-2000:]}"
-        return ws / "memory" / "sessions", json.loads(out.stdout.strip().splitlines()[-1])
+        return ws / "memory" / "sessions", write_journals(ws, **options)
     return write
 
 
 def pytest_terminal_summary(terminalreporter):
-    skipped = [r for r in terminalreporter.stats.get("skipped", []) if _SAGE_SKIP in str(r.longrepr)]
+    skipped = [r for r in terminalreporter.stats.get("skipped", []) if SAGE_SKIP in str(r.longrepr)]
     if skipped:
         terminalreporter.write_line(f"SAGE contract: {len(skipped)} tests did not run, SAGE_SRC/SAGE_PYTHON unset "
                                     "(make test SAGE_SRC=<a SAGE checkout> runs them)", yellow=True)

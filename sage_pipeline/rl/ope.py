@@ -1023,7 +1023,8 @@ def session_shortfall(n_sessions: int, min_sessions: int, named: bool = True) ->
 
 
 def _defined(estimator: Callable[..., Estimate], *args, withheld: set[str]) -> Estimate:
-    """``estimator(*args)``, or a placeholder named as it is, added to ``withheld``, where it is undefined."""
+    """``estimator(*args)``; where it is undefined (NoSupportError) its name goes to ``withheld`` and a NaN
+    stand-in keeps the list's order: ``evaluate_policy`` reports every withheld estimator as None."""
     try:
         return estimator(*args)
     except NoSupportError:

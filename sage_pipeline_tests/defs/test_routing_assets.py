@@ -374,7 +374,7 @@ def test_journals_sage_wrote_pass_the_blocking_checks(tmp_path, shape):
     """Journals SAGE's own functions wrote (SAGE_PYTHON; skipped, saying why, without it): plain-text lines
     and empty-model circuit-breaker steps are SAGE's, so nothing is quarantined, the blocking check is green,
     and the volume warning judges only roles SAGE's `sage run` logs decisions with outcomes for."""
-    from sage_pipeline_tests.routing.sage_journals import require_sage, write_journals
+    from sage_pipeline_tests.sage_contract.sage_journals import require_sage, write_journals
 
     _, models = require_sage()
     summary = write_journals(tmp_path / "ws", "--days", "3", "--sessions-per-day", "2", "--tasks", "6", *shape)

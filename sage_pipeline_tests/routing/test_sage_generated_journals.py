@@ -13,7 +13,7 @@ import pytest
 
 from sage_pipeline.routing import expectations, ingest, routing_dataset as rd
 from sage_pipeline.routing.table import RoutingTable
-from sage_pipeline_tests.routing.sage_journals import expected_decisions, require_sage, write_journals
+from sage_pipeline_tests.sage_contract.sage_journals import expected_decisions, require_sage, write_journals
 
 SHAPES = {
     "sessions_a_day_rotated": ["--days", "3", "--sessions-per-day", "2", "--tasks", "6", "--rotate-mb", "0.02"],

@@ -4,6 +4,7 @@ SAGE_SRC in a virtualenv of its own). Skipped, and said so in the summary, witho
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 from collections import Counter
@@ -20,8 +21,6 @@ ROLES_WITH_STEPS = {"reviewer", "debugger", "orchestrator"}  # what `sage run` w
 
 
 def _run_sage(sage_python: str, code: str, cwd: Path, env: dict | None = None) -> str:
-    import os
-
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("SAGE_")}
     full_env.update(env or {})
     out = subprocess.run([sage_python, "-c", code], cwd=cwd, env=full_env, capture_output=True, text=True,
@@ -90,8 +89,6 @@ def test_router_lines_are_shaped_as_sage_log_event_shapes_them(sage_python, tmp_
     table = RoutingTable.load(models_yaml)
     space = ActionSpace.build(table, [])
     journal = tmp_path / "project.log"
-    import os
-
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
@@ -143,15 +140,11 @@ FIXTURE_RUNS = (dict(start="2026-11-16", days=3, sessions_per_day=12, tasks=8, s
 
 def test_the_journal_fixture_is_what_sage_writes(sage_python, tmp_path):
     """The committed fixture is SAGE's output byte for byte: regenerated here by SAGE's code."""
-    from sage_pipeline_tests.conftest import SAGE_WRITER
+    from sage_pipeline_tests.sage_contract.sage_journals import write_journals
 
     ws = tmp_path / "ws"
     for run in FIXTURE_RUNS:
-        argv = [sage_python, str(SAGE_WRITER), "--workspace", str(ws), "--models-yaml", str(FIXTURE / "models.yaml")]
-        for k, v in run.items():
-            argv += ["--" + k.replace("_", "-")] + ([] if v is True else [str(v)])
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=300)
-        assert out.returncode == 0, out.stderr[-2000:]
+        write_journals(ws, models_yaml=FIXTURE / "models.yaml", **run)
     ours = {p.name: p.read_bytes() for p in (FIXTURE / "memory" / "sessions").iterdir()}
     sage = {p.name: p.read_bytes() for p in (ws / "memory" / "sessions").iterdir()}
     assert sorted(ours) == sorted(sage)

@@ -1,7 +1,11 @@
-"""Journals written by SAGE's own functions, for tests: ``write_sage_journals.py`` run with the
-Python that ``SAGE_PYTHON`` names (SAGE installed in a virtualenv of its own, never the project's).
+"""SAGE's own code for tests: the Python that ``SAGE_PYTHON`` names (SAGE installed from
+``SAGE_SRC`` in a virtualenv of its own by scripts/sage_venv.sh, never the project's), and journals
+its functions write (``write_sage_journals.py`` run with it).
 
-Tests that need them skip, saying why, where ``SAGE_PYTHON`` is unset or cannot ``import sage``.
+One rule for every test that needs SAGE (``require_sage``; conftest's ``sage_python`` and
+``sage_journals`` fixtures use it): ``SAGE_PYTHON`` unset is a skip that pytest's summary counts
+(:data:`SAGE_SKIP`); set but broken, or ``SAGE_SRC`` set without it, is a failure, so a run that
+means to test against SAGE can never skip silently.
 """
 
 from __future__ import annotations
@@ -15,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
-GENERATOR = Path(__file__).resolve().parents[1] / "sage_contract" / "write_sage_journals.py"
-SAGE_MODELS = "sage/config/models.yaml"  # inside SAGE's package
+GENERATOR = Path(__file__).resolve().with_name("write_sage_journals.py")
+SAGE_SKIP = ("SAGE contract test did not run: SAGE_PYTHON is unset. Run `make test SAGE_SRC=<a SAGE checkout>` "
+             "or `make sage-contract SAGE_SRC=<a SAGE checkout>` (CI sets SAGE_SRC=../shared/upstream/sage)")
 
 
 @cache
@@ -24,37 +29,47 @@ def sage_python() -> tuple[str | None, str]:
     """(the Python that can import sage, or None; why not)."""
     py = os.environ.get("SAGE_PYTHON", "").strip()
     if not py:
-        return None, ("SAGE_PYTHON is unset: these tests write journals with SAGE's own code; set it to a "
-                      "Python that can `import sage` (e.g. make sage-venv; SAGE_PYTHON=/tmp/sage_venv/bin/python)")
+        return None, ("SAGE_SRC is set but SAGE_PYTHON is not: run the tests through `make test` or `make "
+                      "sage-contract`, which build SAGE's virtualenv (scripts/sage_venv.sh) and export it")
     try:
-        out = subprocess.run([py, "-c", "import sage, os; print(os.path.dirname(sage.__file__))"],
-                             capture_output=True, text=True, timeout=120)
+        out = subprocess.run([py, "-c", "import sage.orchestrator.model_router, sage.rl.policy, os; "
+                              "print(os.path.dirname(sage.__file__))"], capture_output=True, text=True, timeout=120)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return None, f"SAGE_PYTHON={py} cannot run: {exc}"
     if out.returncode != 0:
-        return None, f"SAGE_PYTHON={py} cannot import sage: {out.stderr.strip()[-300:]}"
+        return None, f"SAGE_PYTHON={py} cannot import SAGE: {out.stderr.strip()[-300:]}"
     return py, out.stdout.strip()
 
 
 def require_sage() -> tuple[str, Path]:
-    """The SAGE Python and SAGE's models.yaml, or skip the test saying why (conftest's policy: unset
-    is a skip the summary counts; set but broken, or SAGE_SRC set without it, is a failure)."""
-    from sage_pipeline_tests.conftest import _SAGE_SKIP
-
+    """The SAGE Python and SAGE's bundled models.yaml, else skip or fail by the rule above."""
     py, where = sage_python()
     if py is None:
         if os.environ.get("SAGE_PYTHON", "").strip() or os.environ.get("SAGE_SRC", "").strip():
             pytest.fail(where)
-        pytest.skip(_SAGE_SKIP)
+        pytest.skip(SAGE_SKIP)
     return py, Path(where) / "config" / "models.yaml"
 
 
-def write_journals(workspace: Path, *args: str) -> dict:
-    """Run the generator into ``workspace`` (memory/sessions/*.log); returns its summary line."""
+def flags(**options) -> list[str]:
+    """The writer's flags from keyword options: ``days=3`` -> ``--days 3``, ``no_session_id=True``
+    -> ``--no-session-id``; False and None are left out."""
+    out: list[str] = []
+    for k, v in options.items():
+        if v is True:
+            out.append("--" + k.replace("_", "-"))
+        elif v not in (False, None):
+            out += ["--" + k.replace("_", "-"), str(v)]
+    return out
+
+
+def write_journals(workspace: Path, *args: str, **options) -> dict:
+    """Run the generator into ``workspace`` (memory/sessions/*.log) with ``args`` and ``options``
+    (:func:`flags`); returns its summary line."""
     py, _ = require_sage()
-    out = subprocess.run([py, str(GENERATOR), "--workspace", str(workspace), *args], capture_output=True,
-                         text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-2000:]
+    out = subprocess.run([py, str(GENERATOR), "--workspace", str(workspace), *args, *flags(**options)],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, f"SAGE's journal writer failed: {out.stderr[-2000:]}"
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
