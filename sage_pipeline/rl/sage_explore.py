@@ -579,7 +579,15 @@ def reconstruct_propensities(decisions, deployments: list[Deployment] | str | Pa
         ck = None
         if dep is not None:
             key = f"{dep.sha256}@{dep.min_confidence}"
-            ck = loaded[key] = loaded.get(key) or loader(dep)
+            try:
+                ck = loaded[key] = loaded.get(key) or loader(dep)
+            except (OSError, ValueError, KeyError) as exc:  # one unreadable checkpoint: its decisions unknown, said
+                out.iloc[positions, 0] = np.nan
+                out.iloc[positions, 1] = dep.sha256
+                out.iloc[positions, 2] = (f"the checkpoint deployed then ({dep.path}) cannot be read: {exc}; "
+                                          "restore it, or record what SAGE ran (python -m "
+                                          "sage_pipeline.rl.sage_explore deploy)")
+                continue
         cache: dict = {}
         for pos in positions:
             r = records[pos]

@@ -459,3 +459,16 @@ def test_a_learned_line_where_sage_ran_yaml_only_voids_every_yaml_probability(te
         only_yaml)
     assert se.propensity_reconstructor(tmp_path / "none.jsonl", only_yaml)(decisions.iloc[:1])["propensity"].iat[0] == 1
     assert se.unexplained_learned(decisions.assign(timestamp_utc=pd.to_datetime(decisions["timestamp_utc"])), []) == 1
+
+
+def test_a_deployed_checkpoint_that_is_gone_leaves_its_decisions_unknown_and_says_why(test_table, tmp_path):
+    sp = space_of(test_table)
+    sr.write_sage_checkpoint(tmp_path / "ck", se.build_exploring(test_table, sp, se.ExploreConfig(rate=0.2)), {})
+    dep = se.record_deployment(tmp_path / "data", tmp_path / "ck", deployed_from="2026-11-27T00:00:00+00:00")
+    Path(dep.path).unlink()
+    decision = {"timestamp_utc": "2026-11-27T10:00:00+00:00", "agent_role": "coder", "task_complexity_score": 0.2,
+                "primary_failure_count": 0, "primary_model": "qwen2.5-coder:1.5b", "fallback_model": "codestral:22b",
+                "selected_model": "codestral:22b", "matched_fallback_triggers": [], "policy_source": "learned"}
+    got = se.propensity_reconstructor(se.deployments_path(tmp_path / "data"))(pd.DataFrame([decision]))
+    assert math.isnan(got["propensity"].iat[0]) and got["propensity_checkpoint"].iat[0] == dep.sha256
+    assert "cannot be read" in got["propensity_note"].iat[0] and dep.path in got["propensity_note"].iat[0]
