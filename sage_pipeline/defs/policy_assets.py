@@ -249,6 +249,7 @@ def offline_eval(context: dg.AssetExecutionContext, config: OfflineEvalConfig,
             # staged with the path SAGE will be pointed at once promoted_policy publishes it
             oe.promote_served(rep.gate, served, gate_dir / "sage_binary", evidence | {"summary": rep.summary()},
                               served_at=sage.path("checkpoints", oe.GATE_SPACES["sage_binary"]))
+            oe.keep_candidates(served, gate_dir / oe.CANDIDATES_DIR, evidence)  # what the gate judged, for audit
             meta |= {"promoted_sage": rep.gate.promoted or "none", "promotion_sage": rep.gate.reason,
                      "served_floor_selection": dg.MetadataValue.md("\n\n".join(
                          f"**{n}** (from {s.source}; floor chosen by {s.how}; agreement with the network on eval "
@@ -360,8 +361,10 @@ class SageRouterCheckpointConfig(dg.Config):
 def sage_router_checkpoint(context: dg.AssetExecutionContext, config: SageRouterCheckpointConfig,
                            sage: SageResource) -> dg.MaterializeResult:
     src, dest = sage.path("checkpoints", "promoted_sage"), sage.path("checkpoints", "sage")
-    binary = _space(sage, "sage_binary")
     promoted = (src / sage_router.JOBLIB_NAME).is_file()
+    # exploring around SAGE's YAML needs no logs yet (a first deployment): the table's own binary space
+    binary = (_space(sage, "sage_binary") if promoted or sage.path("routing", ACTION_SPACE_FILE).is_file()
+              else ActionSpace.build(sage.table).binary())
     if not promoted and not config.explore:
         context.log.warning("no sage_binary policy has passed the promotion gate: SAGE keeps its YAML table")
         return dg.MaterializeResult(metadata={"written": False, "reason": "no sage_binary policy promoted "

@@ -271,6 +271,21 @@ def promote_served(decision: GateDecision, served: dict[str, "ServedSelection"],
     return Path(dest)
 
 
+CANDIDATES_DIR = "sage_binary_candidates"  # checkpoints/gate/<this>/<name>/: every served candidate judged
+
+
+def keep_candidates(served: dict[str, "ServedSelection"], dest: str | Path, evidence: dict) -> list[Path]:
+    """Write every served sage_binary candidate the gate judged (promoted or not) as the checkpoint SAGE
+    would load, under ``dest/<name>/``: what a refusal refused can be audited (and valued, where the
+    truth is known: the model world)."""
+    out = []
+    for name, sel in served.items():
+        sage_router.write_sage_checkpoint(Path(dest) / name, sel.policy, {
+            "policy": name, "source": sel.source, "min_confidence_selected_by": sel.how, **evidence})
+        out.append(Path(dest) / name)
+    return out
+
+
 # ------------------------------------------------------------------ the gate's decision, staged
 # offline_eval stages what passed its gate in one folder (``checkpoints/gate/``): decision.json and,
 # per action space that promoted, the policy as it will be published; the promoted_policy asset

@@ -66,6 +66,9 @@ BANDIT_ESTIMATORS = ("ips", "snips", "dm", "dr", "sndr", "switch_dr")
 EPISODE_ESTIMATORS = ("pdis", "step_dr", "step_wdr", "step_dr_clip", "fqe")
 # The episode-return estimate every report leads with and the promotion gate reads.
 HEADLINE_ESTIMATOR = "step_dr_clip"
+# policy_source of decisions no routing policy reaches: SAGE's coder is chosen by its UCB bandit
+# (sage/agents/coder.py: ModelRouter.select is never called), so every policy follows the log there
+FOLLOWS_LOG_SOURCES = ("ucb_bandit",)
 DETERMINISTIC_PSCORE = 1.0 - 1e-9  # a logged propensity this close to 1: the behaviour had no other choice
 
 
@@ -834,6 +837,10 @@ class LoggedData:
     session_id: np.ndarray | None = None  # when given, folds and the bootstrap group by session
     labels: np.ndarray | None = None  # decision ids, for error messages
     roles: tuple[str, ...] = ROLES  # what contexts.role indexes (the action space's roles)
+    # decisions no evaluated policy can change (SAGE's coder: its UCB bandit chooses, no router checkpoint
+    # is consulted): every policy does what the log did there (probability 1 on the logged action, and the
+    # propensity 1: the policy's choice *is* the behaviour's), so they add their reward and no weight
+    follows_log: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.action)
@@ -848,12 +855,21 @@ class LoggedData:
 
     @classmethod
     def from_frame(cls, df, actions: tuple[str, ...], roles: tuple[str, ...] = ROLES) -> LoggedData:
-        """From routing dataset rows (``routing_dataset.build_routing_dataset``)."""
+        """From routing dataset rows (``routing_dataset.build_routing_dataset``); rows whose
+        ``policy_source`` is one of :data:`FOLLOWS_LOG_SOURCES` follow the log (``follows_log``)."""
+        follows = (df["policy_source"].isin(FOLLOWS_LOG_SOURCES).to_numpy(dtype=bool) if "policy_source" in df
+                   else None)
+        pscore = df["propensity"].astype("float64").to_numpy(na_value=np.nan)
+        if follows is not None and follows.any():
+            pscore = np.where(follows, 1.0, pscore)
+        else:
+            follows = None
         return cls(
             contexts=Contexts.from_frame(df, roles),
             action=df["action_index"].to_numpy(dtype=np.int64),
             reward=df["reward"].to_numpy(dtype=np.float64),
-            pscore=df["propensity"].astype("float64").to_numpy(na_value=np.nan),
+            pscore=pscore,
+            follows_log=follows,
             episode_id=df["episode_id"].to_numpy(dtype=object).astype(str),
             actions=tuple(actions),
             session_id=df["session_id"].to_numpy(dtype=object).astype(str) if "session_id" in df else None,
@@ -865,7 +881,7 @@ class LoggedData:
         n = len(self.contexts)
         if n == 0:
             raise ValueError("empty dataset: there are no logged decisions to evaluate")
-        for name in ("action", "reward", "pscore", "episode_id", "session_id", "labels"):
+        for name in ("action", "reward", "pscore", "episode_id", "session_id", "labels", "follows_log"):
             x = getattr(self, name)
             if x is not None and (np.ndim(x) != 1 or len(x) != n):
                 raise ValueError(f"LoggedData.{name} has shape {np.shape(x)}, contexts have {n} rows")
@@ -1044,6 +1060,11 @@ def policy_probs(policy: ActionProbs, data: LoggedData) -> np.ndarray:
         raise ValueError(f"policy {name!r} returned probabilities of shape {probs.shape}, "
                          f"expected {(len(data), len(data.actions))}")
     _check_action_dist(f"policy {name!r} probabilities", probs, len(data), data.labels)
+    if data.follows_log is not None:  # what no policy can change: the logged action, with probability 1
+        rows = np.flatnonzero(data.follows_log)
+        probs = probs.copy()
+        probs[rows] = 0.0
+        probs[rows, np.asarray(data.action)[rows]] = 1.0
     return probs
 
 

@@ -102,11 +102,14 @@ def test_offline_eval_refuses_what_sages_logs_cannot_support_and_says_why(chain)
     gate = binary["gate"]
     assert gate["promoted"] is None and set(gate["candidates"]) == {"bc_served", "cql_served"}
     assert "deterministic YAML table" in gate["reason"] and "deploy the exploring checkpoint" in gate["reason"]
-    assert "UCB bandit" in gate["reason"] and "does not reach" in gate["reason"]  # the coder: no checkpoint helps
+    # the coder: its UCB bandit decides and no checkpoint reaches it, so every policy follows the log there
+    # (ope.LoggedData.follows_log): no candidate is refused for, or credited with, a coder change
+    assert "coder" not in gate["reason"]
     assert binary["sessions"]["n_sessions"] == 3 and "needs at least 20" in binary["sessions"]["intervals"]
     roles = {r["role"]: r for r in binary["support_by_role"]["roles"]}
     assert roles["debugger"]["deterministic"] and roles["documentation"]["deterministic"]
     assert roles["debugger"]["policy_sources"] == {"yaml": roles["debugger"]["decisions"]}
+    assert roles["coder"]["policy_sources"] == {"ucb_bandit": roles["coder"]["decisions"]}
 
 
 def test_sage_router_checkpoint_says_what_it_did(chain):
