@@ -124,3 +124,42 @@ def test_sage_router_checkpoint_says_what_it_did(chain):
     obj = joblib.load(path)
     assert set(obj) == {"models", "feature_keys"}
     assert "SAGE_RL_CHECKPOINT=" + str(path) in meta["sage_env"]
+
+
+def test_offline_eval_keeps_every_candidate_it_judged(chain):
+    """Promoted or not, each served candidate the gate judged is kept as the file SAGE would load."""
+    from sage_pipeline.rl import offline_eval as oe, sage_router
+    from sage_pipeline.routing.action_space import ActionSpace
+    from sage_pipeline.routing.table import RoutingTable
+
+    root, _ = chain
+    table = RoutingTable.load(FIXTURE / "models.yaml")
+    space = ActionSpace.load(root / "routing" / "action_space.json", "sage_binary")
+    for name in ("bc_served", "cql_served"):
+        folder = root / "checkpoints" / "gate" / oe.CANDIDATES_DIR / name
+        served = sage_router.load_sage_checkpoint(folder, table, space)
+        assert sage_router.read_manifest(folder)["policy"] == name and served.models
+
+
+def test_the_first_exploring_checkpoint_needs_no_logs(tmp_path):
+    """Day one of exploration: nothing promoted and no routing dataset yet, the exploring checkpoint
+    around SAGE's YAML is written from the table alone, and loads as what it says."""
+    from sage_pipeline.defs import policy_assets
+    from sage_pipeline.rl import sage_explore
+    from sage_pipeline.routing.action_space import ActionSpace
+    from sage_pipeline.routing.table import RoutingTable
+
+    table_path = FIXTURE / "models.yaml"
+    result = dg.materialize([policy_assets.sage_router_checkpoint],
+                            resources={"sage": SageResource(data_dir=str(tmp_path), routing_table=str(table_path))},
+                            run_config={"ops": {"sage_router_checkpoint": {"config": {
+                                "explore": True, "sage_models_yaml": str(table_path)}}}},
+                            instance=dg.DagsterInstance.ephemeral())
+    assert result.success
+    meta = _metadata(result, "sage_router_checkpoint")
+    assert meta["written"] is True and meta["kind"] == "exploring"
+    table = RoutingTable.load(table_path)
+    pol = sage_explore.load_exploring_checkpoint(tmp_path / "checkpoints" / "sage", table,
+                                                 ActionSpace.build(table).binary())
+    p = pol.fallback_probs("debugger", 0.1, 1)  # YAML takes the fallback there; the checkpoint explores
+    assert 0.5 < float(p[0]) < 1.0

@@ -777,3 +777,43 @@ def test_support_the_caller_names_is_added_to_the_check() -> None:
     assert sup.no_support and sup.unsupported_mass == 0.5 and sup.unsupported_rows == 1
     with pytest.raises(ValueError, match="supported has shape"):
         ope.check_support(pi, action, pscore, supported=np.ones((3, 2), dtype=bool))
+
+
+def test_decisions_no_policy_reaches_follow_the_log(sim: RoutingSimulator) -> None:
+    """SAGE's coder decisions (policy_source ucb_bandit: its UCB bandit chooses, no router checkpoint is
+    consulted) are what every evaluated policy does: probability 1 on the logged action, propensity 1.
+    Two policies that differ only there get the same estimates; the rows' rewards still count."""
+    import dataclasses
+
+    _, data = logged(sim, 600, seed=3)
+    coder = sim.table.roles.index("coder")
+    fixed = data.contexts.role == coder
+    assert fixed.any() and (~fixed).any()
+    followed = dataclasses.replace(data, follows_log=fixed, pscore=np.where(fixed, 1.0, data.pscore))
+    static, uniform = policies(sim)["static_table"], policies(sim)["uniform"]
+    pi = ope.policy_probs(uniform, followed)
+    assert (pi[fixed, data.action[fixed]] == 1.0).all() and np.allclose(pi[fixed].sum(axis=1), 1.0)
+    assert np.allclose(pi[~fixed], ope.policy_probs(uniform, data)[~fixed])
+
+    class StaticButCoder:  # the table everywhere but the coder, where it takes the other models
+        name, actions = "static_but_coder", static.actions
+
+        def action_probs(self, ctx):
+            p = static.action_probs(ctx)
+            q = uniform.action_probs(ctx)
+            return np.where((ctx.role == coder)[:, None], q, p)
+
+    cfg = ope.OPEConfig(n_boot=50)
+    a = ope.evaluate_policy(followed, static, cfg)
+    b = ope.evaluate_policy(followed, StaticButCoder(), cfg)
+    for est in ("dm", "dr", "step_dr_clip", "fqe"):
+        assert a.estimates[est].value == pytest.approx(b.estimates[est].value)
+    # from a routing dataset frame: the ucb_bandit rows are the ones that follow the log
+    import pandas as pd
+
+    frame = pd.DataFrame({"action_index": [0, 1], "reward": [1.0, 0.5], "propensity": [np.nan, 0.9],
+                          "episode_id": ["e", "e"], "step": [0, 1], "role": ["coder", "debugger"],
+                          "task_complexity_score": [0.1, 0.1], "prompt_tokens": [10, 10], "failure_count": [0, 1],
+                          "primary_failure_count": [0, 1], "policy_source": ["ucb_bandit", "learned"]})
+    d = ope.LoggedData.from_frame(frame, tuple(sim.actions), tuple(sim.table.roles))
+    assert d.follows_log.tolist() == [True, False] and d.pscore.tolist() == [1.0, 0.9]
