@@ -5,6 +5,7 @@
 #   make dev    open the Dagster UI on the same instance
 #   make lint   ruff check (configured in pyproject.toml; CI runs it)
 #   make sage-contract SAGE_SRC=<a SAGE checkout>  the tests that run SAGE's own code against the project
+#   make sage-loop SAGE_SRC=<a SAGE checkout> [DAYS=7 TASKS=100]  SAGE's own `sage run` against the model world, in the loop
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -15,7 +16,7 @@ export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 export GX_ANALYTICS_ENABLED := false
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install sysdeps run test test-fast lint dev validate bench clean cluster-demo sage-contract
+.PHONY: install sysdeps run test test-fast lint dev validate bench clean cluster-demo sage-contract sage-loop
 
 # SAGE's source for the contract tests (CI: ../shared/upstream/sage). Set, SAGE is installed into
 # .sage/venv (scripts/sage_venv.sh, never into .venv) and SAGE_PYTHON exported to the tests; unset,
@@ -61,6 +62,14 @@ test: install sysdeps
 sage-contract: install
 	@test -n "$(SAGE_SRC)" || { echo "make sage-contract needs SAGE_SRC=<a SAGE checkout>" >&2; exit 2; }
 	@$(SAGE_PY); $(BIN)/pytest -m sage_contract
+
+# SAGE in the loop: SAGE's own `sage run` (SAGE_SRC, installed into .sage/venv) against the model world,
+# DAYS days of TASKS tasks, the offline chain and its gate every night (benchmarks/sage_loop_e2e.py)
+DAYS ?= 7
+TASKS ?= 100
+sage-loop: install
+	@test -n "$(SAGE_SRC)" || { echo "make sage-loop needs SAGE_SRC=<a SAGE checkout>" >&2; exit 2; }
+	$(BIN)/python benchmarks/sage_loop_e2e.py --sage-src "$(SAGE_SRC)" --days $(DAYS) --tasks $(TASKS)
 
 # Everything but the tests marked docker, browser, postgres or slow (sage_pipeline_tests/conftest.py),
 # in two pytest-xdist workers: under a minute on a 2-core machine, with no system services.

@@ -19,6 +19,7 @@ from sage_pipeline.defs import (
     policy_iteration,
     routing_assets,
     routing_checks,
+    sage_loop_assets,
     sim_assets,
     sim_policy_assets,
     sleep_assets,
@@ -38,11 +39,13 @@ offline_routing_job = dg.define_asset_job(
                 "-> online_ab (the served policy against the table, online in the simulator).")
 
 sage_main_job = dg.define_asset_job(
-    "sage_main", selection=dg.AssetSelection.all() - dg.AssetSelection.groups("sleep_cycle", "closed_loop")
+    "sage_main", selection=dg.AssetSelection.all() - dg.AssetSelection.groups("sleep_cycle", "closed_loop",
+                                                                        sage_loop_assets.GROUP)
     - dg.AssetSelection.assets("sandbox_rollouts", "ppo_policy"),
     description="Every unpartitioned asset upstream of the partitioned ones: the offline routing chain, the "
                 "routing-benchmark import and sim_tasks (not the simulated month, group closed_loop: its own job "
-                "simulated_month). A job cannot mix partitions definitions: "
+                "simulated_month; not SAGE in the loop, group sage_in_the_loop: its own job). "
+                "A job cannot mix partitions definitions: "
                 "sandbox_rollouts (shards), ppo_policy and the sleep cycle (nights) follow in "
                 "scripts/materialize_all.sh, which is what the README's `make run` calls.")
 
@@ -77,6 +80,7 @@ FRAGMENTS: list[dg.Definitions] = [
     sim_policy_assets.sim_policy_defs,
     benchmark_assets.routing_benchmark_defs,
     policy_iteration.policy_iteration_defs,
+    sage_loop_assets.sage_loop_defs,
     dg.Definitions(jobs=[sage_main_job], resources={"sage": SageResource(), "sandbox": SandboxResource()}),
 ]
 

@@ -33,7 +33,8 @@ RANKS = {
     "routing": 1,
     "sim": 2,
     "rl": 3,
-    "routing_benchmark": 4, "sleep": 4,  # the chains built on the core; neither imports the other
+    "routing_benchmark": 4, "sleep": 4,  # the chains built on the core; none imports another
+    "sage_world": 4,  # SAGE in the loop: the model world, the harness, the days (above sim and rl)
     "defs": 5,
     "definitions": 6,
     # defs/celery_definitions.py: the Definitions again, on the Celery executor. It imports

@@ -7,7 +7,8 @@
 #   2. sandbox_rollouts, all shards in one run (single-run backfill policy);
 #   3. what depends on the rollouts (ppo_policy);
 #   4. the sleep cycle, one night per partition, oldest first (SLEEP_NIGHTS, default 3);
-# The simulated month (group closed_loop, job simulated_month) is not part of it: minutes of CPU,
+# The simulated month (group closed_loop, job simulated_month) and SAGE in the loop (group
+# sage_in_the_loop, job sage_in_the_loop: needs SAGE_PYTHON) are not part of it: minutes of CPU,
 # run on demand (README). Then prints a summary read back from the instance (scripts/run_summary.py): the sandbox
 # really used (sandbox_isolated), the promotion gate's decisions, each skill's last night.
 # Uses DAGSTER_HOME and SAGE_DATA_DIR from the environment (the Makefile sets them).
@@ -23,7 +24,7 @@ step() { echo; echo "== $*"; }
 $PY -m sage_pipeline.defs.run_reaper
 
 step "1/4 unpartitioned assets"
-$DG --select 'not key:sandbox_rollouts and not key:ppo_policy and not group:sleep_cycle and not group:closed_loop'
+$DG --select 'not key:sandbox_rollouts and not key:ppo_policy and not group:sleep_cycle and not group:closed_loop and not group:sage_in_the_loop'
 
 shards=$($PY -c 'from sage_pipeline.defs.sim_assets import SHARDS; k = SHARDS.get_partition_keys(); print(f"{k[0]}...{k[-1]}")')
 step "2/4 sandbox_rollouts, shards $shards"

@@ -1,0 +1,266 @@
+"""Run SAGE's own CLI, ``sage run``, against the model world: N tasks a day, each day in fresh SAGE
+workspaces, journals left exactly as SAGE wrote them.
+
+SAGE is the one installed from ``SAGE_SRC`` into a virtualenv of its own (``scripts/sage_venv.sh``;
+``SAGE_PYTHON`` names its Python, the ``sage`` script sits beside it). Each run is
+
+    sage run --auto --no-clarify --fresh "[sage-world run=<id>] <the task's prompt>"
+
+in its worker's workspace (``<root>/day-NN/ws-<worker>``: one fresh SAGE workspace per worker and
+day, since two concurrent runs in one workspace would share SAGE's bandit and memory files), with
+an environment built from scratch: ``OLLAMA_HOST`` (the world), ``SAGE_NO_CLARIFY=1``, the served
+checkpoint's ``SAGE_RL_POLICY=1``/``SAGE_RL_CHECKPOINT``/``SAGE_RL_MIN_CONFIDENCE`` when one is
+deployed, ``HOME`` inside the run folder, and a ``PATH`` whose ``python`` is SAGE's (SAGE's
+verification command runs ``python -m pytest``; SAGE's reviewer runs ruff/mypy only when they are
+on ``PATH``, so they are not, and the world's verdicts are the reviewer's whole verdict).
+
+A run that exits non-zero or outlives its time limit is a failure, counted with its reason (the
+last line SAGE printed to stderr, or the limit); the day goes on. Each run's output is kept in
+``<root>/day-NN/runs/<id>.log``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from sage_pipeline import artifacts
+from sage_pipeline.sage_world.world import ModelWorld
+
+log = logging.getLogger(__name__)
+
+
+class SageNotFound(RuntimeError):
+    """SAGE's CLI is not where SAGE_PYTHON says; the message says how to install it."""
+
+
+class HarnessConfig(BaseModel):
+    """How SAGE is run (each default declared here once)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    workers: int = Field(2, ge=1, le=64, description="`sage run` processes at once (one workspace each)")
+    run_timeout_s: float = Field(300.0, gt=0, description="a run still going after this is killed and counted")
+    min_confidence: float = Field(0.55, ge=0.0, le=1.0,
+                                  description="SAGE_RL_MIN_CONFIDENCE with a deployed checkpoint (SAGE's default)")
+
+
+@dataclass(frozen=True)
+class SageInstall:
+    """SAGE's Python, its ``sage`` script and the models.yaml its router reads."""
+
+    python: Path
+    cli: Path
+    models_yaml: Path
+
+    @classmethod
+    def find(cls, python: str | os.PathLike[str] | None = None) -> SageInstall:
+        py = str(python or os.environ.get("SAGE_PYTHON", "")).strip()
+        if not py:
+            raise SageNotFound("SAGE_PYTHON is unset: install SAGE with `scripts/sage_venv.sh <SAGE checkout>` "
+                               "(or `make sage-venv SAGE_SRC=<checkout>`) and export the Python it prints")
+        cli = Path(py).parent / "sage"
+        if not cli.is_file():
+            raise SageNotFound(f"SAGE_PYTHON={py}: no `sage` script beside it ({cli}); reinstall SAGE with "
+                               "scripts/sage_venv.sh")
+        try:
+            out = subprocess.run([py, "-c", "from sage.config.paths import bundled_models_yaml as b; print(b())"],
+                                 capture_output=True, text=True, timeout=120)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise SageNotFound(f"SAGE_PYTHON={py} cannot run: {exc}") from exc
+        if out.returncode != 0:
+            raise SageNotFound(f"SAGE_PYTHON={py} cannot import SAGE: {out.stderr.strip()[-300:]}")
+        yaml_path = Path(out.stdout.strip())
+        if not yaml_path.is_file():
+            raise SageNotFound(f"SAGE's bundled models.yaml {yaml_path} is missing: install SAGE editable "
+                               "(scripts/sage_venv.sh does)")
+        return cls(Path(py), cli, yaml_path)
+
+
+@dataclass
+class RunResult:
+    run: str
+    task_id: str
+    worker: int
+    returncode: int | None
+    seconds: float
+    failure: str | None  # None: SAGE finished (exit 0)
+    task_right: bool  # the file SAGE ended with is the task's right solution (the world's truth)
+    sessions: list[str] = field(default_factory=list)  # SAGE's session ids in the lines this run wrote
+    complexity: float | None = None  # the task's task_complexity_score, as SAGE's reviewer routing logged it
+    coder_model: str | None = None  # the model SAGE's UCB bandit gave the coder (the world saw the call)
+    journal_lines: int = 0
+    tests_at_start: bool = False  # the workspace already held the task's tests (an earlier run of the same task)
+
+    def to_dict(self) -> dict:
+        return dict(vars(self))
+
+
+@dataclass
+class DayResult:
+    day: int
+    root: Path
+    runs: list[RunResult] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def sessions_dirs(self) -> list[Path]:
+        return sorted(p for p in self.root.glob("ws-*/memory/sessions") if p.is_dir())
+
+    @property
+    def finished(self) -> int:
+        return sum(r.failure is None for r in self.runs)
+
+    @property
+    def failures(self) -> dict[str, int]:
+        return dict(Counter(r.failure for r in self.runs if r.failure is not None))
+
+    def summary(self) -> dict:
+        n = len(self.runs)
+        return {"day": self.day, "runs": n, "finished": self.finished, "failures": self.failures,
+                "tasks_right": sum(r.task_right for r in self.runs),
+                "journal_lines": sum(r.journal_lines for r in self.runs),
+                "seconds": round(self.seconds, 1), "runs_per_minute": round(60 * n / max(self.seconds, 1e-9), 1)}
+
+
+def sage_env(install: SageInstall, ollama_host: str, home: Path, bindir: Path,
+             checkpoint: str | os.PathLike[str] | None = None, min_confidence: float = 0.55) -> dict[str, str]:
+    """The environment of every ``sage run``: built from scratch, nothing inherited but the locale."""
+    bindir.mkdir(parents=True, exist_ok=True)
+    py = bindir / "python"
+    if not py.exists():
+        py.symlink_to(install.python)
+    home.mkdir(parents=True, exist_ok=True)
+    env = {"PATH": f"{bindir}:/usr/local/bin:/usr/bin:/bin", "HOME": str(home), "LANG": "C.UTF-8",
+           "OLLAMA_HOST": ollama_host, "SAGE_NO_CLARIFY": "1", "SAGE_DISABLE_OLLAMA_SPINNER": "1",
+           "SAGE_RL_POLICY": "0"}  # bytecode is written: SAGE's imports cost ~2.4 s a run even cached
+    if checkpoint is not None:
+        env.update(SAGE_RL_POLICY="1", SAGE_RL_CHECKPOINT=str(Path(checkpoint).resolve()),
+                   SAGE_RL_MIN_CONFIDENCE=str(min_confidence))
+    return env
+
+
+def goal(run: str, prompt: str) -> str:
+    return f"[sage-world run={run}] {prompt}"
+
+
+def run_day(world: ModelWorld, ollama_host: str, install: SageInstall, day: int, task_ids: Sequence[str],
+            root: str | os.PathLike[str], config: HarnessConfig | None = None,
+            checkpoint: str | os.PathLike[str] | None = None, min_confidence: float | None = None,
+            progress: Callable[[str], None] = log.info) -> DayResult:
+    """Run ``sage run`` once per task of ``task_ids`` (run ids ``dNN-rMMM``) into ``root`` (a fresh
+    folder: SAGE's workspaces are new each day), with ``checkpoint`` at ``min_confidence`` (default
+    the config's) when given: the floor the deployment was recorded with, or the logged decisions'
+    probabilities would not be the ones reconstructed. Returns what each run did."""
+    cfg = config or HarnessConfig()
+    root = Path(root)
+    if root.exists() and any(root.iterdir()):
+        raise FileExistsError(f"{root} is not empty: each day runs SAGE in fresh workspaces; pick a new folder")
+    (root / "runs").mkdir(parents=True, exist_ok=True)
+    env = sage_env(install, ollama_host, root / "home", root / "bin", checkpoint,
+                   cfg.min_confidence if min_confidence is None else min_confidence)
+    runs = [(f"d{day:02d}-r{i:03d}", t) for i, t in enumerate(task_ids)]
+    for i, (run, t) in enumerate(runs):  # worker w runs runs[w::workers], in its own workspace ws-w
+        world.assign(run, t, workspace=str(root / f"ws-{i % cfg.workers}"))
+    result = DayResult(day, root)
+    lock, t0 = threading.Lock(), time.perf_counter()
+
+    offsets: dict[Path, int] = {}
+
+    def one(worker: int, run: str, task_id: str) -> RunResult:
+        ws = root / f"ws-{worker}"
+        ws.mkdir(exist_ok=True)
+        prompt = world.tasks[world.by_id[task_id]].prompt
+        start = time.perf_counter()
+        try:
+            out = subprocess.run([str(install.cli), "run", "--auto", "--no-clarify", "--fresh", goal(run, prompt)],
+                                 cwd=ws, env=env, capture_output=True, text=True, timeout=cfg.run_timeout_s)
+            rc, stdout, stderr = out.returncode, out.stdout, out.stderr
+            failure = None if rc == 0 else f"exit {rc}: " + (_last_line(stderr) or _last_line(stdout) or "no output")
+        except subprocess.TimeoutExpired as exc:
+            rc, stdout, stderr = None, _text(exc.stdout), _text(exc.stderr)
+            failure = f"killed after the {cfg.run_timeout_s:g} s limit"
+        except OSError as exc:
+            rc, stdout, stderr, failure = None, "", str(exc), f"could not start sage: {exc}"
+        secs = time.perf_counter() - start
+        artifacts.write_text(root / "runs" / f"{run}.log",
+                             f"$ sage run (cwd {ws}) rc={rc} {secs:.2f}s\n--- stdout\n{stdout}\n--- stderr\n{stderr}\n")
+        lines = _new_lines(ws / "memory" / "sessions", offsets)
+        r = RunResult(run, task_id, worker, rc, secs, failure, world.final_right(run), journal_lines=len(lines),
+                      coder_model=world.coder_model(run), tests_at_start=world.tests_at_start(run),
+                      **_run_facts(lines))
+        with lock:
+            result.runs.append(r)
+            n = len(result.runs)
+            if n % 10 == 0 or n == len(runs) or failure:
+                el = time.perf_counter() - t0
+                progress(f"day {day}: {n}/{len(runs)} runs ({n / el * 60:.1f}/min), "
+                         f"{sum(x.failure is not None for x in result.runs)} failed"
+                         + (f"; {run}: {failure}" if failure else ""))
+        return r
+
+    def worker(w: int) -> None:
+        for run, t in runs[w::cfg.workers]:
+            one(w, run, t)
+
+    with ThreadPoolExecutor(cfg.workers) as ex:
+        for f in [ex.submit(worker, w) for w in range(min(cfg.workers, len(runs)))]:
+            f.result()
+    result.runs.sort(key=lambda r: r.run)
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+def _new_lines(sessions: Path, offsets: dict[Path, int]) -> list[str]:
+    """The journal lines written since the last call (one worker's workspace: its runs are sequential)."""
+    out: list[str] = []
+    for f in sorted(sessions.glob("*.log")) if sessions.is_dir() else []:
+        with open(f, "rb") as fh:
+            fh.seek(offsets.get(f, 0))
+            data = fh.read()
+        cut = data.rfind(b"\n") + 1
+        offsets[f] = offsets.get(f, 0) + cut
+        out += data[:cut].decode("utf-8", "replace").splitlines()
+    return out
+
+
+def _run_facts(lines: list[str]) -> dict:
+    """The session ids of a run's journal lines and its task's complexity (the reviewer's
+    MODEL_ROUTING_DECISION: the planner's own routing scores the goal, not the task)."""
+    sessions: dict[str, None] = {}
+    complexity = None
+    for ln in lines:
+        if not ln.startswith("{"):
+            continue  # SAGE's plain-text lines ([ts] CHECKPOINT ..., [TOKEN_SUMMARY] ...)
+        try:
+            ev = json.loads(ln)
+        except json.JSONDecodeError:
+            continue
+        if ev.get("session_id"):
+            sessions.setdefault(str(ev["session_id"]))
+        if complexity is None and ev.get("type") == "MODEL_ROUTING_DECISION" and ev.get("agent_role") in (
+                "reviewer", "debugger"):
+            complexity = float(ev.get("task_complexity_score") or 0.0)
+    return {"sessions": list(sessions), "complexity": complexity}
+
+
+def _text(b: bytes | str | None) -> str:
+    if b is None:
+        return ""
+    return b.decode("utf-8", "replace") if isinstance(b, bytes) else b
+
+
+def _last_line(text: str) -> str:
+    lines = [ln.strip() for ln in (text or "").splitlines() if ln.strip()]
+    return lines[-1][:300] if lines else ""

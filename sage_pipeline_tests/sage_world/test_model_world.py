@@ -1,0 +1,258 @@
+"""The model world (what SAGE's agents get back), its Ollama server and its exact values, without SAGE."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sage_pipeline.routing.table import RoutingTable
+from sage_pipeline.sage_world import truth as T
+from sage_pipeline.sage_world.harness import SageInstall, SageNotFound, goal
+from sage_pipeline.sage_world.server import WorldServer, embedding
+from sage_pipeline.sage_world.world import (
+    MAX_RETRIES,
+    ModelWorld,
+    WorldConfig,
+    WorldError,
+    agent_of,
+    build_world,
+    module_of,
+    verified_tests,
+)
+
+SAGE_TABLE = Path(__file__).resolve().parents[1] / "routing" / "fixtures" / "sage_journal" / "models.yaml"
+
+
+@pytest.fixture(scope="module")
+def world() -> ModelWorld:
+    return build_world(SAGE_TABLE, n_tasks=24, task_seed=3)
+
+
+def _msgs(user: str, system: str = "CODEBASE CONTEXT:\nNone") -> list[dict]:
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+def _fresh(world: ModelWorld, seed: int = 0) -> ModelWorld:
+    return ModelWorld(world.sim, world.table, WorldConfig(seed=seed))
+
+
+def _run_task(w: ModelWorld, run: str, task_id: str, debug_calls: int = 0) -> list[str]:
+    """A run's answers in SAGE's order: planner, coder, reviewer, then debugger/reviewer pairs."""
+    w.assign(run, task_id)
+    plan = json.loads(w.answer("qwen2.5-coder:1.5b", _msgs(
+        f"Generate a Task DAG for the following goal.\n\nGOAL: {goal(run, 'x')}\n\nCODEBASE CONVENTIONS:\n"))[0])
+    desc = plan["dag"]["nodes"][0]["description"]
+    out = [w.answer("qwen2.5-coder:1.5b", _msgs(f"Implement the following task.\n\nTASK: {desc}\n\n"))[0]]
+    out.append(w.answer("qwen2.5-coder:1.5b", _msgs(f"Review this file for task: {desc}\nFILE: x.py\n"))[0])
+    for _ in range(debug_calls):
+        fix = f"Fix the following error.\n\nERROR: e\nFILE: x.py\nTASK: {desc}"
+        out.append(w.answer("codestral:22b", _msgs(fix))[0])
+    return out
+
+
+def test_each_sage_agent_is_recognised_by_its_own_template():
+    for user, agent in (("Generate a Task DAG for the following goal.\n\nGOAL: g", "planner"),
+                        ("Implement the following task.\n\nTASK: t", "coder"),
+                        ("Fix the following error.\n\nERROR: e", "debugger"),
+                        ("Review this file for task: t\nFILE: f.py", "reviewer"),
+                        ("Generate pytest tests for f.py.\nTASK: t", "test_engineer"),
+                        ("Produce the markdown PatchRequest for `README.md`. Return ONLY JSON.", "documentation"),
+                        ("Design the project blueprint for:\n\nTASK: t", "architect")):
+        assert agent_of(_msgs(user)) == agent
+    with pytest.raises(WorldError, match="no SAGE agent writes a user message starting 'Summarise"):
+        agent_of(_msgs("Summarise this"))
+    with pytest.raises(WorldError, match="without a user message"):
+        agent_of([{"role": "system", "content": "x"}])
+
+
+def test_answers_are_in_the_shapes_sages_parsers_take(world):
+    w = _fresh(world)
+    t = w.tasks[0]
+    w.assign("r1", t.task_id)
+    dag = f"Generate a Task DAG for the following goal.\n\nGOAL: {goal('r1', 'p')}"
+    plan = json.loads(w.answer("m", _msgs(dag))[0])
+    node = plan["dag"]["nodes"][0]
+    assert node["assigned_agent"] == "coder" and "[sage-world run=r1]" in node["description"]
+    assert node["verification"] == f"python -m pytest -q tests/test_{module_of(t)}.py"  # the test path last
+    for word in ("pytest", "test file", "readme", "documentation"):  # SAGE would re-assign the task
+        assert word not in node["description"].lower()
+    task = node["description"]
+    code = json.loads(w.answer("qwen2.5-coder:1.5b", _msgs(f"Implement the following task.\n\nTASK: {task}"))[0])
+    assert code["file"] == f"{module_of(t)}.py" and code["operation"] == "create"
+    assert len(code["patch"].splitlines()) >= 3  # SAGE's reviewer fails a shorter file unread
+    verdict = json.loads(w.answer("qwen2.5-coder:1.5b", _msgs(f"Review this file for task: {node['description']}"))[0])
+    assert verdict["verdict"] in ("PASS", "FAIL") and (verdict["score"] >= 0.5) == (verdict["verdict"] == "PASS")
+    tests = json.loads(w.answer("m", _msgs(f"Generate pytest tests for x.py.\nTASK: {node['description']}"))[0])
+    assert tests["file"] == f"tests/test_{module_of(t)}.py"
+    fix = json.loads(w.answer("codestral:22b", _msgs(f"Fix the following error.\n\nERROR: e\nTASK: {task}"))[0])
+    assert isinstance(fix["phase_3_hypothesize"]["confidence"], float)  # SAGE formats it with :.2f
+    assert fix["phase_4_patch"]["file"] == code["file"]
+
+
+def test_a_request_naming_no_run_is_refused_with_what_to_do(world):
+    w = _fresh(world)
+    with pytest.raises(WorldError, match="names no run"):
+        w.answer("m", _msgs("Implement the following task.\n\nTASK: something"))
+    with pytest.raises(WorldError, match="never assigned a task"):
+        w.answer("m", _msgs("Implement the following task.\n\nTASK: [sage-world run=nope] x"))
+    with pytest.raises(WorldError, match="unknown task"):
+        w.assign("r", "no-such-task")
+
+
+def test_same_seed_same_world_whatever_the_order_of_runs(world):
+    ids = [t.task_id for t in world.tasks[:6]]
+    a, b, c = _fresh(world, 7), _fresh(world, 7), _fresh(world, 8)
+    first = {f"r{i}": _run_task(a, f"r{i}", t, 2) for i, t in enumerate(ids)}
+    second = {f"r{i}": _run_task(b, f"r{i}", t, 2) for i, t in reversed(list(enumerate(ids)))}
+    assert first == second
+    other = {f"r{i}": _run_task(c, f"r{i}", t, 2) for i, t in enumerate(ids)}
+    assert other != first
+
+
+def test_the_coder_is_right_with_the_calibrated_chance(world):
+    w = _fresh(world)
+    t = w.tasks[0]
+    p = w.p_code(0, "qwen2.5-coder:1.5b")
+    n = 600
+    right = 0
+    for i in range(n):
+        _run_task(w, f"c{i}", t.task_id)
+        right += w.final_right(f"c{i}")
+    # the reviewer does not change the file: the share of right first files is the coder's chance
+    assert abs(right / n - p) < 4 * np.sqrt(p * (1 - p) / n)
+    assert 0 < p < 1 and w.p_code(0, "qwen2.5-coder:14b-instruct-q4_K_M") > p  # the 14b (an alias) is better
+
+
+def test_the_test_file_passes_the_reference_and_fails_every_wrong_candidate(world, tmp_path):
+    """What SAGE's verification command runs: the task's verified cases, against each candidate."""
+    w = _fresh(world)
+    for t in w.tasks[:3]:
+        mod = module_of(t)
+        (tmp_path / "tests").mkdir(exist_ok=True)
+        (tmp_path / "tests" / f"test_{mod}.py").write_text(verified_tests(t))
+        for slot in (-1, *range(len(t.wrong_candidates()))):
+            (tmp_path / f"{mod}.py").write_text(w._file(t, slot))
+            out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                                  f"tests/test_{mod}.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+            assert (out.returncode == 0) == (slot == -1), (t.task_id, slot, w.outcome_kind(0, slot), out.stdout[-500:])
+
+
+def test_server_speaks_ollamas_api_and_counts_what_it_refuses(world):
+    w = _fresh(world)
+    w.assign("s1", w.tasks[0].task_id)
+    with WorldServer(w) as srv:
+        def post(path: str, body: object) -> tuple[int, dict]:
+            req = urllib.request.Request(srv.url + path, data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(req, timeout=30) as r:
+                    return r.status, json.loads(r.read())
+            except urllib.error.HTTPError as e:
+                return e.code, json.loads(e.read())
+
+        code, reply = post("/api/chat", {"model": "qwen2.5-coder:1.5b", "stream": False, "messages": _msgs(
+            f"Generate a Task DAG for the following goal.\n\nGOAL: {goal('s1', 'p')}")})
+        assert code == 200 and reply["done"] is True and reply["message"]["role"] == "assistant"
+        assert reply["prompt_eval_count"] > 0 and reply["eval_count"] > 0 and reply["total_duration"] > 0
+        code, reply = post("/api/chat", {"model": "m", "messages": _msgs("Tell me a joke")})
+        assert code == 400 and "no SAGE agent" in reply["error"]
+        code, reply = post("/api/chat", {"model": "", "messages": []})
+        assert code == 400 and "'model'" in reply["error"]
+        code, reply = post("/api/embeddings", {"model": "nomic-embed-text", "prompt": "abc def"})
+        assert code == 200 and reply["embedding"] == embedding("abc def") and len(reply["embedding"]) == 64
+        with urllib.request.urlopen(srv.url + "/api/tags", timeout=30) as r:
+            names = {m["name"] for m in json.loads(r.read())["models"]}
+        assert {"qwen2.5-coder:1.5b", "codestral:22b", "qwen2.5-coder:14b-instruct-q4_K_M"} <= names
+        assert srv.requests["chat"] == 3 and sum(srv.errors.values()) == 2  # every request counted, refusals too
+        assert any("no SAGE agent" in k for k in srv.errors)
+
+
+def test_a_table_naming_a_model_without_figures_is_refused(world, tmp_path):
+    bad = tmp_path / "models.yaml"
+    bad.write_text(SAGE_TABLE.read_text().replace('primary: "codestral:22b"', 'primary: "llama-9000"'))
+    with pytest.raises(WorldError, match=r"routing\.debugger names 'llama-9000'.*add an alias"):
+        ModelWorld(world.sim, RoutingTable.load(bad))
+
+
+class Coin(T.SagePolicy):
+    """The debugger's and the reviewer's model by a fair coin (as an exploring checkpoint is random)."""
+
+    def p_fallback(self, role: str, complexity: float, failure_count: int) -> float:
+        return 0.5 if role in ("debugger", "reviewer") else super().p_fallback(role, complexity, failure_count)
+
+
+def _simulate(w: ModelWorld, task: int, coder: str, c: float, policy: T.SagePolicy, rng) -> tuple[float, bool]:
+    """One run of SAGE's flow (truth.py's docstring) by drawing, not by expectation."""
+    t = w.tasks[task]
+    right = rng.random() < w.p_code(task, coder)
+    slot = -1 if right else int(rng.integers(len(t.wrong_candidates())))
+    tests, total, k = False, 0.0, 0
+    rev = w.row("reviewer")
+
+    def says_pass(k: int) -> bool:
+        m = rev[int(rng.random() < policy.p_fallback("reviewer", c, k))]
+        acc = w.review_accuracy(task, m)
+        return (slot == -1) == (rng.random() < acc)
+
+    while True:
+        passed = says_pass(k)
+        if passed and not tests:  # the first PASS: the test engineer writes tests, the reviewer looks again
+            tests, passed = True, says_pass(k)
+        if not passed:
+            total += 0.3 - 0.15 - (0.1 if k >= MAX_RETRIES else 0)
+        elif slot == -1:
+            return total + 1.15, True
+        else:
+            total += 0.0 if k == 0 else (-0.1 if k >= MAX_RETRIES else -0.15)
+        k += 1
+        if k > MAX_RETRIES:
+            return total, False
+        m = w.row("debugger")[int(rng.random() < policy.p_fallback("debugger", c, k))]
+        if slot != -1 and rng.random() < w.p_fix(task, slot, m):
+            slot = -1
+
+
+def test_exact_value_matches_drawn_runs(world):
+    """truth.run_value is the expectation of the flow it describes (checked by drawing 4,000 runs),
+    for SAGE's YAML and for a policy that explores."""
+    w = _fresh(world)
+    rng = np.random.default_rng(0)
+    yaml = T.SagePolicy(w.table)
+    coin = Coin(w.table, name="coin")
+    for policy in (yaml, coin):
+        for task in (0, 5):
+            v = T.run_value(w, task, "qwen2.5-coder:1.5b", 0.1, policy)
+            draws = np.array([_simulate(w, task, "qwen2.5-coder:1.5b", 0.1, policy, rng) for _ in range(4000)])
+            assert abs(draws[:, 0].mean() - v.ret) < 4 * draws[:, 0].std() / np.sqrt(4000) + 1e-3
+            assert abs(draws[:, 1].mean() - v.p_verified) < 4 * np.sqrt(0.25 / 4000)
+
+
+def test_best_expressible_is_never_below_yaml_or_any_fixed_choice(world):
+    w = _fresh(world)
+    runs = [{"task_id": t.task_id, "coder_model": "qwen2.5-coder:1.5b", "complexity": 0.05 + 0.01 * (i % 3)}
+            for i, t in enumerate(w.tasks)]
+    yaml = T.policy_value(w, runs, T.SagePolicy(w.table)).ret
+    _, best = T.best_expressible(w, runs)
+    _, by_fc = T.best_expressible(w, runs, by_complexity=False)
+    _, debugger_only = T.best_expressible(w, runs, by_complexity=False, roles=("debugger",))
+    always_primary = T._LookupPolicy(w.table, None, 1.0, "p", tuple((("debugger", None, k), 0) for k in range(1, 6)),
+                                     False)
+    assert best.ret >= by_fc.ret - 1e-12 >= debugger_only.ret - 1e-12 >= yaml - 1e-12
+    assert debugger_only.ret >= T.policy_value(w, runs, always_primary).ret - 1e-12
+    # the reviewer's model matters in the world (its accuracy): the best policy beats YAML
+    assert best.ret > yaml
+
+
+def test_sage_install_errors_say_how_to_install(tmp_path, monkeypatch):
+    monkeypatch.delenv("SAGE_PYTHON", raising=False)
+    with pytest.raises(SageNotFound, match="SAGE_PYTHON is unset: install SAGE with `scripts/sage_venv.sh"):
+        SageInstall.find()
+    with pytest.raises(SageNotFound, match="no `sage` script beside it"):
+        SageInstall.find(tmp_path / "python")
