@@ -49,13 +49,17 @@ def offline_chain(data_root: Path, log_dirs: list[Path] | None, exploration_rate
     result = job.execute_in_process(run_config={"ops": {k: v for k, v in run_ops.items() if k in keys}},
                                     instance=dg.DagsterInstance.ephemeral(),
                                     asset_selection=[dg.AssetKey(k) for k in keys], raise_on_error=True)
+    wanted = {"trajectories": ("lines_read", "accepted_lines", "quarantined_lines", "sage_text_lines", "other_events",
+                               "steps_without_model", "files"),
+              "routing_dataset": ("dagster/row_count", "rows_per_role", "propensity_source", "decisions_by_source"),
+              "offline_eval": ("promoted_sage", "promotion_sage"),
+              "sage_router_checkpoint": ("written", "kind", "sha256", "source")}
     out = {}
-    for k in ("offline_eval", "sage_router_checkpoint"):
+    for k, fields in wanted.items():
         mats = result.asset_materializations_for_node(k) if k in keys else []
         if mats:
             meta = {m: v.value for m, v in mats[-1].metadata.items()}
-            out[k] = {m: meta[m] for m in ("promoted_sage", "promotion_sage", "written", "kind", "sha256", "source")
-                      if m in meta}
+            out[k] = {m: meta[m] for m in fields if m in meta}
     return out
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import subprocess
 import threading
 import time
@@ -183,16 +184,22 @@ def run_day(world: ModelWorld, ollama_host: str, install: SageInstall, day: int,
         ws.mkdir(exist_ok=True)
         prompt = world.tasks[world.by_id[task_id]].prompt
         start = time.perf_counter()
-        try:
-            out = subprocess.run([str(install.cli), "run", "--auto", "--no-clarify", "--fresh", goal(run, prompt)],
-                                 cwd=ws, env=env, capture_output=True, text=True, timeout=cfg.run_timeout_s)
-            rc, stdout, stderr = out.returncode, out.stdout, out.stderr
-            failure = None if rc == 0 else f"exit {rc}: " + (_last_line(stderr) or _last_line(stdout) or "no output")
-        except subprocess.TimeoutExpired as exc:
-            rc, stdout, stderr = None, _text(exc.stdout), _text(exc.stderr)
-            failure = f"killed after the {cfg.run_timeout_s:g} s limit"
+        try:  # its own process group: a run past its limit is killed with everything it started
+            proc = subprocess.Popen([str(install.cli), "run", "--auto", "--no-clarify", "--fresh", goal(run, prompt)],
+                                    cwd=ws, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    start_new_session=True)
         except OSError as exc:
-            rc, stdout, stderr, failure = None, "", str(exc), f"could not start sage: {exc}"
+            proc, rc, stdout, stderr, failure = None, None, "", str(exc), f"could not start sage: {exc}"
+        if proc is not None:
+            try:
+                stdout, stderr = proc.communicate(timeout=cfg.run_timeout_s)
+                rc = proc.returncode
+                why = _last_line(stderr) or _last_line(stdout) or "no output"
+                failure = None if rc == 0 else f"exit {rc}: {why}"
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                stdout, stderr = proc.communicate()
+                rc, failure = None, f"killed after the {cfg.run_timeout_s:g} s limit"
         secs = time.perf_counter() - start
         artifacts.write_text(root / "runs" / f"{run}.log",
                              f"$ sage run (cwd {ws}) rc={rc} {secs:.2f}s\n--- stdout\n{stdout}\n--- stderr\n{stderr}\n")

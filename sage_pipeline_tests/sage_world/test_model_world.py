@@ -256,3 +256,59 @@ def test_sage_install_errors_say_how_to_install(tmp_path, monkeypatch):
         SageInstall.find()
     with pytest.raises(SageNotFound, match="no `sage` script beside it"):
         SageInstall.find(tmp_path / "python")
+
+
+def _fake_sage(tmp_path: Path, body: str) -> SageInstall:
+    """A stand-in `sage` script (a shell script) beside a Python, to exercise the harness without SAGE."""
+    bindir = tmp_path / "fake" / "bin"
+    bindir.mkdir(parents=True)
+    (bindir / "python").symlink_to(sys.executable)
+    cli = bindir / "sage"
+    cli.write_text("#!/bin/sh\n" + body)
+    cli.chmod(0o755)
+    return SageInstall(bindir / "python", cli, SAGE_TABLE)
+
+
+def test_a_failed_or_hung_run_is_counted_with_its_cause_and_the_day_goes_on(world, tmp_path):
+    from sage_pipeline.sage_world.harness import HarnessConfig, run_day
+
+    install = _fake_sage(tmp_path, 'case "$5" in\n'
+                                   '  *d01-r000*) echo "Traceback: boom" >&2; exit 3 ;;\n'
+                                   '  *d01-r001*) sleep 30 ;;\n'
+                                   '  *) echo done ;;\n'
+                                   'esac\n')
+    w = _fresh(world)
+    ids = [t.task_id for t in w.tasks[:4]]
+    day = run_day(w, "http://127.0.0.1:9", install, 1, ids, tmp_path / "day", HarnessConfig(workers=2, run_timeout_s=2))
+    assert day.summary()["runs"] == 4 and day.finished == 2
+    assert day.failures == {"exit 3: Traceback: boom": 1, "killed after the 2 s limit": 1}
+    assert (tmp_path / "day" / "runs" / "d01-r000.log").read_text().count("boom") == 1
+    with pytest.raises(FileExistsError, match="is not empty: each day runs SAGE in fresh workspaces"):
+        run_day(w, "http://127.0.0.1:9", install, 1, ids, tmp_path / "day")
+
+
+def test_loop_settings_are_checked_before_anything_runs():
+    from pydantic import ValidationError
+
+    from sage_pipeline.sage_world.loop import LoopConfig
+
+    with pytest.raises(ValidationError, match="days"):
+        LoopConfig(days=0)
+    with pytest.raises(ValidationError, match="pool"):
+        LoopConfig(pool=5)  # fewer tasks than task families
+    with pytest.raises(ValidationError, match="exploration_rate"):
+        LoopConfig(exploration_rate=0.9)
+
+
+def test_the_dagster_job_without_sage_fails_saying_how_to_install_it(tmp_path, monkeypatch):
+    import dagster as dg
+
+    from sage_pipeline.defs.resources import SageResource
+    from sage_pipeline.defs.sage_loop_assets import sage_in_the_loop
+
+    monkeypatch.delenv("SAGE_PYTHON", raising=False)
+    result = dg.materialize([sage_in_the_loop], resources={"sage": SageResource(data_dir=str(tmp_path))},
+                            instance=dg.DagsterInstance.ephemeral(), raise_on_error=False)
+    assert not result.success
+    failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
+    assert "scripts/sage_venv.sh" in failure.event_specific_data.error.message
