@@ -30,7 +30,7 @@ depend on their model): every other role's routing is left out of the value.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 
 import joblib
@@ -103,42 +103,49 @@ def run_value(world: ModelWorld, task: int, coder_model: str, complexity: float,
             return 0.0  # the coder's decision has no row: no verdict was ever logged for it
         return -0.1 if k >= MAX_RETRIES else -0.15
 
+    zero = (0.0, 0.0, 0.0)
+
+    def mix(p: float, x: tuple, y: tuple) -> tuple:  # p x + (1 - p) y, on (return, verified, debug calls)
+        return (p * x[0] + (1 - p) * y[0], p * x[1] + (1 - p) * y[1], p * x[2] + (1 - p) * y[2])
+
+    def plus(x: tuple, y: tuple) -> tuple:
+        return (x[0] + y[0], x[1] + y[1], x[2] + y[2])
+
     @lru_cache(maxsize=None)
-    def debug(k: int, slot: int, tests: bool) -> np.ndarray:
+    def debug(k: int, slot: int, tests: bool) -> tuple:
         """(return, verified, debug calls) from the k-th debugger call on the file in ``slot``."""
         if k > MAX_RETRIES:
-            return np.zeros(3)
-        out = np.zeros(3)
+            return zero
+        out = zero
         for model, w in ((dbg[0], 1 - p_dbg[k]), (dbg[1], p_dbg[k])):
             if w == 0:
                 continue
             p = world.p_fix(task, slot, model)
-            v = p * review(k, -1, tests) + (1 - p) * (review(k, slot, tests) if slot != -1 else 0)
-            out += w * v
-        return out + np.array([0.0, 0.0, 1.0])
+            v = mix(p, review(k, -1, tests), review(k, slot, tests) if slot != -1 else zero)
+            out = plus(out, (w * v[0], w * v[1], w * v[2]))
+        return plus(out, (0.0, 0.0, 1.0))
 
     @lru_cache(maxsize=None)
-    def review(k: int, slot: int, tests: bool) -> np.ndarray:
+    def review(k: int, slot: int, tests: bool) -> tuple:
         """From a file just written at failure count k, reviewed next."""
         right = slot == -1
         pp = acc[k] if right else 1 - acc[k]
-        nxt = (lambda t: debug(k + 1, slot, t)) if k < MAX_RETRIES else (lambda t: np.zeros(3))
-        fail = np.array([fail_credit(k), 0.0, 0.0])
-
-        def verify() -> np.ndarray:
-            if right:
-                return np.array([c.review_pass_score + 0.25, 1.0, 0.0])
-            return np.array([unreviewed_credit(k), 0.0, 0.0]) + nxt(True)
-
+        nxt = (lambda t: debug(k + 1, slot, t)) if k < MAX_RETRIES else (lambda t: zero)
+        fail = (fail_credit(k), 0.0, 0.0)
+        verify = ((c.review_pass_score + 0.25, 1.0, 0.0) if right
+                  else plus((unreviewed_credit(k), 0.0, 0.0), nxt(True)))
+        after_tests = mix(pp, verify, plus(fail, nxt(True)))
         if tests:
-            return pp * verify() + (1 - pp) * (fail + nxt(True))
-        second = pp * verify() + (1 - pp) * (fail + nxt(True))  # tests written, reviewed again
-        return pp * second + (1 - pp) * (fail + nxt(False))
+            return after_tests
+        return mix(pp, after_tests, plus(fail, nxt(False)))  # the first PASS: tests written, reviewed again
 
     n_wrong = len(world.tasks[task].wrong_candidates())
     p = world.p_code(task, coder_model)
     t0 = bool(tests_at_start)
-    v = p * review(0, -1, t0) + (1 - p) * sum(review(0, w, t0) for w in range(n_wrong)) / n_wrong
+    wrong = zero
+    for w in range(n_wrong):
+        wrong = plus(wrong, review(0, w, t0))
+    v = mix(p, review(0, -1, t0), (wrong[0] / n_wrong, wrong[1] / n_wrong, wrong[2] / n_wrong))
     return RunValue(float(v[0]), float(v[1]), float(v[2]))
 
 
@@ -200,9 +207,13 @@ class _LookupPolicy(SagePolicy):
     choices: tuple = ()  # (((role, complexity or None, failure count), 0 primary / 1 fallback), ...)
     by_complexity: bool = True
 
+    @cached_property
+    def _table(self) -> dict:
+        return dict(self.choices)
+
     def p_fallback(self, role: str, complexity: float, failure_count: int) -> float:
         g = round(float(complexity), 6) if self.by_complexity else None
-        got = dict(self.choices).get((role, g, int(failure_count)))
+        got = self._table.get((role, g, int(failure_count)))
         if got is not None:
             return float(got)
         return SagePolicy.p_fallback(self, role, complexity, failure_count)

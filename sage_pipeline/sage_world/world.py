@@ -174,6 +174,7 @@ class ModelWorld:
                                      f"({sim.config.source}) has no figures for; add an alias in WorldConfig.aliases "
                                      f"to one of {sorted(calibrated)}")
         self._code = {m: j for j, m in enumerate(sim.code_models)}
+        self._p_code: dict[tuple[int, str], float] = {}  # (task, model) -> chance: the truth asks often
         self._debug = {m: j for j, m in enumerate(sim.debug_models)}
 
     # ------------------------------------------------------------------ models and chances
@@ -186,11 +187,14 @@ class ModelWorld:
 
     def p_code(self, task: int, model: str) -> float:
         """The chance that ``model``'s first attempt at ``task`` is right (the calibration's coder)."""
-        m = self.calibrated(model)
-        if m not in self._code:
-            raise WorldError(f"model {model!r} has no coder figures in {self.sim.config.source}")
-        counts = np.zeros((1, self.sim.n_calls), dtype=np.int64)
-        return float(self.sim.p_code(np.array([task]), counts)[0, self._code[m]])
+        got = self._p_code.get((task, model))
+        if got is None:
+            m = self.calibrated(model)
+            if m not in self._code:
+                raise WorldError(f"model {model!r} has no coder figures in {self.sim.config.source}")
+            counts = np.zeros((1, self.sim.n_calls), dtype=np.int64)
+            got = self._p_code[task, model] = float(self.sim.p_code(np.array([task]), counts)[0, self._code[m]])
+        return got
 
     def p_fix(self, task: int, slot: int, model: str) -> float:
         """The chance that ``model``'s repair of the file in ``slot`` is right (1 for a right file)."""
