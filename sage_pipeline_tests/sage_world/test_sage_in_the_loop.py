@@ -116,5 +116,10 @@ def test_sages_own_bench_runs_against_the_world_beside_the_truth(day, tmp_path):
         # SAGE completes a task only through its verification gate: never with a wrong file (a right one can
         # still fail, if its reviewer says FAIL at every try)
         assert c["sage_test_pass_rate"] <= float(c["right_file"]) and 0 < c["expected_verified"] <= 1
+    # like for like (the learned run with the static run's coder model and none of its files): the checkpoint's
+    # own effect; as SAGE ran them the arms also differ by its coder bandit's state and the files left behind
+    assert all(c["expected_verified_fresh"] is not None for c in static + learned)
+    assert rep["true_delta_same_tasks_fresh"] == pytest.approx(
+        sum(c["expected_verified_fresh"] for c in learned) / 6 - sum(c["expected_verified"] for c in static) / 6)
     lo, hi = rep["bootstrap_ci_of_sage_delta"]
     assert lo <= rep["sage_delta"] <= hi and rep["agrees"] == (lo <= rep["true_delta_same_tasks"] <= hi)
