@@ -11,7 +11,7 @@ report episodes, the ratio of the two, and whether the gate was right; and the t
 Then the issue's goals, measured.
 
     .venv/bin/python benchmarks/sage_loop_e2e.py --sage-src ../shared/upstream/sage [--days 7] [--tasks 100]
-        [--workers 2] [--pool 300] [--start explore|yaml] [--out DIR]
+        [--workers 3] [--pool 300] [--start explore|yaml] [--out DIR]
 
 Results: printed; the report (benchmarks/.scratch/sage_loop_e2e/sage_loop.json unless --out) and every
 day's journals, runs and world truth beside it.
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sage-src", default=None, help="a SAGE checkout (CI: ../shared/upstream/sage)")
     ap.add_argument("--days", type=count, default=7)
     ap.add_argument("--tasks", type=count, default=100, help="`sage run`s a day")
-    ap.add_argument("--workers", type=count, default=2)
+    ap.add_argument("--workers", type=count, default=None, help="`sage run`s at once (default: HarnessConfig's)")
     ap.add_argument("--pool", type=count, default=300, help="generated tasks the days draw from")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--start", choices=("explore", "yaml"), default="explore")
@@ -78,11 +78,11 @@ def main(argv: list[str] | None = None) -> None:
         print(f"  offline chain: {time.perf_counter() - t:.0f} s", flush=True)
         return meta
 
-    cfg = sl.LoopConfig(days=a.days, tasks_per_day=a.tasks, pool=a.pool, seed=a.seed, start=a.start,
-                        harness=HarnessConfig(workers=a.workers))
+    harness = HarnessConfig() if a.workers is None else HarnessConfig(workers=a.workers)
+    cfg = sl.LoopConfig(days=a.days, tasks_per_day=a.tasks, pool=a.pool, seed=a.seed, start=a.start, harness=harness)
     report = sl.run_loop(install, out, chain, cfg, progress=lambda m: print(m, flush=True))
     secs = time.perf_counter() - t0
-    print(f"\nSAGE {install.cli} ({a.days} days x {a.tasks} tasks, {a.workers} workers): {secs / 60:.1f} min "
+    print(f"\nSAGE {install.cli} ({a.days} days x {a.tasks} tasks, {harness.workers} workers): {secs / 60:.1f} min "
           f"(goal < 60 min: ratio {secs / 3600:.2f} of the budget)\n")
     keys = ("day", "finished", "failures", "V deployed", "V yaml", "V best", "gap closed", "candidate", "OPE",
             "OPE 95% CI", "true", "OPE error", "promoted", "gate right")

@@ -51,7 +51,8 @@ class HarnessConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    workers: int = Field(2, ge=1, le=64, description="`sage run` processes at once (one workspace each)")
+    workers: int = Field(3, ge=1, le=64, description="`sage run` processes at once (one workspace each; 3 on 2 "
+                         "cores: a run waits on its verification subprocess and the world part of the time)")
     run_timeout_s: float = Field(300.0, gt=0, description="a run still going after this is killed and counted")
     min_confidence: float = Field(0.55, ge=0.0, le=1.0,
                                   description="SAGE_RL_MIN_CONFIDENCE with a deployed checkpoint (SAGE's default)")
