@@ -12,7 +12,8 @@ import dagster as dg
 
 from sage_pipeline.definitions import defs
 
-ON_DEMAND = ("closed_loop",)  # groups make run leaves out (scripts/materialize_all.sh)
+ON_DEMAND = {"closed_loop": "simulated_month", "sage_in_the_loop": "sage_in_the_loop"}  # group -> its job:
+# groups make run leaves out (scripts/materialize_all.sh)
 
 
 def _meta(instance: dg.DagsterInstance, key: dg.AssetKey) -> tuple[dg.EventLogRecord | None, dict]:
@@ -27,7 +28,8 @@ def main() -> int:
     instance = dg.DagsterInstance.get()
     graph = defs.resolve_asset_graph()
     # the simulated month (group closed_loop) is run on demand, not by make run
-    on_demand = sorted(k.to_user_string() for k in graph.get_all_asset_keys() if graph.get(k).group_name in ON_DEMAND)
+    on_demand = sorted((k for k in graph.get_all_asset_keys() if graph.get(k).group_name in ON_DEMAND),
+                       key=lambda k: k.to_user_string())
     keys = sorted((k for k in graph.get_all_asset_keys() if graph.get(k).group_name not in ON_DEMAND),
                   key=lambda k: k.to_user_string())
     missing = []
@@ -65,9 +67,9 @@ def main() -> int:
                 part = rec.asset_materialization.partition if rec and rec.asset_materialization else None
                 print(f"{key.to_user_string()}: night {part}, {night.get('status')}: {night.get('reason')}")
     print(f"assets materialized: {len(keys) - len(missing)} of {len(keys)}")
-    if on_demand:
-        print(f"not part of make run: {', '.join(on_demand)} "
-              "(dagster job execute -m sage_pipeline.definitions -j simulated_month)")
+    for k in on_demand:
+        job = ON_DEMAND[graph.get(k).group_name]
+        print(f"not part of make run: {k.to_user_string()} (dagster job execute -m sage_pipeline.definitions -j {job})")
     if missing:
         print(f"never materialized: {', '.join(missing)}", file=sys.stderr)
         return 1

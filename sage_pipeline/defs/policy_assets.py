@@ -249,7 +249,8 @@ def offline_eval(context: dg.AssetExecutionContext, config: OfflineEvalConfig,
             # staged with the path SAGE will be pointed at once promoted_policy publishes it
             oe.promote_served(rep.gate, served, gate_dir / "sage_binary", evidence | {"summary": rep.summary()},
                               served_at=sage.path("checkpoints", oe.GATE_SPACES["sage_binary"]))
-            oe.keep_candidates(served, gate_dir / oe.CANDIDATES_DIR, evidence)  # what the gate judged, for audit
+            oe.keep_candidates(served, gate_dir / oe.CANDIDATES_DIR, evidence,  # what the gate judged, for audit
+                               served_at=sage.path("checkpoints", "gate", oe.CANDIDATES_DIR))
             meta |= {"promoted_sage": rep.gate.promoted or "none", "promotion_sage": rep.gate.reason,
                      "served_floor_selection": dg.MetadataValue.md("\n\n".join(
                          f"**{n}** (from {s.source}; floor chosen by {s.how}; agreement with the network on eval "

@@ -1,4 +1,4 @@
-"""sage_in_the_loop: SAGE's own ``sage run`` against the model world, day after day, with the
+"""sage_loop (group and job sage_in_the_loop): SAGE's own ``sage run`` against the model world, day after day, with the
 offline chain's promotions deployed back to it (core: sage_pipeline.sage_world.loop).
 
 The offline chain each day is the project's own assets (trajectories -> routing_dataset ->
@@ -89,8 +89,8 @@ class SageLoopConfig(dg.Config, sl.LoopConfig):
                       "cause; the deployed policy's true value beside the YAML's and the best SAGE's router can "
                       "express; the gate's decision, its candidates' OPE estimates beside their true values, and "
                       "whether it was right. Written under sage_loop/ (its own artifact root in data/).")
-def sage_in_the_loop(context: dg.AssetExecutionContext, config: SageLoopConfig,
-                     sage: SageResource) -> dg.MaterializeResult:
+def sage_loop(context: dg.AssetExecutionContext, config: SageLoopConfig,
+              sage: SageResource) -> dg.MaterializeResult:
     try:
         install = SageInstall.find()
     except SageNotFound as exc:
@@ -112,4 +112,4 @@ sage_loop_job = dg.define_asset_job(
     description="On demand: SAGE's real `sage run` in the loop against the model world (README, 'Run SAGE "
                 "against the model world'). Needs SAGE_PYTHON (scripts/sage_venv.sh).")
 
-sage_loop_defs = dg.Definitions(assets=[sage_in_the_loop], jobs=[sage_loop_job])
+sage_loop_defs = dg.Definitions(assets=[sage_loop], jobs=[sage_loop_job])

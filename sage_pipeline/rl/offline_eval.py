@@ -274,14 +274,17 @@ def promote_served(decision: GateDecision, served: dict[str, "ServedSelection"],
 CANDIDATES_DIR = "sage_binary_candidates"  # checkpoints/gate/<this>/<name>/: every served candidate judged
 
 
-def keep_candidates(served: dict[str, "ServedSelection"], dest: str | Path, evidence: dict) -> list[Path]:
+def keep_candidates(served: dict[str, "ServedSelection"], dest: str | Path, evidence: dict,
+                    served_at: str | Path | None = None) -> list[Path]:
     """Write every served sage_binary candidate the gate judged (promoted or not) as the checkpoint SAGE
     would load, under ``dest/<name>/``: what a refusal refused can be audited (and valued, where the
-    truth is known: the model world)."""
+    truth is known: the model world). ``served_at``: the folder ``dest`` is published as (a staged
+    version of an ``artifacts.atomic_set``), recorded in each manifest instead of the staged path."""
     out = []
     for name, sel in served.items():
         sage_router.write_sage_checkpoint(Path(dest) / name, sel.policy, {
-            "policy": name, "source": sel.source, "min_confidence_selected_by": sel.how, **evidence})
+            "policy": name, "source": sel.source, "min_confidence_selected_by": sel.how, **evidence},
+            served_at=Path(served_at) / name if served_at is not None else None)
         out.append(Path(dest) / name)
     return out
 

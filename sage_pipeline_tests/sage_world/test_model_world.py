@@ -304,10 +304,10 @@ def test_the_dagster_job_without_sage_fails_saying_how_to_install_it(tmp_path, m
     import dagster as dg
 
     from sage_pipeline.defs.resources import SageResource
-    from sage_pipeline.defs.sage_loop_assets import sage_in_the_loop
+    from sage_pipeline.defs.sage_loop_assets import sage_loop
 
     monkeypatch.delenv("SAGE_PYTHON", raising=False)
-    result = dg.materialize([sage_in_the_loop], resources={"sage": SageResource(data_dir=str(tmp_path))},
+    result = dg.materialize([sage_loop], resources={"sage": SageResource(data_dir=str(tmp_path))},
                             instance=dg.DagsterInstance.ephemeral(), raise_on_error=False)
     assert not result.success
     failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
