@@ -48,8 +48,11 @@ def _sessions_in_order(sessions: Path) -> list[dict]:
     for f in sorted(sessions.glob("*.log")):
         for ln in f.read_text(encoding="utf-8", errors="replace").splitlines():
             if not ln.startswith("{"):
-                continue
-            ev = json.loads(ln)
+                continue  # SAGE's plain-text lines ([ts] CHECKPOINT ...)
+            try:
+                ev = json.loads(ln)
+            except json.JSONDecodeError:
+                continue  # a torn line tells nothing about sessions; the pairing check below counts what is left
             sid = ev.get("session_id")
             if not sid:
                 continue

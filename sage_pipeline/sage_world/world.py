@@ -364,11 +364,6 @@ class ModelWorld:
         with self._lock:
             return next((t["model"] for t in self.truth if t.get("run") == run and t.get("agent") == "coder"), None)
 
-    def runs_state(self) -> dict[str, dict]:
-        with self._lock:
-            return {k: {"task_id": self.tasks[r.task].task_id, "slot": r.slot, "tests_written": r.tests_written,
-                        "calls": dict(r.calls)} for k, r in self._runs.items()}
-
     # ------------------------------------------------------------------ reporting
     def tokens(self, messages: Sequence[dict], content: str) -> tuple[int, int]:
         cpt = self.config.chars_per_token
