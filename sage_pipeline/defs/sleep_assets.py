@@ -13,6 +13,11 @@ or with ``dagster schedule stop|start nightly_sleep_schedule``. Which skills hav
 asset is the one thing read when the code loads (it decides which assets exist):
 ``SAGE_SLEEP_SKILLS`` (comma-separated; default: the packaged skills).
 
+A night that fails (``backend_error``, ``store_error``, ``input_error``, ...) fails its blocking
+check ``night_completed`` and so its step and the run, after its metadata and diagnostics are
+recorded; every skill is its own asset, so the other skills' nights in the same run still run
+and keep what they wrote.
+
 Two nights never run at once: every night asset is in the ``sleep_cycle`` pool (give the
 pool a limit of 1: ``dagster instance concurrency set sleep_cycle 1``), the job's runs
 carry the tag ``sage/sleep_cycle`` (for a run tag concurrency limit), and the core holds
@@ -166,10 +171,12 @@ def sleep_cycle_asset(skill: str, nights: dg.PartitionsDefinition) -> dg.AssetsD
                           "reflect, edit the protected learned block, keep an edit only if it strictly improves "
                           "val, then score test. Writes sleep/" + skill + "/ (live SKILL.md and MEMORY.md, "
                           "versions/, nights/<date>/diagnostics.json and report.md).",
-              check_specs=[dg.AssetCheckSpec("night_completed", asset=key,
-                                             description="Fails when the night could not do its job: backend or "
-                                                         "judge error, unreadable input (ERROR), or a conflict, an "
-                                                         "unusable reflect reply, an unverified gate (WARN).")])
+              check_specs=[dg.AssetCheckSpec("night_completed", asset=key, blocking=True,
+                                             description="Fails when the night could not do its job. Blocking: "
+                                                         "a backend, judge, store or input error or a bug (ERROR) "
+                                                         "fails the night's step and so the run, after its "
+                                                         "diagnostics are recorded; a conflict, an unusable reflect "
+                                                         "reply or an unverified gate (WARN) does not.")])
     def _night(context: dg.AssetExecutionContext, config: SleepNightConfig, sage: SageResource) -> dg.MaterializeResult:
         window = context.partition_time_window
         r, files = run_night(sage.root(), skill, context.partition_key, (window.start, window.end),

@@ -17,14 +17,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import yaml
 
-from sage_pipeline.routing.errors import ConfigError
+from sage_pipeline.routing.errors import ConfigError, KeyLines, check_keys, load_yaml
 from sage_pipeline.routing.schema import ROLES
 
 DEFAULT_CATALOGUE = Path(__file__).with_name("data") / "model_catalogue.yaml"
 # Prompt size assumed where a log does not record it (costs, latencies, the simulator).
 ASSUMED_PROMPT_TOKENS = 4000.0
+# The catalogue's fields: anything else (a misspelt ``cost_per_cal``) is a load error naming
+# file, line and key, as is a key written twice.
+CATALOGUE_FIELDS = ("version", "models")
+MODEL_FIELDS = ("cost_per_call", "cost_per_1k_prompt_tokens", "latency_s", "timeout_rate", "context_tokens",
+                "capability")
 
 
 def known_tokens(prompt_tokens: np.ndarray) -> np.ndarray:
@@ -106,21 +110,22 @@ class ModelCatalogue:
         if not path.is_file():
             raise ConfigError(path, "<file>", "model catalogue not found",
                               "set model_catalogue in the sage resource or SAGE_MODEL_CATALOGUE")
-        try:
-            doc = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except (yaml.YAMLError, UnicodeDecodeError) as exc:
-            raise ConfigError(path, "<file>", f"not valid YAML: {exc}") from exc
-        return cls.from_dict(doc, source=str(path))
+        doc, lines = load_yaml(path)
+        return cls.from_dict(doc, source=str(path), lines=lines)
 
     @classmethod
-    def from_dict(cls, doc: object, source: str = "<memory>") -> "ModelCatalogue":
+    def from_dict(cls, doc: object, source: str = "<memory>", lines: KeyLines | None = None) -> "ModelCatalogue":
+        """The catalogue in ``doc``; ``lines`` (from :func:`load_yaml`) puts line numbers in errors."""
         if not isinstance(doc, dict) or not isinstance(doc.get("models"), dict) or not doc["models"]:
             raise ConfigError(source, "models", "expected a non-empty mapping of model name -> spec")
+        check_keys(doc, CATALOGUE_FIELDS, source=source, path=(), lines=lines, what="a model catalogue")
         models = []
         for name, spec in doc["models"].items():
             where = f"models.{name}"
             if not isinstance(spec, dict):
                 raise ConfigError(source, where, "expected a mapping")
+            check_keys(spec, MODEL_FIELDS, source=source, path=("models", name), lines=lines,
+                       what="a model in the catalogue")
 
             num = functools.partial(_spec_number, spec, source, where)
             cap = spec.get("capability", {})

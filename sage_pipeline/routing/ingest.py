@@ -490,13 +490,24 @@ def discover_logs(config: IngestConfig, setting: str = "log_dirs") -> tuple[list
                 continue
             seen.add((st.st_dev, st.st_ino))
             for name in names:
+                path = Path(root) / name
                 if any(fnmatch.fnmatchcase(name, pattern) for pattern in LOG_PATTERNS):
-                    path = Path(root) / name
                     if path.is_file():
                         files.add(path)
                     elif not path.exists():
                         skipped.append({"path": str(path), "reason": "a broken link or a file removed while listing"})
+                elif path.is_symlink() and not path.exists():  # it may have pointed at a journal: say so
+                    skipped.append({"path": str(path), "reason": _broken_link_reason(path)})
     return sorted(files, key=journal_order), sorted(skipped, key=lambda sk: sk["path"])
+
+
+def _broken_link_reason(path: Path) -> str:
+    try:
+        target = os.readlink(path)
+    except OSError:
+        target = "?"
+    return (f"a broken link (to {target}) whose name matches no journal pattern ({', '.join(LOG_PATTERNS)}): "
+            "if it should point at a journal, fix the link; otherwise remove it")
 
 
 _ROTATED = re.compile(r"(\d{4}-\d{2}-\d{2})\.(\d+)")  # manager.py: f"{today}.{i}.log", today %Y-%m-%d
@@ -816,6 +827,7 @@ class _Damaged(Exception):
 
 
 _GZIP_MAGIC = b"\x1f\x8b"
+_UTF8_BOM = b"\xef\xbb\xbf"
 _SALVAGE_BYTES = 1024  # compressed bytes per step when salvaging what precedes corrupt data (then 1)
 
 
@@ -894,6 +906,20 @@ def _gzip_chunks(fh, chunk_bytes: int) -> Iterator[bytes]:
             d = zlib.decompressobj(wbits=31)
 
 
+def _without_bom(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    """``chunks`` without a UTF-8 byte order mark at the very start of the file (legal there,
+    and not part of the first line); a BOM anywhere else stays, and is quarantined with its line."""
+    head = b""
+    for chunk in chunks:
+        head += chunk
+        if len(head) >= len(_UTF8_BOM):
+            break
+    head = head.removeprefix(_UTF8_BOM)
+    if head:
+        yield head
+    yield from chunks
+
+
 def iter_blocks(path: Path, max_line_bytes: int, chunk_bytes: int) -> Iterator[_Block]:
     """Read ``path`` in chunks of complete lines, in bounded memory.
 
@@ -901,7 +927,8 @@ def iter_blocks(path: Path, max_line_bytes: int, chunk_bytes: int) -> Iterator[_
     counted while skipped and handed on as an empty line plus a ``too_long`` record. A file
     that cannot be opened, or whose data cannot be read past some point (a truncated or
     corrupt ``.gz``), ends with a ``damaged`` block at the first line it could not read:
-    every complete line before it is kept.
+    every complete line before it is kept. A UTF-8 byte order mark at the start of the
+    file (of the decompressed data for ``.gz``) is dropped: it is legal there.
     """
     fname = str(path)
     line_no = 1
@@ -911,7 +938,7 @@ def iter_blocks(path: Path, max_line_bytes: int, chunk_bytes: int) -> Iterator[_
         yield _Block(fname, line_no, b"\n", [], damaged=f"the file cannot be opened: {type(exc).__name__}: {exc}")
         return
     with fh:
-        chunks = (_gzip_chunks if path.suffix == ".gz" else _plain_chunks)(fh, chunk_bytes)
+        chunks = _without_bom((_gzip_chunks if path.suffix == ".gz" else _plain_chunks)(fh, chunk_bytes))
         buf = b""
         skipping = 0  # bytes of an over-long line skipped so far
         while True:

@@ -12,6 +12,14 @@ catalogue: a catalogue only adds prices (and, for the simulator, capabilities).
 Triggers are ``var op number`` over ``task_complexity_score``, ``primary_failure_count``
 and ``failure_count``. SAGE silently ignored a trigger it could not parse; here that is a
 load error naming the role and the expression.
+
+The fields are the ones SAGE's code reads: ``routing`` at the top
+(``orchestrator/model_router.py``: ``self.config.get("routing", {})``), and per role
+``primary``, ``fallback`` and ``fallback_triggers`` (``model_router.py`` ``select`` and
+``should_use_fallback``; ``cli/main.py`` ``_validate_models_config``). SAGE ignores any
+other key and keeps the last of a key written twice; here both are load errors naming
+file, line and key (:data:`TABLE_FIELDS`, :data:`ROUTE_FIELDS`), so a misspelt ``primry``
+is not silently routed to SAGE's default model.
 """
 
 from __future__ import annotations
@@ -22,12 +30,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import yaml
 
-from sage_pipeline.routing.errors import ConfigError
+from sage_pipeline.routing.errors import ConfigError, KeyLines, check_keys, load_yaml
 from sage_pipeline.routing.schema import ROLES
 
 DEFAULT_TABLE = Path(__file__).with_name("data") / "models.yaml"
+
+# Every key SAGE reads from models.yaml: the top-level mapping, and each role's route.
+TABLE_FIELDS = ("routing",)
+ROUTE_FIELDS = ("primary", "fallback", "fallback_triggers")
 
 TRIGGER_VARS = ("task_complexity_score", "primary_failure_count", "failure_count")
 _OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le,
@@ -145,17 +156,16 @@ class RoutingTable:
         if not path.is_file():
             raise ConfigError(path, "<file>", "routing table not found",
                               "set routing_table in the sage resource or SAGE_ROUTING_TABLE")
-        try:
-            doc = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except (yaml.YAMLError, UnicodeDecodeError) as exc:
-            raise ConfigError(path, "<file>", f"not valid YAML: {exc}") from exc
-        return cls.from_dict(doc, source=str(path))
+        doc, lines = load_yaml(path)
+        return cls.from_dict(doc, source=str(path), lines=lines)
 
     @classmethod
-    def from_dict(cls, doc: object, source: str = "<memory>") -> "RoutingTable":
+    def from_dict(cls, doc: object, source: str = "<memory>", lines: KeyLines | None = None) -> "RoutingTable":
+        """The table in ``doc``; ``lines`` (from :func:`load_yaml`) puts line numbers in errors."""
         if not isinstance(doc, dict) or not isinstance(doc.get("routing"), dict):
             raise ConfigError(source, "routing",
                               "expected a mapping 'routing: {<role>: {primary, fallback, fallback_triggers}}'")
+        check_keys(doc, TABLE_FIELDS, source=source, path=(), lines=lines, what="SAGE's models.yaml")
         routing = doc["routing"]
         routes: dict[str, RoleRoute] = {}
         if not routing:
@@ -166,6 +176,8 @@ class RoutingTable:
             if not isinstance(spec, dict):
                 raise ConfigError(source, f"routing.{role}",
                                   "expected a mapping with primary, fallback, fallback_triggers")
+            check_keys(spec, ROUTE_FIELDS, source=source, path=("routing", role), lines=lines,
+                       what="a route in SAGE's models.yaml")
             for key in ("primary", "fallback"):
                 if not isinstance(spec.get(key), str) or not spec[key]:
                     raise ConfigError(source, f"routing.{role}.{key}", "missing or not a model name")

@@ -25,6 +25,12 @@ bounds (a server trickling a byte at a time would hold it for ever): a timer shu
 attempt's connection down when the deadline passes. Each retry gets a fresh deadline after
 its backoff wait, so one call lasts at most ``(max_retries + 1) * timeout_s + max_retries *
 max(backoff_max_s, max_retry_after_s)`` (plus name resolution, which nothing here can bound).
+
+Reply size: ``max_reply_bytes`` (default 4 MiB) caps every reply, success or error. The body is
+read as a stream and the read stops at the cap (a ``Content-Length`` over it is refused before
+any of the body is read), so a server answering 50 MB costs at most the cap in memory; the call
+then fails at once (retrying would get the same reply) with a :class:`BackendError` of kind
+``too_large`` naming the cap, and the night ends ``backend_error``.
 """
 
 from __future__ import annotations
@@ -51,10 +57,12 @@ from sage_pipeline.sleep.records import ReflectRequest, TaskRecord
 
 TRANSIENT_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"
+DEFAULT_MAX_REPLY_BYTES = 4 << 20  # 4 MiB: a chat completion of a few thousand tokens is a few KiB
 
 class BackendError(RuntimeError):
     """A backend call failed for good. ``kind``: transient (retries used up), auth, not_found,
-    bad_request, config, reply (a reply that had to be JSON was not)."""
+    bad_request, config, reply (a reply that had to be JSON was not), too_large (a reply over
+    ``max_reply_bytes``)."""
 
     def __init__(self, cause: str, kind: str = "transient", purpose: str = "", attempts: int = 1) -> None:
         self.cause, self.kind, self.purpose, self.attempts = cause, kind, purpose, attempts
@@ -162,6 +170,9 @@ class OpenAIConfig(BaseModel):
     max_tokens: int = Field(1024, ge=1, description="completion tokens of an answer")
     reflect_max_tokens: int = Field(2048, ge=1, description="completion tokens of reflect's reply")
     seed: int = Field(0, description="seed of the backoff jitter")
+    max_reply_bytes: int = Field(DEFAULT_MAX_REPLY_BYTES, ge=1024, description="the largest reply read from the "
+                                 "server, in bytes (default 4 MiB): the read stops there and the call fails, "
+                                 "naming this cap, so a runaway server cannot fill the memory")
 
     @field_validator("base_url")
     @classmethod
@@ -196,12 +207,13 @@ class OpenAIBackend(Backend):
         self._cache: dict[str, Reply] = {}
         self._lock = threading.Lock()
         self._attempt = threading.local()  # the deadline of the attempt this thread is making
-        self._client = _client(config, self._on_request)
+        self._client = _client(config, self._on_request, self._on_response)
 
     def describe(self) -> dict:
         c = self.config
         return {"name": self.name, "url": self.url, "model": c.model, "api_key_env": c.api_key_env,
-                "api_key_set": bool(self._api_key()), "timeout_s": c.timeout_s, "max_retries": c.max_retries}
+                "api_key_set": bool(self._api_key()), "timeout_s": c.timeout_s, "max_retries": c.max_retries,
+                "max_reply_bytes": c.max_reply_bytes}
 
     # the three uses ------------------------------------------------------------------
     def solve(self, task: TaskRecord, skill: str, memory: str) -> Reply:
@@ -268,15 +280,32 @@ class OpenAIBackend(Backend):
         else:
             request.headers.pop("Authorization", None)
 
+    def _on_response(self, response) -> None:
+        """The HTTP client's response hook (headers in, body not yet read): the body is read through
+        a stream that stops at ``max_reply_bytes``, whoever reads it (this backend, or the SDK reading
+        an error's body)."""
+        deadline = self._attempt.deadline
+        cap = self.config.max_reply_bytes
+        length = response.headers.get("Content-Length", "")
+        if length.strip().isdigit() and int(length) > cap:
+            deadline.too_large(f"Content-Length {int(length)}")
+            response.stream.close()
+            response.stream = _CappedStream(iter(()), response.stream, cap, deadline)
+        else:
+            response.stream = _CappedStream(response.stream, response.stream, cap, deadline)
+
     def _post(self, body: dict) -> Reply:
-        """One attempt: the SDK sends the request, its body is read here under the deadline."""
+        """One attempt: the SDK sends the request, its body is read here under the deadline, and
+        never past ``max_reply_bytes``."""
         t = self.config.timeout_s
-        deadline = self._attempt.deadline = _Deadline(t)
+        deadline = self._attempt.deadline = _Deadline(t, self.config.max_reply_bytes)
         try:
             with deadline, self._client.chat.completions.with_streaming_response.create(**body) as resp:
                 raw = deadline.read(resp.iter_bytes())
                 headers = resp.headers
         except openai.APIStatusError as e:
+            if deadline.cut:
+                raise self._too_large(deadline, f"HTTP {e.status_code} ") from None
             if not deadline.expired:
                 self._raise_for_status(e.status_code, e.response.content, e.response.headers)
             raise self._timed_out(deadline) from None
@@ -285,7 +314,16 @@ class OpenAIBackend(Backend):
                 raise self._timed_out(deadline) from None
             cause = e.__cause__ if isinstance(e, openai.APIConnectionError) and e.__cause__ else e
             raise _Retry(f"connection to {self.url} failed ({type(cause).__name__}: {cause})") from None
+        if deadline.cut:
+            raise self._too_large(deadline)
         return self._parse(raw, headers)
+
+    def _too_large(self, deadline: _Deadline, what: str = "") -> BackendError:
+        cap = self.config.max_reply_bytes
+        return BackendError(f"the {what}reply from {self.url} is larger than max_reply_bytes={cap} ({cap / 2**20:g} "
+                            f"MiB; {deadline.cut}): the read stopped at the cap and the call failed without "
+                            "retrying. Check the server and model (a runaway generation?), or raise the openai "
+                            "backend's max_reply_bytes if such replies are real", kind="too_large")
 
     def _timed_out(self, deadline: _Deadline) -> _Retry:
         return _Retry(f"request timed out after {deadline.seconds:g} s (the deadline of one attempt: connect, send, "
@@ -393,8 +431,10 @@ class _Deadline:
     frees a descriptor another thread is reading).
     """
 
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, seconds: float, max_bytes: int = DEFAULT_MAX_REPLY_BYTES) -> None:
         self.seconds = seconds
+        self.max_bytes = max_bytes
+        self.cut = ""  # why the body was cut at max_bytes, once it was
         self.expired = False
         self.body_bytes = -1  # -1: the headers have not arrived
         self._socks: list[socket.socket] = []
@@ -423,15 +463,22 @@ class _Deadline:
             self.body_bytes = max(self.body_bytes, 0)
 
     def read(self, chunks) -> bytes:
-        """The body, counted as it comes (for the timeout's message)."""
+        """The body, counted as it comes (for the timeout's message), never more than ``max_bytes``
+        of it once decoded (the stream under it stops at ``max_bytes`` on the wire, :class:`_CappedStream`)."""
         self.body_bytes = 0
         out = []
         for chunk in chunks:
-            out.append(chunk)
             self.body_bytes += len(chunk)
+            if self.body_bytes > self.max_bytes:
+                self.too_large(f"over {self.max_bytes} bytes once decoded")
+                break
+            out.append(chunk)
         if self.expired:  # the timer shut the socket: what looked like the end was the cut
             raise TimeoutError(f"deadline of {self.seconds:g} s passed")
-        return b"".join(out)
+        return b"" if self.cut else b"".join(out)
+
+    def too_large(self, why: str) -> None:
+        self.cut = self.cut or why
 
     def progress(self) -> str:
         if self.body_bytes < 0:
@@ -460,11 +507,32 @@ def _shutdown(sock: socket.socket) -> None:
         pass
 
 
-def _client(config: OpenAIConfig, on_request: Callable):
+class _CappedStream(httpx2.SyncByteStream):
+    """A response body that ends after ``cap`` bytes on the wire, saying so to the attempt's
+    deadline; closing it closes the connection's stream (the rest is never read)."""
+
+    def __init__(self, chunks, inner, cap: int, deadline: _Deadline) -> None:
+        self._chunks, self._inner, self._cap, self._deadline = chunks, inner, cap, deadline
+
+    def __iter__(self):
+        n = 0
+        for chunk in self._chunks:
+            n += len(chunk)
+            if n > self._cap:
+                self._deadline.too_large(f"over {self._cap} bytes on the wire")
+                return
+            yield chunk
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+def _client(config: OpenAIConfig, on_request: Callable, on_response: Callable):
     """The SDK's client for ``config``: no retries of its own (the backend's loop retries), no
-    pooled connections (each attempt's deadline watches the connection it opens), and each socket
-    operation bounded by ``timeout_s`` (the deadline bounds them together)."""
-    http = openai.DefaultHttpxClient(event_hooks={"request": [on_request]},
+    pooled connections (each attempt's deadline watches the connection it opens), each socket
+    operation bounded by ``timeout_s`` (the deadline bounds them together), and every reply's body
+    read through ``on_response``'s capped stream."""
+    http = openai.DefaultHttpxClient(event_hooks={"request": [on_request], "response": [on_response]},
                                      limits=httpx2.Limits(max_keepalive_connections=0))
     # the key is set per request by on_request (or none is sent); the SDK only insists on one
     return openai.OpenAI(api_key="set-per-request", base_url=config.base_url, max_retries=0,

@@ -2,8 +2,12 @@
 
 :func:`run_night` is what the Dagster asset and ``python -m sage_pipeline.sleep run-night``
 call. It never raises for a night that went wrong in a way the report can explain
-(backend down, unreadable skill file, empty day): it returns the :class:`NightResult`
-with the status and cause, and writes ``diagnostics.json`` and ``report.md`` either way.
+(backend down, unreadable skill file, a live document that is a folder, empty day): it
+returns the :class:`NightResult` with the status and cause, and writes ``diagnostics.json``
+and ``report.md`` either way. Only where those cannot be written at all (``nights/<date>``
+is a file) does it raise, a :class:`~sage_pipeline.sleep.store.StoreError` naming the path
+and what to do. A lost ``index.jsonl`` or live document is recovered from the version
+folders first, and the night's notes say so (:meth:`SkillStore.recover_lost`).
 
 What is on disk under ``nights/<date>/`` is always this run's: before any work the folder
 says ``running`` (an earlier run's files move to ``previous/``), so a night killed outright

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from sage_pipeline import artifacts, markdown
 from sage_pipeline.sleep.cycle import ERROR_STATUSES, NightResult
+from sage_pipeline.sleep.store import StoreError
 
 MAX_TASK_ROWS = 80
 
@@ -172,6 +173,10 @@ def write_started(r: NightResult, skill_root: Path) -> Path:
     without writing its result never leaves an earlier run's report looking like this one. The
     earlier run's files move to ``nights/<date>/previous/`` (one generation is kept)."""
     d = night_dir(skill_root, r.date)
+    for p in (d.parent, d):
+        if p.exists() and not p.is_dir():
+            raise StoreError(f"{p}: is a file where the folder of the nights' reports and diagnostics belongs "
+                             f"(night {r.date} of {r.skill}): move it away (or delete it), then run the night again")
     if d.is_dir():
         for folder in [d, *(p for p in d.iterdir() if p.is_dir() and p.name != "previous")]:
             artifacts.sweep_temp_files(folder)  # a killed night's half-written files are no result

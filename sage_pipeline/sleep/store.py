@@ -20,6 +20,13 @@ are replaced one after the other, so the switch is written to ``pending.json`` f
 killed between the two leaves it, and the next night (or commit, or rollback) finishes the
 switch to the stored version before reading anything (:meth:`SkillStore.recover`), unless the
 files were edited by hand since.
+
+Lost files are recovered, never replaced by a new history (:meth:`SkillStore.recover_lost`): an
+``index.jsonl`` deleted (or emptied) while version folders remain is rebuilt from their
+``version.json`` files (action ``recovered``), and a live document deleted while the history
+has versions is restored from the last recorded version; the night's notes (report and
+diagnostics) say which. A path that has the wrong kind (``SKILL.md`` a folder) is a
+:class:`StoreError` naming it and what to do, not a traceback.
 """
 
 from __future__ import annotations
@@ -42,7 +49,8 @@ from sage_pipeline.sleep.block import BEGIN_LINE, END_LINE
 PACKAGED_SKILLS = Path(__file__).with_name("data") / "skills"
 SKILL_FILE, MEMORY_FILE = "SKILL.md", "MEMORY.md"
 PENDING_FILE = "pending.json"  # a switch of the live documents in progress, or cut short by a kill
-ACTIONS = ("initial", "external", "block_created", "accepted", "rollback")
+ACTIONS = ("initial", "external", "block_created", "accepted", "rollback", "recovered")
+# recovered: an entry of an index rebuilt from the version folders (the original action is not known)
 
 
 class StoreError(ValueError):
@@ -192,10 +200,28 @@ class SkillStore:
         return {"skill": self.skill_path, "memory": self.memory_path}
 
     # live files ---------------------------------------------------------------------------
+    def check_kinds(self) -> None:
+        """A StoreError naming the path and what to do where a path of the store has the wrong kind
+        (a live document that is a folder, the versions folder or its index the other way round)."""
+        for which, path in self.paths().items():
+            if path.exists() and not path.is_file():
+                raise StoreError(f"{path}: the live {which} document is a folder (or another non-file), not a "
+                                 f"file: move it away (or delete it if it is empty), then run the night again; the "
+                                 f"last recorded version is restored into it (versions under {self.versions_dir})")
+        if self.versions_dir.exists() and not self.versions_dir.is_dir():
+            raise StoreError(f"{self.versions_dir}: is a file where the folder of the skill's versions belongs: "
+                             "move it away, then run the night again")
+        if self.index.exists() and not self.index.is_file():
+            raise StoreError(f"{self.index}: is a folder where the version history (a file) belongs: move it away, "
+                             "then run the night again (the history is rebuilt from the version folders)")
+
     def ensure_live(self) -> list[str]:
-        """Finish a switch of the live documents a killed run left half done (:meth:`recover`), then
-        create missing live documents from the packaged defaults; a configured path must exist."""
+        """Finish a switch of the live documents a killed run left half done (:meth:`recover`),
+        recover a lost index or live document (:meth:`recover_lost`), then create missing live
+        documents from the packaged defaults; a configured path must exist."""
+        self.check_kinds()
         notes = [n for n in [self.recover()] if n]
+        notes += self.recover_lost()
         for which, path in self.paths().items():
             if path.is_file():
                 continue
@@ -209,6 +235,58 @@ class SkillStore:
 
     def read(self) -> Snapshot:
         return Snapshot(self.skill_path.read_bytes(), self.memory_path.read_bytes())
+
+    def recover_lost(self) -> list[str]:
+        """Rebuild a lost index from the version folders, then restore a lost live document from
+        the last recorded version; a note per thing recovered (none when nothing was lost)."""
+        with self.lock():
+            notes = self._rebuild_index()
+            entries = self.versions()
+            if not entries:
+                return notes
+            last = entries[-1]
+            missing = [w for w, p in self.paths().items()  # a configured path stays the user's to fix
+                       if not self.configured[w] and not p.exists() and not p.is_symlink()]
+            if missing:
+                snap = self.read_version(last.version)
+                for which in missing:
+                    artifacts.write_bytes(self.paths()[which], getattr(snap, which))
+                    notes.append(f"{self.paths()[which]} was missing: restored from the last recorded version "
+                                 f"{last.version} (v{last.seq}, {last.action}), not from the packaged default")
+            return notes
+
+    def _rebuild_index(self) -> list[str]:
+        """An index rebuilt from ``versions/<id>/version.json`` when it is missing or empty while
+        version folders remain (oldest first; each folder's content checked against its id)."""
+        if self.versions() or not self.versions_dir.is_dir():
+            return []
+        found, bad = [], []
+        for d in sorted(p for p in self.versions_dir.iterdir() if p.is_dir() and len(p.name) == 12):
+            try:
+                self.read_version(d.name)
+                meta = json.loads((d / "version.json").read_text(encoding="utf-8"))
+                created, night = str(meta.get("created_at", "")), str(meta.get("night", ""))
+            except (StoreError, OSError, ValueError, AttributeError) as e:
+                bad.append(f"{d.name} ({str(e)[:120]})")
+                continue
+            found.append((created, night, d.name))
+        if not found:
+            return [f"{self.index} is missing and no usable version folder is left under {self.versions_dir}: "
+                    f"a new history starts ({len(bad)} unusable folder(s){': ' + '; '.join(bad) if bad else ''})"]
+        live = None
+        with contextlib.suppress(OSError):
+            live = self.read().id
+        found.sort(key=lambda f: (f[0], f[2] == live, f[2]))  # ties in time: the live content last
+        lines, parent = [], ""
+        for seq, (created, night, vid) in enumerate(found, start=1):
+            v = Version(seq=seq, version=vid, action="recovered", created_at=created or _now(), night=night,
+                        parent=parent, note="index rebuilt from the version folders: the original action is not known")
+            lines.append(json.dumps(v.to_dict()))
+            parent = vid
+        artifacts.write_text(self.index, "\n".join(lines) + "\n")
+        skipped = f"; skipped {len(bad)} unusable folder(s): {'; '.join(bad)}" if bad else ""
+        return [f"{self.index} was missing or empty while {len(found)} version folder(s) remained: rebuilt from "
+                f"their version.json, oldest first (created_at), action 'recovered'{skipped}"]
 
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:

@@ -97,6 +97,37 @@ def test_failing_backend_shows_in_metadata_and_fails_the_check(tmp_path):
     assert m["test_after_score"] == "-" and "solve" in m["backend_call_errors"]
     check = _check(result)
     assert not check.passed and check.severity == dg.AssetCheckSeverity.ERROR and "backend_error" in check.description
+    # issue 35: a failed night is a failed run (its blocking check), its record kept
+    assert check.blocking and not result.success
+    with open(m["diagnostics"], encoding="utf-8") as fh:
+        assert json.load(fh)["status"] == "backend_error"
+
+
+@pytest.mark.slow  # over 0.6 s: out of make test-fast (issue 35)
+def test_one_failed_night_fails_the_run_but_the_other_skills_nights_keep_their_work(tmp_path):
+    """Two skills in one run: the coder's backend fails, the reviewer's night is good. The run
+    fails (the coder's blocking check), the reviewer's night is materialized and its edit is live."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    keys = {KEY, dg.AssetKey(["sleep_cycle", "coder"])}
+    assets = [a for a in sa.SLEEP_ASSETS if keys & set(a.keys)]
+    run_config = {"ops": {"sleep_cycle__coder": {"config": {"backend": "openai", "openai": {
+        "base_url": f"http://127.0.0.1:{port}/v1", "model": "m", "max_retries": 0}}}}}
+    result = dg.materialize(assets, partition_key="2026-11-03", run_config=run_config,
+                            resources={"sage": SageResource(data_dir=str(tmp_path))},
+                            instance=dg.DagsterInstance.ephemeral(), raise_on_error=False)
+    assert not result.success
+    checks = {e.event_specific_data.asset_key.path[-1]: e.event_specific_data
+              for e in result.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"}
+    assert checks["reviewer"].passed and not checks["coder"].passed
+    assert [e.step_key for e in result.all_events if e.event_type_value == "STEP_FAILURE"] == ["sleep_cycle__coder"]
+    good = _meta(result)
+    assert good["status"] == "accepted"
+    bad = {k: v.value for k, v in result.asset_materializations_for_node("sleep_cycle__coder")[-1].metadata.items()}
+    assert bad["status"] == "backend_error"
+    store = SkillStore(tmp_path / "sleep", "reviewer")
+    assert store.current() == good["versions"]["after"] != good["versions"]["before"]
 
 
 def test_bad_config_fails_naming_the_field_and_what_is_allowed(tmp_path):

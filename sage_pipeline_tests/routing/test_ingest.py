@@ -1871,3 +1871,46 @@ def test_a_folder_removed_while_listing_is_reported_not_fatal(tmp_path, monkeypa
     files, skipped = ingest.discover_logs(IngestConfig((logs,)))
     assert files == [logs / "2026-11-20.log"]
     assert skipped == [{"path": str(logs / "gone"), "reason": "removed while listing: No such file or directory"}]
+
+
+# ------------------------------------------------------------------ issue 35: BOM, dangling links
+@pytest.mark.parametrize("suffix", [".log", ".jsonl.gz"])
+@pytest.mark.parametrize("chunk_bytes", [1, 2, 4096])
+def test_a_utf8_bom_at_the_start_of_a_journal_is_read_not_quarantined(tmp_path, suffix, chunk_bytes):
+    data = b"\xef\xbb\xbf" + GOOD_BEFORE + b"\n" + GOOD_AFTER + b"\n"
+    path = tmp_path / "logs" / f"2026-11-20{suffix}"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(gzip.compress(data) if suffix.endswith(".gz") else data)
+    r = run(tmp_path / "logs", read_chunk_bytes=chunk_bytes)
+    assert r.stats.quarantined == 0, r.quarantine
+    assert r.rows["task_id"].tolist() == ["before", "after"]
+    assert r.rows["source_line"].tolist() == [1, 2]
+
+
+def test_a_bom_elsewhere_than_the_start_of_the_file_is_still_quarantined(tmp_path):
+    r, _ = one_bad(tmp_path, b"\xef\xbb\xbf" + GOOD_AFTER)
+    assert r.quarantine[0]["line"] == 2
+
+
+def test_a_file_that_is_only_a_bom_or_shorter_reads_as_empty(tmp_path):
+    write(tmp_path / "logs" / "a.log", [GOOD_BEFORE])
+    (tmp_path / "logs" / "b.log").write_bytes(b"\xef\xbb\xbf")
+    (tmp_path / "logs" / "c.log").write_bytes(b"\xef\xbb")  # not a BOM: a damaged line
+    r = run(tmp_path / "logs")
+    assert r.stats.steps_accepted == 1
+    assert [q["file"] for q in r.quarantine] == [str(tmp_path / "logs" / "c.log")]
+
+
+def test_a_dangling_link_without_a_journal_suffix_is_listed_in_skipped_paths(tmp_path):
+    logs = tmp_path / "logs"
+    write(logs / "2026-11-20.log", [GOOD_BEFORE])
+    (logs / "latest").symlink_to(tmp_path / "2026-11-21.log")  # dangling, no journal suffix
+    (logs / "notes.txt").write_text("not a journal")  # a plain non-journal file: not listed
+    (logs / "ok-link").symlink_to(logs / "notes.txt")  # a working link to a non-journal: not listed
+    r = run(logs)
+    assert r.stats.steps_accepted == 1
+    assert r.stats.skipped_paths == [{
+        "path": str(logs / "latest"),
+        "reason": f"a broken link (to {tmp_path / '2026-11-21.log'}) whose name matches no journal pattern "
+                  "(*.log, *.log.gz, *.jsonl, *.jsonl.gz): if it should point at a journal, fix the link; "
+                  "otherwise remove it"}]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import operator
+import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -487,3 +489,134 @@ def test_catalogue_load_from_file_reports_file(tmp_path):
     with pytest.raises(ConfigError) as err:
         ModelCatalogue.load(path)
     assert str(err.value) == f"{path}: models.gpt-4.1.capability.coder: expected a number in [0, 1], got 2"
+
+
+# ------------------------------------------------------------------ strict YAML (issue 35)
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+# SAGE's source: SAGE_SRC as `make test` takes it, else where CI lays it out.
+SAGE_SRC_DIR = Path(os.environ.get("SAGE_SRC", "").strip() or PROJECT_ROOT.parent / "shared" / "upstream" / "sage")
+SAGE_MODELS_YAMLS = sorted(SAGE_SRC_DIR.glob("**/models.yaml")) if SAGE_SRC_DIR.is_dir() else []
+
+
+@pytest.mark.skipif(not SAGE_MODELS_YAMLS, reason=f"SAGE's source is not at {SAGE_SRC_DIR}")
+@pytest.mark.parametrize("path", SAGE_MODELS_YAMLS, ids=lambda p: str(p.relative_to(SAGE_SRC_DIR)))
+def test_every_models_yaml_sage_ships_loads(path):
+    """SAGE's code is the contract: every table SAGE ships loads, with every role SAGE routes."""
+    table = RoutingTable.load(path)
+    raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    assert set(table.routes) == set(raw["routing"])
+    for role, spec in raw["routing"].items():
+        assert (table.routes[role].primary, table.routes[role].fallback) == (spec["primary"], spec["fallback"])
+        assert [str(t) for t in table.routes[role].triggers] == [
+            str(Trigger.parse(t, source="x", role=role, i=0)) for t in spec.get("fallback_triggers") or []]
+
+
+@pytest.mark.parametrize("path", sorted(PROJECT_ROOT.glob("sage_pipeline/*/data/*models*.yaml"))
+                         + sorted(PROJECT_ROOT.glob("sage_pipeline_tests/**/models.yaml")),
+                         ids=lambda p: str(p.relative_to(PROJECT_ROOT)))
+def test_every_routing_table_the_project_ships_loads(path):
+    assert RoutingTable.load(path).routes
+
+
+@pytest.mark.parametrize("path", sorted(PROJECT_ROOT.glob("sage_pipeline/*/data/*catalogue*.yaml")),
+                         ids=lambda p: str(p.relative_to(PROJECT_ROOT)))
+def test_every_catalogue_the_project_ships_loads(path):
+    assert ModelCatalogue.load(path).models
+
+
+DUP_ROLE = """routing:
+  coder:
+    primary: a
+    fallback: b
+  reviewer:
+    primary: a
+    fallback: b
+  coder:
+    primary: c
+    fallback: d
+"""
+
+DUP_FIELD = """routing:
+  coder:
+    primary: a
+    fallback: b
+    primary: c
+"""
+
+MISSPELT = """# SAGE's table
+routing:
+  coder:
+    primary: a
+    fallback: b
+    fallback_triggers: [primary_failure_count >= 2]
+  reviewer:
+    primry: a
+    primary: a
+    fallback: b
+"""
+
+
+def test_table_refuses_a_duplicate_role_naming_file_line_and_key(tmp_path):
+    path = tmp_path / "models.yaml"
+    path.write_text(DUP_ROLE)
+    with pytest.raises(ConfigError) as err:
+        RoutingTable.load(path)
+    assert str(err.value) == (
+        f"{path}:8: routing.coder: duplicate key 'coder' (first written on line 2); YAML would silently keep "
+        "only the last one (keep one and delete the other)")
+    assert err.value.line == 8
+
+
+def test_table_refuses_a_duplicate_field_naming_file_line_and_key(tmp_path):
+    path = tmp_path / "models.yaml"
+    path.write_text(DUP_FIELD)
+    with pytest.raises(ConfigError, match=rf"^{path}:5: routing\.coder\.primary: duplicate key 'primary' "
+                                          r"\(first written on line 3\)"):
+        RoutingTable.load(path)
+
+
+def test_table_refuses_a_misspelt_field_naming_file_line_and_key(tmp_path):
+    path = tmp_path / "models.yaml"
+    path.write_text(MISSPELT)
+    with pytest.raises(ConfigError) as err:
+        RoutingTable.load(path)
+    assert str(err.value) == (
+        f"{path}:8: routing.reviewer.primry: unknown field 'primry': a route in SAGE's models.yaml has only "
+        "primary, fallback, fallback_triggers (did you mean 'primary'? fix the spelling or delete the field)")
+
+
+def test_table_refuses_an_unknown_top_level_key(tmp_path):
+    path = tmp_path / "models.yaml"
+    path.write_text("routing:\n  coder: {primary: a, fallback: b}\nroles:\n  coder: {primary: c}\n")
+    with pytest.raises(ConfigError, match=rf"^{path}:3: roles: unknown field 'roles': SAGE's models.yaml has "
+                                          r"only routing"):
+        RoutingTable.load(path)
+
+
+def test_table_from_dict_refuses_unknown_fields_without_a_line():
+    with pytest.raises(ConfigError, match=r"^m\.yaml: routing\.coder\.fallbak: unknown field 'fallbak'"):
+        RoutingTable.from_dict({"routing": {"coder": {"primary": "a", "fallback": "b", "fallbak": "c"}}},
+                               source="m.yaml")
+
+
+def test_yaml_merge_keys_are_not_duplicates(tmp_path):
+    path = tmp_path / "models.yaml"
+    path.write_text("routing:\n  coder: &r {primary: a, fallback: b}\n  reviewer:\n    <<: *r\n    fallback: c\n")
+    table = RoutingTable.load(path)
+    assert (table.routes["reviewer"].primary, table.routes["reviewer"].fallback) == ("a", "c")
+
+
+def test_catalogue_refuses_duplicate_and_unknown_fields(tmp_path):
+    path = tmp_path / "model_catalogue.yaml"
+    path.write_text("models:\n  m1:\n    cost_per_call: 0.1\n    cost_per_cal: 0.2\n")
+    with pytest.raises(ConfigError) as err:
+        ModelCatalogue.load(path)
+    assert str(err.value).startswith(f"{path}:4: models.m1.cost_per_cal: unknown field 'cost_per_cal': a model "
+                                     "in the catalogue has only cost_per_call, ")
+    assert "did you mean 'cost_per_call'?" in str(err.value)
+    path.write_text("models:\n  m1:\n    cost_per_call: 0.1\n  m1:\n    cost_per_call: 0.2\n")
+    with pytest.raises(ConfigError, match=rf"^{path}:4: models\.m1: duplicate key 'm1' \(first written on line 2\)"):
+        ModelCatalogue.load(path)
+    path.write_text("models:\n  m1:\n    cost_per_call: 0.1\n    capability: {coder: 0.5, coder: 0.9}\n")
+    with pytest.raises(ConfigError, match=rf"^{path}:4: models\.m1\.capability\.coder: duplicate key 'coder'"):
+        ModelCatalogue.load(path)
