@@ -30,12 +30,21 @@ value and reason (``strict=True`` raises at the first problem instead):
 
 * a row whose quality is missing, not a number or not finite, whose cost is negative or
   not a number, or whose prompt is empty;
-* a later duplicate of a prompt (same ``sample_id``/``prompt_id``, or for RouteLLM's layout
-  the same prompt text): the first occurrence is kept;
+* a row whose cost cell is empty when nothing can fill it (the model has no price and there
+  is no ``default_cost_per_call``) but the table has that model's costs elsewhere;
+* a later duplicate of a prompt (same ``sample_id``/``prompt_id``/``question_id``, or for
+  RouteLLM's layout the same prompt text): the first occurrence is kept;
 * in the long layout, a prompt that lacks a row for some model;
 * a whole file that is empty, unreadable, or lacks one of the table's models (the
   configured ``models``, else those of the first file). A model that only some files
-  have is ignored there and reported, so every kept prompt has every model.
+  have is ignored there and reported, so every kept prompt has every model;
+* a whole file in which a model's quality is empty in every row, or (as above) its cost:
+  one file-level entry, not one per row. Its prompts cannot have every model's quality;
+  leaving the model out of the whole table instead (the ``models`` option) would usually
+  lose far more good cells, so that is the user's choice, and the entry says how.
+
+Every message and entry names the column as the file names it (``sample_id``,
+``question_id``, ``<model>|total_cost``, ...), not the importer's internal name.
 
 Prompts listed in an exclusion file (RouteLLM's ``contaminated_prompts.jsonl``: JSON
 lines with ``eval_prompt``) are excluded and counted apart from the dropped rows.
@@ -43,7 +52,8 @@ lines with ``eval_prompt``) are excluded and counted apart from the dropped rows
 Costs missing from a table come from a :class:`PriceTable` (prompt and response length in
 tokens, estimated as characters / ``chars_per_token``, times per-token prices) or from
 ``default_cost_per_call``; every cell records where its cost came from
-(:data:`COST_SOURCES`) and the report counts them per model.
+(:data:`COST_SOURCES`) and the report counts them per model. A model with no cost anywhere in the
+table and no price is a configuration error: the import stops and asks for a price.
 """
 
 from __future__ import annotations
@@ -205,9 +215,12 @@ class ImportConfig(BaseModel):
     price_table: PathText | None = Field(str(DEFAULT_PRICES), min_length=1, description="YAML price table for "
                                          "costs the table lacks (default: the packaged one); null: none")
     default_cost_per_call: float | None = Field(None, ge=0.0, allow_inf_nan=False, description="USD per call for a "
-                                                "model with neither a cost column nor a price (a finite number >= "
-                                                "0); null: such a model is an error")
-    strict: bool = Field(False, description="raise at the first bad row or file instead of dropping and reporting it")
+                                                "cost cell the table leaves empty and the price table cannot fill (a "
+                                                "finite number >= 0); null: a model with no cost anywhere and no "
+                                                "price is an error, and an empty cost cell of a model without a "
+                                                "price drops its row (its file, if the file has none of its costs)")
+    strict: bool = Field(False, description="raise at the first bad row or file (naming file, row and column) "
+                                            "instead of dropping it and listing it in the import report")
     max_listed: int = Field(200, ge=0, description="dropped rows listed one by one in the report (all are counted)")
     quality_scale: str = Field("auto", description="the quality's declared scale: auto (RouteLLM: binary; "
                                "RouterBench and long: [0, 1]), binary (0 or 1), unit ([0, 1]) or LO..HI (e.g. 1..10 "
@@ -609,13 +622,29 @@ class _Chunk:
     dedup_by: str  # "id" or "prompt"
     split: np.ndarray | None = None  # object str ("" where the file has no split column)
     embedding: np.ndarray | None = None  # (n, d) float32
+    id_column: str = "prompt"  # the file's own name of the column duplicates are found by
+    cost_columns: tuple[str | None, ...] = ()  # per model: the file's cost column (None: none)
+    cost_rows: np.ndarray | None = None  # (n, K_file): row of the record whose cost is missing (long); None: row
 
     def keep(self, mask: np.ndarray) -> _Chunk:
         return _Chunk(self.file, self.layout, self.models, self.prompt_id[mask], self.prompt[mask],
                       self.prompt_chars[mask], self.eval_name[mask], self.quality[mask], self.cost[mask],
                       self.response_chars[mask], self.row[mask], self.dedup_by,
                       None if self.split is None else self.split[mask],
-                      None if self.embedding is None else self.embedding[mask])
+                      None if self.embedding is None else self.embedding[mask], self.id_column, self.cost_columns,
+                      None if self.cost_rows is None else self.cost_rows[mask])
+
+
+def _no_values(file: str, models: list[str], column: str, n: int) -> BenchmarkImportError:
+    """Models whose quality is empty in every row of a file: one problem for the file, not one per row.
+    The file is dropped (its prompts cannot have every model's quality); leaving the models out of the
+    whole table instead would usually lose more good cells, so the message says how to choose that."""
+    what = f"model {models[0]!r} has" if len(models) == 1 else f"models {models} have"
+    them = repr(models[0]) if len(models) == 1 else "them"
+    return BenchmarkImportError(
+        file, f"{what} no values in this file (all {n} rows empty): none of its prompts can have every model's "
+              f"quality (to keep them without {them}, leave {them} out of the models option)", column=column,
+        fix="fill the column or remove the file, or import with strict=False to drop this file")
 
 
 def detect_layout(columns: list[str], file: str) -> str:
@@ -724,6 +753,10 @@ def _read_wide(tbl: pa.Table, file: str, stem: str, layout: str, probs: _Problem
     models, cost_cols, resp_cols = _wide_models(columns, layout, file,
                                                 frozenset(_embedding_columns(columns, embedding)))
     models = _ignored(models, want, file, probs.report)
+    parsed = {m: _numbers(tbl.column(m)) for m in models}
+    empty = [m for m in models if parsed[m][1].all()]
+    if empty:  # one file-level problem, raised before any row of the file is listed
+        raise _no_values(file, empty, empty[0], n)
     emb = _read_embedding(tbl, embedding, file, probs)
     prompt = _strings(tbl.column("prompt"), n)
     probs.add(np.array([not p.strip() for p in prompt], dtype=bool), "prompt", "empty prompt")
@@ -735,7 +768,7 @@ def _read_wide(tbl: pa.Table, file: str, stem: str, layout: str, probs: _Problem
     cost = np.full((n, len(models)), np.nan)
     resp = np.full((n, len(models)), -1, dtype=np.int64)
     for k, m in enumerate(models):
-        vals, miss, notnum = _numbers(tbl.column(m))
+        vals, miss, notnum = parsed[m]
         probs.add(notnum, m, "quality is not a number", _strings(tbl.column(m), n) if notnum.any() else None)
         probs.add(miss, m, "quality is missing")
         probs.add(~np.isfinite(vals) & ~miss & ~notnum, m, "quality is not finite", vals)
@@ -753,7 +786,8 @@ def _read_wide(tbl: pa.Table, file: str, stem: str, layout: str, probs: _Problem
     eval_name = _strings(tbl.column("eval_name"), n) if "eval_name" in columns else np.full(n, stem, dtype=object)
     split = _strings(tbl.column("split"), n) if "split" in columns else None
     return _Chunk(file, layout, tuple(models), ids, prompt, _lengths(tbl.column("prompt"), n), eval_name,
-                  quality, cost, resp, np.arange(1, n + 1), "id" if id_col else "prompt", split, emb)
+                  quality, cost, resp, probs.row(np.arange(n)), "id" if id_col else "prompt", split, emb,
+                  id_col or "prompt", tuple(cost_cols.get(m) for m in models))
 
 
 def _scale(declared: str, layout: str) -> tuple[float, float, bool]:
@@ -777,9 +811,14 @@ def _read_long(tbl: pa.Table, file: str, stem: str, probs: _Problems, report: Im
         keep_models = set(_ignored(list(pd.unique(model[model != ""])), want, file, report))
         other = np.array([m not in keep_models for m in model], dtype=bool)
         probs.bad |= other
+    q, qmiss, qnot = _numbers(tbl.column(q_col))
+    counted = (model != "") & ~probs.bad
+    all_empty = pd.Series(qmiss[counted]).groupby(model[counted], sort=False).all()
+    if all_empty.any():  # one file-level problem, raised before any row of the file is listed
+        empty = [str(m) for m in all_empty.index[all_empty.to_numpy()]]
+        raise _no_values(file, empty, q_col, int(np.isin(model, empty).sum()))
     probs.add(ids == "", pid_col, "empty prompt id")
     probs.add(model == "", "model", "empty model name")
-    q, qmiss, qnot = _numbers(tbl.column(q_col))
     probs.add(qnot, q_col, "quality is not a number", _strings(tbl.column(q_col), n) if qnot.any() else None)
     probs.add(qmiss, q_col, "quality is missing")
     probs.add(~np.isfinite(q) & ~qmiss & ~qnot, q_col, "quality is not finite", q)
@@ -820,6 +859,12 @@ def _read_long(tbl: pa.Table, file: str, stem: str, probs: _Problems, report: Im
     np.add.at(rsum, (pid_codes, mk), np.maximum(resp[ok], 0))
     rknown = np.ones((P, K), dtype=bool)
     np.logical_and.at(rknown, (pid_codes, mk), resp[ok] >= 0)
+    no_cost = np.isnan(c[ok])
+    cost_rows = None
+    if no_cost.any():  # the first record of each cell whose cost is missing, to name it if the cell is dropped
+        first_missing = np.full((P, K), n, dtype=np.int64)
+        np.minimum.at(first_missing, (pid_codes[no_cost], mk[no_cost]), ok[no_cost])
+        cost_rows = probs.row(np.minimum(first_missing, n - 1))
     with np.errstate(invalid="ignore", divide="ignore"):
         quality = np.where(have, qsum / np.maximum(turns, 1), np.nan)
     cost = np.where(have, csum, np.nan)
@@ -849,7 +894,9 @@ def _read_long(tbl: pa.Table, file: str, stem: str, probs: _Problems, report: Im
     f = first[keep]
     return _Chunk(file, "long", models, np.asarray(pid_uniq, dtype=object)[keep], prompt[f], pchars[f], evn[f],
                   quality[keep], cost[keep], resp_w[keep], probs.row(f), "id",
-                  None if split is None else split[f], None if emb is None else emb[f])
+                  None if split is None else split[f], None if emb is None else emb[f], pid_col,
+                  tuple("cost" if "cost" in columns else None for _ in models),
+                  None if cost_rows is None else cost_rows[keep])
 
 
 def _load_exclusions(path: Path) -> set[str]:
@@ -896,6 +943,7 @@ def import_benchmark(cfg: ImportConfig = ImportConfig(), log: Callable[[str], No
     excl = _exclusion_file(cfg, root)
     files = [f for f in data_files(root) if excl is None or f.resolve() != excl.resolve()]
     report = ImportReport(source=str(root))
+    prices = PriceTable.load(cfg.price_table) if cfg.price_table not in (None, "") else None
     chunks: list[_Chunk] = []
     want = tuple(cfg.models)
     last_log = t0
@@ -957,6 +1005,7 @@ def import_benchmark(cfg: ImportConfig = ImportConfig(), log: Callable[[str], No
             rows = sum(len(c.prompt_id) for c in chunks)
             log(f"benchmark import: {j}/{len(files)} files, {rows:,} rows kept of {report.rows_read:,} read, "
                 f"{report.rows_read / max(last_log - t0, 1e-9):,.0f} rows/s")
+    chunks = _drop_missing_costs(chunks, want, cfg, prices, report)
     if not chunks:
         raise BenchmarkImportError(root, "no valid rows: every file was dropped or empty ("
                                          + "; ".join(d.format() for d in report.dropped_files[:5]) + ")",
@@ -966,7 +1015,7 @@ def import_benchmark(cfg: ImportConfig = ImportConfig(), log: Callable[[str], No
                                          + "; ".join(f"{k}: {v}" for k, v in report.dropped_rows.most_common(3))
                                          + "; first: " + (report.dropped[0].format() if report.dropped else "-") + ")",
                                    fix="check the listed rows, or the layout and models options")
-    table = _assemble(chunks, want, cfg, root, report)
+    table = _assemble(chunks, want, cfg, root, report, prices)
     report.rows_kept = len(table)
     report.seconds = time.perf_counter() - t0
     log(f"benchmark import: {len(table):,} prompts x {len(want)} models from {len(chunks)} file(s) in "
@@ -982,15 +1031,61 @@ def _bad_line(report: ImportReport, cfg: ImportConfig, file: str, line: int, rea
         report.dropped.append(Dropped(file, line, None, reason))
 
 
-def _drop_file(report: ImportReport, cfg: ImportConfig, file: str, reason: str, column: str | None = None) -> None:
+def _drop_file(report: ImportReport, cfg: ImportConfig, file: str, reason: str, column: str | None = None,
+               fix: str = "fix or remove the file, or import with strict=False to skip it") -> None:
     if cfg.strict:
-        raise BenchmarkImportError(file, reason, column=column,
-                                   fix="fix or remove the file, or import with strict=False to skip it")
+        raise BenchmarkImportError(file, reason, column=column, fix=fix)
     report.dropped_files.append(Dropped(file, None, column, reason))
 
 
+def _drop_missing_costs(chunks: list[_Chunk], models: tuple[str, ...], cfg: ImportConfig,
+                        prices: PriceTable | None, report: ImportReport) -> list[_Chunk]:
+    """Cost cells the table leaves empty where nothing can fill them (the model has no price and there is
+    no default_cost_per_call), for a model whose costs the table has elsewhere: the rows are dropped and
+    listed naming the file's cost column (strict: raise at the first); a file with no cost at all for such
+    a model is one file-level entry. A model with no cost anywhere is left to _fill_costs, which stops
+    the import asking for a price (a configuration problem, not bad input)."""
+    if cfg.default_cost_per_call is not None:
+        return chunks
+    for m in models:
+        if prices is not None and m in prices.models:
+            continue
+        have = [~np.isnan(c.cost[:, c.models.index(m)]) for c in chunks]
+        if not any(h.any() for h in have):
+            continue
+        kept = []
+        for c, h in zip(chunks, have):
+            if h.all():
+                kept.append(c)
+                continue
+            k = c.models.index(m)
+            col = c.cost_columns[k] if c.cost_columns else None
+            fix = (f"fill the cost cells, add {m!r} to the price table {cfg.price_table} or set "
+                   "default_cost_per_call so they are filled, or ")
+            if not h.any():
+                what = f"its cost column {col!r} is empty" if col else "the file has no cost column for it"
+                _drop_file(report, cfg, c.file, f"model {m!r} has no cost in this file ({what}; other files have "
+                                                f"its costs) and no price to fill them, so none of the file's "
+                                                f"{len(h)} prompts can be kept", column=col or m,
+                           fix=fix + "import with strict=False to drop this file")
+                continue
+            rows = np.flatnonzero(~h)
+            file_rows = c.cost_rows[rows, k] if c.cost_rows is not None else c.row[rows]
+            reason = f"cost is missing and model {m!r} has no price"
+            if cfg.strict:
+                raise BenchmarkImportError(c.file, reason + " (nor a default_cost_per_call)", row=int(file_rows[0]),
+                                           column=col, fix=f"{len(rows)} such rows in this file; " + fix
+                                           + "import with strict=False to drop these rows")
+            report.dropped_rows[reason] += len(rows)
+            room = max(cfg.max_listed - len(report.dropped), 0)
+            report.dropped += [Dropped(c.file, int(r), col, reason) for r in file_rows[:room]]
+            kept.append(c.keep(h))
+        chunks = kept
+    return chunks
+
+
 def _assemble(chunks: list[_Chunk], models: tuple[str, ...], cfg: ImportConfig, root: Path,
-              report: ImportReport) -> BenchmarkTable:
+              report: ImportReport, prices: PriceTable | None) -> BenchmarkTable:
     def cat(name: str) -> np.ndarray:
         return np.concatenate([getattr(c, name) for c in chunks])
 
@@ -1025,17 +1120,17 @@ def _assemble(chunks: list[_Chunk], models: tuple[str, ...], cfg: ImportConfig, 
         if cfg.strict:
             i, f = int(rows[0]), int(first_of[codes[rows[0]]])
             raise BenchmarkImportError(files[file_idx[i]], f"{reason} ({files[file_idx[f]]} row {row[f]})",
-                                       row=int(row[i]), column="prompt" if by_prompt[i] else "prompt_id",
+                                       row=int(row[i]), column=chunks[file_idx[i]].id_column,
                                        fix="remove duplicates or import with strict=False")
         report.dropped_rows[reason] += len(rows)
         for i in rows[:max(cfg.max_listed - len(report.dropped), 0)]:
             f = int(first_of[codes[i]])
-            report.dropped.append(Dropped(files[file_idx[i]], int(row[i]), "prompt" if by_prompt[i] else "prompt_id",
+            report.dropped.append(Dropped(files[file_idx[i]], int(row[i]), chunks[file_idx[i]].id_column,
                                           f"{reason} ({Path(files[file_idx[f]]).name} row {row[f]})"))
         keep &= ~dup
 
     idx = np.flatnonzero(keep)
-    cost, source = _fill_costs(cost[idx], pchars[idx], resp[idx], models, cfg, report)
+    cost, source = _fill_costs(cost[idx], pchars[idx], resp[idx], models, cfg, report, prices)
     split = (np.concatenate([c.split if c.split is not None else np.full(len(c.prompt_id), "", dtype=object)
                              for c in chunks])[idx] if any(c.split is not None for c in chunks) else None)
     emb = np.concatenate([c.embedding for c in chunks])[idx] if cfg.embedding else None
@@ -1044,9 +1139,8 @@ def _assemble(chunks: list[_Chunk], models: tuple[str, ...], cfg: ImportConfig, 
 
 
 def _fill_costs(cost: np.ndarray, pchars: np.ndarray, resp: np.ndarray, models: tuple[str, ...],
-                cfg: ImportConfig, report: ImportReport) -> tuple[np.ndarray, np.ndarray]:
+                cfg: ImportConfig, report: ImportReport, prices: PriceTable | None) -> tuple[np.ndarray, np.ndarray]:
     source = np.zeros(cost.shape, dtype=np.int8)
-    prices = PriceTable.load(cfg.price_table) if cfg.price_table not in (None, "") else None
     for k, m in enumerate(models):
         need = np.isnan(cost[:, k])
         if need.any():

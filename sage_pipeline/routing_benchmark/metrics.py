@@ -212,9 +212,12 @@ def bootstrap_aiq(curves: dict[str, Curve], quality: np.ndarray, cost: np.ndarra
 
 
 def aiq_by_group(curves: dict[str, Curve], quality: np.ndarray, cost: np.ndarray, groups: np.ndarray,
-                 min_prompts: int = 10, oracle: str | None = "oracle") -> dict[str, dict[str, float]]:
+                 min_prompts: int = 10, oracle: str | None = "oracle",
+                 recompute: dict | None = None) -> dict[str, dict[str, float]]:
     """Each router's AIQ on each group's prompts alone (RouterBench reports AIQ per ``eval_name`` and
-    averages them): the router's decisions held fixed, the cost range from the single models' mean
+    averages them): the router's decisions held fixed (``recompute``: name -> f(quality, cost) -> Curve, a
+    router rebuilt on the group's prompts instead, as the random router mixes the group's own hull), the cost
+    range from the single models' mean
     costs in the group; ``oracle`` names the exact optimal frontier recomputed per group. Groups
     with fewer than ``min_prompts`` prompts, or whose models all cost the same, are left out."""
     out: dict[str, dict[str, float]] = {}
@@ -229,8 +232,11 @@ def aiq_by_group(curves: dict[str, Curve], quality: np.ndarray, cost: np.ndarray
             continue
         rows = np.arange(len(idx))
         res = {}
+        for name, make in (recompute or {}).items():  # a router defined by the group's own hull (random)
+            curve = make(q, c)
+            res[name] = aiq(curve.cost, curve.quality, c_min, c_max)
         for name, curve in curves.items():
-            if curve.choice is not None:
+            if curve.choice is not None and name not in res:
                 ch = curve.choice[:, idx]
                 res[name] = aiq(c[rows, ch].mean(axis=1), q[rows, ch].mean(axis=1), c_min, c_max)
         if oracle:

@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Annotated
 
 import numpy as np
+import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
 from sage_pipeline import artifacts
@@ -193,6 +194,71 @@ def fit_regression(x: np.ndarray, quality: np.ndarray, cost: np.ndarray, prompt_
         m = Ridge(alpha=cfg.ridge).fit(design, np.log(np.maximum(cost[:, k], 1e-12)))
         wc[k], bc[k] = m.coef_, m.intercept_
     return RegressionRouter(models, wq, bq, "logistic" if binary else "identity", wc, bc)
+
+
+# ----------------------------------------------------------------------------- metadata routers (eval_name)
+LOOKUP, META = "eval_lookup", "regression_meta"
+def eval_categories(eval_name: np.ndarray) -> tuple[str, ...]:
+    return tuple(sorted({str(e) for e in eval_name}))
+
+
+def one_hot(eval_name: np.ndarray, categories: tuple[str, ...]) -> np.ndarray:
+    """(n, E) indicator of each prompt's eval among ``categories`` (all zeros for one not among them)."""
+    index = {c: i for i, c in enumerate(categories)}
+    out = np.zeros((len(eval_name), len(categories)), dtype=np.float32)
+    cols = np.fromiter((index.get(str(e), -1) for e in eval_name), dtype=np.int64, count=len(eval_name))
+    hit = cols >= 0
+    out[np.flatnonzero(hit), cols[hit]] = 1.0
+    return out
+
+
+@dataclass(frozen=True)
+class LookupRouter:
+    """Each model's mean train quality per ``eval_name``: the router that reads nothing but which data set
+    a prompt comes from (the pooled means for an eval it never saw)."""
+
+    models: tuple[str, ...]
+    categories: tuple[str, ...]
+    table: np.ndarray  # (E, K) mean quality per eval and model
+    pooled: np.ndarray  # (K,)
+    name: str = LOOKUP
+
+    def quality(self, eval_name: np.ndarray) -> np.ndarray:
+        oh = one_hot(eval_name, self.categories).astype(np.float64)
+        seen = oh.sum(axis=1, keepdims=True)
+        return oh @ self.table + (1.0 - seen) * self.pooled
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {"table": self.table, "pooled": self.pooled}
+
+
+def fit_lookup(eval_name: np.ndarray, quality: np.ndarray, models: tuple[str, ...]) -> LookupRouter:
+    cats = eval_categories(eval_name)
+    means = pd.DataFrame(quality).groupby(pd.Series(eval_name).astype(str).to_numpy()).mean()
+    return LookupRouter(models, cats, means.loc[list(cats)].to_numpy(np.float64), quality.mean(axis=0))
+
+
+@dataclass(frozen=True)
+class MetaRegressionRouter:
+    """The regression router on ``[prompt features, eval_name one-hot]``: with one intercept per eval and
+    model it can represent the lookup, and the prompt features move each prompt off its eval's mean."""
+
+    categories: tuple[str, ...]
+    regression: RegressionRouter
+    name: str = META
+
+    def design(self, x: np.ndarray, eval_name: np.ndarray) -> np.ndarray:
+        return np.hstack([np.asarray(x, dtype=np.float64), one_hot(eval_name, self.categories)])
+
+    def quality(self, x: np.ndarray, eval_name: np.ndarray) -> np.ndarray:
+        return self.regression.quality(self.design(x, eval_name))
+
+
+def fit_meta_regression(x: np.ndarray, eval_name: np.ndarray, quality: np.ndarray, cost: np.ndarray,
+                        chars: np.ndarray, models: tuple[str, ...], cfg: RegressionConfig) -> MetaRegressionRouter:
+    cats = eval_categories(eval_name)
+    design = np.hstack([np.asarray(x, dtype=np.float64), one_hot(eval_name, cats)])
+    return MetaRegressionRouter(cats, fit_regression(design, quality, cost, chars, models, cfg))
 
 
 # ----------------------------------------------------------------------------- predictive and kNN routers
@@ -388,6 +454,10 @@ class RouterBundle:
     grids: dict[str, GridRouter]  # "bc", "cql"
     manifest: dict
     predictors: dict[str, PredictiveRouter | KNNRouter] = field(default_factory=dict)  # "predictive", "knn"
+    lookup: LookupRouter | None = None  # eval_lookup (reads eval_name)
+    meta: MetaRegressionRouter | None = None  # regression_meta (prompt features + eval_name)
+    # the recommended router: {"router": a name above} or {"router": "blend", "share": s, "base": a name}
+    recommended: dict | None = None
 
     def features(self, prompts, embeddings=None) -> np.ndarray:
         if bfeat.takes_embeddings(self.featurizer):
@@ -397,22 +467,62 @@ class RouterBundle:
             return self.featurizer.transform(np.asarray(embeddings, dtype=np.float32))
         return self.featurizer.transform(np.asarray(prompts, dtype=object))
 
-    def route(self, prompts, cost_weight: float, router: str = "regression", embeddings=None) -> list[str]:
+    def route(self, prompts, cost_weight: float, router: str = "regression", embeddings=None,
+              eval_names=None) -> list[str]:
         """The model each prompt goes to at ``cost_weight`` (quality units per USD); ``embeddings``:
-        the prompts' precomputed embeddings, for a bundle trained on them."""
+        the prompts' precomputed embeddings, for a bundle trained on them; ``eval_names``: each prompt's
+        eval_name, for the routers that read it (eval_lookup, regression_meta, blends; "recommended" is
+        whichever the benchmark recommended)."""
         prompts = np.asarray(prompts, dtype=object)
+        if router == "recommended":
+            if self.recommended is None:
+                raise ValueError("this bundle has no recommended router (written before issue 36): re-materialize "
+                                 "routing_benchmark")
+            spec = self.recommended
+            if spec["router"] in ("zero_router", "random"):
+                raise ValueError(f"the recommended router is the {spec['router']}: no learned router beat the zero "
+                                 "router on the validation prompts, so route every prompt to one model of its hull "
+                                 f"(manifest's zero_router_hull: {self.manifest.get('zero_router_hull')})")
+            router = spec["router"]
         x = self.features(prompts, embeddings)
         chars = np.fromiter((len(p) for p in prompts), dtype=np.float64, count=len(prompts))
+        reads_eval = router in (LOOKUP, META, "blend")
+        if reads_eval and eval_names is None:
+            raise ValueError(f"the {router} router reads each prompt's eval_name: pass eval_names=[...] (one per "
+                             "prompt)")
+        ev = None if eval_names is None else np.asarray(eval_names, dtype=object)
+        if ev is not None and len(ev) != len(prompts):
+            raise ValueError(f"eval_names has {len(ev)} entries for {len(prompts)} prompts")
         if router == "regression":
             choice = self.regression.decide(x, chars, cost_weight)
-        elif router in self.predictors:
-            choice = bm.decide(self.predictors[router].quality(x), self.regression.cost(x, chars), cost_weight)
+        elif router == "blend":
+            share, base = float(self.recommended["share"]), self.recommended["base"]
+            q = share * self._quality(LOOKUP, x, ev) + (1 - share) * self._quality(base, x, ev)
+            choice = bm.decide(q, self.regression.cost(x, chars), cost_weight)
+        elif router in (LOOKUP, META, "cost_only", *self.predictors):
+            choice = bm.decide(self._quality(router, x, ev), self.regression.cost(x, chars), cost_weight)
         elif router in self.grids:
             choice = self.grids[router].decide(x, cost_weight)
         else:
             raise ValueError(f"unknown router {router!r}: use one of "
-                             f"{sorted(['regression', *self.predictors, *self.grids])}")
+                             f"{sorted(['regression', 'recommended', *self.predictors, *self.grids, *self._meta()])}")
         return [self.models[k] for k in choice]
+
+    def _meta(self) -> list[str]:
+        return [n for n, r in ((LOOKUP, self.lookup), (META, self.meta)) if r is not None]
+
+    def _quality(self, name: str, x: np.ndarray, ev: np.ndarray | None) -> np.ndarray:
+        if name == "regression":
+            return self.regression.quality(x)
+        if name in self.predictors:
+            return self.predictors[name].quality(x)
+        if name == LOOKUP and self.lookup is not None:
+            return self.lookup.quality(ev)
+        if name == "cost_only" and self.lookup is not None:  # each model's pooled mean quality
+            return np.broadcast_to(self.lookup.pooled, (len(x), len(self.models)))
+        if name == META and self.meta is not None:
+            return self.meta.quality(x, ev)
+        raise ValueError(f"this bundle has no {name} router (one eval only, or written before issue 36)")
 
 
 def save_bundle(folder: str | Path, bundle: RouterBundle) -> Path:
@@ -428,7 +538,14 @@ def save_bundle(folder: str | Path, bundle: RouterBundle) -> Path:
         for name, pred in bundle.predictors.items():
             with artifacts.atomic_open(tmp / f"{name}.npz", "wb") as fh:
                 np.savez(fh, **pred.arrays())
+        meta_routers = {LOOKUP: bundle.lookup, META: bundle.meta}
+        for name, r in meta_routers.items():
+            if r is not None:
+                with artifacts.atomic_open(tmp / f"{name}.npz", "wb") as fh:
+                    np.savez(fh, **(r.arrays() if name == LOOKUP else r.regression.arrays()))
         manifest = dict(bundle.manifest) | {
+            "eval_routers": {n: {"categories": list(r.categories)} for n, r in meta_routers.items() if r is not None},
+            "recommended": bundle.recommended,
             "models": list(bundle.models), "link": bundle.regression.link,
             "predictors": {n: {"kind": type(p).__name__, "metric": getattr(p, "metric", None),
                                "k": getattr(p, "k", None)}
@@ -461,7 +578,17 @@ def load_bundle(folder: str | Path) -> RouterBundle:
                                          spec["metric"], name)
         else:
             predictors[name] = PredictiveRouter.from_arrays(models, arrays)
-    return RouterBundle(bfeat.load_featurizer(folder), models, reg, grids, manifest, predictors)
+    lookup = meta = None
+    for name, spec in manifest.get("eval_routers", {}).items():
+        cats = tuple(spec["categories"])
+        with np.load(folder / f"{name}.npz") as z:
+            if name == LOOKUP:
+                lookup = LookupRouter(models, cats, z["table"], z["pooled"])
+            else:
+                meta = MetaRegressionRouter(cats, RegressionRouter(models, z["wq"], z["bq"], manifest["link"], z["wc"],
+                                                                   z["bc"], META))
+    return RouterBundle(bfeat.load_featurizer(folder), models, reg, grids, manifest, predictors, lookup, meta,
+                        manifest.get("recommended"))
 
 
 def _jsonable(obj):
@@ -478,7 +605,8 @@ def _jsonable(obj):
     return obj
 
 
-__all__ = ["GridRouter", "KNNConfig", "KNNRouter", "PredictiveConfig", "PredictiveRouter", "RegressionConfig",
+__all__ = ["GridRouter", "KNNConfig", "KNNRouter", "LookupRouter", "MetaRegressionRouter",
+           "PredictiveConfig", "PredictiveRouter", "RegressionConfig",
            "RegressionRouter", "RouterBundle", "cost_weights", "fit_knn", "fit_predictive", "fit_regression",
            "load_bundle", "oracle_curve", "oracle_targets", "random_router_curve", "save_bundle",
            "single_model_curves", "zero_router_curve"]

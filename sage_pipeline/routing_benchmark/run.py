@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -38,6 +39,7 @@ from sage_pipeline.routing_benchmark import (
     logged_bandit as bb,
     metrics as bm,
     prompt_features as bfeat,
+    recommend as brec,
     routers as br,
     train as bt,
 )
@@ -52,7 +54,16 @@ from sage_pipeline.routing_benchmark.importer import (
 
 logger = logging.getLogger(__name__)
 
-LEARNED = ("regression", "predictive", "knn", "bc", "cql")
+LEARNED = ("regression", "predictive", "knn", br.META)  # table routers (regression_meta: tables with 2+ evals)
+# BC and CQL train on the per-prompt oracle's choice and on simulated bandit feedback: kept for the OPE part,
+# not offered as table routers (see OFFLINE_RL_NOTE)
+OFFLINE_RL = ("bc", "cql")
+OFFLINE_RL_KIND = "offline RL (OPE only; not a table router)"
+OFFLINE_RL_NOTE = (
+    "BC imitates the per-prompt oracle: its label is the cheapest model that happened to answer that prompt "
+    "well, which with many models is most often a cheap one, so it learns where luck fell, not each model's "
+    "expected quality; bandit CQL sees one model's outcome per prompt. Both are kept for the off-policy "
+    "evaluation (they are the policies the OPE estimators judge), and never recommended.")
 REPORT_NAME = "routing_benchmark.json"
 PLOT_NAME = "routing_benchmark.png"
 
@@ -74,9 +85,13 @@ class BenchmarkConfig(BaseModel):
                                  "stable hash of the prompt), in (0, 1)")
     seed: int = Field(0, description="seed of the hash split, the random router and the simulated logs")
     featurizer: str = Field("tfidf_svd", description="prompt features: tfidf_svd, length, embedding (the table's "
-                            "precomputed embeddings: set table.embedding) or one registered (register_featurizer)")
+                            "precomputed embeddings: set table.embedding), openai_embedding (an OpenAI-compatible "
+                            "endpoint: set openai_embedding) or one registered (register_featurizer)")
     tfidf_svd: bfeat.TfidfSvdConfig = Field(default_factory=bfeat.TfidfSvdConfig, description="the tfidf_svd "
                                             "featurizer's settings (used when featurizer is tfidf_svd)")
+    openai_embedding: bfeat.OpenAIEmbeddingConfig = Field(
+        default_factory=bfeat.OpenAIEmbeddingConfig, description="an OpenAI-compatible embeddings endpoint (used "
+                                                                 "when featurizer is openai_embedding)")
     weight_points: int = Field(br.DEFAULT_WEIGHT_POINTS, ge=2, description="cost weights the BC and CQL routers are "
                                "trained for: 0 to the weight that sends every train prompt to its cheapest model, at "
                                "quantiles of the weights where the oracle's choice changes (>= 2)")
@@ -97,6 +112,8 @@ class BenchmarkConfig(BaseModel):
     # on MMLU 0.1 sends about half the prompts to each model (at 1 every router sends all to the cheap one)
     ope_multiplier: float = Field(0.1, ge=0.0, description="the cost weight OPE evaluates the routers at, in units "
                                   "of 1 / (median per-prompt cost spread between the dearest and cheapest model)")
+    recommend: brec.RecommendConfig = Field(default_factory=brec.RecommendConfig, description="how the recommended "
+                                            "router is chosen, on a validation part of the train split")
     aiq_boot: int = Field(200, ge=1, description="bootstrap resamples of the test prompts for every router's AIQ "
                           "interval (paired across routers)")
     ope: bb.BanditOPEConfig = Field(default_factory=bb.BanditOPEConfig, description="the OPE estimators")
@@ -142,6 +159,8 @@ class BenchmarkResult:
     router_metrics: dict[str, dict] = field(default_factory=dict)
     split_info: dict = field(default_factory=dict)
     aiq_by_eval: dict[str, dict[str, float]] = field(default_factory=dict)  # eval_name -> router -> AIQ
+    selection: brec.Selection | None = None  # how the recommended router was chosen (validation prompts)
+    recommended_margins: dict[str, tuple[float, float]] = field(default_factory=dict)  # paired, on test: AIQ - base
 
     def gap_closed(self, name: str) -> float:
         """Share of the gap from the best single model (by test quality) to the oracle that ``name``
@@ -170,13 +189,22 @@ class BenchmarkResult:
         return self.aiq[self.best_learned] > self.aiq["zero_router"]
 
     @property
+    def recommended(self) -> str:
+        """The router the validation prompts chose (``recommended`` is its test curve)."""
+        return self.selection.recommended if self.selection else "zero_router"
+
+    @property
     def beats_random_router(self) -> bool:
-        """The best learned router's 95% interval lies above the random router's AIQ, and so does the
-        paired interval of its margin over it (both bootstrap over test prompts)."""
-        best = self.best_learned
-        if best not in self.aiq_ci:
-            return False
-        return self.aiq_ci[best][0] > self.aiq["random"] and self.margin_vs_random_ci[best][0] > 0
+        """The recommended router (chosen without the test prompts) beats the random router on them: the
+        paired 95% interval of its AIQ margin lies above 0 (bootstrap over the test prompts)."""
+        ci = self.recommended_margins.get("random")
+        return ci is not None and ci[0] > 0
+
+    @property
+    def not_below_zero_router(self) -> bool:
+        """The recommended router's paired margin over the zero router's hull is not entirely below 0."""
+        ci = self.recommended_margins.get("zero_router")
+        return ci is not None and ci[1] >= 0
 
     def results_rows(self) -> list[dict]:
         rows = []
@@ -218,6 +246,11 @@ class BenchmarkResult:
                                   "AIQ (RouterBench code)": "RouterBench evaluation/AIQ.py calc_AIQ: trapezoid "
                                          "area of the NDCH from the router's first point to x_max / x_max"},
             "results": self.results_rows(), "best_learned": self.best_learned,
+            "recommended": {"router": self.recommended, "test_aiq": self.aiq.get(RECOMMENDED),
+                            "margins_ci95": {b: list(v) for b, v in self.recommended_margins.items()},
+                            "selection": self.selection.to_dict() if self.selection else None,
+                            "not_below_zero_router": self.not_below_zero_router},
+            "offline_rl_note": OFFLINE_RL_NOTE,
             "beats_zero_router": self.beats_zero_router, "beats_random_router": self.beats_random_router,
             "aiq_ci95": self.aiq_ci, "aiq_by_eval_name": self.aiq_by_eval,
             "aiq_mean_over_eval_name": {n: self.aiq_eval_mean(n) for n in self.curves},
@@ -316,7 +349,18 @@ def _run(cfg: BenchmarkConfig, log: Callable[[str], None],
     routers = train_routers(tr, fx, weights, tab.models, cfg, log, laps.lap)
     pred = predict_test(routers, tr, fx)
     curves |= learned_curves(routers, pred, fx, te, weights, cfg.sweep_points)
-    kinds |= {"cost_only": "baseline (price only)"} | {n: "learned" for n in LEARNED}
+    kinds |= {"cost_only": "baseline (price only)"} | {n: "learned" for n in LEARNED} | {
+        n: OFFLINE_RL_KIND for n in OFFLINE_RL}
+    selection = brec.choose(fx.x_tr, tr.eval_name, tr.quality, tr.cost, fx.chars_tr, tr.group_key(), tab.models,
+                            {"regression": cfg.regression, "predictive": cfg.predictive, "knn": cfg.knn},
+                            cfg.recommend, cfg.sweep_points, cfg.seed, log)
+    full = brec.fit_candidates(fx.x_tr, tr.eval_name, tr.quality, tr.cost, fx.chars_tr, tab.models, cfg.regression,
+                               cfg.predictive, cfg.knn, trained={"regression": routers.regression,
+                                                                 "predictive": routers.predictive, "knn": routers.knn})
+    meta_curves = recommended_curves(full, selection, fx, te, curves, cfg)
+    curves |= meta_curves
+    kinds |= {br.LOOKUP: "baseline (eval_name lookup)", br.META: "learned", RECOMMENDED: "recommended"}
+    laps.lap("recommend")
     scores = score_curves(curves, te, cfg)
     routellm, strong_weak = routellm_scores(routers, pred, fx, tab.models, tr, te, cfg.seed, log)
     laps.lap("metrics")
@@ -332,9 +376,32 @@ def _run(cfg: BenchmarkConfig, log: Callable[[str], None],
         router_metrics={"bc": routers.bc.metrics, "cql": routers.cql.metrics,
                         "knn": {"k": routers.knn.k, "metric": routers.knn.metric}},
         aiq_ci=scores.aiq_ci, margin_vs_random_ci=scores.margin_ci, split_info=split_info,
-        aiq_by_eval=scores.aiq_by_eval)
+        aiq_by_eval=scores.aiq_by_eval, selection=selection, recommended_margins=scores.recommended_margins)
     log(_summary(result))
-    return result, _bundle(result, routers, fx.featurizer, cfg)
+    return result, _bundle(result, routers, fx.featurizer, cfg, full)
+
+
+RECOMMENDED = "recommended"
+
+
+def recommended_curves(full: brec.Fitted, selection: brec.Selection, fx: Features, te: BenchmarkTable,
+                       curves: dict[str, bm.Curve], cfg: BenchmarkConfig) -> dict[str, bm.Curve]:
+    """The eval_name routers' test curves and the recommended router's: the candidate the validation chose,
+    fitted on the whole train split (the zero router's or random's own curve when one of them was chosen)."""
+    q_hat, c_hat = full.predictions(fx.x_te, te.eval_name, fx.chars_te, cfg.recommend.blend_shares)
+    Qt, Ct = te.quality, te.cost
+    out = {}
+    for name in (br.LOOKUP, br.META):
+        if name in q_hat:
+            out[name] = bm.sweep(name, lambda w, q=q_hat[name]: bm.decide(q, c_hat, w),
+                                 br.cost_weights(q_hat[name], c_hat, cfg.sweep_points), Qt, Ct)
+    chosen = selection.recommended
+    src = out.get(chosen) or curves.get(chosen)
+    if src is None:
+        src = bm.sweep(chosen, lambda w, q=q_hat[chosen]: bm.decide(q, c_hat, w),
+                       br.cost_weights(q_hat[chosen], c_hat, cfg.sweep_points), Qt, Ct)
+    out[RECOMMENDED] = dataclasses.replace(src, name=RECOMMENDED)
+    return out
 
 
 class _Laps:
@@ -374,7 +441,8 @@ class Features:
 
 def fit_features(tr: BenchmarkTable, te: BenchmarkTable, cfg: BenchmarkConfig, source: str) -> Features:
     """Phase 2: the featurizer fitted on the train prompts (text, or the table's embeddings)."""
-    params = cfg.tfidf_svd.model_dump() if cfg.featurizer == "tfidf_svd" else {}
+    params = {"tfidf_svd": cfg.tfidf_svd.model_dump(),
+              "openai_embedding": cfg.openai_embedding.model_dump()}.get(cfg.featurizer, {})
     feat = bfeat.make_featurizer(cfg.featurizer, **params)
     if bfeat.takes_embeddings(feat):
         if tr.embedding is None:
@@ -473,6 +541,10 @@ class Scores:
     aiq_ci: dict[str, tuple[float, float]]
     margin_ci: dict[str, tuple[float, float]]
     aiq_by_eval: dict[str, dict[str, float]]
+    recommended_margins: dict[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
+
+
+MARGIN_BASELINES = ("zero_router", "random", br.LOOKUP)  # the recommended router's paired differences
 
 
 def score_curves(curves: dict[str, bm.Curve], te: BenchmarkTable, cfg: BenchmarkConfig) -> Scores:
@@ -488,7 +560,11 @@ def score_curves(curves: dict[str, bm.Curve], te: BenchmarkTable, cfg: Benchmark
     aiq_ci = {n: tuple(np.percentile(v, [2.5, 97.5]).tolist()) for n, v in boot.items()}
     margin_ci = {n: tuple(np.percentile(v - boot["random"], [2.5, 97.5]).tolist()) for n, v in boot.items()
                  if n != "random"}
-    return Scores((c_min, c_max), aiq, aiq_code, aiq_ci, margin_ci, bm.aiq_by_group(curves, Qt, Ct, te.eval_name))
+    rec = {b: tuple(np.percentile(boot[RECOMMENDED] - boot[b], [2.5, 97.5]).tolist())
+           for b in MARGIN_BASELINES if RECOMMENDED in boot and b in boot}
+    return Scores((c_min, c_max), aiq, aiq_code, aiq_ci, margin_ci,
+                  bm.aiq_by_group(curves, Qt, Ct, te.eval_name, recompute={
+                      "random": lambda q, c: br.random_router_curve(q, c, seed=cfg.seed)}), rec)
 
 
 def routellm_scores(routers: Routers, pred: Predictions, fx: Features, models: tuple[str, ...],
@@ -519,27 +595,44 @@ def decisions_at(routers: Routers, pred: Predictions, fx: Features, w: float) ->
             "bc": routers.bc.decide(fx.x_te, w), "cql": routers.cql.decide(fx.x_te, w)}
 
 
+def _recommended_spec(name: str) -> dict:
+    """How the bundle serves the recommended router (a blend is named ``blend(eval_lookup s, base)``)."""
+    for base in (*brec.PROMPT_ROUTERS, br.META):
+        if name.startswith("blend(") and name.endswith(f", {base})"):
+            return {"router": "blend", "name": name, "base": base,
+                    "share": float(name[len(f"blend({br.LOOKUP} "):-len(f", {base})")])}
+    return {"router": name, "name": name}
+
+
 def _bundle(result: BenchmarkResult, routers: Routers, feat: bfeat.PromptFeaturizer,
-            cfg: BenchmarkConfig) -> br.RouterBundle:
+            cfg: BenchmarkConfig, full: brec.Fitted) -> br.RouterBundle:
     """The routers as saved for serving, with their manifest."""
+    zc = result.curves["zero_router"]
+    hull_cost, _ = bm.ndch(zc.cost, zc.quality)
+    hull = [result.models[int(np.flatnonzero(zc.cost == c)[np.argmax(zc.quality[zc.cost == c])])] for c in hull_cost]
     return br.RouterBundle(feat, result.models, routers.regression, {"bc": routers.bc, "cql": routers.cql},
-                           predictors={"predictive": routers.predictive, "knn": routers.knn}, manifest={
+                           predictors={"predictive": routers.predictive, "knn": routers.knn}, lookup=full.lookup,
+                           meta=full.meta, recommended=_recommended_spec(result.recommended), manifest={
+        "zero_router_hull": hull,
         "kind": "routing_benchmark", "featurizer": feat.name, "training_data_sha256": result.table_sha256,
         "source": result.import_report.source, "test_fraction": cfg.test_fraction, "split_seed": cfg.seed,
         "split": {k: v for k, v in result.split_info.items() if k != "test_import"},
         "cost_scale_usd": result.cost_scale, "cost_weights": result.weights.tolist(),
-        "aiq": {n: result.aiq[n] for n in (*LEARNED, "zero_router", "oracle")},
+        "aiq": {n: result.aiq[n] for n in (*LEARNED, *OFFLINE_RL, br.LOOKUP, RECOMMENDED, "zero_router", "oracle")
+                if n in result.aiq},
         "note": "route(prompts, cost_weight): cost_weight in quality units per USD; the grid routers use the "
                 "member trained for the nearest weight"})
 
 
 def _summary(result: BenchmarkResult) -> str:
-    aiq, best = result.aiq, result.best_learned
-    return ("routing benchmark: AIQ " + ", ".join(f"{n} {aiq[n]:.4f}" for n in (*LEARNED, "cost_only", "oracle"))
-            + f" vs zero router {aiq['zero_router']:.4f}, random {aiq['random']:.4f}; best learned {best} "
-            + f"{aiq[best]:.4f} (95% interval {_fmt_ci(result.aiq_ci[best])}, margin over random "
-            + f"{_fmt_ci(result.margin_vs_random_ci[best])}) "
-            + ("beats" if result.beats_random_router else "does NOT beat") + " the random router")
+    aiq, rec, m = result.aiq, result.recommended, result.recommended_margins
+    names = (*LEARNED, *OFFLINE_RL, br.LOOKUP, "cost_only", "oracle")
+    return ("routing benchmark: AIQ " + ", ".join(f"{n} {aiq[n]:.4f}" for n in names if n in aiq)
+            + f" vs zero router {aiq['zero_router']:.4f}, random {aiq['random']:.4f}; recommended (on validation "
+            + f"prompts) {rec}: test AIQ {aiq[RECOMMENDED]:.4f}, paired margin over random "
+            + f"{_fmt_ci(m.get('random'))}, zero router {_fmt_ci(m.get('zero_router'))}, eval_name lookup "
+            + f"{_fmt_ci(m.get(br.LOOKUP))}: it " + ("beats" if result.beats_random_router else "does NOT beat")
+            + " the random router")
 
 
 def _diff(out: np.ndarray, s: int, w: int) -> np.ndarray:
@@ -604,7 +697,7 @@ def plot_benchmark(result: BenchmarkResult) -> bytes:
     ax = axes[0] if two else axes
     colors = {"zero_router": "0.4", "random": "0.7", "oracle": "tab:green", "cost_only": "tab:brown",
               "regression": "tab:blue", "predictive": "tab:cyan", "knn": "tab:olive", "bc": "tab:orange",
-              "cql": "tab:purple"}
+              "cql": "tab:purple", br.LOOKUP: "tab:pink", br.META: "tab:red", RECOMMENDED: "k"}
     for name, c in result.curves.items():
         if result.kinds[name] == "single model":
             ax.scatter(c.cost, c.quality, s=70, marker="s", zorder=5, color="k")
@@ -636,28 +729,39 @@ def plot_benchmark(result: BenchmarkResult) -> bytes:
     return artifacts.png_bytes(fig)
 
 
-def write_outputs(result: BenchmarkResult, bundle: br.RouterBundle, reports_dir: Path,
-                  checkpoint_dir: Path) -> tuple[dict[str, Path], bytes]:
-    """The JSON report and PNG under ``reports_dir``, the routers under ``checkpoint_dir`` (atomic);
-    returns the paths and the PNG."""
+def write_outputs(result: BenchmarkResult, bundle: br.RouterBundle, reports_dir: Path, checkpoint_dir: Path,
+                  public: Callable[[Path], Path] = lambda p: p) -> tuple[dict[str, Path], bytes]:
+    """The JSON report and PNG under ``reports_dir``, the routers under ``checkpoint_dir``; returns the
+    paths (``public``: where they will be read, for a staged set: artifacts.SetStage.public) and the PNG.
+    Each file is atomic; the asset writes the three as one ``atomic_set``, so they switch together."""
     png = plot_benchmark(result)
     paths = {"report": reports_dir / REPORT_NAME, "plot": reports_dir / PLOT_NAME, "checkpoint": checkpoint_dir}
+    shown = {k: public(v) for k, v in paths.items()}
     br.save_bundle(checkpoint_dir, bundle)
     artifacts.write_bytes(paths["plot"], png)
-    artifacts.write_json(paths["report"], result.to_dict() | {"artifacts": {k: str(v) for k, v in paths.items()}})
-    return paths, png
+    artifacts.write_json(paths["report"], result.to_dict() | {"artifacts": {k: str(v) for k, v in shown.items()}})
+    return shown, png
 
 
 def metadata_markdown(result: BenchmarkResult, max_dropped: int = 20) -> dict[str, str]:
     """Markdown blocks for the asset's metadata: results, OPE, costs, what was dropped, RouteLLM context."""
     rep = result.import_report
-    z, best = result.aiq["zero_router"], result.best_learned
-    verdict = (f"**{best}** has the best AIQ of the learned routers: {result.aiq[best]:.4f} (95% interval "
-               f"{_fmt_ci(result.aiq_ci.get(best))}, bootstrap over the test prompts) vs the random router's "
-               f"{result.aiq['random']:.4f}, paired margin {_fmt_ci(result.margin_vs_random_ci.get(best))}: it "
-               f"{'beats' if result.beats_random_router else 'does NOT beat'} the random router (zero router "
-               f"{z:.4f}; oracle {result.aiq['oracle']:.4f}). The best is picked on these test prompts, so its "
-               "interval is slightly optimistic. `AIQ mean over eval_name`: RouterBench's average of the AIQ "
+    z, rec, m, sel = result.aiq["zero_router"], result.recommended, result.recommended_margins, result.selection
+    chosen = (f"the validation prompts' best candidate, {sel.best_candidate}, did not beat the zero router within "
+              f"its interval ({_fmt_ci(sel.margin_vs_zero_ci.get(sel.best_candidate))}), so the recommendation is "
+              "the zero router's hull" if sel and sel.fallback else
+              f"**{rec}** had the best AIQ of {len(sel.validation_aiq) if sel else 0} candidates on "
+              f"{sel.n_validation if sel else 0:,} validation prompts (a part of the train split; fitted on the "
+              "rest), refitted on the whole train split")
+    verdict = (f"**Recommended router**: {chosen}. On the held-out test prompts (never used to choose) it has AIQ "
+               f"{result.aiq[RECOMMENDED]:.4f}; paired 95% intervals of its margin over the zero router "
+               f"{_fmt_ci(m.get('zero_router'))}, the random router {_fmt_ci(m.get('random'))} and the eval_name "
+               f"lookup {_fmt_ci(m.get(br.LOOKUP))}: it {'beats' if result.beats_random_router else 'does NOT beat'} "
+               f"the random router (zero router {z:.4f}, random {result.aiq['random']:.4f}, oracle "
+               f"{result.aiq['oracle']:.4f}). `{br.LOOKUP}` routes by each model's mean train quality per "
+               f"eval_name; `{br.META}` is the regression on the prompt features plus eval_name. BC and CQL are "
+               f"shown for the OPE part only: {OFFLINE_RL_NOTE} "
+               "`AIQ mean over eval_name`: RouterBench's average of the AIQ "
                f"per dataset ({len(result.aiq_by_eval)} eval_name(s) with at least 10 test prompts). "
                "`cost_only` routes by predicted price with each model's mean "
                "quality: the learned routers' margin over it is what predicting quality adds. "
@@ -665,7 +769,24 @@ def metadata_markdown(result: BenchmarkResult, max_dropped: int = 20) -> dict[st
                "prompt, from the cheapest to the dearest single model (RouterBench's paper); `AIQ (RouterBench "
                "code)`: its calc_AIQ, area from the router's first point divided by the largest cost; "
                f"{result.n_train:,} train / {result.n_test:,} held-out test prompts.")
+    heads = ("recommended", "zero_router", "random", br.LOOKUP, "oracle")
+    means = {n: result.aiq_eval_mean(n) for n in heads}
+    if any(v is not None for v in means.values()):
+        verdict += (" **Per-eval_name headline** (RouterBench's: the mean of each eval's AIQ, each on its own "
+                    "eval's hull): " + ", ".join(f"{n} {v:.4f}" for n, v in means.items() if v is not None)
+                    + "; pooled: " + ", ".join(f"{n} {result.aiq[n]:.4f}" for n in heads if n in result.aiq) + ".")
     out = {"results": verdict + "\n\n" + markdown.table(result.results_rows(), digits=4)}
+    if result.selection:
+        out["selection"] = ("How the recommended router was chosen: every candidate fitted on "
+                            f"{result.selection.n_fit:,} train prompts and scored on the other "
+                            f"{result.selection.n_validation:,} (validation AIQ; margin over the zero router with a "
+                            "Bonferroni-adjusted interval). The test prompts played no part.\n\n"
+                            + markdown.table(result.selection.table(), digits=4))
+    if result.aiq_by_eval:
+        out["per_eval"] = ("AIQ per eval_name (each on that eval's own cost range and hull; random mixes that "
+                           "eval's hull)\n\n" + markdown.table(
+                               [{"eval_name": e, **{n: v.get(n) for n in heads}} for e, v in result.aiq_by_eval.items()]
+                               + [{"eval_name": "mean (RouterBench's headline)", **means}], digits=4))
     if result.routellm:
         pub = bm.ROUTELLM_MMLU_PUBLISHED
         out["routellm"] = (

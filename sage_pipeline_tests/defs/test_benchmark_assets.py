@@ -38,8 +38,10 @@ def test_asset_writes_report_routers_and_readable_metadata(materialized):
     assert meta["excluded_prompts"] == 1 and meta["dropped_rows"] == 0 and meta["dropped_files"] == 0
     assert meta["dropped_index_columns"] == [] and meta["quality_scale"] == {"routellm": "binary (0 or 1)"}
     assert meta["train_prompts"] + meta["test_prompts"] == 359
-    for key in ("results", "routellm", "ope", "costs", "dropped"):
-        assert isinstance(meta[key], str) and meta[key].startswith(("**", "APGR", "Logged", "Where", "360")), key
+    for key in ("results", "selection", "per_eval", "routellm", "ope", "costs", "dropped"):
+        assert isinstance(meta[key], str) and meta[key].startswith(("**", "APGR", "Logged", "Where", "360", "How",
+                                                                    "AIQ per")), key
+    assert meta["recommended_router"] in meta["selection"] and "RouterBench's headline" in meta["per_eval"]
     assert "zero_router" in meta["results"] and "oracle" in meta["results"]
     assert "price_table_default_output" in meta["costs"]
     assert "data:image/png;base64," in meta["plot"]
@@ -59,9 +61,35 @@ def test_check_reports_against_the_random_router_with_an_interval(materialized):
     e = evals[0]
     assert e.severity == dg.AssetCheckSeverity.WARN
     md = {k: v.value for k, v in e.metadata.items()}
-    assert md["best_learned_aiq_ci95_low"] <= md["best_learned_aiq"] <= md["best_learned_aiq_ci95_high"]
-    assert e.passed == (md["best_learned_aiq_ci95_low"] > md["random_router_aiq"]
-                        and md["margin_vs_random_ci95_low"] > 0)
+    assert md["margin_vs_random_ci95_low"] <= md["margin_vs_random_ci95_high"]
+    assert e.passed == (md["margin_vs_random_ci95_low"] > 0)  # the recommended router, not the best on test
+    assert md["recommended_router"] and md["margin_vs_eval_lookup_ci95_low"] is not None
+
+
+def test_a_failed_report_write_leaves_the_previous_set_whole(materialized, monkeypatch):
+    """Issue 35: the checkpoint, PNG and JSON switch together; a write that fails mid-set (a full disk at
+    the JSON) leaves the previous run's three, not a mixed set."""
+    import shutil
+
+    from sage_pipeline import artifacts
+
+    root, _ = materialized
+    copy = root.parent / "mixed"
+    shutil.copytree(root, copy, symlinks=True)
+    files = [copy / "reports" / "routing_benchmark.json", copy / "reports" / "routing_benchmark.png",
+             copy / "checkpoints" / GROUP / "router.json"]
+    before = [f.read_bytes() for f in files]
+    real = artifacts.write_json
+
+    def full_disk(dest, obj):
+        if str(dest).endswith("routing_benchmark.json"):
+            raise OSError(28, "No space left on device", str(dest))
+        return real(dest, obj)
+
+    monkeypatch.setattr(artifacts, "write_json", full_disk)
+    res = _materialize(copy, FAST | {"seed": 7}, raise_on_error=False)
+    assert not res.success
+    assert [f.read_bytes() for f in files] == before
 
 
 def test_bad_path_fails_with_the_path_in_the_error(tmp_path):

@@ -378,3 +378,108 @@ def test_json_lines_long_layout_as_judgement_records(tmp_path):
     (tmp_path / "contaminated_prompts.jsonl").write_text('{"eval_prompt": "question 82"}\n')
     tab, rep = _imp(tmp_path, price_table=None, default_cost_per_call=0.01, quality_scale="1..10")
     assert list(tab.prompt_id) == ["81"] and list(rep.layouts) == [str(p)]
+
+
+# ----------------------------------------------------------------------------- bad input, round 3 (issue 36)
+def _rb(ids, models=("m1", "m2"), cost=0.1) -> pd.DataFrame:
+    """RouterBench's wide layout; models with no price in the packaged price table."""
+    df = pd.DataFrame({"sample_id": ids, "prompt": [f"question {i}" for i in ids], "eval_name": ["e"] * len(ids)})
+    for k, m in enumerate(models):
+        df[m] = [float((i + k) % 2) for i in range(len(ids))]
+        df[f"{m}|total_cost"] = cost * (k + 1)
+    return df
+
+
+def test_an_empty_cost_cell_drops_its_row_naming_the_files_cost_column(tmp_path):
+    df = _rb(["s1", "s2", "s3"])
+    df.loc[1, "m2|total_cost"] = np.nan
+    p = _write(tmp_path, "rb.csv", df)
+    tab, rep = _imp(p)  # the packaged price table has no price for m2: the cell cannot be filled
+    assert list(tab.prompt_id) == ["s1", "s3"] and (tab.cost_source == 0).all()
+    (d,) = rep.dropped
+    assert (d.file, d.row, d.column) == (str(p), 2, "m2|total_cost") and d.reason.startswith("cost is missing")
+    assert rep.n_dropped == 1 and rep.dropped_files == []
+    with pytest.raises(BenchmarkImportError, match=r"rb\.csv: row 2: column 'm2\|total_cost': cost is missing.*"
+                                                   r"no price.*default_cost_per_call.*strict=False"):
+        _imp(p, strict=True)
+    # a price (or a default) still fills the cell rather than dropping the row
+    tab, rep = _imp(p, default_cost_per_call=0.5)
+    assert len(tab) == 3 and tab.cost[1, 1] == 0.5 and rep.n_dropped == 0
+    # the long layout names the record whose cost is missing (the prompt's second row, 'cost')
+    long = pd.DataFrame({"prompt_id": ["a", "a", "b", "b"], "model": ["m1", "m2"] * 2, "quality": [1, 0, 0, 1],
+                         "cost": [0.1, np.nan, 0.1, 0.2]})
+    lp = _write(tmp_path / "long", "l.csv", long)
+    tab, rep = _imp(lp, price_table=None)
+    assert list(tab.prompt_id) == ["b"]
+    assert [(d.file, d.row, d.column) for d in rep.dropped] == [(str(lp), 2, "cost")]
+    with pytest.raises(BenchmarkImportError, match=r"l\.csv: row 2: column 'cost': cost is missing"):
+        _imp(lp, price_table=None, strict=True)
+    # no cost anywhere for a model without a price is still a configuration error (a price is missing)
+    _write(tmp_path / "none", "n.csv", _rb(["s1", "s2"]).drop(columns=["m2|total_cost"]))
+    with pytest.raises(BenchmarkImportError, match="model 'm2' has no cost in the table for 2 prompts and no price"):
+        _imp(tmp_path / "none")
+
+
+def test_a_file_with_no_cost_for_a_model_is_one_file_level_entry(tmp_path):
+    _write(tmp_path, "a.csv", _rb([f"a{i}" for i in range(5)]))
+    bad = _rb([f"b{i}" for i in range(60)])
+    bad["m2|total_cost"] = np.nan
+    b = _write(tmp_path, "b.csv", bad)
+    tab, rep = _imp(tmp_path)
+    assert len(tab) == 5 and rep.dropped == [] and rep.n_dropped == 0
+    (d,) = rep.dropped_files
+    assert (d.file, d.row, d.column) == (str(b), None, "m2|total_cost") and "model 'm2' has no cost" in d.reason
+    with pytest.raises(BenchmarkImportError, match=r"b\.csv: column 'm2\|total_cost': model 'm2' has no cost"):
+        _imp(tmp_path, strict=True)
+
+
+def test_messages_name_the_files_own_id_column(tmp_path):
+    df = _rb(["s1", "s2", "s1"])
+    p = _write(tmp_path, "rb.csv", df)
+    tab, rep = _imp(p, default_cost_per_call=0.0)
+    assert list(tab.prompt_id) == ["s1", "s2"]
+    (d,) = rep.dropped
+    assert (d.file, d.row, d.column) == (str(p), 3, "sample_id") and "rb.csv row 1" in d.reason
+    with pytest.raises(BenchmarkImportError, match=r"rb\.csv: row 3: column 'sample_id': duplicate prompt"):
+        _imp(p, default_cost_per_call=0.0, strict=True)
+    # judgement tables name the id question_id: a question repeated in a second file is reported under it
+    for name, qids in (("j1.csv", [81, 82]), ("j2.csv", [83, 81])):
+        _write(tmp_path / "j", name, pd.DataFrame({"question_id": np.repeat(qids, 2), "model": ["a", "b"] * 2,
+                                                   "score": [1, 0, 0, 1]}))
+    tab, rep = _imp(tmp_path / "j", price_table=None, default_cost_per_call=0.0)
+    assert sorted(tab.prompt_id) == ["81", "82", "83"]
+    (d,) = rep.dropped
+    assert (Path(d.file).name, d.row, d.column) == ("j2.csv", 3, "question_id")
+    # the RouteLLM layout has no id: its duplicates are named by the prompt column (unchanged)
+    _write(tmp_path / "r", "r.csv", _routellm([("same", True, True), ("same", False, True)]))
+    _, rep = _imp(tmp_path / "r")
+    assert [d.column for d in rep.dropped] == ["prompt"]
+
+
+def test_a_model_column_empty_in_one_file_is_one_file_level_entry(tmp_path):
+    """RouteLLM's per-subject CSVs: one subject file whose strong-model column is all empty. The file is
+    dropped with one entry: its prompts cannot have every model's quality, and dropping the model from the
+    whole table instead would lose far more good cells (the entry says how to choose that instead)."""
+    shutil.copytree(SLICE, tmp_path / "t")
+    f = tmp_path / "t" / "mmlu_marketing.csv"
+    df = pd.read_csv(f)
+    df[STRONG] = np.nan
+    df.to_csv(f, index=False)
+    tab, rep = _imp(tmp_path / "t")
+    assert rep.dropped == [] and rep.n_dropped == 0 and not (tab.eval_name == "mmlu_marketing").any()
+    (d,) = rep.dropped_files
+    assert (d.file, d.row, d.column) == (str(f), None, STRONG)
+    assert f"model '{STRONG}' has no values in this file (all {len(df)} rows empty)" in d.reason
+    assert "leave" in d.reason and "models option" in d.reason
+    with pytest.raises(BenchmarkImportError, match=rf"mmlu_marketing\.csv: column '{STRONG}': model '{STRONG}' has "
+                                                   r"no values in this file.*strict=False"):
+        _imp(tmp_path / "t", strict=True)
+    # the same in the long layout: one entry, not one per record and one per prompt
+    long = pd.DataFrame({"prompt_id": np.repeat(["a", "b", "c"], 2), "model": ["m1", "m2"] * 3,
+                         "quality": [1, np.nan, 0, np.nan, 1, np.nan], "cost": 0.1})
+    _write(tmp_path / "long", "a.csv", long.assign(quality=[1, 0, 0, 1, 1, 1], prompt_id=list("xxyyzz")))
+    lb = _write(tmp_path / "long", "b.csv", long)
+    tab, rep = _imp(tmp_path / "long", price_table=None)
+    assert len(tab) == 3 and rep.dropped == []
+    (d,) = rep.dropped_files
+    assert (d.file, d.column) == (str(lb), "quality") and "model 'm2' has no values in this file" in d.reason

@@ -51,7 +51,7 @@ def test_two_model_run_has_every_baseline_router_and_metric(mmlu_run):
     result, _, _, _ = mmlu_run
     assert result.n_train + result.n_test == 359
     assert set(result.curves) == {*result.models, "zero_router", "random", "oracle", "cost_only", "regression",
-                                  "predictive", "knn", "bc", "cql"}
+                                  "predictive", "knn", "bc", "cql", "eval_lookup", "regression_meta", "recommended"}
     aiq = result.aiq
     assert aiq["oracle"] >= max(aiq[n] for n in ("zero_router", "regression", "bc", "cql", "cost_only"))
     assert aiq["gpt-4-1106-preview"] == 0.0  # a single point at the top of the cost range
@@ -89,7 +89,8 @@ def test_outputs_report_plot_and_routers(mmlu_run):
     prompts = ["Which of these is a prime number?\nA. 4\nB. 6\nC. 7\nD. 9\nAnswer:"] * 2
     assert loaded.route(prompts, 0.0, "bc") == bundle.route(prompts, 0.0, "bc")
     md = brun.metadata_markdown(result)
-    assert set(md) == {"results", "routellm", "ope", "costs", "dropped"} and "RouteLLM's published" in md["routellm"]
+    assert set(md) == {"results", "selection", "per_eval", "routellm", "ope", "costs", "dropped"}
+    assert "RouteLLM's published" in md["routellm"]
 
 
 def test_many_models_in_routerbench_layout(tmp_path):
@@ -125,11 +126,13 @@ def test_every_router_has_a_bootstrap_interval_and_the_verdict_is_against_random
         lo, hi = result.aiq_ci[name]
         assert lo <= result.aiq[name] + 1e-9 and result.aiq[name] <= hi + 1e-9, name
     assert "random" not in result.margin_vs_random_ci and set(result.learned) <= set(result.margin_vs_random_ci)
-    best = result.best_learned
-    assert result.beats_random_router == (result.aiq_ci[best][0] > result.aiq["random"]
-                                          and result.margin_vs_random_ci[best][0] > 0)
+    # the verdict is on the router the validation prompts chose, not on the best one on the test prompts
+    assert result.beats_random_router == (result.recommended_margins["random"][0] > 0)
+    assert set(result.recommended_margins) == {"zero_router", "random", "eval_lookup"}
     report = json.loads(paths["report"].read_text())
-    assert report["beats_random_router"] == result.beats_random_router and best in report["aiq_ci95"]
+    assert report["beats_random_router"] == result.beats_random_router
+    assert report["recommended"]["router"] == result.recommended
+    assert report["recommended"]["selection"]["validation_aiq"] == result.selection.validation_aiq
 
 
 def _routellm_frame(prompts, rng) -> pd.DataFrame:
