@@ -6,6 +6,11 @@ an environment) adds its own segment atomically, so shards running at once on se
 machines never write the same file. Readers merge all segments. An entry records the
 backend that produced it; a Docker sandbox does not trust entries made by the unisolated
 local backend (they are executed again), while the local backend accepts both.
+
+A verdict holds only for the sandbox that made it: every stored key is the job's key
+(:attr:`ExecJob.key`) and the sandbox's ``ISOLATION_VERSION`` (``<key>@isolation-<n>``), so
+entries written before a change of isolation are never found again (counted in ``stale``,
+dropped by :meth:`ExecutionCache.compact`) and those jobs are executed anew.
 """
 
 from __future__ import annotations
@@ -19,10 +24,17 @@ from dataclasses import asdict
 from pathlib import Path
 
 from sage_pipeline import artifacts
+from sage_pipeline.sim.sandbox import ISOLATION_VERSION
 from sage_pipeline.sim.schema import OUTCOME_KINDS, ExecJob, ExecResult
 
 CACHE_DIR = "cache"
 SEGMENT_GLOB = "segment-*.jsonl"
+KEY_SUFFIX = f"@isolation-{ISOLATION_VERSION}"
+
+
+def stored_key(key: str) -> str:
+    """The key an entry is stored under: the job's key and the sandbox's isolation version."""
+    return key + KEY_SUFFIX
 
 
 class ExecutionCache:
@@ -31,11 +43,12 @@ class ExecutionCache:
         self._entries: dict[str, tuple[ExecResult, str]] = {}
         self._pending: dict[str, tuple[ExecResult, str]] = {}
         self.bad_lines = 0
+        self.stale = 0  # entries made under another isolation version: never trusted
         self.reload()
 
     def reload(self) -> None:
         self._entries.clear()
-        self.bad_lines = 0
+        self.bad_lines = self.stale = 0
         if not self.folder.is_dir():
             return
         for seg in sorted(self.folder.glob(SEGMENT_GLOB)):
@@ -46,6 +59,9 @@ class ExecutionCache:
                         res = ExecResult(**d["result"])
                         if res.outcome not in OUTCOME_KINDS:
                             raise ValueError(res.outcome)
+                        if not d["key"].endswith(KEY_SUFFIX):
+                            self.stale += 1
+                            continue
                         self._entries[d["key"]] = (res, d["backend"])
                     except (ValueError, KeyError, TypeError):
                         self.bad_lines += 1  # a damaged entry is executed again, never trusted
@@ -54,6 +70,9 @@ class ExecutionCache:
         return len(self._entries) + len(self._pending)
 
     def get(self, key: str, backend: str) -> ExecResult | None:
+        """The verdict on job ``key`` made by this sandbox's isolation version, if any (a Docker
+        sandbox takes only Docker's verdicts)."""
+        key = stored_key(key)
         hit = self._pending.get(key) or self._entries.get(key)
         if hit is None:
             return None
@@ -63,7 +82,7 @@ class ExecutionCache:
         return res
 
     def put(self, key: str, result: ExecResult, backend: str) -> None:
-        self._pending[key] = (result, backend)
+        self._pending[stored_key(key)] = (result, backend)
 
     def flush(self) -> Path | None:
         """Write what was added since the last flush as a new segment (atomically)."""

@@ -11,6 +11,9 @@ Host side:
 - containers are created, started, inspected and removed through the ``docker`` Python SDK
   (the daemon at ``DOCKER_HOST``, else the local socket); requests and answers travel on the
   container's raw attach socket (see :class:`_Channel` for why not the SDK's ``attach()``);
+- the runner answers by a request's timeout plus ``answer_grace_s`` less a stated margin
+  (ANSWER_MARGIN_SHARE): a clean-up still running then is cut short and the worker replaced
+  after its verdict as dirty, so what a task leaves never makes its runner miss the deadline;
 - a watchdog gives every request its timeout plus ``answer_grace_s``. A worker that does not
   answer, dies, or replies with something that is not an answer to the request (another
   id, counts out of range, not JSON, a line over 1 MiB) is replaced and the request run once
@@ -21,8 +24,11 @@ Host side:
 - a runner whose task left something behind (a process, a file, an IPC object) answers
   ``dirty`` and is replaced after its verdict; workers are recycled every ``recycle_every``
   requests;
-- containers carry a label unique to the sandbox and are removed on close, on error, on
-  interrupt and at interpreter exit; a killed host process leaves none behind either (stdin
+- a daemon that fails mid-run (stopped, restarted, the connection cut) is a
+  :class:`SandboxError` naming the cause, never a verdict;
+- containers carry the owner label (``label``, which sandboxes may share) and one unique to
+  the sandbox instance (also in their names); a sandbox removes only its own, on close, on
+  error, on interrupt and at interpreter exit; a killed host process leaves none behind either (stdin
   attached once and ``auto_remove``: the runner exits when the host's stream closes);
 - ``untrusted=True`` (code the project did not write) refuses any backend but Docker.
 
@@ -61,7 +67,19 @@ from sage_pipeline.sim.schema import OUTCOME_KINDS, ExecJob, ExecResult
 
 RUNNER_SOURCE = (Path(__file__).with_name("runner.py")).read_text(encoding="utf-8")
 DEFAULT_IMAGE = "sage-sim:latest"
-LABEL_KEY = "sage.sandbox"
+LABEL_KEY = "sage.sandbox"  # the owner label (SandboxConfig.label): shared by sandboxes given the same one
+INSTANCE_KEY = "sage.sandbox.instance"  # unique per Sandbox: what its close() removes, part of every name
+# What the sandbox guarantees a verdict was made under. The execution cache keys on it
+# (sage_pipeline/sim/cache.py), so bump it with every change that can alter a verdict.
+#   3 (issue 34): a task's processes are limited by its own container's pids cgroup, no longer by a
+#     per-uid RLIMIT_NPROC that every task of every container on the host shared (a fork storm in
+#     one task failed a correct task running beside it: verdicts cached before are not trusted).
+ISOLATION_VERSION = 3
+# The runner must answer by a request's timeout plus answer_grace_s * (1 - ANSWER_MARGIN_SHARE)
+# (its clean-up is cut short there, and the worker replaced as dirty); the host's watchdog waits
+# the whole answer_grace_s. The margin, 30% of the grace (3 s of the default 10 s), is for
+# killing the task, the answer's trip to the host and a loaded machine.
+ANSWER_MARGIN_SHARE = 0.3
 # The container's own IPC namespace, made unusable: no SysV shared memory, message queue or
 # semaphore set and no POSIX message queue can be created, so no task can leave one for the
 # next task to read (a channel between tasks) or hold memory after it ends. Docker accepts
@@ -99,16 +117,17 @@ class SandboxConfig(BaseModel):
     image: str = Field(DEFAULT_IMAGE, description="the Docker image of the runner (sim/Dockerfile)")
     memory_mb: int = Field(512, ge=1, description="container --memory and --memory-swap (no swap), in MiB")
     task_memory_mb: int = Field(256, ge=1, description="address-space limit of each task process, in MiB")
-    pids_limit: int = Field(128, ge=1, description="container --pids-limit")
-    task_nproc: int = Field(64, ge=1, description="processes/threads of the unprivileged uid")
+    pids_limit: int = Field(128, ge=8, description="container --pids-limit: the processes and threads of the task "
+                            "running in it (one at a time) and of the runner (3 to 5 of them). The task's own "
+                            "limit: no per-uid limit, which every container on the machine would share")
     cpus: float = Field(1.0, gt=0.0, description="container --cpus")
     tmpfs_mb: int = Field(64, ge=1, description="size of the container's /tmp, in MiB")
     recycle_every: int = Field(2000, ge=1, description="requests per worker before it is replaced")
     answer_grace_s: float = Field(10.0, gt=0.0, description="watchdog: time past a request's timeout before the "
                                   "worker is replaced")
     start_timeout_s: float = Field(60.0, gt=0.0, description="a worker must say it is ready within this")
-    label: str | None = Field(None, min_length=1, description="owner label of the containers; null: unique per "
-                              "sandbox")
+    label: str | None = Field(None, min_length=1, description="owner label of the containers (sandboxes may share "
+                              "one: each removes only its own containers); null: unique per sandbox")
     untrusted: bool = Field(False, description="code the project did not write (an external suite's candidates): "
                             "Docker only")
 
@@ -138,17 +157,29 @@ MAX_REPLY_BYTES = 1 << 20  # an answer is a few hundred bytes; anything longer i
 STDERR_TAIL_BYTES = 4096
 
 
+def answer_within_s(cfg: SandboxConfig) -> float:
+    """Seconds past a request's timeout by which the runner answers: strictly less than the
+    watchdog's ``answer_grace_s``, by ANSWER_MARGIN_SHARE of it."""
+    return cfg.answer_grace_s * (1.0 - ANSWER_MARGIN_SHARE)
+
+
 def _runner_cfg(cfg: SandboxConfig) -> dict:
-    return {"workroot": "/tmp", "memory_bytes": cfg.task_memory_mb << 20, "nproc": cfg.task_nproc,
-            "drop_uid": 65534, "judge_uid": 65533}
+    # nproc None: no RLIMIT_NPROC. Tasks run as uid 65534 in every container and Docker here does
+    # no user-namespace remapping, so a per-uid limit is one budget for the whole machine (one
+    # task's fork storm failed a concurrent task, issue 34); the container's pids cgroup
+    # (pids_limit) bounds the one task it runs.
+    return {"workroot": "/tmp", "memory_bytes": cfg.task_memory_mb << 20, "nproc": None,
+            "drop_uid": 65534, "judge_uid": 65533, "answer_within_s": answer_within_s(cfg)}
 
 
-def docker_run_args(cfg: SandboxConfig, name: str, label: str, docker: str = "docker") -> list[str]:
+def docker_run_args(cfg: SandboxConfig, name: str, label: str, docker: str = "docker",
+                    instance: str | None = None) -> list[str]:
     """The same hardened container as a ``docker run`` command line: what the pool creates
     through the SDK (:func:`container_options`), for the container-per-execution baseline of
     the benchmarks and for running a worker by hand."""
     return [
         docker, "run", "-i", "--rm", "--name", name, "--label", f"{LABEL_KEY}={label}",
+        *(("--label", f"{INSTANCE_KEY}={instance}") if instance else ()),
         "--network", "none", "--read-only",
         "--tmpfs", f"/tmp:rw,nosuid,nodev,noexec,size={cfg.tmpfs_mb}m,mode=1777",
         "--ipc", "none", *[a for k, v in IPC_SYSCTLS.items() for a in ("--sysctl", f"{k}={v}")],
@@ -161,13 +192,14 @@ def docker_run_args(cfg: SandboxConfig, name: str, label: str, docker: str = "do
     ]
 
 
-def container_options(cfg: SandboxConfig, name: str, label: str) -> dict:
-    """Keyword arguments of ``client.containers.create`` for one hardened worker."""
+def container_options(cfg: SandboxConfig, name: str, label: str, instance: str) -> dict:
+    """Keyword arguments of ``client.containers.create`` for one hardened worker of the sandbox
+    ``instance`` (owner label ``label``)."""
     from docker.types import LogConfig
 
     return dict(
         image=cfg.image, command=["python3", "-I", "-u", "-c", RUNNER_SOURCE, json.dumps(_runner_cfg(cfg))],
-        name=name, labels={LABEL_KEY: label},
+        name=name, labels={LABEL_KEY: label, INSTANCE_KEY: instance},
         # stdin open and attached once (StdinOnce, which the SDK sets for detach=False): when the
         # host's attach stream closes (the host exits, is killed, or stop() closes it), the runner
         # reads EOF and exits and auto_remove deletes the container: a killed host leaves none.
@@ -187,6 +219,28 @@ def container_options(cfg: SandboxConfig, name: str, label: str) -> dict:
 
 def _daemon_name() -> str:
     return "the Docker daemon at " + os.environ.get("DOCKER_HOST", "the local socket /var/run/docker.sock")
+
+
+def _daemon_failures() -> tuple[type[BaseException], ...]:
+    """What a call through the docker SDK raises when the daemon fails or is lost: the SDK's own
+    errors, and its transport's, which it does not wrap (requests' ConnectionError or a timeout,
+    a socket's OSError)."""
+    import docker
+    import requests
+
+    return docker.errors.DockerException, requests.exceptions.RequestException, OSError
+
+
+def _why(e: BaseException) -> str:
+    text = getattr(e, "explanation", None) or str(e) or ""
+    return f"{type(e).__name__}: {(text.splitlines() or [''])[0][:200]}"
+
+
+def daemon_lost(e: BaseException, doing: str) -> SandboxError:
+    """The SandboxError for a daemon that failed mid-run: what was being done, and the cause."""
+    return SandboxError(f"{_daemon_name()} failed while {doing} ({_why(e)}): the daemon stopped or restarted, or "
+                        "the connection to it was cut. Nothing was scored or cached for the jobs not answered; "
+                        "check `docker info` (or DOCKER_HOST) and run them again.")
 
 
 def docker_client(timeout: float = 60.0):
@@ -222,8 +276,8 @@ def check_docker(cfg: SandboxConfig, client=None) -> str:
         raise SandboxError(f"the sandbox image {cfg.image!r} is not there: build it offline with "
                            "`sim/build_image.sh` (debootstrap + docker import), or with a registry "
                            f"`docker build -t {cfg.image} sim/`") from e
-    except docker.errors.DockerException as e:
-        raise SandboxError(f"{_daemon_name()} failed while checking the sandbox image {cfg.image!r}: {e}") from e
+    except _daemon_failures() as e:
+        raise daemon_lost(e, f"checking the sandbox image {cfg.image!r}") from e
     return version
 
 
@@ -307,8 +361,9 @@ class _Channel:
 class _Worker:
     """One runner (a container or a local subprocess) and its JSON-lines channel."""
 
-    def __init__(self, cfg: SandboxConfig, label: str, index: int, client=None) -> None:
+    def __init__(self, cfg: SandboxConfig, label: str, index: int, client=None, instance: str = "") -> None:
         self.cfg, self.label, self.index, self.client = cfg, label, index, client
+        self.instance = instance or uuid.uuid4().hex[:12]
         self.generation = 0
         self.proc: subprocess.Popen | None = None  # local backend
         self.container = None  # docker backend
@@ -347,9 +402,10 @@ class _Worker:
     def _start_container(self) -> None:
         import docker
 
-        self.name = f"sage-sim-{self.label}-{self.index}-{self.generation}"
+        self.name = f"sage-sim-{self.label}-{self.instance}-{self.index}-{self.generation}"
         try:
-            self.container = self.client.containers.create(**container_options(self.cfg, self.name, self.label))
+            self.container = self.client.containers.create(**container_options(self.cfg, self.name, self.label,
+                                                                               self.instance))
             # Attached before start, as `docker run -i` does, so the "ready" line is not missed;
             # on a client of its own: the hijacked connection never goes back to a shared pool.
             self._attach_api = docker.from_env(version=self.client.api.api_version, timeout=60).api
@@ -358,11 +414,13 @@ class _Worker:
             self.sock = getattr(sock, "_sock", sock)  # the socket under the SDK's SocketIO wrapper
             self._sock_ref = sock
             self.container.start()
-        except docker.errors.DockerException as e:
-            why = getattr(e, "explanation", None) or str(e)
+        except docker.errors.APIError as e:  # the daemon answered: it refused this container
             self.stop()
-            raise SandboxError(f"sandbox worker {self.name} did not start ({why}); "
+            raise SandboxError(f"sandbox worker {self.name} did not start ({_why(e)}); "
                                f"check `docker run --rm {self.cfg.image} python3 -V`") from e
+        except _daemon_failures() as e:  # the daemon did not answer: lost, restarted, connection cut
+            self.stop()
+            raise daemon_lost(e, f"starting sandbox worker {self.name}") from e
         self.chan = _Channel(self.sock.fileno(), framed=True, sock=self.sock)
 
     def _start_local(self) -> None:
@@ -445,9 +503,15 @@ class _Worker:
             return "infra", f"the local runner exited with {code}" + (f" ({tail})" if tail else "")
         if self.container is None:
             return "infra", "no container"
+        import docker
+
         state: dict = {}
-        with contextlib.suppress(Exception):  # auto-removed once it exited: the daemon's events say why
+        try:
             state = self.client.api.inspect_container(self.container.id).get("State", {})
+        except docker.errors.NotFound:
+            pass  # auto-removed once it exited: the daemon's events say why
+        except Exception as e:  # noqa: BLE001 - the daemon itself does not answer: that is why
+            return "infra", f"{_daemon_name()} does not answer ({_why(e)})"
         if state.get("Paused"):
             return "infra", "its container was paused from outside"
         if state.get("Running") and not state.get("OOMKilled"):
@@ -545,9 +609,12 @@ class Sandbox:
 
     def __init__(self, cfg: SandboxConfig) -> None:
         self.cfg = cfg
-        self.label = cfg.label or f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        # Two sandboxes may share an owner label (cfg.label); the instance is this one's alone: in
+        # every container's name and label, and all that close() removes.
+        self.instance = uuid.uuid4().hex[:12]
+        self.label = cfg.label or f"{os.getpid()}-{self.instance[:8]}"
         self.client = None  # the docker SDK client (docker backend), made in start()
-        self.workers = [_Worker(cfg, self.label, i) for i in range(cfg.workers)]
+        self.workers = [_Worker(cfg, self.label, i, instance=self.instance) for i in range(cfg.workers)]
         self.stats = {"requests": 0, "replaced_unresponsive": 0, "replaced_dead": 0, "replaced_dirty": 0,
                       "replaced_bad_reply": 0, "recycled": 0}
         self._closed = False
@@ -565,8 +632,10 @@ class Sandbox:
         """What the sandbox is, for metadata: backend, isolation, limits."""
         d = self.cfg.model_dump(exclude={"label"})
         d["isolated"] = self.isolated
+        d["isolation_version"] = ISOLATION_VERSION
         d["note"] = ("Docker: no network, read-only root, tmpfs /tmp, memory/pids/cpu limits, all capabilities "
-                     "dropped but SETUID/SETGID/KILL, no-new-privileges, no SysV/POSIX IPC objects, tasks as uid 65534 "
+                     "dropped but SETUID/SETGID/KILL, no-new-privileges, no SysV/POSIX IPC objects, one task at a time "
+                     "per container (its pids cgroup is the task's process limit), tasks as uid 65534 "
                      "(an external suite's judge as uid 65533)"
                      if self.isolated else
                      "UNISOLATED local processes (resource limits and timeouts only): for the project's own "
@@ -619,7 +688,8 @@ class Sandbox:
             return
         deadline = time.monotonic() + wait_s
         with contextlib.suppress(Exception):
-            while left := self.client.containers.list(all=True, filters={"label": f"{LABEL_KEY}={self.label}"}):
+            while left := self.client.containers.list(all=True,
+                                                      filters={"label": f"{INSTANCE_KEY}={self.instance}"}):
                 for c in left:
                     with contextlib.suppress(Exception):  # its auto-removal is in progress: wait for it
                         c.remove(force=True)
@@ -696,7 +766,14 @@ class Sandbox:
                     return
                 try:
                     results[i] = self._execute(w, jobs[i], i)
+                except SandboxError as e:
+                    errors.append(e)
+                    return
                 except BaseException as e:  # noqa: BLE001 - re-raised in the caller
+                    if self.cfg.backend == "docker" and isinstance(e, _daemon_failures()):
+                        lost = daemon_lost(e, f"running a job on sandbox worker {w.name}")
+                        lost.__cause__ = e
+                        e = lost
                     errors.append(e)
                     return
                 done[0] += 1
