@@ -80,8 +80,11 @@ test-fast: install
 lint: install
 	$(BIN)/ruff check .
 
+# the reaper first: a run of this instance killed earlier (kill -9) would otherwise hold its pool slot
+# until its own run is launched (every run of the project's jobs reaps too: defs/run_reaper.py)
 dev: install
 	@mkdir -p $(DAGSTER_HOME)
+	$(BIN)/python -m sage_pipeline.defs.run_reaper
 	$(BIN)/dagster dev -w workspace.yaml
 
 # Redis, a throwaway PostgreSQL and two Celery workers on loopback, the whole graph through the

@@ -17,7 +17,8 @@ Issue 17's acceptance run. Five categories of trials, each checked against what 
 2. ``kill``: ``kill -9`` of a materialization's process group at a random delay, per writer
    asset (synthetic_sessions, trajectories, routing_dataset, reward_report, bc_policy,
    cql_policy, offline_eval, sage_router_checkpoint, sim_tasks, sandbox_rollouts on the
-   Docker and on the local sandbox, and one night each of sleep_cycle/reviewer and
+   Docker and on the local sandbox, ppo_policy and routing_benchmark (issue 35: each writes its
+   checkpoint, plot and report as one set), and one night each of sleep_cycle/reviewer and
    sleep_cycle/coder, whose judge runs code in the sandbox), on a temporary
    ``SAGE_DATA_DIR`` and ``DAGSTER_HOME``. Each run is the real asset
    materialized by ``dagster.materialize`` on that instance, in a process forked from a
@@ -55,16 +56,26 @@ Issue 17's acceptance run. Five categories of trials, each checked against what 
    behind it must then get the slot and succeed. Only with ``--pool`` (a minute or two: the
    daemon, its code server and two run workers each load the definitions); the same case with
    a toy pooled job runs in the test suite (``sage_pipeline_tests/defs/test_run_monitoring.py``).
-   Not covered anywhere: a pooled run executed inside the CLI (``dagster asset materialize``)
-   and killed with -9 has no code server to notice, stays STARTED and keeps its slot
-   (docs/scaling.md); the kill trials therefore use an instance without the pool limit.
+   A pooled run executed inside the CLI (``dagster asset materialize``) and killed with -9 has
+   no code server to notice: the next run's executor reaps it (``cli_pool``, below); the kill
+   trials use an instance without the pool limit.
 
-Results: the table is printed and written with every trial to
-``benchmarks/.scratch/fault_injection.json``.
+6. ``disk`` (issue 35): a full disk, as root on a real tmpfs filled but for a random few KB:
+   a set of files written as one (``artifacts.atomic_set``) for ``trajectories``,
+   ``routing_dataset`` and a ``sleep_cycle/reviewer`` night must fail with an error naming the
+   path and the asset (never a bare ``[Errno 28]``), leave the previous set whole and leave
+   no version half-written. Skipped (and said so) when not root.
+7. ``cli_pool`` (issue 35): a pooled ``dagster asset materialize`` run (a toy asset in a pool of
+   one slot, on the project's executor, ``run_reaper.reaping``) is killed with -9 while it holds
+   the slot; the next plain CLI run must finish within 60 s, with the dead run marked failed.
+
+Results: the table is printed and written with every trial to ``<scratch>/fault_injection.json``;
+``--scratch`` (default: a fresh temporary folder) is where everything is written, so the
+benchmark runs from a read-only clone.
 
     .venv/bin/python benchmarks/fault_injection.py [--trials-per-asset 5] [--concurrent-per-asset 2]
         [--fuzz-trials 120] [--backend-rounds 2] [--cli-assets A,B|all] [--no-cli] [--pool]
-        [--quick] [--seed 0] [--keep]
+        [--disk-trials 30] [--cli-pool-trials 2] [--quick] [--seed 0] [--keep] [--scratch DIR]
 """
 
 from __future__ import annotations
@@ -100,7 +111,6 @@ os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 
 from sage_pipeline import artifacts  # noqa: E402 - after the path is set; no heavy imports
 
-SCRATCH = ROOT / "benchmarks" / ".scratch"
 BIN = Path(sys.executable).parent
 NOBODY = 65534
 
@@ -532,7 +542,8 @@ _TEMP_DIR = re.compile(r"\..+\.(?:tmp-[a-z0-9_]{8}|old(?:-[a-z0-9_]{8})?|parts\.
 # artifacts.atomic_set's links made and not yet renamed into place
 _TEMP_LINK = re.compile(r"\..+\.link-[0-9a-f]{8}|\.(?:current|previous)\.[0-9a-f]{8}")
 # times inside otherwise equal JSON
-VOLATILE = {"seconds", "created_at", "started_at", "finished_at", "at", "decided_at"}
+VOLATILE = {"seconds", "created_at", "started_at", "finished_at", "at", "decided_at",
+            "timings_s"}  # routing_benchmark: seconds per stage
 
 
 def _volatile(key: str) -> bool:
@@ -636,6 +647,14 @@ def read_artifact(path: Path) -> str:
 
 def _files(root: Path, rels: list[str]) -> dict[str, str]:
     return {rel: read_artifact(root / rel) if (root / rel).exists() else "absent" for rel in rels}
+
+
+def _tree(root: Path, rel: str) -> dict[str, str]:
+    """Every file of a folder artifact, read completely."""
+    folder = root / rel
+    if not folder.exists():
+        return {rel: "absent"}
+    return {f"{rel}/{p.relative_to(folder)}": read_artifact(p) for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def _checkpoint(root: Path, rel: str) -> dict[str, str]:
@@ -905,6 +924,20 @@ ASSETS = [
               resources={"sandbox": {"config": {"backend": "local"}}}),
     AssetSpec("sleep_cycle/reviewer", "sleep_cycle/reviewer", "sleep_cycle__reviewer", ({},), fp_sleep,
               partitions=("2026-11-01", "2026-11-02", "2026-11-03"), exact=False),
+    # issue 35: the simulator's learner, its checkpoint, curve and report one set (it reads all four shards)
+    AssetSpec("ppo_policy", "ppo_policy", "ppo_policy",
+              tuple({"total_timesteps": 4096, "num_envs": 64, "eval_every": 2, "bandit_steps": 0, "seed": s,
+                     "num_threads": 1} for s in (0, 1)),
+              lambda r: {**_checkpoint(r, "checkpoints/ppo"),
+                         **_files(r, ["reports/ppo_policy.json", "reports/ppo_learning_curve.png"])}),
+    # issue 35: the routing benchmark on the test suite's slice of RouteLLM's MMLU table: report, plot, routers
+    AssetSpec("routing_benchmark", "routing_benchmark", "routing_benchmark",
+              tuple({"table": {"path": str(ROOT / "sage_pipeline_tests" / "routing_benchmark" / "fixtures"
+                                           / "routellm_mmlu_slice")}, "tfidf_svd": {"n_components": 32},
+                     "bc": {"steps": 80}, "cql": {"steps": 80}, "ope": {"n_boot": 30}, "aiq_boot": 30, "seed": s}
+                    for s in (0, 1)),
+              lambda r: {**_files(r, ["reports/routing_benchmark.json", "reports/routing_benchmark.png"]),
+                         **_tree(r, "checkpoints/routing_benchmark")}),
     # the coder's night judges candidate code in the sandbox (Docker here; local without a daemon)
     AssetSpec("sleep_cycle/coder", "sleep_cycle/coder", "sleep_cycle__coder", ({},),
               lambda r: fp_sleep(r, "coder"), partitions=("2026-11-01", "2026-11-02", "2026-11-03"), exact=False),
@@ -1572,7 +1605,127 @@ CHECKED = {
     "backend": "the night ends backend_error within (retries+1)*timeout + capped waits + 1.5 s; its "
                "diagnostics.json says so; the skill's lock is free",
     "pool": "the dead run is marked failed; the night queued behind it gets the slot and succeeds",
+    "disk": "a set written to a full tmpfs fails naming the path and the asset (not a bare [Errno 28]); the "
+            "previous set reads whole; no half-written version left",
+    "cli_pool": "after kill -9 of a pooled CLI run holding the slot, the next plain CLI run finishes within 60 s "
+                "and the dead run is marked failed (no reaper run by hand)",
 }
+
+
+# =============================================================================================
+# 6. a full disk; 7. a killed pooled CLI run
+# =============================================================================================
+
+DISK_ASSETS = {"trajectories": ["routing/trajectories.parquet", "routing/quarantine.jsonl"],
+               "routing_dataset": ["routing/routing_v1.parquet", "routing/routing_v1.jsonl",
+                                   "routing/action_space.json"],
+               "sleep_cycle/reviewer": ["sleep/reviewer/nights/2026-11-03/diagnostics.json",
+                                        "sleep/reviewer/nights/2026-11-03/report.md"]}
+
+
+def disk_trial(workdir: Path, asset: str, seed: int) -> Trial:
+    t0, rng = time.monotonic(), random.Random(seed)
+    mnt = workdir / f"disk-{seed}"
+    mnt.mkdir(parents=True, exist_ok=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if r.returncode:
+        return Trial("disk", f"{asset} #{seed}", False, f"cannot mount a tmpfs: {r.stderr.strip()}")
+    try:
+        members = DISK_ASSETS[asset]
+        with artifacts.writer(asset), artifacts.atomic_set(mnt, asset.replace("/", "__"), members) as stage:
+            for m in members:
+                artifacts.write_text(stage.path(m), f"old {m}\n")
+        old = {m: (mnt / m).read_text() for m in members}
+        with open(mnt / "filler", "ab", buffering=0) as fh, contextlib.suppress(OSError):
+            while True:
+                fh.write(b"\0" * 4096)
+        left = rng.randint(0, 48) * 1024
+        os.truncate(mnt / "filler", max(0, os.path.getsize(mnt / "filler") - left))
+        problems, msg = [], ""
+        try:
+            with artifacts.writer(asset), artifacts.atomic_set(mnt, asset.replace("/", "__"), members) as stage:
+                for m in members:
+                    artifacts.write_bytes(stage.path(m), os.urandom(rng.randint(20, 200) * 1024))
+            problems.append("the write did not fail on a full disk")
+        except artifacts.ArtifactWriteError as e:
+            msg = str(e)
+            if f"asset {asset}" not in msg or f"could not write {mnt}" not in msg or "No space left" not in msg:
+                problems.append(f"the error does not name the path and the asset: {msg}")
+        except OSError as e:
+            problems.append(f"a bare OSError: {e}")
+        now = {m: (mnt / m).read_text() for m in members}
+        if now != old:
+            problems.append("the previous set changed")
+        partial = [p.name for p in (mnt / artifacts.SETS_DIR).rglob("*.partial")]
+        if partial:
+            problems.append(f"half-written versions left: {partial}")
+        return Trial("disk", f"{asset} #{seed}", not problems, "; ".join(problems), time.monotonic() - t0,
+                     {"left_kb": left // 1024, "message": msg})
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+POOL_TOY = '''
+import os, time
+import dagster as dg
+from sage_pipeline.defs.run_reaper import reaping
+
+@dg.asset(pool="toy_pool")
+def slow() -> None:
+    time.sleep(float(os.environ.get("TOY_SLEEP", "0")))
+
+defs = dg.Definitions(assets=[slow], executor=reaping(dg.multiprocess_executor))
+'''
+
+
+def cli_pool_trial(workdir: Path, i: int) -> Trial:
+    """kill -9 of a pooled CLI run holding the only slot; the next CLI run must finish within 60 s."""
+    import dagster as dg
+
+    t0 = time.monotonic()
+    home = workdir / f"cli_pool-{i}"
+    home.mkdir(parents=True)
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\nconcurrency:\n  pools:\n    default_limit: 1\n")
+    (home / "toy.py").write_text(POOL_TOY)
+    env = {**os.environ, "DAGSTER_HOME": str(home), "PYTHONPATH": str(ROOT)}
+
+    def cli(sleep: float, **kw) -> subprocess.Popen:
+        return subprocess.Popen([str(BIN / "dagster"), "asset", "materialize", "-f", str(home / "toy.py"),
+                                 "--select", "slow"], env=env | {"TOY_SLEEP": str(sleep)}, cwd=home,
+                                start_new_session=True, **kw)
+
+    problems: list[str] = []
+    with dg.DagsterInstance.from_config(str(home)) as inst:
+        first = cli(600, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        run = None
+        try:
+            end = time.monotonic() + 120
+            while time.monotonic() < end and run is None:
+                runs = inst.get_runs(filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED]))
+                if runs and inst.all_logs(runs[0].run_id, of_type=dg.DagsterEventType.STEP_START):
+                    run = runs[0]
+                time.sleep(0.3)
+            time.sleep(random.Random(i).uniform(0, 1.0))
+        finally:
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait()
+        if run is None:
+            return Trial("cli_pool", f"pooled CLI run #{i}", False, "the first run's step never started")
+        t1 = time.monotonic()
+        second = cli(0, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            out, _ = second.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(second.pid, signal.SIGKILL)
+            out, _ = second.communicate()
+            problems.append("the next CLI run did not finish within 60 s")
+        took = time.monotonic() - t1
+        if second.returncode != 0:
+            problems.append(f"the next CLI run failed: {out[-500:]}")
+        if inst.get_run_by_id(run.run_id).status != dg.DagsterRunStatus.FAILURE:
+            problems.append("the killed run was not marked failed")
+    return Trial("cli_pool", f"pooled CLI run #{i}", not problems, "; ".join(problems), time.monotonic() - t0,
+                 {"next_run_s": round(took, 1)})
 
 
 def summarize(trials: list[Trial]) -> list[dict]:
@@ -1583,7 +1736,7 @@ def summarize(trials: list[Trial]) -> list[dict]:
             continue
         groups: dict[str, list[Trial]] = {}
         for t in ts:
-            key = (t.name.split(" #")[0].split(" (")[0] if cat in ("kill", "concurrent", "backend")
+            key = (t.name.split(" #")[0].split(" (")[0] if cat in ("kill", "concurrent", "backend", "disk", "cli_pool")
                    else "SAGE journal sets" if cat == "fuzz" else t.name)
             groups.setdefault(key, []).append(t)
         for key, g in groups.items():
@@ -1636,12 +1789,18 @@ def main() -> int:
                     "same case with a toy job is sage_pipeline_tests/defs/test_run_monitoring.py)")
     ap.add_argument("--assets", default="all", help="writer assets for the kill and concurrent trials ('all', "
                     "or a comma list; the inputs of the first one are materialized first)")
+    ap.add_argument("--disk-trials", type=int, default=30, help="full-disk trials (root only: a tmpfs each)")
+    ap.add_argument("--cli-pool-trials", type=int, default=2, help="kill -9 of a pooled CLI run, then the next")
+    ap.add_argument("--no-kill", action="store_true", help="skip the kill and concurrent trials (the longest)")
+    ap.add_argument("--scratch", type=Path, default=None, help="where everything is written (default: a fresh "
+                    "temporary folder; never inside the clone, which may be read-only)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--keep", action="store_true", help="keep the temporary folders (printed)")
     args = ap.parse_args()
     if args.quick:
         args.trials_per_asset, args.concurrent_per_asset, args.fuzz_trials, args.backend_rounds = 2, 1, 20, 1
         args.no_cli = True
+        args.disk_trials, args.cli_pool_trials = 3, 1
     chosen = {s.name for s in ASSETS} if args.assets == "all" else set(args.assets.split(","))
     if chosen - {s.name for s in ASSETS}:
         ap.error(f"--assets: unknown {sorted(chosen - {s.name for s in ASSETS})}; use {[s.name for s in ASSETS]}")
@@ -1649,8 +1808,9 @@ def main() -> int:
     unknown = cli_assets - {s.name for s in ASSETS}
     if unknown:
         ap.error(f"--cli-assets: unknown {sorted(unknown)}; use asset names from {[s.name for s in ASSETS]}")
-    SCRATCH.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="fault_injection-"))
+    scratch = args.scratch or Path(tempfile.mkdtemp(prefix="fault_injection-scratch-"))
+    scratch.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="fault_injection-", dir=scratch))
     work.chmod(0o755)
     print(f"fault injection on {platform.node()} ({os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}), "
           f"work folder {work}", flush=True)
@@ -1670,8 +1830,10 @@ def main() -> int:
 
     # 2-3. kills and concurrent runs, asset by asset in lineage order
     bench = Bench(work / "kill", args.seed)
+    if args.no_kill:
+        chosen = set()
     try:
-        last_chosen = max(i for i, sp in enumerate(ASSETS) if sp.name in chosen)
+        last_chosen = max((i for i, sp in enumerate(ASSETS) if sp.name in chosen), default=-1)
         for spec in ASSETS[:last_chosen + 1]:  # and what they read, in lineage order
             t0 = time.monotonic()
             for i in (0, 1):  # both config variants once, complete: the versions the trials compare with
@@ -1711,15 +1873,31 @@ def main() -> int:
         report(pool_trial(work))
         print(f"pool: 1 trial in {time.monotonic() - t0:.0f} s", flush=True)
 
+    # 6. a full disk
+    if args.disk_trials and os.geteuid() != 0:
+        print("disk: skipped (mounting a tmpfs needs root)", flush=True)
+    elif args.disk_trials:
+        t0 = time.monotonic()
+        for k in range(args.disk_trials):
+            report(disk_trial(work, list(DISK_ASSETS)[k % len(DISK_ASSETS)], args.seed * 10_000 + k))
+        print(f"disk: {args.disk_trials} trials in {time.monotonic() - t0:.0f} s", flush=True)
+
+    # 7. a killed pooled CLI run
+    t0 = time.monotonic()
+    for k in range(args.cli_pool_trials):
+        report(cli_pool_trial(work, k))
+    print(f"cli_pool: {args.cli_pool_trials} trials in {time.monotonic() - t0:.0f} s", flush=True)
+
     rows = summarize(trials)
     table = print_table(rows, trials)
     took = time.monotonic() - t_start
     print(f"\n{len(trials)} trials in {took:.0f} s, {sum(not t.ok for t in trials)} failed\n")
     print(table)
-    (SCRATCH / "fault_injection.json").write_text(json.dumps({
+    (scratch / "fault_injection.json").write_text(json.dumps({
         "machine": {"node": platform.node(), "cores": os.cpu_count(), "python": platform.python_version()},
         "args": vars(args), "seconds": round(took, 1), "rows": rows,
         "trials": [dataclasses.asdict(t) for t in trials]}, indent=1, default=str))
+    print(f"results: {scratch / 'fault_injection.json'}")
     if args.keep:
         print(f"\nkept {work}")
     else:

@@ -12,6 +12,7 @@ the folder.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import errno
 import fcntl
 import functools
@@ -25,7 +26,7 @@ import shutil
 import stat
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -34,8 +35,13 @@ DEFAULT_DATA_DIR = "datasets"
 
 
 def data_dir(override: str | os.PathLike[str] | None = None) -> Path:
-    """The artifact root: ``override`` if given, else ``$SAGE_DATA_DIR``, else ``./datasets``."""
+    """The artifact root: ``override`` if given, else ``$SAGE_DATA_DIR``, else ``./datasets``.
+
+    ``SAGE_DATA_DIR`` set but empty (or blank) is refused: it would silently mean the current folder."""
     raw = override if override not in (None, "") else os.environ.get(DATA_DIR_ENV, DEFAULT_DATA_DIR)
+    if not str(raw).strip():
+        raise ValueError(f"{DATA_DIR_ENV} is set but empty ({DATA_DIR_ENV}={raw!r}): set it to the artifact "
+                         f"folder, or unset it to use ./{DEFAULT_DATA_DIR}")
     return Path(raw).expanduser().resolve()
 
 
@@ -53,6 +59,118 @@ def fsync_dir(path: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+# ---------------------------------------------------------------------------------------------
+# A failed write names its path and its asset, in one place (_naming_write_errors): every atomic
+# writer below re-raises an OSError of writing an artifact (a full disk, a read-only filesystem,
+# a missing permission) as an ArtifactWriteError that says which file, for which asset, and what
+# to do, instead of a bare "[Errno 28] No space left on device".
+# ---------------------------------------------------------------------------------------------
+
+_WRITER: contextvars.ContextVar[str | None] = contextvars.ContextVar("sage_artifact_writer", default=None)
+_writer_resolver: Callable[[], str | None] | None = None
+# errors only a write can cause: one met while an artifact is being written is that write's
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}
+_HINTS = {
+    errno.ENOSPC: "the filesystem holding it is full: free space there (or set SAGE_DATA_DIR to a folder on a "
+                  "larger disk) and run the asset again",
+    errno.EDQUOT: "the disk quota of this user is used up there: free space (or set SAGE_DATA_DIR to another "
+                  "disk) and run the asset again",
+    errno.EFBIG: "the file is larger than this filesystem allows: set SAGE_DATA_DIR to another filesystem",
+    errno.EROFS: "the filesystem is read-only: set SAGE_DATA_DIR to a writable folder",
+    errno.EACCES: "this user may not write there: fix the folder's permissions or set SAGE_DATA_DIR to a "
+                  "writable folder",
+    errno.EPERM: "this user may not write there: fix the folder's permissions or set SAGE_DATA_DIR to a "
+                 "writable folder",
+}
+
+
+class ArtifactWriteError(OSError):
+    """Writing an artifact failed: ``path`` (where readers find it), ``asset`` (the writer, None
+    outside an asset) and the OSError that caused it (``__cause__``; ``errno`` is its errno).
+    The artifact's previous version is untouched (every write is atomic)."""
+
+    def __init__(self, cause: OSError, path: str | os.PathLike[str], asset: str | None,
+                 staged: str | os.PathLike[str] | None = None) -> None:
+        code = cause.errno
+        if code is None and "No space left on device" in str(cause):  # pyarrow's, without an errno
+            code = errno.ENOSPC
+        super().__init__(code, cause.strerror or str(cause), str(path))
+        self.cause, self.path, self.asset = cause, Path(path), asset
+        self.staged = Path(staged) if staged is not None else None
+
+    def moved(self, path: Path) -> ArtifactWriteError:
+        """The same error named by the public path of a staged file (atomic_set)."""
+        err = ArtifactWriteError(self.cause, path, self.asset, staged=self.path)
+        err.__cause__ = self.cause
+        return err
+
+    def __str__(self) -> str:
+        what = errno.errorcode.get(self.errno or 0, "no errno")
+        where = f" (staged as {self.staged})" if self.staged is not None else ""
+        who = f"asset {self.asset}" if self.asset else "no asset (written outside a Dagster run)"
+        hint = _HINTS.get(self.errno or 0, "check the disk and the folder's permissions, then run the asset again")
+        return (f"could not write {self.path}{where} for {who}: {self.cause.strerror or self.cause} ({what}). "
+                f"{hint[0].upper()}{hint[1:]}; its previous version is unchanged.")
+
+
+def current_writer() -> str | None:
+    """The asset writing now: the innermost :func:`writer` (atomic_set names its own), else what
+    the resolver the Dagster layer registered says (the running step's asset), else None."""
+    name = _WRITER.get()
+    if name is None and _writer_resolver is not None:
+        with contextlib.suppress(Exception):
+            name = _writer_resolver()
+    return name
+
+
+@contextlib.contextmanager
+def writer(name: str) -> Iterator[None]:
+    """Writes inside this block are the asset ``name``'s (named by a failed write)."""
+    token = _WRITER.set(name)
+    try:
+        yield
+    finally:
+        _WRITER.reset(token)
+
+
+def set_writer_resolver(resolver: Callable[[], str | None] | None) -> None:
+    """Register how to find the asset writing when no :func:`writer` block says (the Dagster
+    layer asks the running step's context; this module never imports dagster)."""
+    global _writer_resolver
+    _writer_resolver = resolver
+
+
+def _within(name: Any, folders: Sequence[Path]) -> bool:
+    if not isinstance(name, (str, bytes, os.PathLike)):
+        return False
+    path = os.path.abspath(os.fsdecode(name))
+    return any(path == str(f) or path.startswith(str(f).rstrip(os.sep) + os.sep) for f in folders)
+
+
+@contextlib.contextmanager
+def _naming_write_errors(dest: Path, *writing: Path, always: bool = False) -> Iterator[None]:
+    """The one place a failed artifact write is named: an OSError raised inside is re-raised as an
+    :class:`ArtifactWriteError` naming ``dest`` and the asset when it is a write's (``always``,
+    an errno only writes cause, or a file under ``writing``: the temporary file or folder being
+    filled). Other OSErrors (an input that cannot be read) pass through unchanged."""
+    try:
+        yield
+    except ArtifactWriteError:
+        raise
+    except OSError as e:
+        folders = [Path(os.path.abspath(w)) for w in writing]
+        if not (always or e.errno in _WRITE_ERRNOS or "No space left on device" in str(e)
+                or _within(e.filename, folders) or _within(e.filename2, folders)):
+            raise
+        raise ArtifactWriteError(e, dest, current_writer()) from e
+
+
+def naming_write_errors(dest: str | os.PathLike[str]) -> contextlib.AbstractContextManager[None]:
+    """For a small file written in place (a lock's note): any OSError writing it is an
+    :class:`ArtifactWriteError` naming ``dest`` and the asset."""
+    return _naming_write_errors(Path(dest), always=True)
 
 
 # what atomic_path names its temporary files: ``.<name>.XXXXXXXX.tmp`` (tempfile.mkstemp)
@@ -103,21 +221,24 @@ def atomic_path(dest: str | os.PathLike[str]) -> Iterator[Path]:
     sees a new temporary file before its writer holds it.
     """
     dest = Path(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with _folder_lock(dest.parent) as private:
-        if not private:  # a fresh atomic_dir folder of this process: nobody else wrote there
-            _sweep_temp_files(dest.parent)
-        fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
-        with contextlib.suppress(OSError):  # a filesystem without flock: swept by age instead
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    with _naming_write_errors(dest, always=True):
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with _folder_lock(dest.parent) as private:
+            if not private:  # a fresh atomic_dir folder of this process: nobody else wrote there
+                _sweep_temp_files(dest.parent)
+            fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+            with contextlib.suppress(OSError):  # a filesystem without flock: swept by age instead
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     tmp_path = Path(tmp)
     try:
-        yield tmp_path
-        with open(tmp_path, "rb+") as fh:
-            os.fsync(fh.fileno())
-        os.chmod(tmp_path, 0o666 & ~current_umask())
-        os.replace(tmp_path, dest)
-        fsync_dir(dest.parent)
+        with _naming_write_errors(dest, tmp_path):
+            yield tmp_path
+        with _naming_write_errors(dest, always=True):
+            with open(tmp_path, "rb+") as fh:
+                os.fsync(fh.fileno())
+            os.chmod(tmp_path, 0o666 & ~current_umask())
+            os.replace(tmp_path, dest)
+            fsync_dir(dest.parent)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             tmp_path.unlink()
@@ -297,12 +418,17 @@ def _fsync_tree(folder: Path) -> None:
     """fsync every file and folder under ``folder`` (callers may write plain files into it)."""
     for root, _dirs, files in os.walk(folder):
         for name in files:
-            with contextlib.suppress(OSError):
+            try:
                 fd = os.open(os.path.join(root, name), os.O_RDONLY | os.O_NOFOLLOW)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
+            except OSError:
+                continue  # a link or special file: nothing of ours to flush
+            try:
+                os.fsync(fd)
+            except OSError as e:  # data that did not reach the disk (full, I/O error): the write failed
+                if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EIO):
+                    raise
+            finally:
+                os.close(fd)
         fsync_dir(Path(root))
 
 
@@ -375,20 +501,23 @@ def atomic_dir(dest: str | os.PathLike[str]) -> Iterator[Path]:
     untouched.
     """
     dest = Path(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with _folder_lock(dest.parent):
-        _sweep(dest)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
-        hold = hold_folder(tmp)
-    try:
-        os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes it private; an artifact folder is not
-        yield tmp
-        _fsync_tree(tmp)
+    with _naming_write_errors(dest, always=True):
+        dest.parent.mkdir(parents=True, exist_ok=True)
         with _folder_lock(dest.parent):
-            replaced = _swap_in(tmp, dest)
-            fsync_dir(dest.parent)
-            if replaced is not None:
-                _remove(replaced)
+            _sweep(dest)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+            hold = hold_folder(tmp)
+    try:
+        with _naming_write_errors(dest, tmp):
+            os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes it private; an artifact folder is not
+            yield tmp
+        with _naming_write_errors(dest, always=True):
+            _fsync_tree(tmp)
+            with _folder_lock(dest.parent):
+                replaced = _swap_in(tmp, dest)
+                fsync_dir(dest.parent)
+                if replaced is not None:
+                    _remove(replaced)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -590,23 +719,30 @@ def atomic_set(root: str | os.PathLike[str], name: str, members: Sequence[str],
     if bad:
         raise ValueError(f"atomic_set {name!r}: members {bad} must be paths inside the artifact root")
     home = root / SETS_DIR / name
-    home.mkdir(parents=True, exist_ok=True)
-    with _folder_lock(home):
-        _sweep_set(home)
-        _sweep_member_leftovers(root, members)
-        stage = Path(tempfile.mkdtemp(prefix=f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-",
-                                      suffix=_PARTIAL, dir=home))
-        hold = hold_folder(stage)
+    token = _WRITER.set(_WRITER.get() or name)  # a failed write inside names this asset
+    try:
+        with _naming_write_errors(home, always=True):
+            home.mkdir(parents=True, exist_ok=True)
+            with _folder_lock(home):
+                _sweep_set(home)
+                _sweep_member_leftovers(root, members)
+                stage = Path(tempfile.mkdtemp(prefix=f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-",
+                                              suffix=_PARTIAL, dir=home))
+                hold = hold_folder(stage)
+    except BaseException:
+        _WRITER.reset(token)
+        raise
     version, switched = None, False
     try:
-        os.chmod(stage, 0o777 & ~current_umask())
-        yield SetStage(root, stage)
+        with _naming_staged_errors(root, stage):
+            os.chmod(stage, 0o777 & ~current_umask())
+            yield SetStage(root, stage)
         written = {str(p.relative_to(stage)) for p in stage.rglob("*")}
         stray = sorted(w for w in written if not any(w == m or w.startswith(m + "/") or m.startswith(w + "/")
                                                      for m in members))
         if stray:
             raise ValueError(f"atomic_set {name!r}: wrote {stray[:5]}, which are not among its members {list(members)}")
-        with _folder_lock(home):
+        with _naming_write_errors(home, always=True), _folder_lock(home):
             _adopt(root, home, members)
             current = _link_target(home)
             for m in members:  # what this run did not write keeps its content
@@ -636,7 +772,22 @@ def atomic_set(root: str | os.PathLike[str], name: str, members: Sequence[str],
                 shutil.rmtree(version, ignore_errors=True)
         raise
     finally:
+        _WRITER.reset(token)
         release_folder(hold)
+
+
+@contextlib.contextmanager
+def _naming_staged_errors(root: Path, stage: Path) -> Iterator[None]:
+    """A failed write into an atomic_set's version, named by the path readers know it by
+    (``root/<member>``, the staged path beside it)."""
+    try:
+        with _naming_write_errors(stage, stage):
+            yield
+    except ArtifactWriteError as e:
+        if not _within(e.path, [stage.absolute()]):
+            raise
+        public = root / e.path.absolute().relative_to(stage.absolute()) if e.path != stage else root
+        raise e.moved(public) from e.cause
 
 
 def write_bytes(dest: str | os.PathLike[str], data: bytes) -> Path:

@@ -19,6 +19,7 @@ from sage_pipeline.defs import (
     policy_iteration,
     routing_assets,
     routing_checks,
+    run_reaper,
     sage_loop_assets,
     sim_assets,
     sim_policy_assets,
@@ -59,10 +60,12 @@ def _forkserver(config: dict) -> dict:
 # ~5 s a fresh interpreter takes to import dagster, torch, pandas and the chains (make run has 25
 # steps: README, "make run"). Jobs that name their own executor (the Celery job of
 # docs/scaling.md) keep it.
-executor = dg.multiprocess_executor.configured(
+# Each run first marks the instance's dead runs (kill -9) failed and frees their pool slots
+# (defs/run_reaper.py), so a killed CLI run never leaves the next run blocked on its pool.
+executor = run_reaper.reaping(dg.multiprocess_executor.configured(
     _forkserver, name="multiprocess_forkserver",
     config_schema={"max_concurrent": dg.Field(int, is_required=False,
-                                              description="steps at once (default: the machine's CPU count)")})
+                                              description="steps at once (default: the machine's CPU count)")}))
 
 # Everything but the executor: one fragment per chain (add a chain's fragment here and nowhere
 # else) and what they share. A deployment module (e.g. defs/celery_definitions.py) merges these

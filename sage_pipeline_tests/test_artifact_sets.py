@@ -6,9 +6,11 @@ and folders of the older one-by-one layout are adopted without a moment of chang
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import random
+import re
 import signal
 import time
 from pathlib import Path
@@ -199,3 +201,146 @@ def test_concurrent_runs_all_succeed_and_the_last_switch_wins_whole(tmp_path):
     assert reads > 0 and bad == 0
     markers = set(_markers(tmp_path).values())
     assert len(markers) == 1 and markers.pop() % 100 == 14
+
+
+# ---------------------------------------------------------------------------------------------
+# Every asset's files: an asset that writes more than one file or folder writes them as one set
+# (issue 35). The assets are materialized in process with the artifacts layer recording each
+# atomic write and the asset it was made for (artifacts.current_writer); a write into an
+# atomic_set's version, or into a folder an atomic_dir fills, belongs to that set or folder.
+# ---------------------------------------------------------------------------------------------
+
+# Not materialized here, each with why it needs no check here. Every asset of the project's
+# Definitions is either measured below or listed here (a new asset must be one or the other).
+NOT_MEASURED = {
+    "sage_loop": "needs SAGE (SAGE_PYTHON); writes only into a fresh sage_loop/<run_id>/ folder per run",
+}
+# Measured, and known to write several files one by one: each entry must still do so (remove it
+# when its asset writes one set), and names whose it is to change.
+KNOWN_LOOSE = {
+    "sleep_cycle/reviewer": "issue 35: the sleep store (sleep/store.py, sleep/report.py: SKILL.md, index.jsonl, "
+                            "store.json, nights/<date>/*) keeps its own switch (pending.json); the sleep "
+                            "store's owner to move a night's files into one set",
+}
+
+
+# Not an asset's artifact: the sandbox's execution cache (sim/cache.py), segments named by their
+# content, each complete on its own and valid for any run; a mix of segments of two runs is its design.
+CACHES = ("sim/cache/",)
+
+
+def _is_set_or_nested(rel: Path) -> bool:
+    return any(p == artifacts.SETS_DIR or p == ".synthetic_versions" or re.fullmatch(r"\..+\.tmp-[a-z0-9_]{8}", p)
+               for p in rel.parts[:-1])
+
+
+@contextlib.contextmanager
+def _recording(monkeypatch, root: Path):
+    """Record, per asset, every outermost atomic write outside a set (path relative to root), and
+    the members of every atomic_set."""
+    loose: dict[str, set[str]] = {}
+    sets: dict[str, list[str]] = {}
+
+    def rec(real):
+        @contextlib.contextmanager
+        def write(dest, *args, **kwargs):
+            rel = Path(os.path.abspath(dest)).relative_to(root.resolve())
+            if not _is_set_or_nested(rel) and not str(rel).startswith(CACHES):
+                asset = (artifacts.current_writer() or "?").split(" (partition ")[0]
+                loose.setdefault(asset, set()).add(str(rel))
+            with real(dest, *args, **kwargs) as out:
+                yield out
+        return write
+
+    real_set = artifacts.atomic_set
+
+    @contextlib.contextmanager
+    def atomic_set(where, name, members, *args, **kwargs):
+        sets.setdefault(name, []).extend(members)
+        with real_set(where, name, members, *args, **kwargs) as stage:
+            yield stage
+
+    with monkeypatch.context() as m:
+        m.setattr(artifacts, "atomic_path", rec(artifacts.atomic_path))
+        m.setattr(artifacts, "atomic_dir", rec(artifacts.atomic_dir))
+        m.setattr(artifacts, "atomic_set", atomic_set)
+        yield loose, sets
+
+
+def _runs(tmp_path: Path):
+    """(root, assets, checks, run_config, partition, resources) of every materialization measured."""
+    import dagster as dg
+
+    from sage_pipeline.definitions import ROUTING_ASSETS
+    from sage_pipeline.defs import (
+        benchmark_assets,
+        online_ab,
+        policy_iteration,
+        routing_checks,
+        sim_assets,
+        sleep_assets as sa,
+    )
+    from sage_pipeline.defs.resources import SandboxResource
+    from sage_pipeline_tests.defs import (
+        test_benchmark_assets as tba,
+        test_policy_iteration_asset as tpi,
+        test_routing_assets as tra,
+        test_sim_policy_assets as tsp,
+    )
+
+    offline, sim, bench, sleep, month = (tmp_path / n for n in ("offline", "sim", "bench", "sleep", "month"))
+    yield (offline, [*ROUTING_ASSETS, online_ab.online_ab],
+           [routing_checks.routing_dataset_contract, routing_checks.routing_dataset_volume], tra.SMALL, None, {})
+    sandbox = {"sandbox": SandboxResource(backend="local", workers=2)}
+    yield sim, [sim_assets.sim_tasks], [], {"ops": {"sim_tasks": {"config": {"n_tasks": 30, "seed": 3}}}}, None, sandbox
+    yield sim, [sim_assets.sandbox_rollouts], [], None, sim_assets.SHARDS.get_partition_keys()[0], sandbox
+    ppo = tsp._root(tmp_path / "ppo")
+    yield ppo, [tsp.ppo_policy], [], tsp.SMALL, None, {}
+    yield (bench, [benchmark_assets.routing_benchmark], [], {"ops": {"routing_benchmark": {"config": tba.FAST}}},
+           None, {})
+    yield (month, [policy_iteration.policy_iteration], [],
+           {"ops": {"policy_iteration": {"config": {**tpi.TINY, "days": 2}}}}, None, {})
+    night = [a for a in sa.SLEEP_ASSETS if dg.AssetKey(["sleep_cycle", "reviewer"]) in a.keys]
+    yield sleep, night, [], None, "2026-11-03", {}
+
+
+@pytest.mark.slow
+def test_every_asset_writes_at_most_one_file_or_folder_outside_an_atomic_set(tmp_path, monkeypatch):
+    """Issue 35: an asset that writes several files or folders writes them as one atomic_set (a kill
+    or a full disk between two of them would leave files of two runs). Every asset is materialized
+    in process (small configs) while the artifacts layer records each atomic write and the asset it
+    was made for; an asset may write at most one file or folder outside a set."""
+    import dagster as dg
+
+    from sage_pipeline.definitions import defs
+    from sage_pipeline.defs.resources import SageResource
+    from sage_pipeline.rl import ppo_policy as pp
+
+    measured: dict[str, set[str]] = {}
+    all_sets: dict[str, list[str]] = {}
+    for root, assets, checks, run_config, partition, resources in _runs(tmp_path):
+        with _recording(monkeypatch, root) as (loose, sets):
+            result = dg.materialize([*assets, *checks], resources={"sage": SageResource(data_dir=str(root)),
+                                                                    **resources},
+                                    run_config=run_config, partition_key=partition,
+                                    instance=dg.DagsterInstance.ephemeral(), raise_on_error=False)
+        assert result.success, [e.event_specific_data.error.to_string() for e in result.all_events
+                                if e.event_type_value == "STEP_FAILURE"]
+        names = {e.asset_key.to_user_string() for e in result.all_events
+                 if e.event_type_value == "ASSET_MATERIALIZATION"}
+        assert set(loose) <= names, f"writes by no asset materialized here: {loose}"
+        for name in names:
+            measured.setdefault(name, set()).update(loose.get(name, set()))
+        all_sets |= sets
+
+    everything = {k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys()}
+    unaccounted = sorted(a for a in everything - set(measured) - set(NOT_MEASURED)
+                         if not (a.startswith("sleep_cycle/") and "sleep_cycle/reviewer" in measured))
+    assert not unaccounted, f"assets neither measured here nor listed in NOT_MEASURED with a reason: {unaccounted}"
+    several = {a: sorted(files) for a, files in measured.items() if len(files) > 1 and a not in KNOWN_LOOSE}
+    assert not several, ("these assets write several files or folders one by one, outside an artifacts.atomic_set "
+                         f"(a kill or a full disk between them leaves files of two runs): {several}")
+    fixed = [a for a in KNOWN_LOOSE if len(measured.get(a, ())) <= 1]
+    assert not fixed, f"{fixed} now write(s) at most one file outside a set: remove it from KNOWN_LOOSE"
+    assert set(pp.MEMBERS) <= set(all_sets["ppo_policy"])
+    assert {f"policy_iteration/{w}.png" for w in ("stationary", "drifting")} <= set(all_sets["policy_iteration"])

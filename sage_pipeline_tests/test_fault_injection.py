@@ -123,3 +123,36 @@ def test_leftover_scan_finds_what_a_killed_set_switch_leaves(fi, tmp_path):
     (home / "20261124T000002Z-c9d0e1f2.partial").rename(home / "20261124T000002Z-c9d0e1f2")
     assert ".sets/bc_policy holds 3 sets" in fi.leftovers(tmp_path)
     assert not fi._writing(tmp_path)  # an asset's set being written counts when its files' writes begin
+
+
+def test_a_full_disk_fails_naming_path_and_asset_and_keeps_the_old_set(fi, tmp_path):
+    """Issue 35's full-disk case, one trial per asset (a real tmpfs: root only)."""
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    trials = [fi.disk_trial(tmp_path, asset, k) for k, asset in enumerate(fi.DISK_ASSETS)]
+    assert len(trials) == 3 and not _failures(trials), _failures(trials)
+    assert all("No space left" in t.facts["message"] and "asset " in t.facts["message"] for t in trials)
+
+
+@pytest.mark.slow
+def test_a_killed_pooled_cli_run_never_blocks_the_next(fi, tmp_path):
+    trial = fi.cli_pool_trial(tmp_path, 0)
+    assert trial.ok, trial.detail
+    assert trial.facts["next_run_s"] < 60
+
+
+@pytest.mark.slow
+def test_the_results_go_to_the_scratch_folder_never_into_the_clone(tmp_path):
+    import json
+    import subprocess
+
+    scratch = tmp_path / "scratch"
+    r = subprocess.run([sys.executable, str(REPO / "benchmarks" / "fault_injection.py"), "--no-kill",
+                        "--fuzz-trials", "1", "--backend-rounds", "0", "--disk-trials", "0", "--cli-pool-trials", "0",
+                        "--scratch", str(scratch)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert json.loads((scratch / "fault_injection.json").read_text())["rows"][0]["trials"] == 1
+    assert not (REPO / "benchmarks" / ".scratch" / "fault_injection.json").exists() or \
+        (REPO / "benchmarks" / ".scratch" / "fault_injection.json").stat().st_mtime < scratch.stat().st_mtime

@@ -20,7 +20,8 @@ PY="${PYTHON_BIN:-.venv/bin/python}"
 step() { echo; echo "== $*"; }
 
 # a run of this instance killed earlier (kill -9, a closed laptop) would hold its pool slot
-# and leave the pooled steps below waiting forever: mark it failed and free its slots
+# and leave the pooled steps below waiting forever: mark it failed and free its slots (each run
+# below does it again before its steps claim slots: run_reaper.reaping, the project's executor)
 $PY -m sage_pipeline.defs.run_reaper
 
 step "1/4 unpartitioned assets"

@@ -67,18 +67,21 @@ def policy_iteration(context: dg.AssetExecutionContext, config: PolicyIterationC
     if bad or not config.worlds:
         raise ValueError(f"policy_iteration.worlds {config.worlds}: list 'stationary' and/or 'drifting'")
     meta, report = {}, {}
-    with artifacts.exclusive(sage.root(), "policy_iteration", context.log.info):
+    # each world's plot and working folder (its simulated journals and nightly ingests) and the report: one set
+    members = [f"policy_iteration/{n}" for w in WORLDS for n in (f"{w}.png", f"work/{w}")]
+    with sage.writing("policy_iteration", [*members, "policy_iteration/policy_iteration.json"],
+                      context.log.info) as stage:
         for world in dict.fromkeys(config.worlds):
             loop = pi.LoopConfig(**to_core(config, pi.MonthConfig).model_dump(),
                                  bandit=BanditConfig(algorithm=config.bandit),
                                  world=pi.WorldConfig(drift=world == "drifting"))
             t0 = time.perf_counter()
-            res = pi.run_month(loop, work=sage.path("policy_iteration", "work", world), catalogue=sage.catalogue,
+            res = pi.run_month(loop, work=stage.path("policy_iteration", "work", world), catalogue=sage.catalogue,
                                table=sage.table, progress=lambda m, w=world: context.log.info(f"{w}: {m}"))
             context.log.info(f"{world}: {config.days} days in {time.perf_counter() - t0:.0f} s")
             s = res.summary
             png = pi.plot_days(res.days, f"{world} world: true value by day (seed {config.seed})")
-            artifacts.write_bytes(sage.path("policy_iteration", f"{world}.png"), png)
+            artifacts.write_bytes(stage.path("policy_iteration", f"{world}.png"), png)
             report[world] = res.to_dict()
             meta |= {
                 f"{world}_cumulative_regret": dg.MetadataValue.json(s["cumulative_regret"]),
@@ -95,7 +98,7 @@ def policy_iteration(context: dg.AssetExecutionContext, config: PolicyIterationC
                                            "promoted", "wrong_promotion", "drop_z", "change_detected")}
                     for d in res.days])),
             }
-        path = artifacts.write_json(sage.path("policy_iteration", "policy_iteration.json"), report)
+        path = stage.public(artifacts.write_json(stage.path("policy_iteration", "policy_iteration.json"), report))
     return dg.MaterializeResult(metadata=meta | {"path": dg.MetadataValue.path(str(path)), "seed": config.seed,
                                                  "days": config.days})
 

@@ -9,7 +9,13 @@ lives on one machine: a run whose RUN_START was logged by a process that no long
 (or whose PID now belongs to a process started after the run) is reported failed and its
 slots are freed. A Postgres instance is shared by several machines, where a PID says
 nothing, so it is left alone (run monitoring with a health-checking launcher is the answer
-there). scripts/materialize_all.sh runs it first::
+there).
+
+Nobody has to run it by hand: every run of the project's jobs reaps its instance before its
+steps claim pool slots (:func:`reaping`, the executor of ``sage_pipeline.definitions``), so the
+next ``dagster asset materialize`` after a ``kill -9`` frees the dead run's slots itself and
+says so in one line. ``make dev`` and scripts/materialize_all.sh (``make run``) also run it
+first, and it can be run alone::
 
     .venv/bin/python -m sage_pipeline.defs.run_reaper      # DAGSTER_HOME as for the CLI
 """
@@ -72,6 +78,24 @@ def reap(instance: dg.DagsterInstance, log: Callable[[str], None] = print) -> li
             "marked failed, slots freed")
         reaped.append(run.run_id)
     return reaped
+
+
+def reaping(executor: dg.ExecutorDefinition) -> dg.ExecutorDefinition:
+    """``executor``, reaping its instance's dead runs (:func:`reap`) when a run creates it: in the
+    run's own process, before any step claims a pool slot, whatever launched the run (the CLI,
+    ``dagster dev``, a schedule). A reaped run is reported on stderr and in its own event log."""
+
+    def create(init_context):
+        try:
+            reap(init_context.instance, log=lambda m: print(m, file=sys.stderr, flush=True))
+        except Exception as e:  # never fail a run for this: say what to run instead
+            print(f"run_reaper: could not check for dead runs ({type(e).__name__}: {e}); if a step waits on "
+                  "'blocked by limit for pool', run: python -m sage_pipeline.defs.run_reaper", file=sys.stderr)
+        return executor.executor_creation_fn(init_context)
+
+    return dg.ExecutorDefinition(name=executor.name, config_schema=executor.config_schema,
+                                 executor_creation_fn=create, description=executor.description,
+                                 requirements=executor._requirements_fn)  # noqa: SLF001 (copy_for_configured's)
 
 
 def main() -> int:

@@ -20,7 +20,7 @@ from sage_pipeline.sim.rollouts import ROLLOUTS_DIR, read_rollouts
 from sage_pipeline.sim.schema import TASKS_FILE, read_tasks
 
 GROUP = "simulator"
-REPORT = ("reports", "ppo_policy.json")
+REPORT = pp.REPORT
 
 
 class EscalationRewardSection(dg.Config, EscalationRewardSpec):
@@ -72,16 +72,15 @@ def _sim(config: PPOPolicyConfig, sage: SageResource, log):
                       "Trained on the train split's tasks, judged on the held-out ones by exact ground truth beside "
                       "SAGE's static table, the oracle, the best policies that ignore the feedback and an online "
                       "bandit: value, regret closure, pass rate, cost; learning curve; env steps/s. Checkpoint in "
-                      "checkpoints/ppo/ (the common policy format).")
+                      "checkpoints/ppo/ (the common policy format), its learning curve and report in reports/, "
+                      "switched together (one set).")
 def ppo_policy(context: dg.AssetExecutionContext, config: PPOPolicyConfig, sage: SageResource) -> dg.MaterializeResult:
     sim = _sim(config, sage, context.log.info)
     run = pp.train_and_evaluate(sim, to_core(config, PPOConfig), log=context.log.info, bandit_steps=config.bandit_steps)
-    tasks_path = sage.path("sim", TASKS_FILE)
-    ck = run.result.save(sage.path("checkpoints", "ppo"), training_data_sha256=artifacts.file_sha256(tasks_path),
-                         metrics=run.summary)
-    png = pp.plot_learning_curve(run)
-    artifacts.write_bytes(sage.path("reports", "ppo_learning_curve.png"), png)
-    out = artifacts.write_json(sage.path(*REPORT), pp.report(run, sim))
+    sha256 = artifacts.file_sha256(sage.path("sim", TASKS_FILE))
+    with sage.writing("ppo_policy", pp.MEMBERS, context.log.info) as stage:  # checkpoint, curve, report: one set
+        ck, out, png = pp.write_outputs(run, sim, stage.path(), sha256)
+        ck, out = stage.public(ck), stage.public(out)
     s = run.summary
     extra = {}
     if isinstance(sim, SageLoopSim):

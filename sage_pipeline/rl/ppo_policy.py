@@ -36,6 +36,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -50,6 +51,12 @@ from sage_pipeline.sim.obs import LoopObs
 BLIND = ("best single arm", "best one-step route", "best feedback-blind plan",  # per task: they know its candidates
          "learned one-step route", "learned feedback-blind plan")  # from the task's observation, on the train tasks
 BANDIT = "online bandit (LinUCB, greedy)"
+# what the asset writes, relative to the artifact root: one set (artifacts.atomic_set), so a run
+# killed or failing between its files never leaves the checkpoint of one run beside the report of another
+CHECKPOINT = ("checkpoints", "ppo")
+CURVE = ("reports", "ppo_learning_curve.png")
+REPORT = ("reports", "ppo_policy.json")
+MEMBERS = tuple("/".join(p) for p in (CHECKPOINT, CURVE, REPORT))
 
 
 @dataclass(frozen=True)
@@ -180,6 +187,16 @@ def report(run: PPOPolicyRun, sim) -> dict:
     if isinstance(sim, SageLoopSim):
         return out | {"calibration": sim.config.to_dict()}
     return out | {"sim_config": sim.config.to_dict()}
+
+
+def write_outputs(run: PPOPolicyRun, sim, root: Path, training_data_sha256: str) -> tuple[Path, Path, bytes]:
+    """Write the checkpoint, the learning curve and the report (:data:`MEMBERS`) under ``root``
+    (an ``artifacts.atomic_set`` version, laid out like the artifact root): the checkpoint's
+    folder, the report's path and the curve's PNG bytes."""
+    ck = run.result.save(root.joinpath(*CHECKPOINT), training_data_sha256=training_data_sha256, metrics=run.summary)
+    png = plot_learning_curve(run)
+    artifacts.write_bytes(root.joinpath(*CURVE), png)
+    return ck, artifacts.write_json(root.joinpath(*REPORT), report(run, sim)), png
 
 
 def plot_learning_curve(run: PPOPolicyRun) -> bytes:

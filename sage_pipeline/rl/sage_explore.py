@@ -591,6 +591,12 @@ def reconstruct_propensities(decisions, deployments: list[Deployment] | str | Pa
         cache: dict = {}
         for pos in positions:
             r = records[pos]
+            missing = [c for c in ("task_complexity_score", "primary_failure_count") if pd.isna(r.get(c))]
+            if missing:  # SAGE's router always writes both (model_router.py): a line without them is not SAGE's
+                out.iat[pos, 0], out.iat[pos, 1] = np.nan, None
+                out.iat[pos, 2] = (f"the MODEL_ROUTING_DECISION line has no {' or '.join(missing)}, which SAGE's "
+                                   "router always writes: what it decided cannot be reconstructed")
+                continue
             key = (r["agent_role"], float(r["task_complexity_score"]), int(r["primary_failure_count"]),
                    r["primary_model"], r["fallback_model"], r["selected_model"], r.get("policy_source"),
                    _matched(r.get("matched_fallback_triggers")) > 0)

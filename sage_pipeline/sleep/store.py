@@ -317,10 +317,12 @@ class SkillStore:
                 raise NightLocked(f"{path}: another night of skill {self.skill!r} ({_holder(path)}) still runs "
                                   f"after {timeout_s:g} s; nights never overlap, try again later") from None
         try:
-            path.write_text(f"night {night or '?'}, pid {os.getpid()}, since {_now()}\n")
+            with artifacts.naming_write_errors(path):  # a full disk names the path and the asset
+                path.write_text(f"night {night or '?'}, pid {os.getpid()}, since {_now()}\n")
             yield
         finally:
-            path.write_text("")
+            with contextlib.suppress(OSError):  # emptying the note is a courtesy; the flock is what counts
+                path.write_text("")
             lock.release()
 
     # versions -------------------------------------------------------------------------------

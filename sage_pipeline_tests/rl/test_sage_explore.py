@@ -472,3 +472,17 @@ def test_a_deployed_checkpoint_that_is_gone_leaves_its_decisions_unknown_and_say
     got = se.propensity_reconstructor(se.deployments_path(tmp_path / "data"))(pd.DataFrame([decision]))
     assert math.isnan(got["propensity"].iat[0]) and got["propensity_checkpoint"].iat[0] == dep.sha256
     assert "cannot be read" in got["propensity_note"].iat[0] and dep.path in got["propensity_note"].iat[0]
+
+
+def test_a_decision_line_without_its_context_is_unknown_not_a_crash(tmp_path):
+    """A MODEL_ROUTING_DECISION without task_complexity_score or primary_failure_count (SAGE's router always
+    writes both) leaves that decision's probability unknown, saying why; routing_dataset used to stop with
+    'cannot convert float NaN to integer' (found by benchmarks/fault_injection.py)."""
+    base = {"timestamp_utc": "2026-11-27T10:00:00+00:00", "agent_role": "coder", "task_complexity_score": 0.2,
+            "primary_failure_count": 0, "primary_model": "qwen2.5-coder:1.5b", "fallback_model": "codestral:22b",
+            "selected_model": "qwen2.5-coder:1.5b", "matched_fallback_triggers": [], "policy_source": "yaml"}
+    frame = pd.DataFrame([base, base | {"primary_failure_count": np.nan}, base | {"task_complexity_score": np.nan}])
+    got = se.propensity_reconstructor(tmp_path / "none.jsonl")(frame)
+    assert got["propensity"].iat[0] == 1
+    for i, field in ((1, "primary_failure_count"), (2, "task_complexity_score")):
+        assert math.isnan(got["propensity"].iat[i]) and field in got["propensity_note"].iat[i]
