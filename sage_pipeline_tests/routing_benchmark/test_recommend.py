@@ -154,7 +154,6 @@ def test_a_table_shaped_like_the_published_ones(tmp_path):
     interval. (On this table routing by the true success probabilities beats the lookup by only ~0.002
     AIQ: each role's best model hardly changes with a prompt's level, so there is little for the text to
     add; evals_table above is where it adds, and there the recommendation beats the lookup.)"""
-    import pandas as pd
 
     from sage_pipeline.routing_benchmark import synthetic as bs
     from sage_pipeline.routing_benchmark.importer import ImportConfig
