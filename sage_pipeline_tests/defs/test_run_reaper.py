@@ -44,19 +44,28 @@ def _wait(cond, timeout: float, what: str):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def test_a_killed_cli_run_is_reaped_and_its_slot_freed(tmp_path, monkeypatch):
+def _pool_home(tmp_path, monkeypatch, source: str):
+    """An instance whose pools hold one slot each, with the toy code location ``source``."""
     (tmp_path / "dagster.yaml").write_text("telemetry:\n  enabled: false\nconcurrency:\n  pools:\n"
                                            "    default_limit: 1\n")
     toy = tmp_path / "toy.py"
-    toy.write_text(TOY)
+    toy.write_text(source)
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))
+    return toy
+
+
+def _holding_run(instance):
+    """The started run whose step has begun (and so holds the pool's slot), or None."""
+    runs = instance.get_runs(filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED]))
+    return runs and instance.all_logs(runs[0].run_id, of_type=dg.DagsterEventType.STEP_START) and runs[0]
+
+
+def test_a_killed_cli_run_is_reaped_and_its_slot_freed(tmp_path, monkeypatch):
+    toy = _pool_home(tmp_path, monkeypatch, TOY)
     with dg.DagsterInstance.get() as instance:
         first = _materialize(tmp_path, toy, 600)
         try:
-            def holding():
-                runs = instance.get_runs(filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED]))
-                return runs and instance.all_logs(runs[0].run_id, of_type=dg.DagsterEventType.STEP_START) and runs[0]
-            run = _wait(holding, 120, "the first run's step to start")
+            run = _wait(lambda: _holding_run(instance), 120, "the first run's step to start")
             assert instance.event_log_storage.get_concurrency_info("toy_pool").claimed_slots
             assert reap(instance, log=lambda m: None) == []          # alive: left alone
         finally:
@@ -96,18 +105,11 @@ def test_the_next_cli_run_frees_a_killed_cli_runs_slot_by_itself(tmp_path, monke
     the next plain `dagster asset materialize` (the project's executor, run_reaper.reaping) marks it
     failed, frees its slot and succeeds within 60 s, saying what it did in one line. Without
     reaping the second run waits on "blocked by limit for pool toy_pool" until killed."""
-    (tmp_path / "dagster.yaml").write_text("telemetry:\n  enabled: false\nconcurrency:\n  pools:\n"
-                                           "    default_limit: 1\n")
-    toy = tmp_path / "toy.py"
-    toy.write_text(REAPING_TOY)
-    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))
+    toy = _pool_home(tmp_path, monkeypatch, REAPING_TOY)
     with dg.DagsterInstance.get() as instance:
         first = _materialize(tmp_path, toy, 600)
         try:
-            def holding():
-                runs = instance.get_runs(filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED]))
-                return runs and instance.all_logs(runs[0].run_id, of_type=dg.DagsterEventType.STEP_START) and runs[0]
-            run = _wait(holding, 120, "the first run's step to start")
+            run = _wait(lambda: _holding_run(instance), 120, "the first run's step to start")
             assert instance.event_log_storage.get_concurrency_info("toy_pool").claimed_slots
         finally:
             os.killpg(first.pid, signal.SIGKILL)
