@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Annotated
 
 import numpy as np
 import pandas as pd
@@ -57,8 +58,9 @@ class RecommendConfig(BaseModel):
     validation_fraction: float = Field(0.25, gt=0.0, lt=1.0, description="share of the train prompts (by a stable "
                                        "hash of their text, salted apart from the test split) the candidates are "
                                        "scored on; they are fitted on the rest")
-    blend_shares: list[float] = Field([0.25, 0.5, 0.75], description="the lookup's share s in each blend "
-                                      "s * eval_lookup + (1 - s) * router of predicted qualities")
+    blend_shares: list[Annotated[float, Field(gt=0.0, lt=1.0)]] = Field(
+        [0.25, 0.5, 0.75], description="the lookup's share s in each blend s * eval_lookup + (1 - s) * router of "
+                                       "predicted qualities, each in (0, 1)")
     boot: int = Field(200, ge=20, description="bootstrap resamples of the validation prompts for each candidate's "
                       "paired margin over the zero router")
     level: float = Field(0.95, gt=0.5, lt=1.0, description="a candidate replaces the zero router's hull only if "
@@ -96,6 +98,15 @@ class Fitted:
 
 def blend_name(base: str, share: float) -> str:
     return f"blend({LOOKUP} {share:g}, {base})"
+
+
+def serving_spec(name: str, blend_shares: list[float]) -> dict:
+    """How a bundle serves the candidate ``name`` (routers.RouterBundle.route's ``recommended``)."""
+    for base in (*PROMPT_ROUTERS, META):
+        for s in blend_shares:
+            if name == blend_name(base, s):
+                return {"router": "blend", "name": name, "base": base, "share": float(s)}
+    return {"router": name, "name": name}
 
 
 def fit_candidates(x: np.ndarray, eval_name: np.ndarray, quality: np.ndarray, cost: np.ndarray, chars: np.ndarray,

@@ -48,7 +48,6 @@ from pathlib import Path
 from typing import Annotated
 
 import numpy as np
-import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
 from sage_pipeline import artifacts
@@ -234,8 +233,9 @@ class LookupRouter:
 
 def fit_lookup(eval_name: np.ndarray, quality: np.ndarray, models: tuple[str, ...]) -> LookupRouter:
     cats = eval_categories(eval_name)
-    means = pd.DataFrame(quality).groupby(pd.Series(eval_name).astype(str).to_numpy()).mean()
-    return LookupRouter(models, cats, means.loc[list(cats)].to_numpy(np.float64), quality.mean(axis=0))
+    oh = one_hot(eval_name, cats).astype(np.float64)  # every prompt's eval is among cats: counts >= 1
+    table = (oh.T @ quality) / oh.sum(axis=0)[:, None]
+    return LookupRouter(models, cats, table, quality.mean(axis=0))
 
 
 @dataclass(frozen=True)

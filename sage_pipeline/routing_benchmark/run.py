@@ -595,15 +595,6 @@ def decisions_at(routers: Routers, pred: Predictions, fx: Features, w: float) ->
             "bc": routers.bc.decide(fx.x_te, w), "cql": routers.cql.decide(fx.x_te, w)}
 
 
-def _recommended_spec(name: str) -> dict:
-    """How the bundle serves the recommended router (a blend is named ``blend(eval_lookup s, base)``)."""
-    for base in (*brec.PROMPT_ROUTERS, br.META):
-        if name.startswith("blend(") and name.endswith(f", {base})"):
-            return {"router": "blend", "name": name, "base": base,
-                    "share": float(name[len(f"blend({br.LOOKUP} "):-len(f", {base})")])}
-    return {"router": name, "name": name}
-
-
 def _bundle(result: BenchmarkResult, routers: Routers, feat: bfeat.PromptFeaturizer,
             cfg: BenchmarkConfig, full: brec.Fitted) -> br.RouterBundle:
     """The routers as saved for serving, with their manifest."""
@@ -612,7 +603,8 @@ def _bundle(result: BenchmarkResult, routers: Routers, feat: bfeat.PromptFeaturi
     hull = [result.models[int(np.flatnonzero(zc.cost == c)[np.argmax(zc.quality[zc.cost == c])])] for c in hull_cost]
     return br.RouterBundle(feat, result.models, routers.regression, {"bc": routers.bc, "cql": routers.cql},
                            predictors={"predictive": routers.predictive, "knn": routers.knn}, lookup=full.lookup,
-                           meta=full.meta, recommended=_recommended_spec(result.recommended), manifest={
+                           meta=full.meta, recommended=brec.serving_spec(result.recommended,
+                                                                         cfg.recommend.blend_shares), manifest={
         "zero_router_hull": hull,
         "kind": "routing_benchmark", "featurizer": feat.name, "training_data_sha256": result.table_sha256,
         "source": result.import_report.source, "test_fraction": cfg.test_fraction, "split_seed": cfg.seed,

@@ -143,6 +143,8 @@ def test_random_per_eval_is_scored_on_that_evals_own_hull():
 def test_recommend_config_errors():
     with pytest.raises(ValueError, match="validation_fraction"):
         brec.RecommendConfig(validation_fraction=1.0)
+    with pytest.raises(ValueError, match="blend_shares.1"):  # the lookup's share in a blend is in (0, 1)
+        brec.RecommendConfig(blend_shares=[0.5, 1.5])
     tab = evals_table(40, seed=2)
     with pytest.raises(ValueError, match="at least 10 fit and 10 validation prompts"):
         _run(tab, test_fraction=0.5, recommend=brec.RecommendConfig(validation_fraction=0.05))
