@@ -113,7 +113,7 @@ def ab_seed(seed: int, episodes: int, ab_episodes: int) -> dict:
     from sage_pipeline.routing.policy import StaticTablePolicy
     from sage_pipeline.routing.routing_dataset import DatasetConfig, build_routing_dataset
     from sage_pipeline.routing.routing_simulator import RoutingSimulator
-    from sage_pipeline.routing.table import RoutingTable
+    from sage_pipeline.sage.table import RoutingTable
 
     t0, quiet = time.perf_counter(), (lambda *_: None)
     cat, tab = ModelCatalogue.load(), RoutingTable.load()

@@ -167,7 +167,7 @@ def make_data(episodes: int, seed: int):
     from sage_pipeline.routing.reward import RewardSpec
     from sage_pipeline.routing.routing_dataset import build_routing_dataset
     from sage_pipeline.routing.routing_simulator import RoutingSimulator
-    from sage_pipeline.routing.table import RoutingTable
+    from sage_pipeline.sage.table import RoutingTable
 
     cat = ModelCatalogue.load()
     tab = RoutingTable.load()

@@ -38,7 +38,7 @@ root, env_name, n_envs, steps = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(
 sys.path.insert(0, root)
 import numpy as np
 from sage_pipeline.routing.catalogue import ModelCatalogue
-from sage_pipeline.routing.table import RoutingTable
+from sage_pipeline.sage.table import RoutingTable
 from sage_pipeline_tests.sim.synthetic import synthetic_suite
 tasks, rollouts = synthetic_suite(1200, seed=0)
 if env_name == "escalation":

@@ -49,14 +49,15 @@ TASKS_PER_SESSION = 4
 def run_seed(seed: int, episodes: int, rate: float | None) -> dict:
     import numpy as np
 
-    from sage_pipeline.rl import ope, sage_explore as se, sage_router as sr
+    from sage_pipeline.rl import ope
     from sage_pipeline.routing.action_space import ActionSpace
     from sage_pipeline.routing.catalogue import ModelCatalogue
     from sage_pipeline.routing.collector import simulate_episodes
     from sage_pipeline.routing.features import Contexts
     from sage_pipeline.routing.policy import StaticTablePolicy
     from sage_pipeline.routing.routing_simulator import RoutingSimulator
-    from sage_pipeline.routing.table import RoutingTable
+    from sage_pipeline.sage import checkpoint as sr, explore as se
+    from sage_pipeline.sage.table import RoutingTable
 
     t0 = time.perf_counter()
     cat, tab = ModelCatalogue.load(), RoutingTable.load()

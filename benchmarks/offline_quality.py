@@ -62,7 +62,7 @@ def run_seed(seed: int, episodes: int, criterion: str = "fqe", eval_fraction: fl
     from sage_pipeline.routing.policy import StaticTablePolicy, UniformPolicy
     from sage_pipeline.routing.routing_dataset import DatasetConfig, build_routing_dataset
     from sage_pipeline.routing.routing_simulator import RoutingSimulator
-    from sage_pipeline.routing.table import RoutingTable
+    from sage_pipeline.sage.table import RoutingTable
 
     t0 = time.perf_counter()
     quiet = lambda *_: None  # noqa: E731

@@ -98,7 +98,7 @@ def make_inputs(episodes: int, seed: int) -> dict[str, np.ndarray]:
     from sage_pipeline.routing.collector import simulate_episodes
     from sage_pipeline.routing.policy import EpsilonGreedyPolicy, StaticTablePolicy, UniformPolicy
     from sage_pipeline.routing.routing_simulator import RoutingSimulator, Tasks
-    from sage_pipeline.routing.table import RoutingTable
+    from sage_pipeline.sage.table import RoutingTable
 
     cat = ModelCatalogue.load()
     sim = RoutingSimulator(cat, RoutingTable.load())

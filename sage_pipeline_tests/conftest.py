@@ -11,7 +11,7 @@ os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 
 from sage_pipeline.routing.catalogue import ModelCatalogue  # noqa: E402
 from sage_pipeline.routing.routing_simulator import RoutingSimulator  # noqa: E402
-from sage_pipeline.routing.table import RoutingTable  # noqa: E402
+from sage_pipeline.sage.table import RoutingTable  # noqa: E402
 from sage_pipeline_tests.sage_contract.sage_journals import SAGE_SKIP, require_sage, write_journals  # noqa: E402
 
 
@@ -80,10 +80,10 @@ _SLOW = (
     "rl/test_ope.py::test_episode_estimators_recover_the_exact_policy_value",
     "rl/test_ope.py::test_evaluate_policy_on_the_routing_dataset",
     "rl/test_router.py::test_logged_propensity_is_the_exact_frequency_with_exploration",
-    "rl/test_sage_explore.py::test_sages_router_explores_with_the_reconstructed_probability",
-    "rl/test_sage_explore.py::test_exploration_cost_against_the_simulators_truth",
-    "rl/test_sage_explore.py::test_sages_router_runs_every_checkpoint_kind_as_the_project_models_it",
-    "rl/test_sage_router.py::test_sage_loads_the_file_unchanged_in_a_bare_process",
+    "sage/test_explore.py::test_sages_router_explores_with_the_reconstructed_probability",
+    "sage/test_explore.py::test_exploration_cost_against_the_simulators_truth",
+    "sage/test_explore.py::test_sages_router_runs_every_checkpoint_kind_as_the_project_models_it",
+    "sage/test_checkpoint.py::test_sage_loads_the_file_unchanged_in_a_bare_process",
     "routing_benchmark/test_recommend.py::test_metadata_and_text_recommend_a_router_that_beats_the_lookup_and_zero",
     "routing_benchmark/test_recommend.py::test_selection_never_reads_the_test_prompts",
     "routing_benchmark/test_recommend.py::test_only_eval_name_tells_then_the_lookup_family_is_recommended",

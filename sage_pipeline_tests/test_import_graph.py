@@ -8,8 +8,8 @@ reader). Modules are grouped into layers: the shared helpers, the pure domains `
 * no layer imports one that imports it back (no cycle), and the failure names the cycle with
   the file and line of every import on it;
 * dependencies point one way, down: ``definitions`` -> ``defs`` -> chains -> ``rl`` ->
-  ``sim`` and ``routing`` -> shared helpers (``sim`` reuses ``routing``'s reward, table and
-  catalogue, never the reverse);
+  ``sim`` and ``routing`` -> ``sage`` (SAGE's formats) -> shared helpers (``sim`` reuses
+  ``routing``'s reward and catalogue, never the reverse);
 * nothing outside ``defs`` and the Definitions modules imports dagster.
 
 Imports by name at run time (``importlib.import_module`` with a string) are not statements and
@@ -29,7 +29,10 @@ ROOT = Path(__file__).resolve().parents[1] / PACKAGE
 
 # layer -> rank: a module may import its own layer or a layer of lower rank only
 RANKS = {
-    "artifacts": 0, "markdown": 0, PACKAGE: 0,  # the shared helpers (and the package's __init__)
+    "artifacts": 0, "markdown": 0, "errors": 0, PACKAGE: 0,  # the shared helpers (and the package's __init__)
+    # SAGE's contract: its formats, read from SAGE's code (table, checkpoint, exploration, bandit
+    # state, the deployment bundle); below every domain that reads or writes them
+    "sage": 0.5,
     "routing": 1,
     "sim": 2,
     "rl": 3,

@@ -59,7 +59,7 @@ def main() -> int:
     if ck:
         print(f"sage_router_checkpoint: {ck.get('path') if ck.get('written') else 'not written'} "
               f"(from {ck.get('source')}; for the table {(ck.get('sage_table') or {}).get('path')}; deploy it "
-              "with `python -m sage_pipeline.rl.sage_explore deploy <its folder>`, which prints SAGE's exports)")
+              "with `python -m sage_pipeline.sage.explore deploy <its folder>`, which prints SAGE's exports)")
     for key in keys:
         if key.path[0] == "sleep_cycle":
             rec, night = _meta(instance, key)

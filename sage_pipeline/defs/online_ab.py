@@ -11,10 +11,11 @@ from sage_pipeline.defs.policy_assets import _space, offline_eval, sage_router_c
 from sage_pipeline.defs.resources import SageResource
 from sage_pipeline.defs.routing_assets import GROUP
 from sage_pipeline.defs.sections import to_core
-from sage_pipeline.rl import offline_eval as oe, online_ab as ab, sage_router
+from sage_pipeline.rl import offline_eval as oe, online_ab as ab
 from sage_pipeline.routing import routing_dataset as rd
 from sage_pipeline.routing.policy import StaticTablePolicy
 from sage_pipeline.routing.reward import RewardSpec
+from sage_pipeline.sage import checkpoint as sage_router
 
 REPORT = ("reports", "online_ab.json")
 

@@ -14,7 +14,7 @@ from sage_pipeline import artifacts, markdown
 from sage_pipeline.defs.resources import SageResource
 from sage_pipeline.defs.routing_assets import GROUP, reward_report, routing_dataset
 from sage_pipeline.defs.sections import to_core
-from sage_pipeline.rl import bc, cql, offline_eval as oe, ope, sage_explore, sage_router
+from sage_pipeline.rl import bc, cql, offline_eval as oe, ope
 from sage_pipeline.rl.checkpoint import load_policy, read_meta
 from sage_pipeline.rl.data import REQUIRED, from_dataset
 from sage_pipeline.routing import routing_dataset as rd
@@ -22,6 +22,7 @@ from sage_pipeline.routing.action_space import FILE_NAME as ACTION_SPACE_FILE, S
 from sage_pipeline.routing.features import FeatureSpec
 from sage_pipeline.routing.policy import StaticTablePolicy
 from sage_pipeline.routing.reward import RewardSpec
+from sage_pipeline.sage import checkpoint as sage_router, explore as sage_explore
 
 # What the learners and estimators read; the provenance columns stay on disk.
 POLICY_COLUMNS = (*REQUIRED, "decision_id", "data_source", "propensity_source")
@@ -402,7 +403,7 @@ def sage_router_checkpoint(context: dg.AssetExecutionContext, config: SageRouter
         "agreement_on_train_states": dg.MetadataValue.json(manifest.get("agreement", {})),
         "sage_env": dg.MetadataValue.md("Set in SAGE's environment:\n\n```bash\n" + "\n".join(
             f"export {k}={v}" for k, v in written["sage_env"].items()) + "\n```\n\nOnce SAGE runs it, record the "
-            "deployment (`python -m sage_pipeline.rl.sage_explore deploy <this folder>`, which prints the exports "
+            "deployment (`python -m sage_pipeline.sage.explore deploy <this folder>`, which prints the exports "
             "for its kept copy) so each logged decision's probability can be reconstructed."),
         "decisions_checked_as_sage": checked,
         "roles_sage_never_consults": dg.MetadataValue.md(

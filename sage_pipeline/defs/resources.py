@@ -13,7 +13,7 @@ from pydantic import Field
 
 from sage_pipeline import artifacts
 from sage_pipeline.routing.catalogue import DEFAULT_CATALOGUE, ModelCatalogue
-from sage_pipeline.routing.table import DEFAULT_TABLE, RoutingTable
+from sage_pipeline.sage.table import DEFAULT_TABLE, RoutingTable
 from sage_pipeline.sim.sandbox import SandboxConfig, SandboxError, check_docker, open_sandbox
 
 

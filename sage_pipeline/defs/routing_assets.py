@@ -14,12 +14,12 @@ from pydantic import Field
 from sage_pipeline import artifacts, markdown
 from sage_pipeline.defs.resources import SageResource
 from sage_pipeline.defs.sections import section, to_core
-from sage_pipeline.rl import sage_explore
 from sage_pipeline.routing import collector, ingest, reward_report as rr, routing_dataset as rd
 from sage_pipeline.routing.action_space import FILE_NAME as ACTION_SPACE_FILE
 from sage_pipeline.routing.reward import DatasetRewardSpec
 from sage_pipeline.routing.routing_simulator import OutcomeSpec, RoutingSimulator, SimulatorConfig
 from sage_pipeline.routing.schema import DATASET_COLUMNS, ROLES
+from sage_pipeline.sage import explore as sage_explore
 
 GROUP = "offline_routing"
 

@@ -11,7 +11,7 @@ from sage_pipeline.defs.resources import SageResource
 from sage_pipeline.defs.sections import section, to_core
 from sage_pipeline.rl import ppo_policy as pp
 from sage_pipeline.rl.ppo import PPOConfig
-from sage_pipeline.routing.table import RoutingTable
+from sage_pipeline.sage.table import RoutingTable
 from sage_pipeline.sim.env import CodeTaskSim, EscalationRewardSpec, SimConfig
 from sage_pipeline.sim.loop_config import DEFAULT_CONFIG, SageLoopConfig
 from sage_pipeline.sim.loop_env import SageLoopSim

@@ -36,7 +36,7 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
 from sage_pipeline import artifacts
-from sage_pipeline.rl import cql, ope, sage_router
+from sage_pipeline.rl import cql, ope
 from sage_pipeline.rl.data import from_dataset
 from sage_pipeline.routing.action_space import ActionSpace
 from sage_pipeline.routing.catalogue import ModelCatalogue
@@ -45,7 +45,8 @@ from sage_pipeline.routing.policy import StaticTablePolicy
 from sage_pipeline.routing.reward import RewardSpec
 from sage_pipeline.routing.routing_dataset import session_split
 from sage_pipeline.routing.routing_simulator import RoutingSimulator, SimulatorConfig, Tasks
-from sage_pipeline.routing.table import RoutingTable
+from sage_pipeline.sage import checkpoint as sage_router
+from sage_pipeline.sage.table import RoutingTable
 
 log = logging.getLogger(__name__)
 

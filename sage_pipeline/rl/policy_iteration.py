@@ -53,7 +53,7 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sage_pipeline import artifacts
-from sage_pipeline.rl import cql, offline_eval as oe, online_ab as ab, ope, sage_router
+from sage_pipeline.rl import cql, offline_eval as oe, online_ab as ab, ope
 from sage_pipeline.rl.bandit import BanditConfig, LinearBandit, run_online
 from sage_pipeline.routing import collector, ingest
 from sage_pipeline.routing.action_space import ActionSpace
@@ -64,7 +64,8 @@ from sage_pipeline.routing.reward import RewardSpec
 from sage_pipeline.routing.routing_dataset import DatasetConfig, build_routing_dataset
 from sage_pipeline.routing.routing_simulator import RoutingSimulator, SimulatorConfig, Tasks
 from sage_pipeline.routing.schema import ROLES, TRAJECTORY_STEP
-from sage_pipeline.routing.table import RoutingTable
+from sage_pipeline.sage import checkpoint as sage_router
+from sage_pipeline.sage.table import RoutingTable
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from sage_pipeline import artifacts
-from sage_pipeline.routing.table import RoutingTable
+from sage_pipeline.sage.table import RoutingTable
 
 SPACES = ("multi_model", "sage_binary")
 FILE_NAME = "action_space.json"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sage_pipeline.routing.errors import ConfigError, KeyLines, check_keys, load_yaml
+from sage_pipeline.errors import ConfigError, KeyLines, check_keys, load_yaml
 from sage_pipeline.routing.schema import ROLES
 
 DEFAULT_CATALOGUE = Path(__file__).with_name("data") / "model_catalogue.yaml"

@@ -16,7 +16,7 @@ import numpy as np
 
 from sage_pipeline.routing.catalogue import ModelCatalogue
 from sage_pipeline.routing.features import Contexts
-from sage_pipeline.routing.table import RoutingTable
+from sage_pipeline.sage.table import RoutingTable
 
 
 @runtime_checkable

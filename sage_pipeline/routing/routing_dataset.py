@@ -40,7 +40,7 @@ from sage_pipeline.routing.action_space import ActionSpace
 from sage_pipeline.routing.catalogue import ModelCatalogue
 from sage_pipeline.routing.reward import RewardSpec, apply_version, dataset_reward_spec, sage_composite_reward
 from sage_pipeline.routing.schema import DATASET_COLUMNS, SCHEMA_VERSION
-from sage_pipeline.routing.table import RoutingTable
+from sage_pipeline.sage.table import RoutingTable
 
 PARQUET_NAME = f"routing_v{SCHEMA_VERSION}.parquet"
 BUILD_REPORT_NAME = "build_report.json"  # BuildReport.to_dict(): joins, derivations and what was left out

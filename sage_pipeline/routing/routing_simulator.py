@@ -25,7 +25,7 @@ from sage_pipeline.routing.catalogue import ModelCatalogue, known_tokens
 from sage_pipeline.routing.features import Contexts
 from sage_pipeline.routing.reward import RewardSpec, apply_version, sage_step_reward
 from sage_pipeline.routing.schema import REWARD_MAX, REWARD_MIN, ROLES
-from sage_pipeline.routing.table import RoutingTable
+from sage_pipeline.sage.table import RoutingTable
 
 # How often each role gets a task, and the Beta(a, b) of its complexity and the median
 # prompt size of its tasks. Every role gets at least 11% so 5,000 episodes give each

@@ -2,16 +2,8 @@
 
 from __future__ import annotations
 
-ROLES: tuple[str, ...] = (
-    "planner",
-    "architect",
-    "coder",
-    "debugger",
-    "reviewer",
-    "test_engineer",
-    "documentation",
-    "memory_optimizer",
-)
+from sage_pipeline.sage.table import ROLES
+
 ROLE_INDEX = {r: i for i, r in enumerate(ROLES)}
 
 TRAJECTORY_STEP = "TRAJECTORY_STEP"

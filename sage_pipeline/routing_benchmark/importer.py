@@ -81,7 +81,7 @@ import pyarrow.parquet as pq
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
-from sage_pipeline.routing.errors import ConfigError
+from sage_pipeline.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 

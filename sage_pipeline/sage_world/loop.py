@@ -36,7 +36,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from sage_pipeline import artifacts
-from sage_pipeline.rl import offline_eval as oe, ope, sage_explore, sage_router
+from sage_pipeline.rl import offline_eval as oe, ope
+from sage_pipeline.sage import checkpoint as sage_router, explore as sage_explore
 from sage_pipeline.sage_world import truth as T
 from sage_pipeline.sage_world.harness import HarnessConfig, SageInstall, run_day
 from sage_pipeline.sage_world.server import WorldServer

@@ -36,8 +36,8 @@ from pathlib import Path
 import joblib
 import numpy as np
 
-from sage_pipeline.rl import sage_explore, sage_router
-from sage_pipeline.routing.table import RoutingTable
+from sage_pipeline.sage import checkpoint as sage_router, explore as sage_explore
+from sage_pipeline.sage.table import RoutingTable
 from sage_pipeline.sage_world.world import MAX_RETRIES, ModelWorld
 
 

@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from sage_pipeline.routing.table import RoutingTable
+from sage_pipeline.sage.table import RoutingTable
 from sage_pipeline.sim.loop_config import SageLoopConfig
 from sage_pipeline.sim.loop_env import SageLoopSim
 from sage_pipeline.sim.schema import OUTCOME_KINDS, TaskRecord

@@ -60,7 +60,7 @@ from sage_pipeline.routing.catalogue import ModelCatalogue
 from sage_pipeline.routing.features import log_tokens, scaled_count
 from sage_pipeline.routing.reward import RewardSpec, RewardVersion, apply_version, sage_step_reward
 from sage_pipeline.routing.schema import REWARD_MAX, REWARD_MIN, ROLE_INDEX, ROLES
-from sage_pipeline.routing.table import RoutingTable
+from sage_pipeline.sage.table import RoutingTable
 from sage_pipeline.sim.obs import LAST_OUTCOMES, CodeTaskObs, ObsSpec
 from sage_pipeline.sim.rollouts import RolloutsError
 from sage_pipeline.sim.schema import OUTCOME_KINDS, Candidate, ExecJob, ExecResult, TaskRecord

@@ -70,7 +70,7 @@ import numpy as np
 
 from sage_pipeline.routing.reward import RewardSpec, apply_version, sage_step_reward
 from sage_pipeline.routing.schema import REWARD_MAX, REWARD_MIN, ROLE_INDEX
-from sage_pipeline.routing.table import RoutingTable
+from sage_pipeline.sage.table import RoutingTable
 from sage_pipeline.sim.env import Executor, TaskOutcomes, TaskSimBase, TaskVecEnvBase, resolve_outcomes
 from sage_pipeline.sim.loop_config import SageLoopConfig, SageLoopConfigError
 from sage_pipeline.sim.obs import LAST_OUTCOMES, LoopObs, ObsSpec

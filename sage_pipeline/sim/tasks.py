@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from sage_pipeline.routing.errors import ConfigError
+from sage_pipeline.errors import ConfigError
 from sage_pipeline.sim import mutants
 from sage_pipeline.sim.families import FAMILIES, Family, FamilyError, TaskSpec
 from sage_pipeline.sim.schema import (

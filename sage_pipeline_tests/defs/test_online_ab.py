@@ -11,10 +11,10 @@ import pytest
 
 from sage_pipeline.defs.online_ab import ONLINE_AB_CHECKS, online_ab
 from sage_pipeline.defs.resources import SageResource
-from sage_pipeline.rl import sage_router
 from sage_pipeline.routing import collector
 from sage_pipeline.routing.action_space import FILE_NAME, ActionSpace
 from sage_pipeline.routing.policy import StaticTablePolicy
+from sage_pipeline.sage import checkpoint as sage_router
 
 
 def _materialize(root, episodes: int = 600):

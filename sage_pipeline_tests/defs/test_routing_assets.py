@@ -258,7 +258,7 @@ def test_logs_without_propensities_use_bc_estimates(tmp_path):
     from sage_pipeline.routing import collector
     from sage_pipeline.routing.catalogue import ModelCatalogue
     from sage_pipeline.routing.routing_simulator import RoutingSimulator
-    from sage_pipeline.routing.table import RoutingTable
+    from sage_pipeline.sage.table import RoutingTable
 
     cat = ModelCatalogue.load()
     src = tmp_path / "src"

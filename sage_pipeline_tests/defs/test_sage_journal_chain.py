@@ -128,9 +128,10 @@ def test_sage_router_checkpoint_says_what_it_did(chain):
 
 def test_offline_eval_keeps_every_candidate_it_judged(chain):
     """Promoted or not, each served candidate the gate judged is kept as the file SAGE would load."""
-    from sage_pipeline.rl import offline_eval as oe, sage_router
+    from sage_pipeline.rl import offline_eval as oe
     from sage_pipeline.routing.action_space import ActionSpace
-    from sage_pipeline.routing.table import RoutingTable
+    from sage_pipeline.sage import checkpoint as sage_router
+    from sage_pipeline.sage.table import RoutingTable
 
     root, _ = chain
     table = RoutingTable.load(FIXTURE / "models.yaml")
@@ -145,9 +146,9 @@ def test_the_first_exploring_checkpoint_needs_no_logs(tmp_path):
     """Day one of exploration: nothing promoted and no routing dataset yet, the exploring checkpoint
     around SAGE's YAML is written from the table alone, and loads as what it says."""
     from sage_pipeline.defs import policy_assets
-    from sage_pipeline.rl import sage_explore
     from sage_pipeline.routing.action_space import ActionSpace
-    from sage_pipeline.routing.table import RoutingTable
+    from sage_pipeline.sage import explore as sage_explore
+    from sage_pipeline.sage.table import RoutingTable
 
     table_path = FIXTURE / "models.yaml"
     result = dg.materialize([policy_assets.sage_router_checkpoint],

@@ -25,7 +25,7 @@ from sage_pipeline.routing.policy import StaticTablePolicy, check_probs
 from sage_pipeline.routing.routing_dataset import build_routing_dataset
 from sage_pipeline.routing.routing_simulator import RoutingSimulator, Tasks
 from sage_pipeline.routing.schema import ROLE_INDEX, ROLES
-from sage_pipeline.routing.table import RoutingTable
+from sage_pipeline.sage.table import RoutingTable
 
 SPEC = FeatureSpec()
 ALPHAS = (0.0, 0.03, 0.3, 3.0)  # trained together, one batched run per mode

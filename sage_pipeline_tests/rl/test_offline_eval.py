@@ -169,7 +169,7 @@ def logged_frame(tmp_path_factory):
     from sage_pipeline.routing.ingest import IngestConfig, ingest
     from sage_pipeline.routing.routing_dataset import DatasetConfig, build_routing_dataset
     from sage_pipeline.routing.routing_simulator import RoutingSimulator
-    from sage_pipeline.routing.table import RoutingTable
+    from sage_pipeline.sage.table import RoutingTable
 
     tmp = tmp_path_factory.mktemp("logged")
     cat = ModelCatalogue.load()

@@ -17,7 +17,7 @@ from sage_pipeline.routing.collector import CollectorConfig, collect, simulate_e
 from sage_pipeline.routing.features import Contexts
 from sage_pipeline.routing.policy import EpsilonGreedyPolicy, StaticTablePolicy, UniformPolicy
 from sage_pipeline.routing.routing_simulator import RoutingSimulator, Tasks
-from sage_pipeline.routing.table import RoutingTable
+from sage_pipeline.sage.table import RoutingTable
 
 # ---------------------------------------------------------------- a tiny bandit, by hand
 # w = pi_e(a|x) / pscore = [1/0.5, 0.5/0.5, 0.25/0.8, 1/0.2] = [2, 1, 0.3125, 5]

@@ -13,7 +13,7 @@ import pytest
 from sage_pipeline.rl.router import Router
 from sage_pipeline.routing.action_space import ActionSpace
 from sage_pipeline.routing.features import Contexts
-from sage_pipeline.routing.table import RoutingTable
+from sage_pipeline.sage.table import RoutingTable
 
 TABLE = {"routing": {
     "coder": {"primary": "qwen2.5-coder:1.5b", "fallback": "codestral:22b",

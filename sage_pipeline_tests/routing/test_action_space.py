@@ -7,7 +7,7 @@ import pytest
 
 from sage_pipeline.routing.action_space import ActionSpace
 from sage_pipeline.routing.schema import ROLES
-from sage_pipeline.routing.table import RoutingTable
+from sage_pipeline.sage.table import RoutingTable
 
 SAGE_LIKE = {"routing": {
     "shell_router": {"primary": "llama3.2:3b", "fallback": "qwen3:14b-q4_K_M"},

@@ -27,7 +27,7 @@ from sage_pipeline.routing.ingest import IngestConfig, ingest
 from sage_pipeline.routing.policy import EpsilonGreedyPolicy, StaticTablePolicy, UniformPolicy
 from sage_pipeline.routing.reward import sage_step_reward
 from sage_pipeline.routing.schema import REWARD_MAX, REWARD_MIN, ROLE_INDEX, ROLES, TRAJECTORY_STEP
-from sage_pipeline.routing.table import DEFAULT_TABLE
+from sage_pipeline.sage.table import DEFAULT_TABLE
 
 CONFIG = CollectorConfig(episodes=400, seed=3, epsilon=0.3, sessions_per_day=30)
 STATE_FIELDS = {

@@ -19,7 +19,7 @@ from sage_pipeline.routing.ingest import IngestConfig, ingest
 from sage_pipeline.routing.routing_dataset import build_routing_dataset
 from sage_pipeline.routing.routing_simulator import RoutingSimulator
 from sage_pipeline.routing.schema import DATASET_COLUMNS, ROLES
-from sage_pipeline.routing.table import RoutingTable
+from sage_pipeline.sage.table import RoutingTable
 
 
 @pytest.fixture(scope="module")

@@ -411,7 +411,7 @@ def _tu(rows: list[dict]) -> pd.DataFrame:
 
 @pytest.fixture()
 def sage_day():
-    from sage_pipeline.routing.table import RoutingTable
+    from sage_pipeline.sage.table import RoutingTable
 
     table = RoutingTable.from_dict(SAGE_TABLE, source="models.yaml")
     traj = _sage_rows([
@@ -512,7 +512,7 @@ def test_episode_without_complexity_is_left_out_and_counted(sage_day, catalogue)
 
 
 def test_no_routed_role_is_an_error_naming_the_table(catalogue):
-    from sage_pipeline.routing.table import RoutingTable
+    from sage_pipeline.sage.table import RoutingTable
 
     table = RoutingTable.from_dict(SAGE_TABLE, source="models.yaml")
     traj = _sage_rows([{"task_id": "t", "role": "ghost", "model": "m", "timestamp": "2026-11-20T10:00:00+00:00",

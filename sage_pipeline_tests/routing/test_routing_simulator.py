@@ -409,7 +409,7 @@ def test_binary_oracle_is_the_best_primary_or_fallback_policy(sim, tasks, catalo
 
 
 def test_simulator_refuses_a_table_with_other_roles(catalogue):
-    from sage_pipeline.routing.table import RoutingTable
+    from sage_pipeline.sage.table import RoutingTable
 
     t = RoutingTable.from_dict({"routing": {"shell_chat": {"primary": "gpt-4.1", "fallback": "gpt-4.1"}}},
                                source="sage.yaml")

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from sage_pipeline.routing import expectations, ingest, routing_dataset as rd
-from sage_pipeline.routing.table import RoutingTable
+from sage_pipeline.sage.table import RoutingTable
 from sage_pipeline_tests.sage_contract.sage_journals import expected_decisions, require_sage, write_journals
 
 SHAPES = {

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from sage_pipeline.routing.table import RoutingTable
+from sage_pipeline.sage.table import RoutingTable
 
 FIXTURE = Path(__file__).with_name("fixtures") / "sage_journal"
 SESSIONS = FIXTURE / "memory" / "sessions"

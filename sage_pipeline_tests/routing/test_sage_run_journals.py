@@ -26,7 +26,7 @@ from sage_pipeline.routing.reward import (
     dataset_reward_spec,
     sage_composite_reward,
 )
-from sage_pipeline.routing.table import RoutingTable
+from sage_pipeline.sage.table import RoutingTable
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "sage_run_lines"
 SESSIONS = FIXTURE / "memory" / "sessions"

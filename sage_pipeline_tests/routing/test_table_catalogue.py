@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import yaml
 
+from sage_pipeline.errors import ConfigError
 from sage_pipeline.routing.catalogue import DEFAULT_CATALOGUE, ModelCatalogue
-from sage_pipeline.routing.errors import ConfigError
 from sage_pipeline.routing.schema import ROLE_INDEX, ROLES
-from sage_pipeline.routing.table import DEFAULT_TABLE, TRIGGER_VARS, RoutingTable, Trigger
+from sage_pipeline.sage.table import DEFAULT_TABLE, TRIGGER_VARS, RoutingTable, Trigger, sage_number
 
 ROLE_LIST = ", ".join(ROLES)
 
@@ -185,13 +185,31 @@ def test_every_trigger_operator(op, fires_at, catalogue):
     [
         ("failure_count>=1", "failure_count", ">=", 1.0),
         ("  primary_failure_count   ==   2  ", "primary_failure_count", "==", 2.0),
-        ("task_complexity_score > .75", "task_complexity_score", ">", 0.75),
-        ("task_complexity_score <= 7.5e-1", "task_complexity_score", "<=", 0.75),
-        ("failure_count != -1", "failure_count", "!=", -1.0),
+        ("task_complexity_score > 0.75", "task_complexity_score", ">", 0.75),
     ],
 )
 def test_trigger_number_formats(expr, var, op, value):
     assert Trigger.parse(expr, source="s", role="coder", i=0) == Trigger(var, op, value)
+
+
+@pytest.mark.parametrize("expr", ["task_complexity_score > .75", "task_complexity_score <= 7.5e-1",
+                                  "failure_count != -1", "failure_count >= 2.", "failure_count >= +2"])
+def test_numbers_sages_parser_ignores_are_refused(expr):
+    # SAGE's model_router._eval_fallback_trigger reads [0-9]+(.[0-9]+)? only and never fires anything else
+    with pytest.raises(ConfigError, match="SAGE cannot read the number"):
+        Trigger.parse(expr, source="s", role="coder", i=0)
+
+
+@pytest.mark.parametrize(("value", "text"), [(2, "2"), (2.0, "2"), (0.8, "0.8"), (0.05, "0.05"), (1e-6, "0.000001")])
+def test_thresholds_are_written_in_sages_grammar(value, text):
+    assert sage_number(value) == text
+    assert str(Trigger("task_complexity_score", ">", value)) == f"task_complexity_score > {text}"
+
+
+@pytest.mark.parametrize("value", [-1, float("nan"), float("inf")])
+def test_thresholds_sage_cannot_write_are_refused(value):
+    with pytest.raises(ValueError, match="SAGE's trigger grammar"):
+        sage_number(value)
 
 
 def test_trigger_vars_are_the_documented_three():

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from pydantic import ValidationError
 
-from sage_pipeline.routing.errors import ConfigError
+from sage_pipeline.errors import ConfigError
 from sage_pipeline.routing_benchmark.importer import (
     COST_SOURCES,
     DEFAULT_TABLE,

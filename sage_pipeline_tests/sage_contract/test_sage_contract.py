@@ -15,7 +15,7 @@ import yaml
 
 from sage_pipeline.rl.router import Router
 from sage_pipeline.routing.action_space import ActionSpace
-from sage_pipeline.routing.table import RoutingTable
+from sage_pipeline.sage.table import RoutingTable
 
 ROLES_WITH_STEPS = {"reviewer", "debugger", "orchestrator"}  # what `sage run` writes TRAJECTORY_STEPs for
 
@@ -165,8 +165,8 @@ def test_sage_running_the_exploring_checkpoint_gives_logs_with_exact_probabiliti
     of it, from the line and the deployment, and the debugger's contexts now see both models."""
     import pyarrow.parquet as pq
 
-    from sage_pipeline.rl import sage_explore as se, sage_router as sr
     from sage_pipeline.routing import ingest, routing_dataset as rd
+    from sage_pipeline.sage import checkpoint as sr, explore as se
 
     table = RoutingTable.load(FIXTURE / "models.yaml")
     space = ActionSpace.build(table, []).binary()

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sage_pipeline.routing.table import RoutingTable
+from sage_pipeline.sage.table import RoutingTable
 from sage_pipeline.sage_world import truth as T
 from sage_pipeline.sage_world.harness import SageInstall, SageNotFound, goal
 from sage_pipeline.sage_world.server import WorldServer, embedding

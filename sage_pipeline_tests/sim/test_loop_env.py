@@ -52,7 +52,7 @@ def hand_sim(config: SageLoopConfig, kinds: list[str], tests: list[tuple[int, in
 
 
 def _table(config):
-    from sage_pipeline.routing.table import RoutingTable
+    from sage_pipeline.sage.table import RoutingTable
     return RoutingTable.load(config.routing_table)
 
 

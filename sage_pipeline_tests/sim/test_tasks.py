@@ -11,7 +11,7 @@ from collections import Counter
 
 import pytest
 
-from sage_pipeline.routing.errors import ConfigError
+from sage_pipeline.errors import ConfigError
 from sage_pipeline.sim import mutants
 from sage_pipeline.sim.families import FAMILIES, FamilyError
 from sage_pipeline.sim.families.base import Family, spec

@@ -16,10 +16,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sage_pipeline.rl import sage_explore as se, sage_router as sr
 from sage_pipeline.routing.action_space import ActionSpace
 from sage_pipeline.routing.schema import ROUTING_DECISION_COLUMNS
-from sage_pipeline.routing.table import RoutingTable
+from sage_pipeline.sage import checkpoint as sr, explore as se
+from sage_pipeline.sage.table import RoutingTable
 
 REPO = Path(__file__).resolve().parents[2]
 # SAGE's own models.yaml, byte for byte (the contract suite checks it against SAGE's bundled one)

@@ -4,7 +4,7 @@
 The table is read as SAGE ships it: comments, any role name (SAGE's own table routes
 ``shell_router`` and ``shell_chat`` beside the eight agent roles) and any model id
 (Ollama tags such as ``qwen2.5-coder:1.5b`` included). The role set is the table's: the
-agent roles of :data:`~sage_pipeline.routing.schema.ROLES` it routes, in that order, then
+agent roles of :data:`ROLES` it routes, in that order, then
 its other roles in file order (:attr:`RoutingTable.roles`); role indices everywhere
 (``Contexts.role``, masks, feature one-hots) index that tuple. Models need not be in any
 catalogue: a catalogue only adds prices (and, for the simulator, capabilities).
@@ -31,10 +31,12 @@ from pathlib import Path
 
 import numpy as np
 
-from sage_pipeline.routing.errors import ConfigError, KeyLines, check_keys, load_yaml
-from sage_pipeline.routing.schema import ROLES
+from sage_pipeline.errors import ConfigError, KeyLines, check_keys, load_yaml
 
-DEFAULT_TABLE = Path(__file__).with_name("data") / "models.yaml"
+# the project's example multi-model table (its demos need many models); SAGE's own is SAGE_TABLE
+DEFAULT_TABLE = Path(__file__).parents[1] / "routing" / "data" / "models.yaml"
+# SAGE's models.yaml as SAGE ships it (src/sage/config/models.yaml, MIT: LICENSE beside it)
+SAGE_TABLE = Path(__file__).with_name("data") / "models.yaml"
 
 # Every key SAGE reads from models.yaml: the top-level mapping, and each role's route.
 TABLE_FIELDS = ("routing",)
@@ -47,6 +49,37 @@ _TRIGGER_RE = re.compile(
     r"^\s*(?P<var>[A-Za-z_][A-Za-z0-9_]*)\s*(?P<op>>=|<=|==|!=|>|<)\s*"
     r"(?P<num>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*$"
 )
+# The numbers SAGE's own parser reads (model_router.py ``_eval_fallback_trigger``: ``[0-9]+(?:\.[0-9]+)?``
+# after the operator, the whole expression stripped). A sign, an exponent, ``.5`` or ``2.`` do not match
+# there, and SAGE then never fires the trigger, silently: here they are load errors.
+_SAGE_NUMBER = re.compile(r"[0-9]+(?:\.[0-9]+)?")
+
+# SAGE's routed agent roles (src/sage/config/models.yaml, less the shell's own two), in the order the
+# project lists them everywhere
+ROLES: tuple[str, ...] = (
+    "planner",
+    "architect",
+    "coder",
+    "debugger",
+    "reviewer",
+    "test_engineer",
+    "documentation",
+    "memory_optimizer",
+)
+
+
+def sage_number(value: float) -> str:
+    """``value`` as SAGE's trigger parser reads it: digits, a decimal part only when needed, never an
+    exponent or a sign (a negative threshold cannot be written in SAGE's grammar)."""
+    v = float(value)
+    if not np.isfinite(v) or v < 0:
+        raise ValueError(f"SAGE's trigger grammar has no way to write {value!r}: thresholds are numbers >= 0")
+    if v == int(v):
+        return str(int(v))
+    text = f"{v:.12f}".rstrip("0")
+    if float(text) != v:
+        raise ValueError(f"{value!r} needs more than 12 decimals: round it first")
+    return text
 
 
 @dataclass(frozen=True)
@@ -64,6 +97,10 @@ class Trigger:
         if not m:
             raise ConfigError(source, where, f"cannot parse trigger {expr!r} for role {role!r}",
                               "write 'variable op number', e.g. 'task_complexity_score > 0.8'")
+        if not _SAGE_NUMBER.fullmatch(m["num"]):
+            raise ConfigError(source, where, f"SAGE cannot read the number {m['num']!r} in trigger {expr!r} for role "
+                              f"{role!r}: its parser takes digits with an optional decimal part only, and ignores "
+                              "the trigger otherwise", "write the number as digits, e.g. 0.05 or 2")
         if m["var"] not in TRIGGER_VARS:
             raise ConfigError(source, where, f"unknown variable {m['var']!r} in trigger {expr!r} for role {role!r}",
                               f"use one of {', '.join(TRIGGER_VARS)}")
@@ -73,7 +110,7 @@ class Trigger:
         return _OPS[self.op](np.asarray(values[self.var]), self.value)
 
     def __str__(self) -> str:
-        return f"{self.var} {self.op} {self.value:g}"
+        return f"{self.var} {self.op} {sage_number(self.value)}"
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,7 @@ import sklearn
 from sklearn.tree import DecisionTreeClassifier
 
 from sage_pipeline import artifacts
-from sage_pipeline.routing.table import RoutingTable, Trigger
+from sage_pipeline.sage.table import RoutingTable, Trigger
 
 # The inputs SAGE's hook passes, in its own names. Its "failure_count" is the router's count
 # of the primary's failures: the dataset's (and MODEL_ROUTING_DECISION's) primary_failure_count.

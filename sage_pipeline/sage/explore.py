@@ -51,8 +51,8 @@ import numpy as np
 import pandas as pd
 
 from sage_pipeline import artifacts
-from sage_pipeline.rl import sage_router as sr
-from sage_pipeline.routing.table import RoleRoute, Trigger
+from sage_pipeline.sage import checkpoint as sr
+from sage_pipeline.sage.table import RoleRoute, Trigger
 
 DEFAULT_RATE = 0.1  # the exploration rate: P(the model the target does not choose), per explored decision
 MAX_RATE = 0.5
@@ -586,7 +586,7 @@ def reconstruct_propensities(decisions, deployments: list[Deployment] | str | Pa
                 out.iloc[positions, 1] = dep.sha256
                 out.iloc[positions, 2] = (f"the checkpoint deployed then ({dep.path}) cannot be read: {exc}; "
                                           "restore it, or record what SAGE ran (python -m "
-                                          "sage_pipeline.rl.sage_explore deploy)")
+                                          "sage_pipeline.sage.explore deploy)")
                 continue
         cache: dict = {}
         for pos in positions:
@@ -612,7 +612,7 @@ def reconstruct_propensities(decisions, deployments: list[Deployment] | str | Pa
 
 NOT_YAML_ONLY = ("the logs hold 'learned' decisions at times no deployed checkpoint is recorded for, so SAGE's "
                  "router was not running its YAML table alone then: record what it ran (python -m "
-                 "sage_pipeline.rl.sage_explore deploy ...)")
+                 "sage_pipeline.sage.explore deploy ...)")
 
 
 def unexplained_learned(routing_decisions: pd.DataFrame, deployments: list[Deployment]) -> int:
@@ -658,12 +658,12 @@ def propensity_reconstructor(deployments: str | Path, routing_decisions: str | P
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m sage_pipeline.rl.sage_explore deploy CHECKPOINT|--yaml``: record what SAGE runs
+    """``python -m sage_pipeline.sage.explore deploy CHECKPOINT|--yaml``: record what SAGE runs
     from now (or ``--from``) on, and print the environment that makes SAGE run exactly that."""
     import argparse
     import os
 
-    ap = argparse.ArgumentParser(prog="python -m sage_pipeline.rl.sage_explore",
+    ap = argparse.ArgumentParser(prog="python -m sage_pipeline.sage.explore",
                                  description="Record which checkpoint SAGE's router runs, so every decision it "
                                              "logs gets its exact probability back (the routing dataset reads "
                                              "<data-dir>/checkpoints/sage_deployments.jsonl).")

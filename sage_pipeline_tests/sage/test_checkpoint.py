@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 from sage_pipeline import artifacts
-from sage_pipeline.rl import sage_router as sr
 from sage_pipeline.routing.action_space import ActionSpace
 from sage_pipeline.routing.features import Contexts
 from sage_pipeline.routing.policy import check_probs
-from sage_pipeline.routing.table import RoutingTable
+from sage_pipeline.sage import checkpoint as sr
+from sage_pipeline.sage.table import RoutingTable
 
 TABLE = {"routing": {
     "coder": {"primary": "qwen2.5-coder:1.5b", "fallback": "codestral:22b",
