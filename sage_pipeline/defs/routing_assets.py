@@ -14,12 +14,13 @@ from pydantic import Field
 from sage_pipeline import artifacts, markdown
 from sage_pipeline.defs.resources import SageResource
 from sage_pipeline.defs.sections import section, to_core
-from sage_pipeline.routing import collector, ingest, reward_report as rr, routing_dataset as rd
+from sage_pipeline.routing import collector, ingest, reward_report as rr, routing_dataset as rd, task_outcomes as to
 from sage_pipeline.routing.action_space import FILE_NAME as ACTION_SPACE_FILE
 from sage_pipeline.routing.reward import DatasetRewardSpec
 from sage_pipeline.routing.routing_simulator import OutcomeSpec, RoutingSimulator, SimulatorConfig
 from sage_pipeline.routing.schema import DATASET_COLUMNS, ROLES
 from sage_pipeline.sage import explore as sage_explore
+from sage_pipeline.sage.objective import TaskObjective
 
 GROUP = "offline_routing"
 
@@ -132,12 +133,25 @@ class RewardSection(dg.Config, DatasetRewardSpec):
     """``sage_pipeline.routing.reward.DatasetRewardSpec``: the reward's version and cost weight."""
 
 
+class ObjectiveSection(dg.Config, TaskObjective):
+    """``sage_pipeline.sage.objective.TaskObjective``: the per-task objective's weights."""
+
+
+class TaskOutcomeSection(dg.Config, to.TaskOutcomeConfig):
+    """``sage_pipeline.routing.task_outcomes.TaskOutcomeConfig``: the objective, the journal clock, API prices."""
+
+    objective: ObjectiveSection = section(to.TaskOutcomeConfig, "objective", ObjectiveSection)
+
+
 class RoutingDatasetConfig(dg.Config, rd.DatasetConfig):
     """The routing dataset's run config: ``sage_pipeline.routing.routing_dataset.DatasetConfig``,
     its reward a nested section (``reward: {version, cost_weight}``; reward_v1's components are
-    SAGE's, in the logged reward)."""
+    SAGE's, in the logged reward), and how each task's outcome and cost are read (``task_outcomes``)."""
 
     reward: RewardSection = section(rd.DatasetConfig, "reward", RewardSection)
+    task_outcomes: TaskOutcomeSection = Field(default_factory=TaskOutcomeSection,
+                                              description="each sage run task's outcome and cost: the objective "
+                                                          "(task_v1), the journal clock, API prices")
     chunk_rows: int = Field(rd.CHUNK_ROWS, ge=1, description="decisions built at a time (whole sessions, in session "
                             "order; the result does not depend on it): bounds memory on large logs")
 
@@ -154,7 +168,8 @@ class RoutingDatasetConfig(dg.Config, rd.DatasetConfig):
 def routing_dataset(context: dg.AssetExecutionContext, config: RoutingDatasetConfig,
                     sage: SageResource) -> dg.MaterializeResult:
     cfg = to_core(config, rd.DatasetConfig)  # the reward's other components: RewardSpec's (SAGE's)
-    members = [f"routing/{n}" for n in (rd.PARQUET_NAME, rd.JSONL_NAME, ACTION_SPACE_FILE, rd.BUILD_REPORT_NAME)]
+    members = [f"routing/{n}" for n in (rd.PARQUET_NAME, rd.JSONL_NAME, ACTION_SPACE_FILE, rd.BUILD_REPORT_NAME,
+                                         to.TASK_OUTCOMES_NAME)]
     with sage.writing("routing_dataset", members, context.log.info) as stage:
         files, space, built = rd.build_routing_dataset_files(
             sage.path("routing", "trajectories.parquet"), sage.table, sage.catalogue, cfg, stage.path("routing"),
@@ -164,6 +179,11 @@ def routing_dataset(context: dg.AssetExecutionContext, config: RoutingDatasetCon
                                                                 sage.path("routing", "routing_decisions.parquet")))
         space.save(stage.path("routing", ACTION_SPACE_FILE))
         artifacts.write_json(stage.path("routing", rd.BUILD_REPORT_NAME), built.to_dict())
+        tasks = to.task_outcome_files(sage.path("routing", "trajectories.parquet"),
+                                      sage.path("routing", "routing_decisions.parquet"),
+                                      sage.path("routing", "token_usage.parquet"),
+                                      stage.path("routing", to.TASK_OUTCOMES_NAME),
+                                      to_core(config.task_outcomes, to.TaskOutcomeConfig))
         df = rd.read_routing_dataset(files.parquet, ["role", "split", "episode_id", "session_id",
                                                      "episode_complete", "propensity_source", "schema_version"])
         schema = pq.read_schema(files.parquet)
@@ -197,6 +217,8 @@ def routing_dataset(context: dg.AssetExecutionContext, config: RoutingDatasetCon
             [{"reason": k, "count": v} for k, v in built.routing_decisions_unused.items()])
             if built.routing_decisions_unused else "none"),
         "action_space": dg.MetadataValue.json(space.describe()),
+        "tasks": tasks.report["tasks"], "tasks_verdict_unknown": tasks.report.get("tasks_unknown", 0),
+        "task_outcomes": dg.MetadataValue.md(to.summary_markdown(tasks)),
         "path": dg.MetadataValue.path(str(parquet)), "jsonl": dg.MetadataValue.path(str(jsonl)),
         "sha256": files.parquet_sha256,
     })

@@ -87,6 +87,21 @@ def test_every_coder_and_debugger_decision_is_a_row_with_its_outcome_or_counted(
     assert "qwen2.5-coder:1.5b" in space["actions"] and "qwen2.5-coder:14b-instruct-q4_K_M" in space["actions"]
 
 
+def test_each_sage_run_task_has_its_outcome_and_cost(chain):
+    """routing/task_outcomes.parquet: every task SAGE's workflow ran, verified read from SAGE's gate and
+    circuit breaker, its calls and seconds from its TOKEN_USAGE lines, in the asset's metadata."""
+    import pyarrow.parquet as pq
+
+    root, result = chain
+    ds = _metadata(result, "routing_dataset")
+    tasks = pq.read_table(root / "routing" / "task_outcomes.parquet").to_pandas()
+    assert ds["tasks"] == len(tasks) > 0 and ds["tasks_verdict_unknown"] == int(tasks["verified"].isna().sum())
+    assert set(tasks["verified"].dropna().unique()) <= {0.0, 1.0} and (tasks["verified"] == 1).any()
+    assert (tasks["verified"] == 0).sum() == tasks["ended"].str.startswith(("circuit_breaker", "terminal")).sum()
+    assert (tasks["calls"] > 0).mean() > 0.9 and (tasks["gpu_seconds"] >= 0).all()
+    assert "task_v1" in ds["task_outcomes"] and "verified share" in ds["task_outcomes"]
+
+
 def test_offline_eval_refuses_what_sages_logs_cannot_support_and_says_why(chain):
     """SAGE's own logs: the debugger and documentation decisions come from its deterministic YAML
     table, the coder's from its UCB bandit. No change of decision can be valued there, and the
