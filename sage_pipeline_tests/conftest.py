@@ -74,6 +74,7 @@ _SLOW = (
     "sage_world/test_model_world.py::test_best_expressible_is_never_below_yaml_or_any_fixed_choice",
     "sage_world/test_model_world.py::test_the_test_file_passes_the_reference_and_fails_every_wrong_candidate",
     "sage_world/test_model_world.py::test_exact_value_matches_drawn_runs",
+    "sage_world/test_bundle_truth.py",  # builds a model world (6 s) and searches bundles exactly
     "sage_world/test_model_world.py::test_the_coder_is_right_with_the_calibrated_chance",
     "defs/test_sim_policy_assets.py::test_a_tasks_file_from_another_version_fails_with_a_clear_error",
     "rl/test_ope.py::test_bandit_ips_and_dr_are_unbiased_and_their_intervals_cover_the_truth",

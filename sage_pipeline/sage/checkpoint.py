@@ -49,7 +49,7 @@ import sklearn
 from sklearn.tree import DecisionTreeClassifier
 
 from sage_pipeline import artifacts
-from sage_pipeline.sage.table import RoutingTable, Trigger
+from sage_pipeline.sage.table import BACKCOMPAT_TRIGGERS, RoutingTable, Trigger
 
 # The inputs SAGE's hook passes, in its own names. Its "failure_count" is the router's count
 # of the primary's failures: the dataset's (and MODEL_ROUTING_DECISION's) primary_failure_count.
@@ -68,8 +68,6 @@ SAGE_HOOK_ROLES = frozenset({"planner", "architect", "reviewer", "debugger", "te
 CARRIED_MANIFEST_KEYS = ("policy", "source", "reason", "min_confidence_selected_by", "agreement_eval",
                          "dataset_sha256", "summary", "gain_over_table")
 KIND_DETERMINISTIC, KIND_EXPLORING = "deterministic", "exploring"
-# SAGE's rule for a role whose fallback_triggers are empty or missing (ModelRouter.should_use_fallback)
-BACKCOMPAT_TRIGGERS = (Trigger("failure_count", ">=", 2.0), Trigger("task_complexity_score", ">", 0.8))
 FEATURE_OF = {"task_complexity_score": 0, "primary_failure_count": 1, "failure_count": 1}  # SAGE's input column
 
 

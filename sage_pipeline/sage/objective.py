@@ -56,7 +56,8 @@ class TaskObjective(BaseModel):
 
 
 def score(objective: TaskObjective, verified, gpu_seconds, usd) -> np.ndarray:
-    """``verified - w_s * gpu_seconds - w_usd * usd`` per task. Costs must be finite and >= 0; a
+    """``verified - w_s * gpu_seconds - w_usd * usd`` per task (or per expectation: a verified share and
+    mean costs give the mean objective, the objective being linear). Costs must be finite and >= 0; a
     task whose verdict is unknown (NaN) scores NaN, never 0."""
     v = np.asarray(verified, dtype=np.float64)
     s = np.asarray(gpu_seconds, dtype=np.float64)
@@ -66,9 +67,10 @@ def score(objective: TaskObjective, verified, gpu_seconds, usd) -> np.ndarray:
         if bad.any():
             raise ValueError(f"{objective.name}: {name} must be finite and >= 0; got {x[bad][:3].tolist()} "
                              f"({int(bad.sum())} tasks): fix the task outcomes before scoring them")
-    known = np.isnan(v) | (v == 0) | (v == 1)
+    known = np.isnan(v) | ((v >= 0) & (v <= 1))
     if not known.all():
-        raise ValueError(f"{objective.name}: verified must be 0, 1 or NaN (unknown); got {v[~known][:3].tolist()}")
+        raise ValueError(f"{objective.name}: verified must be 0 or 1 for a task, a share in [0, 1] for an expectation, "
+                         f"or NaN (unknown); got {v[~known][:3].tolist()}")
     return v - objective.gpu_second_weight * s - objective.usd_weight * d
 
 

@@ -30,7 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import yaml
 
+from sage_pipeline import artifacts
 from sage_pipeline.errors import ConfigError, KeyLines, check_keys, load_yaml
 
 # the project's example multi-model table (its demos need many models); SAGE's own is SAGE_TABLE
@@ -76,9 +78,9 @@ def sage_number(value: float) -> str:
         raise ValueError(f"SAGE's trigger grammar has no way to write {value!r}: thresholds are numbers >= 0")
     if v == int(v):
         return str(int(v))
-    text = f"{v:.12f}".rstrip("0")
-    if float(text) != v:
-        raise ValueError(f"{value!r} needs more than 12 decimals: round it first")
+    text = repr(v)  # the shortest text that reads back as the same float
+    if "e" in text:  # SAGE's parser reads no exponent: the same float in plain decimals
+        text = next(t for t in (f"{v:.{n}f}" for n in range(1, 400)) if float(t) == v)
     return text
 
 
@@ -113,12 +115,27 @@ class Trigger:
         return f"{self.var} {self.op} {sage_number(self.value)}"
 
 
+# SAGE's rule for a role whose fallback_triggers are empty or missing (ModelRouter.should_use_fallback:
+# ``failure_count >= 2 or float(task_complexity_score) > 0.8``)
+BACKCOMPAT_TRIGGERS = (Trigger("failure_count", ">=", 2.0), Trigger("task_complexity_score", ">", 0.8))
+# Triggers in SAGE's grammar that never / always fire for `sage run` (max_retries 5, complexity in [0, 1]):
+# a route must name one of them to mean "primary only" or "fallback only", as an empty list means SAGE's
+# back-compat rule
+NEVER = (Trigger("primary_failure_count", ">=", 99.0),)
+ALWAYS = (Trigger("primary_failure_count", ">=", 0.0),)
+
+
 @dataclass(frozen=True)
 class RoleRoute:
     role: str
     primary: str
     fallback: str
     triggers: tuple[Trigger, ...]
+
+    @property
+    def effective_triggers(self) -> tuple[Trigger, ...]:
+        """The triggers SAGE evaluates: the route's, or its back-compat rule when there are none."""
+        return self.triggers or BACKCOMPAT_TRIGGERS
 
 
 def ordered_roles(names) -> tuple[str, ...]:
@@ -175,7 +192,7 @@ class RoutingTable:
                 continue
             sub = {k: v[sel] for k, v in values.items()}
             fired = np.zeros(int(sel.sum()), dtype=bool)
-            for trig in self.routes[r].triggers:
+            for trig in self.routes[r].effective_triggers:
                 fired |= trig.fires(sub)
             out[sel] = fired
         return out
@@ -224,3 +241,35 @@ class RoutingTable:
             triggers = tuple(Trigger.parse(t, source=source, role=role, i=i) for i, t in enumerate(raw))
             routes[role] = RoleRoute(role, spec["primary"], spec["fallback"], triggers)
         return cls(routes, source=source)
+
+    # ------------------------------------------------------------------ writing one, for SAGE_MODELS_YAML
+    def with_route(self, role: str, primary: str | None = None, fallback: str | None = None,
+                   triggers: tuple[Trigger, ...] | None = None) -> "RoutingTable":
+        """A copy with ``role``'s route changed (a new role is added after the others)."""
+        old = self.routes.get(role)
+        if old is None and (primary is None or fallback is None):
+            raise ValueError(f"role {role!r} is not in {self.source}: give its primary and fallback")
+        new = RoleRoute(role, primary or old.primary, fallback or old.fallback,
+                        tuple(triggers) if triggers is not None else old.triggers)
+        return RoutingTable({**self.routes, role: new}, source=f"{self.source} (edited)")
+
+    def to_doc(self) -> dict:
+        """The table as SAGE's ``models.yaml`` mapping: ``routing`` -> role -> primary, fallback,
+        fallback_triggers, the triggers in SAGE's grammar (:func:`sage_number`), roles in file order."""
+        return {"routing": {role: {"primary": r.primary, "fallback": r.fallback,
+                                   "fallback_triggers": [str(t) for t in r.triggers]}
+                            for role, r in self.routes.items()}}
+
+    def to_yaml(self, header: str = "") -> str:
+        lead = "".join(f"# {line}\n" if line else "#\n" for line in header.splitlines())
+        return lead + yaml.safe_dump(self.to_doc(), sort_keys=False, default_flow_style=False, width=1000)
+
+    def write(self, path: str | Path, header: str = "") -> Path:
+        """Write the table atomically as a ``models.yaml`` SAGE reads (``SAGE_MODELS_YAML``), then read
+        it back with this loader: a table that does not survive the round trip is an error."""
+        out = artifacts.write_text(path, self.to_yaml(header))
+        back = RoutingTable.load(out)
+        if back.routes != self.routes:
+            raise ValueError(f"{out}: the written table does not read back as written (a route changed on the "
+                             "round trip): report it, with the table")
+        return out

@@ -7,12 +7,22 @@ through ``ollama.chat``; non-streamed, or one NDJSON line when ``stream`` is tru
 table), ``GET /api/version`` and ``GET /``. ``sage doctor`` makes no HTTP call (it runs the
 ``ollama list`` CLI).
 
-A chat reply carries Ollama's usage fields: ``prompt_eval_count`` and ``eval_count`` (tokens:
-characters / 4) and the calibrated latency in ``total_duration`` / ``eval_duration``
-(nanoseconds); the world answers at once. SAGE writes ``TOKEN_USAGE`` only from a ``usage``
+**The clock.** Before it answers a chat call the server sleeps ``WorldConfig.clock_scale x
+ModelWorld.call_seconds(agent, model)`` wall seconds (the call's calibrated GPU-seconds, scaled;
+0 answers at once), in the request's own thread and holding no lock: concurrent SAGE runs wait in
+parallel. Each call's GPU-seconds and dollars go into its truth record (``gpu_s``, ``usd``), never
+to SAGE. The socket sends without Nagle's delay, so a reply is not held back ~40 ms waiting for
+the client's ACK (which SAGE's journals would otherwise show as model time).
+
+A chat reply carries Ollama's usage fields: ``prompt_eval_count`` and ``eval_count`` (this call's
+tokens: characters / ``WorldConfig.chars_per_token``) and the calibrated time of a typical call of
+that agent in ``prompt_eval_duration`` / ``eval_duration`` / ``total_duration`` (nanoseconds; not
+the counts over the throughputs). SAGE writes ``TOKEN_USAGE`` only from a ``usage``
 attribute of the client's response (``ollama_safe.py:102``), which the ``ollama`` client SAGE
 pins (0.6.x, a pydantic ``ChatResponse`` that drops unknown fields) never has: against Ollama,
-and so against the world, SAGE writes no TOKEN_USAGE line.
+and so against the world, SAGE writes no TOKEN_USAGE line. What SAGE's journals do show is the
+gap between the ``AGENT_INSIGHT_EMITTED`` "decision" an agent writes before its call and the line
+it writes after: that gap holds the clock's sleep (``world.py``, "Time and money").
 
 A request the world cannot answer gets HTTP 400 with Ollama's ``{"error": ...}`` (SAGE's agent then
 takes its failure path); every such error is counted with its reason (:attr:`WorldServer.errors`).
@@ -24,13 +34,14 @@ import hashlib
 import json
 import logging
 import threading
+import time
 from collections import Counter
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 
-from sage_pipeline.sage_world.world import ModelWorld, WorldError
+from sage_pipeline.sage_world.world import ModelWorld, WorldError, agent_of
 
 log = logging.getLogger(__name__)
 EMBED_DIM = 64
@@ -100,16 +111,21 @@ class WorldServer:
             raise WorldError("field 'model' must be a non-empty string")
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             raise WorldError("field 'messages' must be a list of objects")
+        agent = agent_of(messages)
+        prefill_s, decode_s = self.world.call_time(agent, model)  # a model without figures: refused, no draw made
         content, truth = self.world.answer(model, messages)
-        truth["ts"] = _now()
+        truth.update(ts=_now(), gpu_s=prefill_s + decode_s, usd=self.world.call_usd(agent, model))
         with self._lock:
             self.world.truth.append(truth)
+        pause = self.world.config.clock_scale * (prefill_s + decode_s)
+        if pause > 0:
+            time.sleep(pause)  # this request's thread only: no lock held, concurrent runs wait in parallel
         p_tok, c_tok = self.world.tokens(messages, content)
-        ns = int(self.world.latency_s(model) * 1e9)
+        p_ns, e_ns = int(prefill_s * 1e9), int(decode_s * 1e9)
         return {"model": model, "created_at": _now(), "message": {"role": "assistant", "content": content},
-                "done": True, "done_reason": "stop", "total_duration": ns, "load_duration": 0,
-                "prompt_eval_count": p_tok, "prompt_eval_duration": ns // 10, "eval_count": c_tok,
-                "eval_duration": ns - ns // 10}
+                "done": True, "done_reason": "stop", "total_duration": p_ns + e_ns, "load_duration": 0,
+                "prompt_eval_count": p_tok, "prompt_eval_duration": p_ns, "eval_count": c_tok,
+                "eval_duration": e_ns}
 
     def models(self) -> list[dict]:
         names = sorted({m for r in self.world.table.routes.values() for m in (r.primary, r.fallback)})
@@ -124,6 +140,7 @@ class WorldServer:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # headers and body are two writes: no ~40 ms wait for a delayed ACK
 
             def log_message(self, fmt, *args) -> None:  # requests are counted, not printed
                 pass

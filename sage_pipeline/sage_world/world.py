@@ -29,6 +29,22 @@ What each agent gets back (SAGE's parsers accept exactly these shapes):
 Draws are seeded by (seed, run, agent, call number): the same seed gives the same world whatever
 order concurrent runs reach the server in.
 
+**Time and money.** Each call costs the GPU-seconds of ``sim/data/model_time.yaml``
+(:class:`ModelTimeConfig`): ``prompt_tokens(agent) / prefill_tokens_per_s(model) +
+completion_tokens(agent) / decode_tokens_per_s(model)`` on an RTX 4090, the throughputs scaled from
+a published llama.cpp measurement by parameter count, the tokens a typical call of each SAGE agent
+(:meth:`ModelWorld.call_seconds`: a function of (agent, model) alone, so the truth evaluates it
+exactly). An API model uses no GPU; its dollars are its list price in ``sage_loop.yaml`` times the
+same tokens (:meth:`ModelWorld.call_usd`; 0 for a local model, whose cost is its time). **The
+clock:** the server sleeps ``WorldConfig.clock_scale x call_seconds`` wall seconds before it
+answers (default 0.1: a tenth of the GPU time; 0: at once), holding no lock, so concurrent runs
+wait in parallel as on a GPU that serves each at full speed. SAGE's journals carry it: SAGE writes
+an ``AGENT_INSIGHT_EMITTED`` "decision" naming the model just before each call and its next line
+after the answer, so that gap / clock_scale is the call's GPU-seconds plus SAGE's own overhead
+/ clock_scale (measured in ``sage_pipeline_tests/sage_world/test_world_clock.py``). SAGE writes
+no ``TOKEN_USAGE`` against Ollama (server.py), so the routing dataset's ``latency_s``, read before a
+``TOKEN_USAGE``, stays empty for the world's journals.
+
 **Truth.** Every call the world answers is recorded (never in SAGE's journals): the run, the task,
 the agent, the model, the file before and after, and the chance of a right file under each model
 of the role's row in SAGE's table. From these chances and SAGE's control flow,
@@ -45,13 +61,23 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from sage_pipeline.sage.table import RoutingTable
-from sage_pipeline.sim.loop_config import SageLoopConfig
+from sage_pipeline.sim.loop_config import (
+    DEFAULT_CONFIG,
+    Assumed,
+    Row,
+    SageLoopConfig,
+    SageLoopConfigError,
+    Source,
+    Text,
+)
 from sage_pipeline.sim.loop_env import SageLoopSim
 from sage_pipeline.sim.schema import OUTCOME_KINDS, TaskRecord
 
@@ -87,6 +113,139 @@ class WorldConfig(BaseModel):
     chars_per_token: float = Field(4.0, gt=0, description="tokens reported = characters / this")
     adopt_unmarked: bool = Field(False, description="a planner goal without a run mark (SAGE's own `sage bench` "
                                  "prompts) becomes a run of a task chosen by a hash of the goal; off, it is refused")
+    clock_scale: float = Field(0.1, ge=0.0, le=10.0,
+                               description="wall seconds the server sleeps per calibrated GPU-second of a call "
+                                           "(ModelWorld.call_seconds) before it answers; 0 answers at once")
+
+
+DEFAULT_MODEL_TIME = DEFAULT_CONFIG.with_name("model_time.yaml")
+
+
+class _TimePart(BaseModel):
+    """A mapping of the model-time file: exactly its keys, numbers as numbers, finite."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
+
+
+class Published(_TimePart):
+    """A published positive figure and where it comes from."""
+
+    value: float = Field(gt=0.0, description="the figure")
+    source: Text = Field(description="its source: a key of `sources`")
+    row: Row = Field("", description="the table row it comes from")
+
+
+class Gpu(_TimePart):
+    """The GPU every local model runs on, and the measurement the models' throughputs scale from."""
+
+    name: Text = Field(description="the GPU and the runtime")
+    anchor_model: Text = Field(description="the model the throughputs were measured with")
+    anchor_params_b: Published = Field(description="its parameters, in billions")
+    decode_tokens_per_s: Published = Field(description="its generation speed (tokens/s)")
+    prefill_tokens_per_s: Published = Field(description="its prompt-processing speed (tokens/s)")
+
+
+class TimedModel(_TimePart):
+    """One model of SAGE's table: a local one's parameters (published), or an API model."""
+
+    params_b: float | None = Field(None, gt=0.0, description="billions of parameters (a local model)")
+    source: Text | None = Field(None, description="where params_b comes from: a key of `sources`")
+    api: bool = Field(False, description="a hosted model: no GPU time; priced by sage_loop.yaml's `price`")
+
+    @model_validator(mode="after")
+    def _local_or_api(self) -> TimedModel:
+        if self.api != (self.params_b is None) or (self.params_b is None) != (self.source is None):
+            raise ValueError("a model is either `api: true` alone, or `params_b` with its `source`")
+        return self
+
+
+class CallTokens(_TimePart):
+    prompt: float = Field(ge=0.0, description="tokens SAGE sends")
+    completion: float = Field(ge=0.0, description="tokens the model answers")
+
+
+def _every_agent(v: dict[str, CallTokens]) -> dict[str, CallTokens]:
+    if set(v) != set(AGENTS):
+        raise ValueError(f"needs exactly the keys {list(AGENTS)}, got {sorted(v)}")
+    return v
+
+
+class TimeAssumptions(_TimePart):
+    throughput_scaling: Assumed[Literal["parameters"]] = Field(description="how a model's tokens/s follow from "
+                                                                "the anchor's")
+    call_tokens: Assumed[dict[str, CallTokens]] = Field(description="tokens of one call, per SAGE agent")
+
+    @field_validator("call_tokens")
+    @classmethod
+    def _agents(cls, v: Assumed) -> Assumed:
+        _every_agent(v.value)
+        return v
+
+
+class ModelTimeConfig(_TimePart):
+    """The GPU time of one call of each model of SAGE's table (``sim/data/model_time.yaml``):
+    ``seconds(agent, model) = prompt / prefill_tokens_per_s + completion / decode_tokens_per_s``,
+    a model's throughput the anchor's x ``anchor_params_b / params_b``; 0 for an API model."""
+
+    version: Literal[1] = Field(1, description="the file format's version")
+    sources: dict[str, Source] = Field(description="the publications the figures come from, by id")
+    gpu: Gpu = Field(description="the GPU and the anchor measurement")
+    models: dict[str, TimedModel] = Field(description="every model of SAGE's table, by name")
+    assumptions: TimeAssumptions = Field(description="every figure nothing published gives, with its reason")
+
+    _source: str = PrivateAttr("<memory>")
+
+    @model_validator(mode="after")
+    def _sources_exist(self) -> ModelTimeConfig:
+        refs = [(f"gpu.{k}.source", getattr(self.gpu, k).source)
+                for k in ("anchor_params_b", "decode_tokens_per_s", "prefill_tokens_per_s")]
+        refs += [(f"models.{n}.source", m.source) for n, m in self.models.items() if m.source is not None]
+        for where, src in refs:
+            if src not in self.sources:
+                raise PydanticCustomError("model_time", "{problem}", {
+                    "where": where, "problem": f"{src!r} is not one of the file's sources {sorted(self.sources)} "
+                                               "(every published figure names its source)"})
+        return self
+
+    @property
+    def source(self) -> str:
+        return self._source
+
+    def tokens_per_s(self, model: str) -> tuple[float, float]:
+        """(prefill, decode) tokens/s of local ``model`` on the file's GPU."""
+        g, m = self.gpu, self.models[model]
+        scale = g.anchor_params_b.value / float(m.params_b)
+        return g.prefill_tokens_per_s.value * scale, g.decode_tokens_per_s.value * scale
+
+    def split(self, agent: str, model: str) -> tuple[float, float]:
+        """(prompt-processing, generation) GPU-seconds of one call of ``agent`` to ``model`` (a name
+        of the file's ``models``); (0, 0) for an API model."""
+        if self.models[model].api:
+            return 0.0, 0.0
+        tok = self.assumptions.call_tokens.value[agent]
+        prefill, decode = self.tokens_per_s(model)
+        return tok.prompt / prefill, tok.completion / decode
+
+    @classmethod
+    def load(cls, path: str | Path = DEFAULT_MODEL_TIME) -> ModelTimeConfig:
+        """The file at ``path``; a bad one raises SageLoopConfigError naming the file and the field."""
+        path = Path(path)
+        if not path.is_file():
+            raise SageLoopConfigError(path, "<file>", "model-time file not found",
+                                      f"pass the path of a file shaped like {DEFAULT_MODEL_TIME}")
+        try:
+            doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+            cfg = cls.model_validate(doc)
+        except (yaml.YAMLError, UnicodeDecodeError) as exc:
+            raise SageLoopConfigError(path, "<file>", f"not valid YAML: {exc}") from exc
+        except ValidationError as exc:
+            e = exc.errors()[0]
+            where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e["loc"]).lstrip(".") or "<document>"
+            if e["type"] == "model_time":
+                where = e["ctx"]["where"]
+            raise SageLoopConfigError(path, where, e["msg"].removeprefix("Value error, ")) from None
+        cfg._source = str(path)
+        return cfg
 
 
 def agent_of(messages: Sequence[dict]) -> str:
@@ -155,8 +314,10 @@ class ModelWorld:
     as SAGE's models would; ``table`` is SAGE's own models.yaml (its rows are the routed
     alternatives the truth covers). Thread-safe: one server serves concurrent runs."""
 
-    def __init__(self, sim: SageLoopSim, table: RoutingTable, config: WorldConfig | None = None) -> None:
+    def __init__(self, sim: SageLoopSim, table: RoutingTable, config: WorldConfig | None = None,
+                 model_time: ModelTimeConfig | None = None) -> None:
         self.sim, self.table, self.config = sim, table, config or WorldConfig()
+        self.time = model_time or ModelTimeConfig.load()
         self.tasks = sim.tasks
         self.by_id = {t.task_id: i for i, t in enumerate(self.tasks)}
         self._runs: dict[str, _Run] = {}
@@ -173,6 +334,18 @@ class ModelWorld:
                     raise WorldError(f"{table.source}: routing.{role} names {m!r}, which the calibration "
                                      f"({sim.config.source}) has no figures for; add an alias in WorldConfig.aliases "
                                      f"to one of {sorted(calibrated)}")
+        for role, r in table.routes.items():
+            for m in (r.primary, r.fallback):
+                if self.calibrated(m) not in self.time.models:
+                    raise WorldError(f"{table.source}: routing.{role} names {m!r}, which the model-time file "
+                                     f"({self.time.source}) has no figures for; add it there (its parameters and "
+                                     f"their source) or an alias in WorldConfig.aliases to one of "
+                                     f"{sorted(self.time.models)}")
+        for name, tm in self.time.models.items():
+            cal = sim.config.models.get(name)
+            if tm.api and (cal is None or cal.price is None):
+                raise WorldError(f"{self.time.source}: models.{name} is an API model without a list price in "
+                                 f"{sim.config.source}: add `models.{name}.price` there")
         self._code = {m: j for j, m in enumerate(sim.code_models)}
         self._p_code: dict[tuple[int, str], float] = {}  # (task, model) -> chance: the truth asks often
         self._debug = {m: j for j, m in enumerate(sim.debug_models)}
@@ -370,11 +543,36 @@ class ModelWorld:
         prompt = sum(len(str(m.get("content") or "")) for m in messages)
         return max(1, math.ceil(prompt / cpt)), max(1, math.ceil(len(content) / cpt))
 
-    def latency_s(self, model: str) -> float:
-        """The calibrated seconds of one call (Aider's seconds per exercise over its calls), or 0
-        for a model without figures."""
-        m = self.sim.config.models.get(self.calibrated(model))
-        return float(m.latency_s) if m is not None else 0.0
+    def _timed(self, agent: str, model: str) -> str:
+        if agent not in AGENTS:
+            raise WorldError(f"no SAGE agent {agent!r}: the agents are {list(AGENTS)}")
+        m = self.calibrated(model)
+        if m not in self.time.models:
+            raise WorldError(f"model {model!r} has no figures in {self.time.source}: SAGE's table names "
+                             f"{sorted({x for r in self.table.routes.values() for x in (r.primary, r.fallback)})}")
+        return m
+
+    def call_time(self, agent: str, model: str) -> tuple[float, float]:
+        """(prompt-processing, generation) GPU-seconds of one call: ``call_seconds`` split as Ollama
+        reports it (``prompt_eval_duration``, ``eval_duration``)."""
+        return self.time.split(agent, self._timed(agent, model))
+
+    def call_seconds(self, agent: str, model: str) -> float:
+        """GPU-seconds of one call of SAGE's ``agent`` to ``model`` (an alias counts as the model it
+        names): ``prompt_tokens(agent) / prefill_tokens_per_s(model) + completion_tokens(agent) /
+        decode_tokens_per_s(model)`` (``sim/data/model_time.yaml``), 0 for an API model. It depends
+        on nothing else (not the task, the run or the answer drawn), so the truth is exact; the
+        server sleeps ``config.clock_scale`` times it. WorldError for a model without figures."""
+        return sum(self.call_time(agent, model))
+
+    def call_usd(self, agent: str, model: str) -> float:
+        """Dollars of one call: an API model's list price (``sage_loop.yaml``) x the agent's tokens of
+        ``model_time.yaml``; 0 for a local model (its cost is its GPU-seconds)."""
+        m = self._timed(agent, model)
+        if not self.time.models[m].api:
+            return 0.0
+        price, tok = self.sim.config.models[m].price, self.time.assumptions.call_tokens.value[agent]
+        return (tok.prompt * price.input_per_mtok + tok.completion * price.output_per_mtok) / 1e6
 
     def outcome_kind(self, task: int, slot: int) -> str:
         if slot == -1:
@@ -386,10 +584,11 @@ class ModelWorld:
 
 def build_world(table: str | Path, n_tasks: int = 300, task_seed: int = 0, config: WorldConfig | None = None,
                 workers: int = 2,
-                progress=lambda msg: None) -> ModelWorld:
+                progress=lambda msg: None, model_time: ModelTimeConfig | None = None) -> ModelWorld:
     """The world over ``n_tasks`` generated coding tasks (``sim.tasks.generate_tasks``), each verified
     and its wrong candidates' outcomes measured by the local sandbox (the tasks are the project's
-    own, trusted code), with the calibration of ``sim/data/sage_loop.yaml``; ``table``: SAGE's own
+    own, trusted code), with the calibration of ``sim/data/sage_loop.yaml`` (and ``model_time``: the
+    GPU time of ``sim/data/model_time.yaml`` by default); ``table``: SAGE's own
     models.yaml, the one its router reads (``SageInstall.models_yaml``)."""
     from sage_pipeline.sim import tasks as task_gen
     from sage_pipeline.sim.env import resolve_outcomes
@@ -407,7 +606,7 @@ def build_world(table: str | Path, n_tasks: int = 300, task_seed: int = 0, confi
         if [c.candidate_id for c in t.wrong_candidates()] != list(outcomes.wrong_ids[i]):
             raise WorldError(f"task {t.task_id}: wrong candidates out of order with their outcomes")
     progress(f"model world: {len(sim.tasks)} tasks with verified wrong candidates ({len(skipped)} skipped)")
-    return ModelWorld(sim, RoutingTable.load(table), config)
+    return ModelWorld(sim, RoutingTable.load(table), config, model_time)
 
 
 def write_truth(records: Sequence[dict], path: str | Path) -> Path:
@@ -419,6 +618,6 @@ def write_truth(records: Sequence[dict], path: str | Path) -> Path:
 def world_info(world: ModelWorld) -> dict[str, Any]:
     """What the truth file's readers need besides the records: the rows and the settings."""
     return {"seed": world.config.seed, "config": world.config.model_dump(), "table": str(world.table.source),
-            "calibration": world.sim.config.source,
+            "calibration": world.sim.config.source, "model_time": world.time.source,
             "rows": {r: world.row(r) for r in ("coder", "debugger", "reviewer")},
             "tasks": len(world.tasks), "max_retries": MAX_RETRIES}

@@ -110,15 +110,16 @@ def test_sage_semantics_primary_unless_a_trigger_fires(table, catalogue):
     assert choose_one(table, catalogue, "planner", 0.86, 0, 0) == "claude-opus-4"
 
 
-def test_role_without_triggers_always_routes_to_primary(catalogue):
+def test_role_without_triggers_follows_sages_back_compat_rule(catalogue):
+    # SAGE's ModelRouter.should_use_fallback: no triggers -> failure_count >= 2 or task_complexity_score > 0.8
     doc = table_doc()
     doc["routing"]["coder"]["fallback_triggers"] = []
     del doc["routing"]["reviewer"]["fallback_triggers"]
     t = RoutingTable.from_dict(doc)
     assert t.routes["coder"].triggers == () and t.routes["reviewer"].triggers == ()
-    for c, pfc in ((1.0, 9), (0.0, 0)):
-        assert choose_one(t, catalogue, "coder", c, pfc, pfc) == "gpt-4.1-mini"
-        assert choose_one(t, catalogue, "reviewer", c, pfc, pfc) == "gpt-4.1"
+    for c, pfc, fb in ((1.0, 9, True), (0.0, 0, False), (0.81, 0, True), (0.8, 1, False), (0.0, 2, True)):
+        assert (choose_one(t, catalogue, "coder", c, pfc, pfc) == t.routes["coder"].fallback) is fb
+        assert (choose_one(t, catalogue, "reviewer", c, pfc, pfc) == t.routes["reviewer"].fallback) is fb
 
 
 def _scalar_choose(table: RoutingTable, role: int, c: float, pfc: int, fc: int) -> str:

@@ -61,7 +61,7 @@ def test_unknown_verdicts_score_nan_and_are_left_out_of_means():
 
 @pytest.mark.parametrize(("kw", "match"), [({"gpu_seconds": [-1]}, "gpu_seconds must be finite and >= 0"),
                                            ({"usd": [np.inf]}, "usd must be finite"),
-                                           ({"verified": [0.5]}, "verified must be 0, 1 or NaN")])
+                                           ({"verified": [1.5]}, "verified must be 0 or 1 for a task")])
 def test_bad_outcomes_are_refused(kw, match):
     args = {"verified": [1], "gpu_seconds": [1], "usd": [0]} | kw
     with pytest.raises(ValueError, match=match):
