@@ -273,3 +273,11 @@ class RoutingTable:
             raise ValueError(f"{out}: the written table does not read back as written (a route changed on the "
                              "round trip): report it, with the table")
         return out
+
+
+def pin(table: RoutingTable, role: str, model: str) -> RoutingTable:
+    """``table`` with ``role`` on ``model`` alone: primary and fallback both ``model``, and a trigger that
+    never fires (an empty list would be SAGE's back-compat rule). For the coder this is the lever a
+    models.yaml pulls without any bandit state: SAGE's bandit then chooses between two strategies of
+    one model."""
+    return table.with_route(role, primary=model, fallback=model, triggers=NEVER)

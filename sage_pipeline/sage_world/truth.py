@@ -408,11 +408,10 @@ def bundle_value(world: ModelWorld, runs: list[dict], bundle: BundleSpec, object
 
 
 def pinned_coder_table(table: RoutingTable, model: str) -> RoutingTable:
-    """``table`` with the coder on ``model`` alone: SAGE's bandit then chooses between two strategies of
-    one model (the lever a models.yaml pulls without any bandit state)."""
-    from sage_pipeline.sage.table import NEVER
+    """``table`` with the coder on ``model`` alone (:func:`sage_pipeline.sage.table.pin`)."""
+    from sage_pipeline.sage.table import pin
 
-    return table.with_route("coder", primary=model, fallback=model, triggers=NEVER)
+    return pin(table, "coder", model)
 
 
 def best_bundle(world: ModelWorld, runs: list[dict], objective: TaskObjective, coder_models: tuple[str, ...],

@@ -4,6 +4,7 @@ run, the coder's model through SAGE's YAML and its UCB bandit, the best bundle a
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from sage_pipeline.sage import bandit_state
@@ -132,3 +133,33 @@ def test_under_the_objective_gpu_time_can_change_the_best_routing(world):
     pts = T.front(world, runs, (SMALL,), (0.0, 0.05))
     assert pts == sorted(pts, key=lambda p: p["gpu_seconds"])
     assert all(a["verified"] < b["verified"] for a, b in zip(pts, pts[1:]))  # a front: more time, more verified
+
+
+def test_the_coder_levers_estimate_from_sages_bandit_logs_is_the_pinned_bundles_truth(world):
+    """Identification (rl/coder_lever.py): SAGE's bandit picks the coder's model from its past rewards
+    only, so per model the mean over the tasks it got estimates the table that pins it."""
+    from sage_pipeline.rl import coder_lever as cl
+
+    rng = np.random.default_rng(7)
+    pol = T.SagePolicy(world.table)
+    route = world.table.routes["coder"]
+    rows = []
+    for w in range(4):  # four fresh workspaces, 150 runs each: SAGE's bandit as in a shipped install
+        stats: dict = {}
+        for i in range(150):
+            task = int(rng.integers(len(world.tasks)))
+            key = bandit_state.select(stats, T.coder_candidates(world.table, 0.1))
+            m = route.primary if bandit_state.side_of(key) == "primary" else route.fallback
+            ok, rewards = T.draw_run(world, task, m, 0.1, pol, rng)
+            for x in rewards:
+                bandit_state.update(stats, key, x)
+            rows.append({"session_id": f"w{w}-{i}", "model": m, "verified": float(ok), "gpu_seconds": 0.0,
+                         "usd": 0.0, "calls": 0})
+    tasks = pd.DataFrame(rows)
+    d = cl.decide(tasks, TaskObjective(gpu_second_weight=0.0), cl.CoderLeverConfig(confidence=0.999))
+    runs = [{"task_id": t.task_id, "complexity": 0.1} for t in world.tasks]  # the task stream: uniform over tasks
+    for m in (SMALL, BIG):
+        truth = T.bundle_value(world, runs, T.BundleSpec(T.SagePolicy(T.pinned_coder_table(world.table, m))),
+                               TaskObjective()).value.p_verified
+        lo, hi = d.per_model[m]["ci"]
+        assert lo <= truth <= hi, (m, truth, d.per_model[m])
