@@ -14,6 +14,7 @@ import dagster as dg
 # sage_pipeline.definitions` needs `defs` to be the only Definitions object at module scope.
 from sage_pipeline.defs import (
     benchmark_assets,
+    bundle_assets,
     online_ab,
     policy_assets,
     policy_iteration,
@@ -36,7 +37,7 @@ offline_routing_job = dg.define_asset_job(
     "offline_routing", selection=dg.AssetSelection.groups(routing_assets.GROUP),
     description="The offline routing chain: logs -> trajectories -> routing_dataset -> reward_report "
                 "-> bc_policy, cql_policy -> offline_eval (with the promotion gate) -> promoted_policy -> "
-                "sage_router_checkpoint "
+                "sage_router_checkpoint -> sage_bundle (the deployment bundle) "
                 "-> online_ab (the served policy against the table, online in the simulator).")
 
 sage_main_job = dg.define_asset_job(
@@ -79,6 +80,7 @@ FRAGMENTS: list[dg.Definitions] = [
     ),
     # the promoted policy against the table, online in the simulator (in the offline_routing group and job)
     dg.Definitions(assets=[online_ab.online_ab], asset_checks=online_ab.ONLINE_AB_CHECKS),
+    bundle_assets.bundle_defs,  # every lever SAGE runs unchanged, as one deployment (offline_routing group)
     sim_assets.simulator_rollout_defs,
     sim_policy_assets.sim_policy_defs,
     benchmark_assets.routing_benchmark_defs,

@@ -65,15 +65,15 @@ class CoderLeverDecision:
 def coder_tasks(dataset: pd.DataFrame, outcomes: pd.DataFrame) -> tuple[pd.DataFrame, int]:
     """One row per task: the model of the coder's first decision (the file the task started from) joined
     to the task's outcome. ``dataset``: the routing dataset (role, model, session_id, task_id,
-    episode_key, timestamp_utc); ``outcomes``: the task outcomes. Returns the rows and how many coder
-    tasks found no outcome."""
+    episode_id = ``<session>/<task>[#n]``, step); ``outcomes``: the task outcomes. Returns the rows and
+    how many coder tasks found no outcome."""
     coder = dataset[dataset["role"].astype(str) == "coder"]
     if coder.empty:
         return pd.DataFrame(columns=["session_id", "task_id", "episode", "model"]), 0
-    ep = coder["episode_key"].astype(str).str.extract(r"#(\d+)$")[0]
+    ep = coder["episode_id"].astype(str).str.extract(r"#(\d+)$")[0]
     ep = pd.to_numeric(ep, errors="coerce").fillna(0).astype(int)
     coder = coder.assign(episode=ep, session_id=coder["session_id"].astype(str), task_id=coder["task_id"].astype(str))
-    order = [c for c in ("timestamp_utc", "source_line") if c in coder]
+    order = [c for c in ("step", "timestamp_utc", "source_line") if c in coder]
     first = coder.sort_values(order, kind="stable").groupby(["session_id", "task_id", "episode"], sort=False).head(1)
     out = outcomes.assign(session_id=outcomes["session_id"].astype(str), task_id=outcomes["task_id"].astype(str))
     joined = first[["session_id", "task_id", "episode", "model"]].merge(

@@ -122,6 +122,10 @@ def _tree_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def _hook_roles(table: RoutingTable) -> RoutingTable:
+    return RoutingTable({r: v for r, v in table.routes.items() if r in ck.SAGE_HOOK_ROLES}, source=table.source)
+
+
 def build(out: str | Path, table: RoutingTable, learned_for: RoutingTable, *, objective: TaskObjective,
           checkpoint: str | Path | None = None, min_confidence: float | None = None,
           bandit: dict | None = None, skills: str | Path | None = None, exploration: dict | None = None,
@@ -139,8 +143,11 @@ def build(out: str | Path, table: RoutingTable, learned_for: RoutingTable, *, ob
         if checkpoint is not None:
             src = ck._folder(checkpoint)
             manifest = ck.read_manifest(src)
-            ck.check_table(RoutingTable.from_dict({"routing": manifest["sage_table"]["routing"]},
-                                                  source=f"{src}'s table"), table)
+            # the roles SAGE asks the checkpoint about must route as the checkpoint's table does; the coder
+            # (its bandit) and the memory optimizer never ask it, so a pinned coder keeps the checkpoint valid
+            written_for = RoutingTable.from_dict({"routing": manifest["sage_table"]["routing"]},
+                                                 source=f"{src}'s table")
+            ck.check_table(_hook_roles(written_for), _hook_roles(table))
             shutil.copytree(src, tmp / CHECKPOINT_DIR)
             floor = float(manifest["min_confidence"] if min_confidence is None else min_confidence)
             parts["checkpoint"] = {"path": CHECKPOINT_DIR, "min_confidence": floor, "kind": manifest.get("kind"),

@@ -11,12 +11,13 @@ import joblib
 import pytest
 
 from sage_pipeline.definitions import ROUTING_ASSETS
-from sage_pipeline.defs import routing_checks
+from sage_pipeline.defs import bundle_assets, routing_checks
 from sage_pipeline.defs.resources import SageResource
 
 FIXTURE = Path(__file__).resolve().parents[1] / "routing" / "fixtures" / "sage_journal"
 SESSIONS = FIXTURE / "memory" / "sessions"
 RUN = {"ops": {"trajectories": {"config": {"log_dirs": [str(SESSIONS)]}},
+               "sage_bundle": {"config": {"coder": {"min_tasks": 10}}},
                "cql_policy": {"config": {"steps": 300, "n_boot": 50}},
                "bc_policy": {"config": {"epochs": 15}},
                "offline_eval": {"config": {"n_boot": 200}}}}
@@ -26,14 +27,14 @@ RUN = {"ops": {"trajectories": {"config": {"log_dirs": [str(SESSIONS)]}},
 def chain(tmp_path_factory):
     root = tmp_path_factory.mktemp("sage_real")
     test_defs = dg.Definitions(
-        assets=ROUTING_ASSETS,
+        assets=[*ROUTING_ASSETS, bundle_assets.sage_bundle],
         asset_checks=[routing_checks.routing_dataset_contract, routing_checks.routing_dataset_volume],
         resources={"sage": SageResource(data_dir=str(root), routing_table=str(FIXTURE / "models.yaml"))},
     )
     job = test_defs.resolve_implicit_global_asset_job_def()
     selection = [dg.AssetKey(k) for k in ("trajectories", "routing_dataset", "reward_report", "bc_policy",
                                           "cql_policy", "offline_eval", "promoted_policy",
-                                          "sage_router_checkpoint")]
+                                          "sage_router_checkpoint", "sage_bundle")]
     result = job.execute_in_process(run_config=RUN, instance=dg.DagsterInstance.ephemeral(),
                                     asset_selection=selection)
     return root, result
@@ -100,6 +101,32 @@ def test_each_sage_run_task_has_its_outcome_and_cost(chain):
     assert (tasks["verified"] == 0).sum() == tasks["ended"].str.startswith(("circuit_breaker", "terminal")).sum()
     assert (tasks["calls"] > 0).mean() > 0.9 and (tasks["gpu_seconds"] >= 0).all()
     assert "task_v1" in ds["task_outcomes"] and "verified share" in ds["task_outcomes"]
+
+
+def test_the_bundle_is_bound_to_sages_table_and_pins_the_coder_only_when_the_logs_separate_it(chain, tmp_path):
+    """sage_bundle: SAGE's journals through the chain end in a bundle for SAGE's table; the coder lever reads
+    the reviewer steps' coder models and the tasks' outcomes; deploying it to a SAGE on another table is
+    refused, naming the difference."""
+    from sage_pipeline.sage import bundle as bd
+    from sage_pipeline.sage.checkpoint import table_differences
+    from sage_pipeline.sage.table import RoutingTable
+
+    root, result = chain
+    meta = _metadata(result, "sage_bundle")
+    b = bd.read(meta["bundle_path"])
+    sage_table = RoutingTable.load(FIXTURE / "models.yaml")
+    assert table_differences(b.learned_for, sage_table) == [] and meta["bundle_id"] == b.id
+    assert "coder model" in meta["coder_models"] and "task_v1" in meta["objective"]
+    coder = b.table.routes["coder"]
+    assert meta["coder_pinned_now"] == (coder.primary == coder.fallback != sage_table.routes["coder"].primary
+                                        or (coder.primary == coder.fallback and sage_table.routes["coder"].primary
+                                            != sage_table.routes["coder"].fallback))
+    assert meta["kind"] in ("yaml", "exploring", "deterministic") and "sage_pipeline.sage.bundle deploy" in \
+        meta["deploy_command"]
+    other = sage_table.with_route("reviewer", primary="llama3:8b")
+    with pytest.raises(bd.BundleRefused, match="reviewer"):
+        bd.deploy(b, tmp_path / "deploy", target=other)
+    bd.deploy(b, tmp_path / "deploy", target=sage_table)
 
 
 def test_offline_eval_refuses_what_sages_logs_cannot_support_and_says_why(chain):

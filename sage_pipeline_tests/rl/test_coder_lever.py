@@ -19,14 +19,13 @@ def _frames(n: int, p: dict, seed: int = 0, secs: dict | None = None):
     ds, out = [], []
     for i, m in enumerate(models):
         sid = f"s{i}"
-        ds.append({"role": "coder", "model": m, "session_id": sid, "task_id": "task_001", "episode_key": "task_001",
-                   "timestamp_utc": pd.Timestamp("2026-11-01", tz="UTC") + pd.Timedelta(seconds=i), "source_line": 1})
+        ds.append({"role": "coder", "model": m, "session_id": sid, "task_id": "task_001",
+                   "episode_id": f"{sid}/task_001", "step": 0, "source_line": 1})
         # a second coder decision of the same task (after a debugger without a patch) with the other model
         ds.append({"role": "coder", "model": A if m == B else B, "session_id": sid, "task_id": "task_001",
-                   "episode_key": "task_001", "timestamp_utc": pd.Timestamp("2026-11-01", tz="UTC")
-                   + pd.Timedelta(seconds=i, milliseconds=500), "source_line": 9})
+                   "episode_id": f"{sid}/task_001", "step": 2, "source_line": 9})
         ds.append({"role": "debugger", "model": "codestral:22b", "session_id": sid, "task_id": "task_001",
-                   "episode_key": "task_001", "timestamp_utc": pd.Timestamp("2026-11-01", tz="UTC"), "source_line": 5})
+                   "episode_id": f"{sid}/task_001", "step": 1, "source_line": 5})
         v = float(rng.random() < p[m])
         out.append({"session_id": sid, "task_id": "task_001", "episode": 0, "verified": v, "ended": "verified",
                     "gpu_seconds": (secs or {}).get(m, 5.0), "usd": 0.0, "calls": 6})

@@ -155,3 +155,14 @@ def test_warm_start_keeps_sages_ucb_on_its_side_for_many_verdicts():
             key = bandit_state.select(st, list(bandit_state.KEYS))
             assert bandit_state.side_of(key) == side
             bandit_state.update(st, key, 0.3)
+
+
+def test_a_pinned_coder_keeps_a_checkpoint_written_for_the_table(sage_table, tmp_path):
+    # SAGE never asks the checkpoint about the coder: pinning it by models.yaml leaves the checkpoint valid
+    from sage_pipeline.sage.table import pin
+
+    ck = _checkpoint(sage_table, tmp_path / "ck")
+    b = bd.build(tmp_path / "b", pin(sage_table, "coder", BIG), sage_table, objective=TaskObjective(), checkpoint=ck)
+    assert b.table.routes["coder"].primary == b.table.routes["coder"].fallback == BIG
+    with pytest.raises(ValueError, match="debugger"):
+        bd.build(tmp_path / "c", pin(sage_table, "debugger", BIG), sage_table, objective=TaskObjective(), checkpoint=ck)
