@@ -70,8 +70,10 @@ class TrajectoriesConfig(dg.Config, ingest.IngestConfig):
 
 @dg.asset(group_name=GROUP, deps=[synthetic_sessions], kinds={"python", "parquet"},
           description="Every TRAJECTORY_STEP event of every SAGE session journal, validated, with provenance "
-                      "(data_source, file, line); MODEL_ROUTING_DECISION and TOKEN_USAGE events kept beside it "
-                      "for the dataset's joins. Damaged lines go to routing/quarantine.jsonl with the "
+                      "(data_source, file, line); MODEL_ROUTING_DECISION, TOKEN_USAGE and AGENT_INSIGHT_EMITTED "
+                      "events kept beside it (routing_decisions.parquet, token_usage.parquet, "
+                      "agent_insights.parquet) for the dataset's joins and the tasks' calls. Damaged lines go "
+                      "to routing/quarantine.jsonl with the "
                       "reason; other SAGE event types and SAGE's own plain-text lines ([ts] CHECKPOINT, "
                       "[TOKEN_SUMMARY]) are counted and skipped; a step SAGE logged with an empty model (the "
                       "circuit breaker's, before any model was used) is kept as an outcome and counted.",
@@ -116,6 +118,10 @@ def trajectories(context: dg.AssetExecutionContext, config: TrajectoriesConfig,
             "lines_per_s": s.lines_read / max(s.seconds, 1e-9), "MB_per_s": s.bytes_read / 1e6 / max(s.seconds, 1e-9),
             "path": dg.MetadataValue.path(str(res.trajectories)),
             "quarantine": dg.MetadataValue.path(str(res.quarantine)),
+            "side_tables": dg.MetadataValue.json({
+                "routing_decisions.parquet": s.routing_decisions, "token_usage.parquet": s.token_usage,
+                ingest.AGENT_INSIGHTS_NAME: s.agent_insights}),
+            "agent_insights": dg.MetadataValue.path(str(res.agent_insights)),
         },
         check_results=[dg.AssetCheckResult(
             check_name="quarantine_below_threshold",
@@ -164,7 +170,9 @@ class RoutingDatasetConfig(dg.Config, rd.DatasetConfig):
                       "MODEL_ROUTING_DECISION, each joined to its outcome (verdict, debugger status, circuit "
                       "breaker), tokens and seconds, with provenance; decisions that cannot be joined are "
                       "counted by reason. Written as routing/routing_v1.parquet and routing_v1.jsonl (and "
-                      "build_report.json).")
+                      "build_report.json), with routing/task_outcomes.parquet: each `sage run` task's verdict "
+                      "from SAGE's gate and its calls and GPU-seconds (from TOKEN_USAGE lines, or where SAGE "
+                      "wrote none, from its agents' decision insights).")
 def routing_dataset(context: dg.AssetExecutionContext, config: RoutingDatasetConfig,
                     sage: SageResource) -> dg.MaterializeResult:
     cfg = to_core(config, rd.DatasetConfig)  # the reward's other components: RewardSpec's (SAGE's)
@@ -183,7 +191,8 @@ def routing_dataset(context: dg.AssetExecutionContext, config: RoutingDatasetCon
                                       sage.path("routing", "routing_decisions.parquet"),
                                       sage.path("routing", "token_usage.parquet"),
                                       stage.path("routing", to.TASK_OUTCOMES_NAME),
-                                      to_core(config.task_outcomes, to.TaskOutcomeConfig))
+                                      to_core(config.task_outcomes, to.TaskOutcomeConfig),
+                                      agent_insights=sage.path("routing", ingest.AGENT_INSIGHTS_NAME))
         df = rd.read_routing_dataset(files.parquet, ["role", "split", "episode_id", "session_id",
                                                      "episode_complete", "propensity_source", "schema_version"])
         schema = pq.read_schema(files.parquet)

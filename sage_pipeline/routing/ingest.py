@@ -1,4 +1,4 @@
-"""Streaming ingest of SAGE's session journals into ``trajectories.parquet`` and two side tables.
+"""Streaming ingest of SAGE's session journals into ``trajectories.parquet`` and three side tables.
 
 What SAGE writes: ``memory/sessions/<YYYY-MM-DD>.log`` (rotated to ``<date>.<N>.log`` under
 ``SAGE_SESSION_LOG_MAX_MB``, memory/manager.py), one JSON object per line,
@@ -39,11 +39,20 @@ or without an offset, naive meaning UTC, "Z" allowed, in years 1678-2261), its
 * ``TOKEN_USAGE`` events become rows of ``token_usage.parquet``
   (:data:`~sage_pipeline.routing.schema.TOKEN_USAGE_COLUMNS`; required ``model``). The
   routing dataset joins them for prompt/completion tokens and logged cost.
-* Every event type other than ``TRAJECTORY_STEP`` (the two above included) is counted per
-  type in ``other_events`` and is never an error. A ``MODEL_ROUTING_DECISION`` or
-  ``TOKEN_USAGE`` line that cannot be used (wrong types, a required field missing or
-  empty, a bad timestamp, out-of-range numbers) is a valid SAGE line all the same: it is
-  counted in ``unusable_side_events``, the first few with file, line and reason in
+* ``AGENT_INSIGHT_EMITTED`` events become rows of ``agent_insights.parquet``
+  (:data:`AGENT_INSIGHT_COLUMNS`; required ``agent`` and ``insight_type``, non-empty).
+  SAGE's ``OrchestratorIntelligenceFeed.ingest`` (orchestrator/intelligence_feed.py) logs one for
+  every insight an agent emits, with ``task_id``, ``agent``, ``insight_type``, ``severity`` and
+  ``content_preview`` (the content's first 500 characters, SAGE's own bound; a longer one is cut
+  to :data:`CONTENT_PREVIEW_CHARS` here); ``task_id`` is kept as logged (SAGE writes ``""`` for a
+  task without an id and ``"planner"`` for the planner's). Each agent writes a ``decision`` insight
+  naming its model just before its model call, which is how the task outcomes read SAGE's calls
+  when it writes no ``TOKEN_USAGE`` (:mod:`sage_pipeline.routing.task_outcomes`).
+* Every event type other than ``TRAJECTORY_STEP`` (the three above included) is counted per
+  type in ``other_events`` and is never an error. A ``MODEL_ROUTING_DECISION``,
+  ``TOKEN_USAGE`` or ``AGENT_INSIGHT_EMITTED`` line that cannot be used (wrong types, a required
+  field missing or empty, a bad timestamp, out-of-range numbers) is a valid SAGE line all the
+  same: it is counted in ``unusable_side_events``, the first few with file, line and reason in
   ``unusable_side_examples``, and left out of its side table, not quarantined.
 * Anything else is damage (truncated JSON, not an object, no string ``type``, a
   non-JSON line other than SAGE's two text lines whole, a ``TRAJECTORY_STEP``
@@ -108,6 +117,24 @@ log = logging.getLogger(__name__)
 
 LOG_PATTERNS = ("*.log", "*.log.gz", "*.jsonl", "*.jsonl.gz")
 RAW_HEAD = 240  # characters of a bad line kept in the quarantine record
+# SAGE's agents' insights (orchestrator/intelligence_feed.py logs each as AGENT_INSIGHT_EMITTED),
+# kept in agent_insights.parquet beside the steps
+AGENT_INSIGHT_EMITTED = "AGENT_INSIGHT_EMITTED"
+CONTENT_PREVIEW_CHARS = 500  # SAGE's own bound: intelligence_feed.py logs (insight.content or "")[:500]
+# Columns of agent_insights.parquet (one row per usable AGENT_INSIGHT_EMITTED event).
+AGENT_INSIGHT_COLUMNS: tuple[str, ...] = (
+    "source_file",
+    "source_line",
+    "session_id",  # as logged, else the journal file's stem
+    "trace_id",
+    "timestamp",  # as logged
+    "timestamp_utc",
+    "task_id",  # as logged: "" for a task without an id, "planner" for the planner's (agents/planner.py)
+    "agent",
+    "insight_type",  # SAGE's AgentInsight: uncertainty, risk, decision or observation
+    "severity",  # low, medium or high
+    "content_preview",  # at most CONTENT_PREVIEW_CHARS characters
+)
 ROW_GROUP_ROWS = 1 << 16  # rows per Parquet row group (per output file; at most two held each)
 MAX_UNUSABLE_EXAMPLES = 20  # unusable side events listed (file, line, reason) in the stats
 TIMESTAMP_EXAMPLE = "2026-11-20T14:03:22.123456+00:00"
@@ -153,7 +180,7 @@ class _Envelope(msgspec.Struct, gc=False):
 
 
 class Event(_Envelope, gc=False):
-    """The fields of a SAGE event that the ingest reads, for the three event types it keeps;
+    """The fields of a SAGE event that the ingest reads, for the four event types it keeps;
     other keys (and every field of other types) are ignored."""
 
     # TRAJECTORY_STEP
@@ -181,6 +208,10 @@ class Event(_Envelope, gc=False):
     prompt_tokens: Union[int, None] = None
     completion_tokens: Union[int, None] = None
     cost_usd: Union[float, None] = None
+    # AGENT_INSIGHT_EMITTED (its task_id and agent are the step's fields above)
+    insight_type: Union[str, None] = None
+    severity: Union[str, None] = None
+    content_preview: Union[str, None] = None
 
 
 # The slow path checks a line the union decoder refused against its own type's fields only,
@@ -218,6 +249,14 @@ class TokenUsageEvent(_Envelope, gc=False):
     cost_usd: Union[float, None] = None
 
 
+class AgentInsightEvent(_Envelope, gc=False):
+    task_id: Union[str, None] = None
+    agent: Union[str, None] = None
+    insight_type: Union[str, None] = None
+    severity: Union[str, None] = None
+    content_preview: Union[str, None] = None
+
+
 # SAGE's own plain-text journal lines: ``save_memory`` writes them with ``append_session_log``
 # (orchestrator/workflow.py, around line 2504). Only a whole line in exactly one of these
 # shapes is SAGE's text; any other line that is not JSON (a JSON object cut short starts with
@@ -229,7 +268,7 @@ SAGE_TEXT_LINES = {
 }
 
 _SLOW_TYPES = {TRAJECTORY_STEP: StepEvent, MODEL_ROUTING_DECISION: RoutingDecisionEvent,
-               TOKEN_USAGE: TokenUsageEvent}
+               TOKEN_USAGE: TokenUsageEvent, AGENT_INSIGHT_EMITTED: AgentInsightEvent}
 
 _Fields = dict[str, tuple[str, pa.DataType, bool]]  # column -> (attribute path, arrow type, required)
 
@@ -284,6 +323,16 @@ _TU_FIELDS: _Fields = {
     "completion_tokens": ("completion_tokens", pa.int64(), False),
     "cost_usd": ("cost_usd", pa.float64(), False),
 }
+_AI_FIELDS: _Fields = {
+    "timestamp": ("timestamp", pa.string(), True),
+    "session_id": ("session_id", pa.string(), False),
+    "trace_id": ("trace_id", pa.string(), False),
+    "task_id": ("task_id", pa.string(), False),
+    "agent": ("agent", pa.string(), True),
+    "insight_type": ("insight_type", pa.string(), True),
+    "severity": ("severity", pa.string(), False),
+    "content_preview": ("content_preview", pa.string(), False),
+}
 # the columns every table adds to what it decodes
 _DERIVED = {
     "timestamp_utc": pa.timestamp("us", tz="UTC"),
@@ -302,6 +351,7 @@ def _schema(columns: tuple[str, ...], fields: _Fields) -> pa.Schema:
 TRAJECTORY_SCHEMA = _schema(TRAJECTORY_COLUMNS, _STEP_FIELDS)
 ROUTING_DECISION_SCHEMA = _schema(ROUTING_DECISION_COLUMNS, _MRD_FIELDS)
 TOKEN_USAGE_SCHEMA = _schema(TOKEN_USAGE_COLUMNS, _TU_FIELDS)
+AGENT_INSIGHT_SCHEMA = _schema(AGENT_INSIGHT_COLUMNS, _AI_FIELDS)
 
 _DECODE = msgspec.json.Decoder(Event).decode
 _TYPE = attrgetter("type")
@@ -359,6 +409,8 @@ class IngestStats:
     rows_by_source: Counter = field(default_factory=Counter)
     routing_decisions: int = 0  # rows of routing_decisions.parquet
     token_usage: int = 0  # rows of token_usage.parquet
+    agent_insights: int = 0  # rows of agent_insights.parquet
+    content_previews_cut: int = 0  # insights whose content_preview was over CONTENT_PREVIEW_CHARS (cut to it)
     unusable_side_events: Counter = field(default_factory=Counter)  # type -> lines left out of a side table
     unusable_side_examples: list[dict] = field(default_factory=list)  # first few: file, line, type, reason
     steps_without_step: int = 0  # accepted steps that logged no ``step`` (SAGE never does)
@@ -413,6 +465,7 @@ class IngestStats:
             "quarantine_reasons": dict(self.quarantine_reasons.most_common()),
             "rows_by_source": dict(self.rows_by_source),
             "routing_decisions": self.routing_decisions, "token_usage": self.token_usage,
+            "agent_insights": self.agent_insights, "content_previews_cut": self.content_previews_cut,
             "unusable_side_events": dict(self.unusable_side_events),
             "unusable_side_examples": list(self.unusable_side_examples),
             "steps_without_step": self.steps_without_step,
@@ -425,7 +478,9 @@ class IngestStats:
 
 
 # what the ingest writes into its output folder
-OUTPUT_FILES = ("trajectories.parquet", "routing_decisions.parquet", "token_usage.parquet", "quarantine.jsonl")
+AGENT_INSIGHTS_NAME = "agent_insights.parquet"
+OUTPUT_FILES = ("trajectories.parquet", "routing_decisions.parquet", "token_usage.parquet", AGENT_INSIGHTS_NAME,
+                "quarantine.jsonl")
 
 
 @dataclass(frozen=True)
@@ -434,13 +489,15 @@ class IngestResult:
     quarantine: Path
     routing_decisions: Path
     token_usage: Path
+    agent_insights: Path
     stats: IngestStats
 
     def published(self, where: Callable[[Path], Path]) -> IngestResult:
         """The same result with each path mapped by ``where`` (a staged path to where readers find it)."""
         return dataclasses.replace(self, trajectories=where(self.trajectories), quarantine=where(self.quarantine),
                                    routing_decisions=where(self.routing_decisions),
-                                   token_usage=where(self.token_usage))
+                                   token_usage=where(self.token_usage),
+                                   agent_insights=where(self.agent_insights))
 
 
 class LogFolderMissing(FileNotFoundError):
@@ -723,6 +780,7 @@ _TU_RANGES = (
     ("completion_tokens", 0, np.inf, False),
     ("cost_usd", 0.0, np.inf, False),
 )
+_AI_NONEMPTY = ("session_id", "agent", "insight_type")
 
 
 def _columns(events: list, fields: _Fields, synthetic: bool = False) -> dict[str, pa.Array]:
@@ -817,6 +875,8 @@ class _BlockResult:
     blank_lines: int
     routing_decisions: pa.Table | None = None  # usable MODEL_ROUTING_DECISION rows
     token_usage: pa.Table | None = None  # usable TOKEN_USAGE rows
+    agent_insights: pa.Table | None = None  # usable AGENT_INSIGHT_EMITTED rows
+    previews_cut: int = 0  # of those, content_previews cut to CONTENT_PREVIEW_CHARS
     unusable: list[tuple[int, str, str]] = field(default_factory=list)  # (line, type, reason)
     damaged: tuple[int, str] | None = None  # (line, reason): the file is unreadable from there on
     text_lines: Counter = field(default_factory=Counter)  # SAGE's plain-text lines, by kind
@@ -1000,21 +1060,37 @@ class _Kind:
     nonempty: tuple[str, ...]
     ranges: tuple[tuple[str, float, float, bool], ...]
     schema: pa.Schema
+    bounded: tuple[tuple[str, int], ...] = ()  # (text column, most characters kept): longer values are cut
 
 
 _KINDS = {
     TRAJECTORY_STEP: _Kind(_STEP_FIELDS, _STEP_NONEMPTY, _STEP_RANGES, TRAJECTORY_SCHEMA),
     MODEL_ROUTING_DECISION: _Kind(_MRD_FIELDS, _MRD_NONEMPTY, _MRD_RANGES, ROUTING_DECISION_SCHEMA),
     TOKEN_USAGE: _Kind(_TU_FIELDS, _TU_NONEMPTY, _TU_RANGES, TOKEN_USAGE_SCHEMA),
+    AGENT_INSIGHT_EMITTED: _Kind(_AI_FIELDS, _AI_NONEMPTY, (), AGENT_INSIGHT_SCHEMA,
+                                 (("content_preview", CONTENT_PREVIEW_CHARS),)),
 }
+_SIDE_KINDS = (MODEL_ROUTING_DECISION, TOKEN_USAGE, AGENT_INSIGHT_EMITTED)
+
+
+def _bound(cols: dict[str, pa.Array], bounded: tuple[tuple[str, int], ...]) -> int:
+    """Cut each bounded text column to its most characters; returns how many values were cut."""
+    cut = 0
+    for col, most in bounded:
+        over = pc.greater(pc.utf8_length(cols[col]), most).fill_null(False)
+        n = int(pc.sum(over).as_py() or 0)
+        if n:
+            cols[col] = pc.utf8_slice_codeunits(cols[col], 0, most)
+            cut += n
+    return cut
 
 
 def _rows(typ: str, events: list, pos: list[int], stem: str, fname: str,
-          first: int) -> tuple[pa.Table | None, list[tuple[int, int, str]]]:
-    """The valid rows of one kept event type, in line order, and the refused ones as
-    ``(line index in the block, line number, reason)``."""
+          first: int) -> tuple[pa.Table | None, list[tuple[int, int, str]], int]:
+    """The valid rows of one kept event type, in line order, the refused ones as
+    ``(line index in the block, line number, reason)``, and how many bounded values were cut."""
     if not events:
-        return None, []
+        return None, [], 0
     kind = _KINDS[typ]
     events, pos_arr = _in_line_order(events, pos)
     is_step = typ == TRAJECTORY_STEP
@@ -1023,14 +1099,14 @@ def _rows(typ: str, events: list, pos: list[int], stem: str, fname: str,
     if unstorable:
         pos_arr = np.delete(pos_arr, list(unstorable))
         if not len(pos_arr):
-            return None, refused
+            return None, refused, 0
     flags, cols["timestamp_utc"] = _check(cols, kind.fields, kind.nonempty, kind.ranges)
     refused += [(int(pos_arr[i]), first + int(pos_arr[i]), flags.reasons[i])
                 for i in np.flatnonzero(flags.bad)]
     keep = ~flags.bad
     n = int(keep.sum())
     if not n:
-        return None, refused
+        return None, refused, 0
     cols["session_id"], cols["session_id_source"] = _session(cols["session_id"], stem)
     if is_step:
         cols["data_source"] = pc.if_else(cols.pop("_synthetic").fill_null(False), "synthetic", "real")
@@ -1040,9 +1116,10 @@ def _rows(typ: str, events: list, pos: list[int], stem: str, fname: str,
     if n < len(keep):
         mask = pa.array(keep)
         cols = {c: cols[c].filter(mask) for c in kind.schema.names if c in cols}
+    cut = _bound(cols, kind.bounded) if kind.bounded else 0
     cols["source_file"] = pa.repeat(pa.scalar(fname, pa.string()), n)
     cols["source_line"] = pa.array(first + pos_arr[keep], type=pa.int64())
-    return pa.Table.from_arrays([cols[c] for c in kind.schema.names], schema=kind.schema), refused
+    return pa.Table.from_arrays([cols[c] for c in kind.schema.names], schema=kind.schema), refused, cut
 
 
 def process_block(block: _Block, max_line_bytes: int) -> _BlockResult:
@@ -1096,16 +1173,17 @@ def process_block(block: _Block, max_line_bytes: int) -> _BlockResult:
         elif kind == "bad":
             quarantined.append((first + i, payload, _head(raw)))
     stem = file_stem(fname)
-    table, refused = _rows(TRAJECTORY_STEP, *kept[TRAJECTORY_STEP], stem, fname, first)
+    table, refused, _ = _rows(TRAJECTORY_STEP, *kept[TRAJECTORY_STEP], stem, fname, first)
     quarantined += [(line_no, reason, _head(lines[i])) for i, line_no, reason in refused]
     keys = _key_hashes(table) if table is not None else np.empty(0, dtype=np.uint64)
-    side = {}
-    for typ in (MODEL_ROUTING_DECISION, TOKEN_USAGE):
-        side[typ], refused = _rows(typ, *kept[typ], stem, fname, first)
+    side, cut = {}, 0
+    for typ in _SIDE_KINDS:
+        side[typ], refused, n_cut = _rows(typ, *kept[typ], stem, fname, first)
+        cut += n_cut
         unusable += [(line_no, typ, reason) for _, line_no, reason in refused]
     return _BlockResult(fname, len(lines), table, keys, quarantined, other, blank,
-                        side[MODEL_ROUTING_DECISION], side[TOKEN_USAGE], sorted(unusable),
-                        (first, block.damaged) if block.damaged else None, text)
+                        side[MODEL_ROUTING_DECISION], side[TOKEN_USAGE], side[AGENT_INSIGHT_EMITTED], cut,
+                        sorted(unusable), (first, block.damaged) if block.damaged else None, text)
 
 
 # Parquet encoding: dictionaries only where values repeat (ids, roles, models, flags; on
@@ -1115,7 +1193,7 @@ _DICTIONARY_COLUMNS = frozenset({
     "session_id", "session_id_source", "trace_id", "role", "model", "prompt_strategy_key", "failed_reason",
     "data_source", "source_file", "agent_role", "primary_model", "fallback_model", "selected_model",
     "matched_fallback_triggers", "policy_source", "agent", "verification_passed", "terminal", "timed_out",
-    "verdict", "debug_status", "debug_retry",
+    "verdict", "debug_status", "debug_retry", "insight_type", "severity",
     "primary_failure_count", "failure_count", "task_complexity_score"})
 _STATISTICS_COLUMNS = ("timestamp_utc", "session_id", "source_file", "source_line")
 
@@ -1172,8 +1250,8 @@ class _ParquetOut:
 def ingest(config: IngestConfig, out_dir: str | Path, progress: Callable[[str], None] = log.info,
            progress_every_s: float = 5.0, setting: str = "log_dirs") -> IngestResult:
     """Ingest every journal under ``config.log_dirs`` into ``out_dir``: ``trajectories.parquet``,
-    ``routing_decisions.parquet``, ``token_usage.parquet`` and ``quarantine.jsonl``. ``setting``
-    names the folders' setting in errors."""
+    ``routing_decisions.parquet``, ``token_usage.parquet``, ``agent_insights.parquet`` and
+    ``quarantine.jsonl`` (:data:`OUTPUT_FILES`). ``setting`` names the folders' setting in errors."""
     out_dir = Path(out_dir)
     files, skipped = discover_logs(config, setting)
     stats = IngestStats(files=[str(f) for f in files], skipped_paths=skipped)
@@ -1181,7 +1259,7 @@ def ingest(config: IngestConfig, out_dir: str | Path, progress: Callable[[str], 
         progress(f"WARNING: skipped {sk['path']}: {sk['reason']}")
     seen = _SeenKeys()
     t_start = last_report = time.perf_counter()
-    traj_path, mrd_path, tu_path, quar_path = (out_dir / n for n in OUTPUT_FILES)
+    traj_path, mrd_path, tu_path, ai_path, quar_path = (out_dir / n for n in OUTPUT_FILES)
     q_enc = msgspec.json.Encoder()
 
     def blocks() -> Iterator[_Block]:
@@ -1204,6 +1282,7 @@ def ingest(config: IngestConfig, out_dir: str | Path, progress: Callable[[str], 
         traj_out = _ParquetOut(stack, traj_path, TRAJECTORY_SCHEMA, pool)
         mrd_out = _ParquetOut(stack, mrd_path, ROUTING_DECISION_SCHEMA, pool)
         tu_out = _ParquetOut(stack, tu_path, TOKEN_USAGE_SCHEMA, pool)
+        ai_out = _ParquetOut(stack, ai_path, AGENT_INSIGHT_SCHEMA, pool)
         for res in results:
             stats.lines_read += res.lines
             stats.blank_lines += res.blank_lines
@@ -1219,6 +1298,8 @@ def ingest(config: IngestConfig, out_dir: str | Path, progress: Callable[[str], 
                 stats.count_steps(table)
             mrd_out.add(res.routing_decisions)
             tu_out.add(res.token_usage)
+            ai_out.add(res.agent_insights)
+            stats.content_previews_cut += res.previews_cut
             for line_no, typ, reason in res.unusable:
                 stats.unusable_side_events[typ] += 1
                 if len(stats.unusable_side_examples) < MAX_UNUSABLE_EXAMPLES:
@@ -1236,11 +1317,12 @@ def ingest(config: IngestConfig, out_dir: str | Path, progress: Callable[[str], 
                 progress(f"ingest: {stats.lines_read:,} lines ({stats.lines_read / el:,.0f}/s, "
                          f"{stats.bytes_read / el / 1e6:,.1f} MB/s), {stats.steps_accepted:,} steps, "
                          f"{mrd_out.rows:,} routing decisions, {tu_out.rows:,} token usages, "
-                         f"{stats.quarantined:,} quarantined; at {Path(res.fname).name}")
+                         f"{ai_out.rows:,} agent insights, {stats.quarantined:,} quarantined; "
+                         f"at {Path(res.fname).name}")
                 last_report = now
-        for out in (traj_out, mrd_out, tu_out):
+        for out in (traj_out, mrd_out, tu_out, ai_out):
             out.flush()
-        stats.routing_decisions, stats.token_usage = mrd_out.rows, tu_out.rows
+        stats.routing_decisions, stats.token_usage, stats.agent_insights = mrd_out.rows, tu_out.rows, ai_out.rows
     stats.seconds = time.perf_counter() - t_start
     unusable = sum(stats.unusable_side_events.values())
     rate = stats.lines_read / max(stats.seconds, 1e-9)
@@ -1248,9 +1330,10 @@ def ingest(config: IngestConfig, out_dir: str | Path, progress: Callable[[str], 
              f"({rate:,.0f} lines/s); {stats.steps_accepted:,} steps accepted ({stats.steps_without_step:,} "
              f"without a logged step, {stats.steps_session_from_file_stem:,} with the file's stem as "
              "session), "
-             f"{stats.routing_decisions:,} routing decisions, {stats.token_usage:,} token usages "
-             f"({unusable:,} side events unusable), {stats.quarantined:,} quarantined")
-    return IngestResult(traj_path, quar_path, mrd_path, tu_path, stats)
+             f"{stats.routing_decisions:,} routing decisions, {stats.token_usage:,} token usages, "
+             f"{stats.agent_insights:,} agent insights ({unusable:,} side events unusable), "
+             f"{stats.quarantined:,} quarantined")
+    return IngestResult(traj_path, quar_path, mrd_path, tu_path, ai_path, stats)
 
 
 def _drop_duplicates(table: pa.Table, keys: np.ndarray, seen: "_SeenKeys",

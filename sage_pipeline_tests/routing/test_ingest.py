@@ -562,6 +562,7 @@ def test_sage_journals_in_their_exact_shape_go_through(tmp_path):
         out / "quarantine.jsonl",
     )
     assert sorted(p.name for p in out.iterdir()) == [  # no temporary files left behind
+        "agent_insights.parquet",
         "quarantine.jsonl",
         "routing_decisions.parquet",
         "token_usage.parquet",

@@ -22,7 +22,7 @@ def _outcomes(folder: Path, out: Path, config: to.TaskOutcomeConfig | None = Non
     steps = pq.read_table(res.trajectories).to_pandas()
     read = lambda p: pq.read_table(p).to_pandas()  # noqa: E731
     return to.task_outcomes(steps[rd.is_workflow_step(steps)], read(res.routing_decisions), read(res.token_usage),
-                            config)
+                            config, agent_insights=read(res.agent_insights))
 
 
 @pytest.fixture(scope="module")
@@ -102,9 +102,13 @@ def test_bad_settings_are_refused():
 def test_files_in_and_out(tmp_path):
     res = ingest.ingest(ingest.IngestConfig([SESSIONS]), tmp_path / "r", progress=lambda m: None)
     out = tmp_path / "task_outcomes.parquet"
-    got = to.task_outcome_files(res.trajectories, res.routing_decisions, res.token_usage, out)
+    got = to.task_outcome_files(res.trajectories, res.routing_decisions, res.token_usage, out,
+                                agent_insights=res.agent_insights)
     back = pq.read_table(out).to_pandas()
     assert len(back) == 6 and back["verified"].sum() == 4 and list(back.columns) == list(to.COLUMNS)
+    # SAGE wrote TOKEN_USAGE here: the calls are those lines, with their tokens
+    assert (back["calls_from"] == to.TOKEN_USAGE_READING).all() and back["prompt_tokens"].notna().all()
+    assert got.report["sessions_by_calls_from"] == {to.TOKEN_USAGE_READING: 1}
     md = to.summary_markdown(got)
     assert "task_v1" in md and "verified share" in md
     # logs with no `sage run` workflow step: an empty table that says so
