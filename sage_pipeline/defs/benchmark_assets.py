@@ -39,6 +39,10 @@ class OpenAIEmbeddingSection(dg.Config, bfeat.OpenAIEmbeddingConfig):
     """``sage_pipeline.routing_benchmark.prompt_features.OpenAIEmbeddingConfig``."""
 
 
+class RandomRouterSection(dg.Config, br.RandomRouterConfig):
+    """``sage_pipeline.routing_benchmark.routers.RandomRouterConfig``."""
+
+
 class RegressionSection(dg.Config, br.RegressionConfig):
     """``sage_pipeline.routing_benchmark.routers.RegressionConfig``."""
 
@@ -82,14 +86,15 @@ def _ope_behaviours() -> list[BehaviourSection]:
 
 class RoutingBenchmarkConfig(dg.Config, brun.BenchmarkConfig):
     """The routing benchmark's run config: ``sage_pipeline.routing_benchmark.run.BenchmarkConfig``,
-    section by section (``table``, ``tfidf_svd``, ``openai_embedding``, ``regression``, ``predictive``, ``knn``, ``bc``,
-    ``cql``, ``train_behaviour``, ``ope_behaviours``, ``ope``, ``propensity_bc``, ``recommend``); test_path is
-    absolute or relative to the artifact root."""
+    section by section (``table``, ``tfidf_svd``, ``openai_embedding``, ``random``, ``regression``, ``predictive``,
+    ``knn``, ``bc``, ``cql``, ``train_behaviour``, ``ope_behaviours``, ``ope``, ``propensity_bc``, ``recommend``);
+    test_path is absolute or relative to the artifact root."""
 
     table: ImportSection = section(brun.BenchmarkConfig, "table", ImportSection)
     tfidf_svd: TfidfSvdSection = section(brun.BenchmarkConfig, "tfidf_svd", TfidfSvdSection)
     openai_embedding: OpenAIEmbeddingSection = section(brun.BenchmarkConfig, "openai_embedding",
                                                        OpenAIEmbeddingSection)
+    random: RandomRouterSection = section(brun.BenchmarkConfig, "random", RandomRouterSection)
     regression: RegressionSection = section(brun.BenchmarkConfig, "regression", RegressionSection)
     predictive: PredictiveSection = section(brun.BenchmarkConfig, "predictive", PredictiveSection)
     knn: KNNSection = section(brun.BenchmarkConfig, "knn", KNNSection)
@@ -117,7 +122,9 @@ class RoutingBenchmarkConfig(dg.Config, brun.BenchmarkConfig):
                                          description="Warns unless the recommended router (chosen on validation "
                                                      "prompts, never on the test ones) beats the random router on "
                                                      "the held-out prompts: the paired 95% bootstrap interval of "
-                                                     "its AIQ margin lies above 0.")])
+                                                     "its AIQ margin lies above 0. The random router's AIQ is its "
+                                                     "exact expectation, the zero router's hull: a recommended "
+                                                     "zero router ties it (said so), never loses to it.")])
 def routing_benchmark(context: dg.AssetExecutionContext, config: RoutingBenchmarkConfig,
                       sage: SageResource) -> dg.MaterializeResult:
     cfg = to_core(config, brun.BenchmarkConfig).under(sage.root())
@@ -146,6 +153,8 @@ def routing_benchmark(context: dg.AssetExecutionContext, config: RoutingBenchmar
                   "eval_lookup_aiq": aiq.get(br.LOOKUP), "oracle_aiq": aiq["oracle"],
                   "aiq_mean_over_eval_name": dg.MetadataValue.json(
                       {n: result.aiq_eval_mean(n) for n in ("recommended", "zero_router", "random", br.LOOKUP)}),
+                  "aiq_mean_over_eval_name_ci95": dg.MetadataValue.json(
+                      result.eval_intervals.mean if result.eval_intervals else None),
                   "table_sha256": result.table_sha256, "source": str(Path(rep.source)),
                   "path": dg.MetadataValue.path(str(paths["report"])),
                   "checkpoint": dg.MetadataValue.path(str(paths["checkpoint"]))},
@@ -157,10 +166,11 @@ def routing_benchmark(context: dg.AssetExecutionContext, config: RoutingBenchmar
                       "margin_vs_zero_router_ci95_high": ci("zero_router", 1),
                       "margin_vs_eval_lookup_ci95_low": ci(br.LOOKUP, 0),
                       "margin_vs_eval_lookup_ci95_high": ci(br.LOOKUP, 1),
-                      "random_router_aiq": aiq["random"], "zero_router_aiq": aiq["zero_router"]},
+                      "random_router_aiq": aiq["random"], "zero_router_aiq": aiq["zero_router"],
+                      "verdict": result.verdict_vs_random},
             description=f"recommended router {rec}: test AIQ {aiq[brun.RECOMMENDED]:.4f}, paired margin over random "
-                        f"[{ci('random', 0):.4f}, {ci('random', 1):.4f}] (random {aiq['random']:.4f}, zero router "
-                        f"{aiq['zero_router']:.4f})")])
+                        f"[{ci('random', 0):.4f}, {ci('random', 1):.4f}]: it {result.verdict_vs_random} (random, "
+                        f"its exact expectation, {aiq['random']:.4f}; zero router {aiq['zero_router']:.4f})")])
 
 
 routing_benchmark_job = dg.define_asset_job(

@@ -27,7 +27,18 @@ MMLU about 6%), and it does not penalise a router for starting above ``c_min``.
 
 **Zero router**: the NDCH of the single models' points — what random mixtures of single
 models reach without looking at the prompt (RouterBench sec. 3.2). A learned router is
-useful only if its AIQ beats it.
+useful only if its AIQ beats it. **The random router is the zero router in expectation**: a
+router that sends each prompt to model k with probability s_k, whatever the prompt, has expected
+cost and quality linear in the shares, so its expected points lie on the chords of the zero
+router's hull. Its curve here is that expectation (a ``mixture`` curve, exact), never the hull of
+one random draw's points: the upper envelope of noisy points lies above the line they scatter
+around, so that hull overstated random by the noise it picked (:func:`path_aiq` scores a draw on
+its own path, without a hull, unbiasedly).
+
+**Intervals.** :func:`bootstrap_aiq` resamples the test prompts (every router on the same
+resamples, so differences are paired; a ``mixture`` curve's expected points and the oracle's
+frontier recomputed on each); :func:`bootstrap_aiq_by_group` does the same within each
+``eval_name``. :func:`aiq_batch` is :func:`aiq` for many short curves at once (the resamples).
 
 **APGR and CPT** (RouteLLM, Ong et al. 2024, arXiv:2406.18665, sec. 4, and
 ``routellm/evals/evaluate.py`` + ``benchmarks.py`` in lm-sys/RouteLLM), for two-model tables
@@ -54,6 +65,7 @@ same when it does and defined when it does not).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -127,6 +139,83 @@ def aiq_routerbench_code(cost: np.ndarray, quality: np.ndarray, x_max: float) ->
     return float(np.trapezoid(hq, hc) / x_max)
 
 
+def aiq_batch(cost: np.ndarray, quality: np.ndarray, c_min, c_max) -> np.ndarray:
+    """:func:`aiq` of many routers' points at once, row by row: ``cost`` and ``quality`` are (B, P) (NaN:
+    no point), ``c_min`` and ``c_max`` scalars or (B,). The same numbers as :func:`aiq` (tested): each
+    row's NDCH is the upper hull of its Pareto front (a point some cheaper one matches is never on it),
+    found by the slope test (a point is a vertex when every slope from a point left of it is steeper
+    than every slope to a point right of it), all rows together. Memory is O(B P^2): for short curves
+    (sweeps, bootstrap resamples); one long curve, :func:`aiq`."""
+    c, q = np.atleast_2d(np.asarray(cost, dtype=np.float64)), np.atleast_2d(np.asarray(quality, dtype=np.float64))
+    if c.shape != q.shape or c.ndim != 2:
+        raise ValueError(f"aiq_batch needs (rows, points) cost and quality of one shape, got {c.shape} and {q.shape}")
+    B, P = c.shape
+    lo = np.broadcast_to(np.asarray(c_min, dtype=np.float64), (B,))
+    hi = np.broadcast_to(np.asarray(c_max, dtype=np.float64), (B,))
+    if not np.all(hi > lo):
+        raise ValueError(f"aiq_batch needs c_max > c_min in every row, got {int((~(hi > lo)).sum())} rows without")
+    valid = np.isfinite(c) & np.isfinite(q)
+    if not valid.any(axis=1).all():
+        raise ValueError("aiq_batch: a row has no finite (cost, quality) point")
+    out = np.empty(B)
+    step = max(1, (1 << 22) // max(P * P, 1))  # rows per chunk: the slope matrices stay near 32 MB
+    for s in range(0, B, step):
+        out[s:s + step] = _hull_aiq(c[s:s + step], q[s:s + step], valid[s:s + step], lo[s:s + step],
+                                    hi[s:s + step])
+    return out
+
+
+def _hull_aiq(c: np.ndarray, q: np.ndarray, valid: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    B, P = c.shape
+    ck, qk = np.where(valid, c, np.inf), np.where(valid, q, -np.inf)
+    order = np.lexsort((-qk, ck), axis=-1)  # by cost, best quality first among equal costs; no point last
+    cs, qs = np.take_along_axis(ck, order, 1), np.take_along_axis(qk, order, 1)
+    best_before = np.maximum.accumulate(qs, axis=1)
+    front = np.isfinite(cs) & np.concatenate([np.ones((B, 1), dtype=bool), qs[:, 1:] > best_before[:, :-1]], axis=1)
+    first = np.argsort(~front, axis=1, kind="stable")[:, :int(front.sum(axis=1).max())]  # the front, in order
+    front, cs, qs = (np.take_along_axis(a, first, 1) for a in (front, cs, qs))
+    P = front.shape[1]
+    x, y = np.where(front, cs, 0.0), np.where(front, qs, 0.0)  # front: cost and quality strictly increasing
+    dx = x[:, None, :] - x[:, :, None]  # [b, i, j] = x_j - x_i
+    pair = front[:, :, None] & front[:, None, :] & (np.arange(P)[:, None] < np.arange(P)[None, :])
+    slope = np.divide(y[:, None, :] - y[:, :, None], dx, out=np.zeros_like(dx), where=pair)
+    into = np.where(pair, slope, np.inf).min(axis=1)  # [b, k]: the flattest slope from a point left of k
+    out_of = np.where(pair, slope, -np.inf).max(axis=2)  # [b, k]: the steepest slope to a point right of k
+    return _polyline_area(x, y, front & (out_of < into), lo, hi) / (hi - lo)
+
+
+def _polyline_area(x: np.ndarray, y: np.ndarray, vertex: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Per row, the area over [lo, hi] under the line through the marked vertices (``x`` increasing among
+    them): 0 left of the first, flat right of the last."""
+    B, P = x.shape
+    at = np.where(vertex, np.arange(P), P)
+    after = np.concatenate([np.minimum.accumulate(at[:, ::-1], axis=1)[:, ::-1][:, 1:], np.full((B, 1), P)], axis=1)
+    seg = vertex & (after < P)  # each vertex with a next one: the segment to it
+    nxt = np.minimum(after, P - 1)
+    x1, y1 = np.take_along_axis(x, nxt, 1), np.take_along_axis(y, nxt, 1)
+    a, b = np.clip(x, lo[:, None], hi[:, None]), np.clip(x1, lo[:, None], hi[:, None])
+    slope = np.divide(y1 - y, x1 - x, out=np.zeros_like(x), where=seg & (x1 > x))
+    area = np.where(seg & (b > a), (b - a) * (y + slope * ((a + b) / 2 - x)), 0.0).sum(axis=1)
+    last = P - 1 - np.argmax(vertex[:, ::-1], axis=1)
+    rows = np.arange(B)
+    return area + np.maximum(hi - np.maximum(x[rows, last], lo), 0.0) * y[rows, last]
+
+
+def path_aiq(cost: np.ndarray, quality: np.ndarray, c_min: float, c_max: float) -> np.ndarray:
+    """AIQ of each row's points joined in their order, *without* a hull: the line integral of quality over
+    cost along the path (flat from its last point to ``c_max``), over the range. For a path that starts
+    and ends at fixed points with independent random points between (one draw of the random router per
+    row), its expectation is exactly the AIQ of the expected path, where the hull of a draw's points is
+    biased upwards."""
+    c, q = np.atleast_2d(np.asarray(cost, dtype=np.float64)), np.atleast_2d(np.asarray(quality, dtype=np.float64))
+    if c.shape != q.shape or c.shape[1] < 1:
+        raise ValueError(f"path_aiq needs (rows, points) cost and quality of one shape, got {c.shape} and {q.shape}")
+    if not c_max > c_min:
+        raise ValueError(f"path_aiq needs c_max > c_min, got [{c_min}, {c_max}]")
+    area = (np.diff(c, axis=1) * (q[:, 1:] + q[:, :-1]) / 2).sum(axis=1) + (c_max - c[:, -1]) * q[:, -1]
+    return area / (c_max - c_min)
+
+
 def gap_closed(cost: np.ndarray, quality: np.ndarray, best_cost: float, best_quality: float,
                oracle_cost: np.ndarray, oracle_quality: np.ndarray) -> float:
     """Share of the gap from the best single model to the oracle that a router closes at the best
@@ -168,9 +257,25 @@ class Curve:
     knob: np.ndarray  # the cost weight (or mixture share) of each point
     share: np.ndarray  # (points, K) share of prompts routed to each model
     choice: np.ndarray | None = None  # (points, n) the model of each test prompt at each point (for the bootstrap)
+    # True: a router that sends each prompt to model k with probability share[p, k] whatever the prompt (the
+    # random router); its points are the expectation, share @ the models' mean cost and quality, on any prompts
+    mixture: bool = False
 
     def aiq(self, c_min: float, c_max: float) -> float:
         return aiq(self.cost, self.quality, c_min, c_max)
+
+    def on(self, quality: np.ndarray, cost: np.ndarray, rows: np.ndarray) -> Curve | None:
+        """This router's curve on the prompts ``rows`` (its decisions held, a mixture's shares held); None for a
+        curve without either (the oracle's is recomputed, not held)."""
+        if self.mixture:
+            return dataclasses.replace(self, cost=self.share @ cost[rows].mean(axis=0),
+                                       quality=self.share @ quality[rows].mean(axis=0))
+        if self.choice is None:
+            return None
+        ch, at, K = self.choice[:, rows], np.arange(len(rows)), quality.shape[1]
+        q, c = quality[rows], cost[rows]
+        return dataclasses.replace(self, cost=c[at, ch].mean(axis=1), quality=q[at, ch].mean(axis=1),
+                                   share=np.stack([np.bincount(r, minlength=K) for r in ch]) / len(rows), choice=ch)
 
 
 def sweep(name: str, decide_at, weights: np.ndarray, quality: np.ndarray, cost: np.ndarray) -> Curve:
@@ -188,26 +293,51 @@ def sweep(name: str, decide_at, weights: np.ndarray, quality: np.ndarray, cost: 
 
 
 def bootstrap_aiq(curves: dict[str, Curve], quality: np.ndarray, cost: np.ndarray, n_boot: int = 200,
-                  seed: int = 0, chunk: int = 25) -> dict[str, np.ndarray]:
-    """Each curve's AIQ on ``n_boot`` resamples of the test prompts (with replacement), every router on
-    the same resamples (so differences are paired), each router's decisions held fixed (its
-    ``choice``), the AIQ range recomputed from the single models' mean costs on each resample.
-    Curves without recorded choices are skipped."""
+                  seed: int | tuple[int, ...] = 0, chunk: int = 25,
+                  frontiers: dict[str, Frontier] | None = None) -> dict[str, np.ndarray]:
+    """Each curve's AIQ on ``n_boot`` resamples of the prompts (with replacement), every router on the same
+    resamples (so differences are paired), the AIQ range recomputed from the single models' mean costs on
+    each resample: a router's decisions held fixed (its ``choice``), a mixture's expected points recomputed
+    (its shares held), each ``frontiers`` entry (the oracle's) recomputed exactly on the resample. Curves
+    with neither choices nor shares are skipped."""
     n, K = quality.shape
     rng = np.random.default_rng(seed)
-    named = {k: c for k, c in curves.items() if c.choice is not None}
     rows = np.arange(n)
-    per_point = {k: (quality[rows, c.choice], cost[rows, c.choice]) for k, c in named.items()}  # (P, n) each
-    out = {k: np.empty(n_boot) for k in named}
+    held = {k: c for k, c in curves.items() if c.mixture or c.choice is not None}
+    per_point = {k: (quality[rows, c.choice], cost[rows, c.choice]) for k, c in held.items() if not c.mixture}
+    out = {k: np.empty(n_boot) for k in (*held, *(frontiers or {}))}
     for start in range(0, n_boot, chunk):
         b = min(chunk, n_boot - start)
         w = rng.multinomial(n, np.full(n, 1.0 / n), size=b).astype(np.float64) / n  # (b, n) resample weights
-        single_cost = w @ cost  # (b, K)
-        qs = {k: (w @ pq.T, w @ pc.T) for k, (pq, pc) in per_point.items()}  # (b, P) quality, cost
-        for j in range(b):
-            c_min, c_max = float(single_cost[j].min()), float(single_cost[j].max())
-            for k, (mq, mc) in qs.items():
-                out[k][start + j] = aiq(mc[j], mq[j], c_min, c_max)
+        single_q, single_c = w @ quality, w @ cost  # (b, K)
+        lo, hi = single_c.min(axis=1), single_c.max(axis=1)
+        for k, c in held.items():
+            if c.mixture:
+                mc, mq = single_c @ c.share.T, single_q @ c.share.T
+            else:
+                mq, mc = w @ per_point[k][0].T, w @ per_point[k][1].T  # (b, points)
+            out[k][start:start + b] = aiq_batch(mc, mq, lo, hi)
+        for k, fr in (frontiers or {}).items():
+            fc, fq = fr.resampled(w)
+            out[k][start:start + b] = _polyline_area(fc, fq, np.ones(fc.shape, dtype=bool), lo, hi) / (hi - lo)
+    return out
+
+
+def _groups(groups: np.ndarray, cost: np.ndarray, min_prompts: int):
+    """(group, its rows) for each group with at least ``min_prompts`` prompts whose models' costs differ."""
+    for g in pd.unique(groups):
+        idx = np.flatnonzero(groups == g)
+        single = cost[idx].mean(axis=0)
+        if len(idx) >= min_prompts and single.max() > single.min():
+            yield str(g), idx
+
+
+def _group_curves(curves: dict[str, Curve], quality: np.ndarray, cost: np.ndarray, idx: np.ndarray,
+                  recompute: dict | None) -> dict[str, Curve]:
+    out = {name: make(quality[idx], cost[idx]) for name, make in (recompute or {}).items()}
+    for name, curve in curves.items():
+        if name not in out and (held := curve.on(quality, cost, idx)) is not None:
+            out[name] = held
     return out
 
 
@@ -215,34 +345,35 @@ def aiq_by_group(curves: dict[str, Curve], quality: np.ndarray, cost: np.ndarray
                  min_prompts: int = 10, oracle: str | None = "oracle",
                  recompute: dict | None = None) -> dict[str, dict[str, float]]:
     """Each router's AIQ on each group's prompts alone (RouterBench reports AIQ per ``eval_name`` and
-    averages them): the router's decisions held fixed (``recompute``: name -> f(quality, cost) -> Curve, a
-    router rebuilt on the group's prompts instead, as the random router mixes the group's own hull), the cost
-    range from the single models' mean
-    costs in the group; ``oracle`` names the exact optimal frontier recomputed per group. Groups
-    with fewer than ``min_prompts`` prompts, or whose models all cost the same, are left out."""
+    averages them): the router's decisions held fixed (a mixture's shares held; ``recompute``: name ->
+    f(quality, cost) -> Curve, a router rebuilt on the group's prompts instead, as the random router mixes the
+    group's own hull), the cost range from the single models' mean costs in the group; ``oracle`` names the
+    exact optimal frontier recomputed per group. Groups with fewer than ``min_prompts`` prompts, or whose
+    models all cost the same, are left out."""
     out: dict[str, dict[str, float]] = {}
-    for g in pd.unique(groups):
-        idx = np.flatnonzero(groups == g)
-        if len(idx) < min_prompts:
-            continue
+    for g, idx in _groups(groups, cost, min_prompts):
         q, c = quality[idx], cost[idx]
-        single = c.mean(axis=0)
-        c_min, c_max = float(single.min()), float(single.max())
-        if not c_max > c_min:
-            continue
-        rows = np.arange(len(idx))
-        res = {}
-        for name, make in (recompute or {}).items():  # a router defined by the group's own hull (random)
-            curve = make(q, c)
-            res[name] = aiq(curve.cost, curve.quality, c_min, c_max)
-        for name, curve in curves.items():
-            if curve.choice is not None and name not in res:
-                ch = curve.choice[:, idx]
-                res[name] = aiq(c[rows, ch].mean(axis=1), q[rows, ch].mean(axis=1), c_min, c_max)
+        c_min, c_max = cost_range(c.mean(axis=0))
+        res = {name: curve.aiq(c_min, c_max) for name, curve in _group_curves(curves, quality, cost, idx,
+                                                                              recompute).items()}
         if oracle:
             fr = optimal_frontier(q, c)
             res[oracle] = aiq(fr.cost, fr.quality, c_min, c_max)
-        out[str(g)] = res
+        out[g] = res
+    return out
+
+
+def bootstrap_aiq_by_group(curves: dict[str, Curve], quality: np.ndarray, cost: np.ndarray, groups: np.ndarray,
+                           n_boot: int = 200, seed: int = 0, min_prompts: int = 10, oracle: str | None = "oracle",
+                           recompute: dict | None = None) -> dict[str, dict[str, np.ndarray]]:
+    """:func:`bootstrap_aiq` within each group of :func:`aiq_by_group` (the same groups, curves and oracle):
+    group -> router -> (n_boot,) AIQ on resamples of that group's prompts, paired across routers; each group
+    resampled on its own (its own seed), so a mean over groups resamples each group independently."""
+    out: dict[str, dict[str, np.ndarray]] = {}
+    for i, (g, idx) in enumerate(_groups(groups, cost, min_prompts)):
+        q, c = quality[idx], cost[idx]
+        out[g] = bootstrap_aiq(_group_curves(curves, quality, cost, idx, recompute), q, c, n_boot, (seed, i),
+                               frontiers={oracle: optimal_frontier(q, c)} if oracle else None)
     return out
 
 
@@ -256,6 +387,21 @@ class Frontier:
     knob: np.ndarray  # (V,) the largest cost weight w (quality per USD) at which each vertex is optimal:
     # the slope of the step that reached it (inf at the start, all prompts on their cheapest model)
     choice_counts: np.ndarray  # (V, K) prompts sent to each model at each vertex
+    start_cost: np.ndarray | None = None  # (n,) each prompt's cost and quality on its cheapest model ...
+    start_quality: np.ndarray | None = None
+    step_prompt: np.ndarray | None = None  # (V - 1,) ... and the prompt, cost and quality of each step, in order
+    step_cost: np.ndarray | None = None
+    step_quality: np.ndarray | None = None
+
+    def resampled(self, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The frontier's vertices on resamples of its prompts, ``w`` (b, n) each prompt's weight (rows summing
+        to 1): (b, V) costs and qualities, exactly the frontier of the resampled prompts (a copied prompt's
+        steps are taken together, at the same slope; a dropped prompt's steps add nothing)."""
+        if self.step_prompt is None:
+            raise ValueError("this frontier has no per-step record: build it with optimal_frontier")
+        wp, c0, q0 = w[:, self.step_prompt], (w @ self.start_cost)[:, None], (w @ self.start_quality)[:, None]
+        return (np.hstack([c0, c0 + np.cumsum(wp * self.step_cost, axis=1)]),
+                np.hstack([q0, q0 + np.cumsum(wp * self.step_quality, axis=1)]))
 
 
 def optimal_frontier(quality: np.ndarray, cost: np.ndarray) -> Frontier:
@@ -296,10 +442,10 @@ def optimal_frontier(quality: np.ndarray, cost: np.ndarray) -> Frontier:
         seg_dq.append(dq[moving, nxt[moving]])
         cur = np.where(up.any(axis=1), nxt, cur)
     cat = (lambda xs, dt: np.concatenate(xs).astype(dt) if xs else np.zeros(0, dtype=dt))
-    f, t = cat(seg_from, np.int64), cat(seg_to, np.int64)
+    f, t, who = cat(seg_from, np.int64), cat(seg_to, np.int64), cat(seg_i, np.int64)
     dcs, dqs = cat(seg_dc, np.float64), cat(seg_dq, np.float64)
     order = np.argsort(-(dqs / dcs), kind="stable")  # steepest first; within a prompt slopes decrease
-    f, t, dcs, dqs = f[order], t[order], dcs[order], dqs[order]
+    f, t, who, dcs, dqs = f[order], t[order], who[order], dcs[order], dqs[order]
     c0, q0 = c[rows, start].mean(), q[rows, start].mean()
     cost_v = np.concatenate([[c0], c0 + np.cumsum(dcs) / n])
     qual_v = np.concatenate([[q0], q0 + np.cumsum(dqs) / n])
@@ -308,7 +454,7 @@ def optimal_frontier(quality: np.ndarray, cost: np.ndarray) -> Frontier:
     counts[0] = np.bincount(start, minlength=K)
     for k in range(K):
         counts[1:, k] = counts[0, k] + np.cumsum(t == k) - np.cumsum(f == k)
-    return Frontier(cost_v, qual_v, knob, counts)
+    return Frontier(cost_v, qual_v, knob, counts, c[rows, start], q[rows, start], who, dcs, dqs)
 
 
 # ----------------------------------------------------------------------------- RouteLLM (two models)
@@ -353,6 +499,14 @@ def routellm_optimal_curve(q_strong: np.ndarray, q_weak: np.ndarray,
     return share, float(np.mean(q_weak)) + bonus / n
 
 
+def routellm_random_curve(q_strong: np.ndarray, q_weak: np.ndarray,
+                          num_results: int = 10) -> tuple[np.ndarray, np.ndarray]:
+    """The random router's RouteLLM curve, in expectation: a random share s of strong calls has expected
+    quality ``(1 - s) * q_weak + s * q_strong`` (APGR 0.5, CPT(x) = x), at shares 0, 1/num_results, ..., 1."""
+    share = np.linspace(0.0, 1.0, num_results + 1)
+    return share, (1.0 - share) * float(np.mean(q_weak)) + share * float(np.mean(q_strong))
+
+
 def first_crossing(x: np.ndarray, y: np.ndarray, target: float) -> float:
     """Smallest x where the piecewise-linear curve (x, y), x sorted, reaches ``target``; NaN if never."""
     if y[0] >= target:
@@ -371,6 +525,12 @@ def routellm_metrics(score: np.ndarray | None, q_strong: np.ndarray, q_weak: np.
     ``score=None``: of RouteLLM's optimal curve (:func:`routellm_optimal_curve`), the oracle's."""
     share, qual = (routellm_curve(score, q_strong, q_weak, num_results) if score is not None
                    else routellm_optimal_curve(q_strong, q_weak, num_results))
+    return routellm_metrics_of(share, qual, q_strong, q_weak)
+
+
+def routellm_metrics_of(share: np.ndarray, qual: np.ndarray, q_strong: np.ndarray,
+                        q_weak: np.ndarray) -> RouteLLMMetrics:
+    """APGR, CPT(50%) and CPT(80%) of a curve of (share of strong calls, quality), shares increasing."""
     weak, strong = float(np.mean(q_weak)), float(np.mean(q_strong))
     if not strong > weak:
         raise ValueError(f"APGR needs the strong model to beat the weak one on these prompts "

@@ -10,7 +10,8 @@ it, with the test split left untouched:
 2. fit every candidate on ``fit``: the per-eval lookup, the prompt-feature routers (regression, predictive,
    kNN), the regression with the table's metadata (``eval_name`` one-hot beside the prompt features), the
    price-only router, and blends ``s * lookup + (1 - s) * router`` of the lookup with each prompt-feature
-   router; the zero router's hull and the random router need no fitting;
+   router; the zero router's hull needs no fitting (the random router is not a candidate: in expectation it
+   is the zero router's hull, exactly);
 3. score each on the validation prompts: AIQ (RouterBench's paper), and its paired bootstrap margin over the
    zero router (a normal interval from the bootstrap's spread, Bonferroni-adjusted for the number of
    candidates: the best of m noisy candidates is the one judged);
@@ -47,7 +48,7 @@ from sage_pipeline.routing_benchmark.routers import (
 )
 
 PROMPT_ROUTERS = ("regression", "predictive", "knn")  # read the prompt features only
-ZERO, RANDOM, COST_ONLY = "zero_router", "random", "cost_only"
+ZERO, COST_ONLY = "zero_router", "cost_only"
 
 
 class RecommendConfig(BaseModel):
@@ -123,9 +124,9 @@ def fit_candidates(x: np.ndarray, eval_name: np.ndarray, quality: np.ndarray, co
 
 
 def candidate_curves(q_hat: dict[str, np.ndarray], c_hat: np.ndarray, quality: np.ndarray, cost: np.ndarray,
-                     sweep_points: int, seed: int) -> dict[str, bm.Curve]:
-    """The zero router, random and every prediction-based candidate swept over cost weights on these prompts."""
-    curves = {ZERO: br.zero_router_curve(quality, cost), RANDOM: br.random_router_curve(quality, cost, seed=seed)}
+                     sweep_points: int) -> dict[str, bm.Curve]:
+    """The zero router and every prediction-based candidate swept over cost weights on these prompts."""
+    curves = {ZERO: br.zero_router_curve(quality, cost)}
     for name, q in q_hat.items():
         curves[name] = bm.sweep(name, lambda w, q=q: bm.decide(q, c_hat, w),
                                 br.cost_weights(q, c_hat, sweep_points), quality, cost)
@@ -198,7 +199,7 @@ def choose(tr_x: np.ndarray, tr_eval: np.ndarray, tr_quality: np.ndarray, tr_cos
     fitted = fit_candidates(tr_x[f], tr_eval[f], tr_quality[f], tr_cost[f], tr_chars[f], models,
                             configs["regression"], configs["predictive"], configs["knn"])
     q_hat, c_hat = fitted.predictions(tr_x[v], tr_eval[v], tr_chars[v], cfg.blend_shares)
-    curves = candidate_curves(q_hat, c_hat, tr_quality[v], tr_cost[v], sweep_points, seed)
+    curves = candidate_curves(q_hat, c_hat, tr_quality[v], tr_cost[v], sweep_points)
     sel = select(curves, tr_quality[v], tr_cost[v], cfg, seed, len(f))
     log(f"routing benchmark: {len(curves)} candidates on {len(v):,} validation prompts (fitted on {len(f):,}); best "
         f"{sel.best_candidate} AIQ {sel.validation_aiq[sel.best_candidate]:.4f} vs zero router "

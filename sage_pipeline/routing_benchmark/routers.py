@@ -8,7 +8,9 @@ predictions on the test prompts, for the grid routers over the train split's out
 
 Baselines (no learning): each single model; the **zero router** (the non-decreasing convex
 hull of the single models, RouterBench's "Zero"); **random** (each prompt to a model drawn
-at random, mixing along the zero router's hull: its expectation is the zero router);
+at random, mixing two adjacent vertices of the zero router's hull: reported as its expectation,
+which is the zero router's hull, exactly; :func:`random_router_draws` gives single draws, each
+scored on its own path, for their spread);
 **oracle** (the exact optimal frontier: for every budget the best assignment of prompts to
 models, i.e. the true best ``quality - w * cost`` per prompt at every ``w`` from 0 to infinity;
 for binary quality, each prompt to the cheapest model that gets it right, as the budget
@@ -103,22 +105,68 @@ def zero_router_curve(quality: np.ndarray, cost: np.ndarray) -> bm.Curve:
                     np.repeat(np.arange(K, dtype=np.int16)[:, None], len(quality), axis=1))
 
 
-def random_router_curve(quality: np.ndarray, cost: np.ndarray, seed: int = 0, points: int = 21) -> bm.Curve:
-    """Each prompt to a random model, mixing consecutive vertices of the zero router's hull."""
+class RandomRouterConfig(BaseModel):
+    """The random router: each prompt to one of two adjacent vertices of the zero router's hull at random."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    points: int = Field(21, ge=2, description="points of its curve, evenly spread along the zero router's hull "
+                        "from its cheapest vertex to its best, every vertex among them (>= 2)")
+    draws: int = Field(200, ge=2, description="independent draws of it on the test prompts, each scored on its own "
+                       "path (its points joined in order, no hull): their mean and spread are reported beside the "
+                       "exact expectation (>= 2)")
+
+
+def hull_vertices(quality: np.ndarray, cost: np.ndarray) -> np.ndarray:
+    """The models on the zero router's hull (the NDCH of the single models' mean points), cheapest first."""
     c_mean, q_mean = cost.mean(axis=0), quality.mean(axis=0)
     hc, _ = bm.ndch(c_mean, q_mean)
-    verts = [int(np.flatnonzero(c_mean == c)[np.argmax(q_mean[c_mean == c])]) for c in hc]
+    return np.array([int(np.flatnonzero(c_mean == c)[np.argmax(q_mean[c_mean == c])]) for c in hc], dtype=np.int64)
+
+
+def random_mixture(quality: np.ndarray, cost: np.ndarray, points: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each point of the random router as (model a, model b, share to b): positions evenly spread along the
+    hull's vertices (``points`` of them, each vertex added), a point between vertices j and j+1 sending each
+    prompt to j+1 with probability its fraction of the way. The first and the last point are pure vertices."""
+    verts = hull_vertices(quality, cost)
+    V = len(verts)
+    pos = np.unique(np.round(np.concatenate([np.linspace(0.0, V - 1, points), np.arange(V)]), 12))
+    j = np.minimum(np.floor(pos).astype(np.int64), max(V - 2, 0))
+    return verts[j], verts[np.minimum(j + 1, V - 1)], pos - j
+
+
+def random_router_curve(quality: np.ndarray, cost: np.ndarray, cfg: RandomRouterConfig | None = None) -> bm.Curve:
+    """The random router's expected curve: each point mixes two adjacent vertices of the zero router's hull,
+    so its expected cost and quality lie on the hull's chord between them and its AIQ is the zero router's,
+    exactly (a ``mixture`` curve: the bootstrap recomputes its expectation on each resample)."""
+    a, b, f = random_mixture(quality, cost, (cfg or RandomRouterConfig()).points)
+    K = quality.shape[1]
+    share = np.zeros((len(f), K))
+    np.add.at(share, (np.arange(len(f)), a), 1.0 - f)
+    np.add.at(share, (np.arange(len(f)), b), f)
+    return bm.Curve("random", share @ cost.mean(axis=0), share @ quality.mean(axis=0), np.arange(len(f), dtype=float),
+                    share, mixture=True)
+
+
+def random_router_draws(quality: np.ndarray, cost: np.ndarray, cfg: RandomRouterConfig | None = None,
+                        seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``cfg.draws`` independent draws of the random router on these prompts: (draws, points) mean cost and
+    mean quality of each draw at each point of :func:`random_router_curve` (every prompt's model drawn anew
+    for every point and draw). Score a draw on its own path (``metrics.path_aiq``): the hull of its points
+    (what rounds 1-3 reported) picks the lucky points and lies above the expectation."""
+    cfg = cfg or RandomRouterConfig()
+    a, b, f = random_mixture(quality, cost, cfg.points)
+    n, P = len(quality), len(f)
+    qa, ca = quality[:, a], cost[:, a]  # (n, P)
+    dq, dc = quality[:, b] - qa, cost[:, b] - ca
     rng = np.random.default_rng(seed)
-    n = len(quality)
-    t = np.linspace(0.0, 1.0, points)
-    pos = t * (len(verts) - 1)
-    choices = []
-    for p in pos:
-        j = min(int(np.floor(p)), len(verts) - 2) if len(verts) > 1 else 0
-        frac = p - j
-        a, b = verts[j], verts[min(j + 1, len(verts) - 1)]
-        choices.append(np.where(rng.random(n) < frac, b, a))
-    return bm.sweep("random", lambda w: choices[round(w)], np.arange(points, dtype=np.float64), quality, cost)
+    out_c, out_q = np.empty((cfg.draws, P)), np.empty((cfg.draws, P))
+    step = max(1, (1 << 22) // (P * n))  # draws per chunk: about 32 MB of uniforms
+    for s in range(0, cfg.draws, step):
+        to_b = (rng.random((min(step, cfg.draws - s), P, n)) < f[None, :, None]).astype(np.float64)
+        out_c[s:s + step] = ca.mean(axis=0) + np.einsum("dpn,np->dp", to_b, dc) / n
+        out_q[s:s + step] = qa.mean(axis=0) + np.einsum("dpn,np->dp", to_b, dq) / n
+    return out_c, out_q
 
 
 def oracle_curve(quality: np.ndarray, cost: np.ndarray, max_points: int = 2001) -> bm.Curve:
@@ -606,7 +654,7 @@ def _jsonable(obj):
 
 
 __all__ = ["GridRouter", "KNNConfig", "KNNRouter", "LookupRouter", "MetaRegressionRouter",
-           "PredictiveConfig", "PredictiveRouter", "RegressionConfig",
+           "PredictiveConfig", "PredictiveRouter", "RandomRouterConfig", "RegressionConfig",
            "RegressionRouter", "RouterBundle", "cost_weights", "fit_knn", "fit_predictive", "fit_regression",
-           "load_bundle", "oracle_curve", "oracle_targets", "random_router_curve", "save_bundle",
-           "single_model_curves", "zero_router_curve"]
+           "hull_vertices", "load_bundle", "oracle_curve", "oracle_targets", "random_mixture", "random_router_curve",
+           "random_router_draws", "save_bundle", "single_model_curves", "zero_router_curve"]

@@ -11,8 +11,9 @@
    simulated from it (:mod:`logged_bandit`, ``train_behaviour``);
 4. on the held-out test prompts, every router's cost-quality curve over cost weights from 0
    to its cheap end, its AIQ with a 95% bootstrap interval and its paired margin over the
-   random router, AIQ per eval_name and their mean, and for two-model tables RouteLLM's APGR
-   and CPT(50%)/CPT(80%) (:mod:`metrics`);
+   random router (its exact expectation: the zero router's hull; single draws, each scored on its
+   own path, give its spread), AIQ per eval_name and their mean with 95% intervals from a bootstrap
+   within each eval, and for two-model tables RouteLLM's APGR and CPT(50%)/CPT(80%) (:mod:`metrics`);
 5. logs simulated on the test prompts under each ``ope_behaviours`` policy, and every
    estimator of ``rl.ope`` for each learned router at one cost weight, next to its exact
    value (with logged propensities, and with propensities estimated by BC).
@@ -83,7 +84,8 @@ class BenchmarkConfig(BaseModel):
                                        "folder, read with table's options); table is then the train table")
     test_fraction: float = Field(0.25, gt=0.0, lt=1.0, description="share of prompts held out for testing (by a "
                                  "stable hash of the prompt), in (0, 1)")
-    seed: int = Field(0, description="seed of the hash split, the random router and the simulated logs")
+    seed: int = Field(0, description="seed of the hash split, the random router's draws, the bootstraps and the "
+                               "simulated logs")
     featurizer: str = Field("tfidf_svd", description="prompt features: tfidf_svd, length, embedding (the table's "
                             "precomputed embeddings: set table.embedding), openai_embedding (an OpenAI-compatible "
                             "endpoint: set openai_embedding) or one registered (register_featurizer)")
@@ -97,6 +99,8 @@ class BenchmarkConfig(BaseModel):
                                "quantiles of the weights where the oracle's choice changes (>= 2)")
     sweep_points: int = Field(br.DEFAULT_SWEEP_POINTS, ge=2, description="cost weights each prediction-based router "
                               "is swept over on the test prompts, 0 to its own cheap end (>= 2)")
+    random: br.RandomRouterConfig = Field(default_factory=br.RandomRouterConfig, description="the random router's "
+                                          "curve (its exact expectation) and the draws that show its spread")
     regression: br.RegressionConfig = Field(default_factory=br.RegressionConfig, description="the regression router")
     predictive: br.PredictiveConfig = Field(default_factory=br.PredictiveConfig, description="the predictive router")
     knn: br.KNNConfig = Field(default_factory=br.KNNConfig, description="the kNN router")
@@ -115,7 +119,7 @@ class BenchmarkConfig(BaseModel):
     recommend: brec.RecommendConfig = Field(default_factory=brec.RecommendConfig, description="how the recommended "
                                             "router is chosen, on a validation part of the train split")
     aiq_boot: int = Field(200, ge=1, description="bootstrap resamples of the test prompts for every router's AIQ "
-                          "interval (paired across routers)")
+                          "interval (paired across routers), pooled and within each eval_name")
     ope: bb.BanditOPEConfig = Field(default_factory=bb.BanditOPEConfig, description="the OPE estimators")
     propensity_bc: bb.PropensityBCConfig = Field(default_factory=bb.PropensityBCConfig, description="propensities "
                                                  "estimated by behaviour cloning")
@@ -133,6 +137,49 @@ class BenchmarkConfig(BaseModel):
         """This config with the table's and the test table's relative paths resolved against ``root``."""
         test = {} if self.test_path is None else {"test_path": str(Path(root) / self.test_path)}
         return self.model_copy(update={"table": self.table.under(root)} | test)
+
+
+EVAL_HEADS = ("recommended", "zero_router", "random", br.LOOKUP, "oracle")  # the per-eval table's routers
+MARGIN_BASELINES = ("zero_router", "random", br.LOOKUP)  # the recommended router's paired differences
+NAMED_EVALS = 12  # evals named in the headline, at most (the per_eval table lists every one)
+
+
+def _ci95(v: np.ndarray) -> tuple[float, float]:
+    return tuple(np.percentile(v, [2.5, 97.5]).tolist())
+
+
+@dataclass(frozen=True)
+class EvalIntervals:
+    """95% intervals of the per-eval_name AIQ: each eval's test prompts resampled on their own (paired across
+    routers within an eval); the headline's (the mean over evals) from the same resamples, each eval's
+    independent of the others'."""
+
+    prompts: dict[str, int]  # eval -> test prompts
+    aiq: dict[str, dict[str, tuple[float, float]]]  # eval -> router -> interval
+    margins: dict[str, dict[str, tuple[float, float]]]  # eval -> baseline -> interval of recommended - baseline
+    mean: dict[str, tuple[float, float]]  # router -> interval of its mean over evals
+    mean_margins: dict[str, tuple[float, float]]  # baseline -> interval of the mean's recommended - baseline
+
+    @classmethod
+    def from_boot(cls, boot: dict[str, dict[str, np.ndarray]], prompts: dict[str, int]) -> EvalIntervals:
+        mean = {n: np.mean([b[n] for b in boot.values() if n in b], axis=0)
+                for n in EVAL_HEADS if any(n in b for b in boot.values())}
+        return cls(prompts, {e: {n: _ci95(v) for n, v in b.items()} for e, b in boot.items()},
+                   {e: {base: _ci95(b[RECOMMENDED] - b[base]) for base in MARGIN_BASELINES if base in b}
+                    for e, b in boot.items() if RECOMMENDED in b},
+                   {n: _ci95(v) for n, v in mean.items()},
+                   {base: _ci95(mean[RECOMMENDED] - mean[base]) for base in MARGIN_BASELINES
+                    if RECOMMENDED in mean and base in mean})
+
+    def not_separated(self, base: str) -> list[str]:
+        """The evals whose paired interval of recommended - ``base`` includes 0: their prompts cannot tell the
+        two apart."""
+        return [e for e, m in self.margins.items() if base in m and m[base][0] <= 0.0 <= m[base][1]]
+
+    def to_dict(self) -> dict:
+        return {"prompts": self.prompts, "aiq_ci95": self.aiq, "recommended_margins_ci95": self.margins,
+                "mean_ci95": self.mean, "mean_recommended_margins_ci95": self.mean_margins,
+                "not_separated": {b: self.not_separated(b) for b in MARGIN_BASELINES}}
 
 
 @dataclass
@@ -175,6 +222,8 @@ class BenchmarkResult:
         return float(np.mean(vals)) if vals else None
     aiq_ci: dict[str, tuple[float, float]] = field(default_factory=dict)  # 95% bootstrap interval over test prompts
     margin_vs_random_ci: dict[str, tuple[float, float]] = field(default_factory=dict)  # paired: AIQ - random's
+    random_router: dict = field(default_factory=dict)  # how random's AIQ was found, and its draws' spread
+    eval_intervals: EvalIntervals | None = None  # per-eval_name intervals (bootstrap within each eval)
 
     @property
     def learned(self) -> tuple[str, ...]:
@@ -199,6 +248,22 @@ class BenchmarkResult:
         paired 95% interval of its AIQ margin lies above 0 (bootstrap over the test prompts)."""
         ci = self.recommended_margins.get("random")
         return ci is not None and ci[0] > 0
+
+    @property
+    def verdict_vs_random(self) -> str:
+        """The recommended router against the random router, in words. The random router's AIQ is its exact
+        expectation, the zero router's hull: when that hull is recommended it ties random, it never loses."""
+        if self.recommended == "zero_router":
+            return ("is the zero router's hull, which the random router equals in expectation: it ties the random "
+                    "router (no learned router beat the zero router on the validation prompts)")
+        ci = self.recommended_margins.get("random")
+        if ci is None:
+            return "was not compared with the random router"
+        if ci[0] > 0:
+            return "beats the random router"
+        if ci[1] < 0:
+            return "is below the random router (the zero router's hull)"
+        return "is not separated from the random router (its paired interval includes 0)"
 
     @property
     def not_below_zero_router(self) -> bool:
@@ -252,8 +317,10 @@ class BenchmarkResult:
                             "not_below_zero_router": self.not_below_zero_router},
             "offline_rl_note": OFFLINE_RL_NOTE,
             "beats_zero_router": self.beats_zero_router, "beats_random_router": self.beats_random_router,
+            "verdict_vs_random": self.verdict_vs_random, "random_router": self.random_router,
             "aiq_ci95": self.aiq_ci, "aiq_by_eval_name": self.aiq_by_eval,
             "aiq_mean_over_eval_name": {n: self.aiq_eval_mean(n) for n in self.curves},
+            "aiq_by_eval_name_intervals": self.eval_intervals.to_dict() if self.eval_intervals else None,
             "margin_vs_random_ci95": self.margin_vs_random_ci,
             "curves": {n: {"cost": c.cost, "quality": c.quality, "knob": c.knob, "share": c.share}
                        for n, c in self.curves.items()},
@@ -345,7 +412,7 @@ def _run(cfg: BenchmarkConfig, log: Callable[[str], None],
     laps.lap("features")
     scale = br.cost_scale(tr.cost)
     weights = br.cost_weights(tr.quality, tr.cost, cfg.weight_points)
-    curves, kinds = baseline_curves(te, tab.models, cfg.seed)
+    curves, kinds = baseline_curves(te, tab.models, cfg.random)
     routers = train_routers(tr, fx, weights, tab.models, cfg, log, laps.lap)
     pred = predict_test(routers, tr, fx)
     curves |= learned_curves(routers, pred, fx, te, weights, cfg.sweep_points)
@@ -362,7 +429,7 @@ def _run(cfg: BenchmarkConfig, log: Callable[[str], None],
     kinds |= {br.LOOKUP: "baseline (eval_name lookup)", br.META: "learned", RECOMMENDED: "recommended"}
     laps.lap("recommend")
     scores = score_curves(curves, te, cfg)
-    routellm, strong_weak = routellm_scores(routers, pred, fx, tab.models, tr, te, cfg.seed, log)
+    routellm, strong_weak = routellm_scores(routers, pred, fx, tab.models, tr, te, log)
     laps.lap("metrics")
     w_ope = cfg.ope_multiplier / scale
     ope_rows, propensity = _run_ope(cfg, tab.models, tr, te, fx.x_tr, fx.x_te, w_ope,
@@ -376,7 +443,8 @@ def _run(cfg: BenchmarkConfig, log: Callable[[str], None],
         router_metrics={"bc": routers.bc.metrics, "cql": routers.cql.metrics,
                         "knn": {"k": routers.knn.k, "metric": routers.knn.metric}},
         aiq_ci=scores.aiq_ci, margin_vs_random_ci=scores.margin_ci, split_info=split_info,
-        aiq_by_eval=scores.aiq_by_eval, selection=selection, recommended_margins=scores.recommended_margins)
+        aiq_by_eval=scores.aiq_by_eval, selection=selection, recommended_margins=scores.recommended_margins,
+        random_router=scores.random_router, eval_intervals=scores.eval_intervals)
     log(_summary(result))
     return result, _bundle(result, routers, fx.featurizer, cfg, full)
 
@@ -462,15 +530,20 @@ def fit_features(tr: BenchmarkTable, te: BenchmarkTable, cfg: BenchmarkConfig, s
     return Features(feat, x_tr, x_te, chars(tr), chars(te))
 
 
-def baseline_curves(te: BenchmarkTable, models: tuple[str, ...], seed: int) -> tuple[dict, dict[str, str]]:
-    """Phase 3: the test prompts' single models, zero router, random router and oracle (no learning)."""
+RANDOM_KIND = "baseline (its expectation: the zero router's hull)"
+
+
+def baseline_curves(te: BenchmarkTable, models: tuple[str, ...],
+                    random: br.RandomRouterConfig) -> tuple[dict, dict[str, str]]:
+    """Phase 3: the test prompts' single models, zero router, random router (its exact expectation) and
+    oracle (no learning)."""
     Qt, Ct = te.quality, te.cost
     curves = {c.name: c for c in br.single_model_curves(Qt, Ct, models)}
     kinds = {n: "single model" for n in curves}
     curves["zero_router"] = br.zero_router_curve(Qt, Ct)
-    curves["random"] = br.random_router_curve(Qt, Ct, seed=seed)
+    curves["random"] = br.random_router_curve(Qt, Ct, random)
     curves["oracle"] = br.oracle_curve(Qt, Ct)
-    kinds |= {"zero_router": "baseline", "random": "baseline", "oracle": "baseline (knows the outcomes)"}
+    kinds |= {"zero_router": "baseline", "random": RANDOM_KIND, "oracle": "baseline (knows the outcomes)"}
     return curves, kinds
 
 
@@ -542,14 +615,13 @@ class Scores:
     margin_ci: dict[str, tuple[float, float]]
     aiq_by_eval: dict[str, dict[str, float]]
     recommended_margins: dict[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
-
-
-MARGIN_BASELINES = ("zero_router", "random", br.LOOKUP)  # the recommended router's paired differences
+    random_router: dict = dataclasses.field(default_factory=dict)
+    eval_intervals: EvalIntervals | None = None
 
 
 def score_curves(curves: dict[str, bm.Curve], te: BenchmarkTable, cfg: BenchmarkConfig) -> Scores:
     """Phase 6: AIQ (the paper's and RouterBench's code's), bootstrap intervals and margins over random,
-    AIQ per eval_name."""
+    the random router's draws, AIQ per eval_name with intervals from a bootstrap within each eval."""
     Qt, Ct = te.quality, te.cost
     c_min, c_max = bm.cost_range(Ct.mean(axis=0))
     aiq = {n: c.aiq(c_min, c_max) for n, c in curves.items()}
@@ -557,21 +629,38 @@ def score_curves(curves: dict[str, bm.Curve], te: BenchmarkTable, cfg: Benchmark
     x_max = max(float(bm.ndch(c.cost, c.quality)[0][-1]) for c in curves.values())
     aiq_code = {n: bm.aiq_routerbench_code(c.cost, c.quality, x_max) for n, c in curves.items()}
     boot = bm.bootstrap_aiq({n: c for n, c in curves.items() if n != "oracle"}, Qt, Ct, cfg.aiq_boot, cfg.seed)
-    aiq_ci = {n: tuple(np.percentile(v, [2.5, 97.5]).tolist()) for n, v in boot.items()}
-    margin_ci = {n: tuple(np.percentile(v - boot["random"], [2.5, 97.5]).tolist()) for n, v in boot.items()
-                 if n != "random"}
-    rec = {b: tuple(np.percentile(boot[RECOMMENDED] - boot[b], [2.5, 97.5]).tolist())
-           for b in MARGIN_BASELINES if RECOMMENDED in boot and b in boot}
-    return Scores((c_min, c_max), aiq, aiq_code, aiq_ci, margin_ci,
-                  bm.aiq_by_group(curves, Qt, Ct, te.eval_name, recompute={
-                      "random": lambda q, c: br.random_router_curve(q, c, seed=cfg.seed)}), rec)
+    aiq_ci = {n: _ci95(v) for n, v in boot.items()}
+    margin_ci = {n: _ci95(v - boot["random"]) for n, v in boot.items() if n != "random"}
+    rec = {b: _ci95(boot[RECOMMENDED] - boot[b]) for b in MARGIN_BASELINES if RECOMMENDED in boot and b in boot}
+    own_hull = {"random": lambda q, c: br.random_router_curve(q, c, cfg.random)}  # random mixes each eval's hull
+    by_eval = bm.aiq_by_group(curves, Qt, Ct, te.eval_name, recompute=own_hull)
+    eval_boot = bm.bootstrap_aiq_by_group({n: curves[n] for n in EVAL_HEADS if n in curves and n != "oracle"},
+                                          Qt, Ct, te.eval_name, cfg.aiq_boot, cfg.seed, recompute=own_hull)
+    prompts = {e: int((te.eval_name == e).sum()) for e in eval_boot}
+    return Scores((c_min, c_max), aiq, aiq_code, aiq_ci, margin_ci, by_eval, rec,
+                  random_summary(Qt, Ct, cfg, aiq["random"]), EvalIntervals.from_boot(eval_boot, prompts))
+
+
+def random_summary(quality: np.ndarray, cost: np.ndarray, cfg: BenchmarkConfig, exact: float) -> dict:
+    """The random router's AIQ as reported (its exact expectation) beside ``cfg.random.draws`` independent draws:
+    each scored on its own path (mean, sd, standard error of the mean: an unbiased check of the expectation),
+    and the hull of each draw's points (what rounds 1-3 reported: biased upwards by the noise it picks)."""
+    c_min, c_max = bm.cost_range(cost.mean(axis=0))
+    dc, dq = br.random_router_draws(quality, cost, cfg.random, cfg.seed)
+    path, hull = bm.path_aiq(dc, dq, c_min, c_max), bm.aiq_batch(dc, dq, c_min, c_max)
+    return {"aiq": exact, "method": "exact expectation: each point mixes two adjacent vertices of the zero router's "
+                                    "hull, so its expected curve is that hull and its AIQ the zero router's",
+            "draws": len(path), "draws_mean": float(path.mean()), "draws_sd": float(path.std(ddof=1)),
+            "draws_se": float(path.std(ddof=1) / np.sqrt(len(path))),
+            "hull_of_one_draw_mean": float(hull.mean()), "hull_of_one_draw_sd": float(hull.std(ddof=1))}
 
 
 def routellm_scores(routers: Routers, pred: Predictions, fx: Features, models: tuple[str, ...],
-                    tr: BenchmarkTable, te: BenchmarkTable, seed: int, log: Callable[[str], None]
+                    tr: BenchmarkTable, te: BenchmarkTable, log: Callable[[str], None]
                     ) -> tuple[dict[str, bm.RouteLLMMetrics], tuple[str, str] | None]:
     """Phase 7, two-model tables only: RouteLLM's APGR and CPT from each router's strong-minus-weak score
-    (strong: the better model on the train prompts; undefined when it is not better on the test ones)."""
+    (strong: the better model on the train prompts; undefined when it is not better on the test ones); the
+    random router's from its expected curve (APGR 0.5), the oracle's from RouteLLM's optimal one."""
     if len(models) != 2:
         return {}, None
     s = int(np.argmax(tr.quality.mean(axis=0)))
@@ -581,11 +670,12 @@ def routellm_scores(routers: Routers, pred: Predictions, fx: Features, models: t
         log("routing benchmark: the strong model does not beat the weak one on the test prompts; "
             "APGR and CPT are not defined")
         return {}, (models[s], models[wk])
-    rng = np.random.default_rng(seed)
-    scores = {"random": rng.random(len(te)), "oracle": None,  # RouteLLM's optimal curve
+    scores = {"oracle": None,  # RouteLLM's optimal curve
               **{n: q[:, s] - q[:, wk] for n, q in pred.quality.items()},
               "bc": _diff(routers.bc.outputs(fx.x_te, 0), s, wk), "cql": _diff(routers.cql.outputs(fx.x_te, 0), s, wk)}
-    return {n: bm.routellm_metrics(v, Qt[:, s], Qt[:, wk]) for n, v in scores.items()}, (models[s], models[wk])
+    random = bm.routellm_metrics_of(*bm.routellm_random_curve(Qt[:, s], Qt[:, wk]), Qt[:, s], Qt[:, wk])
+    return ({"random": random} | {n: bm.routellm_metrics(v, Qt[:, s], Qt[:, wk]) for n, v in scores.items()},
+            (models[s], models[wk]))
 
 
 def decisions_at(routers: Routers, pred: Predictions, fx: Features, w: float) -> dict[str, np.ndarray]:
@@ -599,8 +689,7 @@ def _bundle(result: BenchmarkResult, routers: Routers, feat: bfeat.PromptFeaturi
             cfg: BenchmarkConfig, full: brec.Fitted) -> br.RouterBundle:
     """The routers as saved for serving, with their manifest."""
     zc = result.curves["zero_router"]
-    hull_cost, _ = bm.ndch(zc.cost, zc.quality)
-    hull = [result.models[int(np.flatnonzero(zc.cost == c)[np.argmax(zc.quality[zc.cost == c])])] for c in hull_cost]
+    hull = [result.models[k] for k in br.hull_vertices(zc.quality[None, :], zc.cost[None, :])]
     return br.RouterBundle(feat, result.models, routers.regression, {"bc": routers.bc, "cql": routers.cql},
                            predictors={"predictive": routers.predictive, "knn": routers.knn}, lookup=full.lookup,
                            meta=full.meta, recommended=brec.serving_spec(result.recommended,
@@ -623,8 +712,7 @@ def _summary(result: BenchmarkResult) -> str:
             + f" vs zero router {aiq['zero_router']:.4f}, random {aiq['random']:.4f}; recommended (on validation "
             + f"prompts) {rec}: test AIQ {aiq[RECOMMENDED]:.4f}, paired margin over random "
             + f"{_fmt_ci(m.get('random'))}, zero router {_fmt_ci(m.get('zero_router'))}, eval_name lookup "
-            + f"{_fmt_ci(m.get(br.LOOKUP))}: it " + ("beats" if result.beats_random_router else "does NOT beat")
-            + " the random router")
+            + f"{_fmt_ci(m.get(br.LOOKUP))}: it {result.verdict_vs_random}")
 
 
 def _diff(out: np.ndarray, s: int, w: int) -> np.ndarray:
@@ -748,9 +836,9 @@ def metadata_markdown(result: BenchmarkResult, max_dropped: int = 20) -> dict[st
     verdict = (f"**Recommended router**: {chosen}. On the held-out test prompts (never used to choose) it has AIQ "
                f"{result.aiq[RECOMMENDED]:.4f}; paired 95% intervals of its margin over the zero router "
                f"{_fmt_ci(m.get('zero_router'))}, the random router {_fmt_ci(m.get('random'))} and the eval_name "
-               f"lookup {_fmt_ci(m.get(br.LOOKUP))}: it {'beats' if result.beats_random_router else 'does NOT beat'} "
-               f"the random router (zero router {z:.4f}, random {result.aiq['random']:.4f}, oracle "
-               f"{result.aiq['oracle']:.4f}). `{br.LOOKUP}` routes by each model's mean train quality per "
+               f"lookup {_fmt_ci(m.get(br.LOOKUP))}: it {result.verdict_vs_random} (zero router {z:.4f}, random "
+               f"{result.aiq['random']:.4f}, oracle {result.aiq['oracle']:.4f}). {_random_note(result)} "
+               f"`{br.LOOKUP}` routes by each model's mean train quality per "
                f"eval_name; `{br.META}` is the regression on the prompt features plus eval_name. BC and CQL are "
                f"shown for the OPE part only: {OFFLINE_RL_NOTE} "
                "`AIQ mean over eval_name`: RouterBench's average of the AIQ "
@@ -761,12 +849,9 @@ def metadata_markdown(result: BenchmarkResult, max_dropped: int = 20) -> dict[st
                "prompt, from the cheapest to the dearest single model (RouterBench's paper); `AIQ (RouterBench "
                "code)`: its calc_AIQ, area from the router's first point divided by the largest cost; "
                f"{result.n_train:,} train / {result.n_test:,} held-out test prompts.")
-    heads = ("recommended", "zero_router", "random", br.LOOKUP, "oracle")
-    means = {n: result.aiq_eval_mean(n) for n in heads}
+    means = {n: result.aiq_eval_mean(n) for n in EVAL_HEADS}
     if any(v is not None for v in means.values()):
-        verdict += (" **Per-eval_name headline** (RouterBench's: the mean of each eval's AIQ, each on its own "
-                    "eval's hull): " + ", ".join(f"{n} {v:.4f}" for n, v in means.items() if v is not None)
-                    + "; pooled: " + ", ".join(f"{n} {result.aiq[n]:.4f}" for n in heads if n in result.aiq) + ".")
+        verdict += " " + _eval_headline(result, means)
     out = {"results": verdict + "\n\n" + markdown.table(result.results_rows(), digits=4)}
     if result.selection:
         out["selection"] = ("How the recommended router was chosen: every candidate fitted on "
@@ -775,10 +860,10 @@ def metadata_markdown(result: BenchmarkResult, max_dropped: int = 20) -> dict[st
                             "Bonferroni-adjusted interval). The test prompts played no part.\n\n"
                             + markdown.table(result.selection.table(), digits=4))
     if result.aiq_by_eval:
-        out["per_eval"] = ("AIQ per eval_name (each on that eval's own cost range and hull; random mixes that "
-                           "eval's hull)\n\n" + markdown.table(
-                               [{"eval_name": e, **{n: v.get(n) for n in heads}} for e, v in result.aiq_by_eval.items()]
-                               + [{"eval_name": "mean (RouterBench's headline)", **means}], digits=4))
+        out["per_eval"] = ("AIQ per eval_name with its 95% interval (each on that eval's own cost range and hull, "
+                           "the interval from a bootstrap of that eval's test prompts; random is its expectation on "
+                           "that eval's hull, the zero router's) and the recommended router's paired margins\n\n"
+                           + markdown.table(per_eval_rows(result), digits=4))
     if result.routellm:
         pub = bm.ROUTELLM_MMLU_PUBLISHED
         out["routellm"] = (
@@ -807,6 +892,73 @@ def metadata_markdown(result: BenchmarkResult, max_dropped: int = 20) -> dict[st
                          if rep.dropped_index_columns else "")
                       + ("\n\nFirst dropped rows:\n\n" + markdown.table(dropped) if dropped else ""))
     return out
+
+
+def _random_note(result: BenchmarkResult) -> str:
+    r = result.random_router
+    if not r:
+        return ""
+    return (f"`random` is its exact expectation (each point mixes two adjacent vertices of the zero router's hull, "
+            f"so its AIQ is the zero router's); {r['draws']} independent draws on these prompts, each scored on its "
+            f"own path, average {r['draws_mean']:.4f} (± {r['draws_se']:.4f}; one draw's sd {r['draws_sd']:.4f}), "
+            "while the hull of one draw's points, what rounds 1-3 reported, averages "
+            f"{r['hull_of_one_draw_mean']:.4f}.")
+
+
+def _ci_cell(value: float | None, ci: tuple[float, float] | None, sign: str = "") -> str | None:
+    if value is None:
+        return None
+    return f"{value:{sign}.4f}" + (f" [{ci[0]:{sign}.4f}, {ci[1]:{sign}.4f}]" if ci else "")
+
+
+def _named(evals: list[str]) -> str:
+    shown = ", ".join(evals[:NAMED_EVALS])
+    return shown + (f" and {len(evals) - NAMED_EVALS} more" if len(evals) > NAMED_EVALS else "")
+
+
+def _eval_headline(result: BenchmarkResult, means: dict[str, float | None]) -> str:
+    """RouterBench's per-eval headline with its intervals, naming the evals whose intervals cannot separate the
+    recommended router from each baseline."""
+    iv = result.eval_intervals
+    text = ("**Per-eval_name headline** (RouterBench's: the mean of each eval's AIQ, each on its own eval's hull; "
+            "95% intervals from a bootstrap within each eval): "
+            + ", ".join(f"{n} {_ci_cell(v, iv.mean.get(n) if iv else None)}" for n, v in means.items() if v is not None)
+            + "; pooled: " + ", ".join(f"{n} {result.aiq[n]:.4f}" for n in means if n in result.aiq) + ".")
+    if not iv or not iv.margins:
+        return text
+    n_evals = len(iv.margins)
+    parts = []
+    for base in ("zero_router", br.LOOKUP):
+        if base not in iv.mean_margins:
+            continue
+        lost = iv.not_separated(base)
+        mm = iv.mean_margins[base]
+        parts.append(f"over {base} the headline margin is {_fmt_ci(mm)}, and in {len(lost)} of {n_evals} evals the "
+                     "paired interval includes 0" + (f" ({_named(lost)})" if lost else ""))
+    return text + (" The recommended router per eval: " + "; ".join(parts)
+                   + ": there the eval's prompts cannot separate the two." if parts else "")
+
+
+def per_eval_rows(result: BenchmarkResult) -> list[dict]:
+    """The per_eval table: each eval's AIQ per head router with its interval, the recommended router's paired
+    margins, and last RouterBench's headline (the mean over evals) with its interval."""
+    iv = result.eval_intervals
+    rows = []
+    for e, v in result.aiq_by_eval.items():
+        ci = iv.aiq.get(e, {}) if iv else {}
+        mg = iv.margins.get(e, {}) if iv else {}
+        rows.append({"eval_name": e, "test prompts": iv.prompts.get(e) if iv else None,
+                     **{n: _ci_cell(v.get(n), ci.get(n)) for n in EVAL_HEADS},
+                     **{f"recommended - {b}": _ci_cell(v[RECOMMENDED] - v[b], mg.get(b), "+")
+                        for b in ("zero_router", br.LOOKUP) if RECOMMENDED in v and b in v}})
+    means = {n: result.aiq_eval_mean(n) for n in EVAL_HEADS}
+    rows.append({"eval_name": "mean (RouterBench's headline)", "test prompts": sum(iv.prompts.values()) if iv else None,
+                 **{n: _ci_cell(means[n], iv.mean.get(n) if iv else None) for n in EVAL_HEADS},
+                 **{f"recommended - {b}": _ci_cell(means[RECOMMENDED] - means[b],
+                                                   iv.mean_margins.get(b) if iv else None, "+")
+                    for b in ("zero_router", br.LOOKUP) if means.get(RECOMMENDED) is not None
+                    and means.get(b) is not None}})
+    return rows
 
 
 COST_NOTE = ("`table`: the table's own cost column; `price_table_tokens`: prompt + response tokens (characters / "

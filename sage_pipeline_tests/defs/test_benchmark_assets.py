@@ -124,3 +124,28 @@ def test_registered_in_the_definitions_with_its_job():
     key = dg.AssetKey("routing_benchmark")
     assert key in defs.resolve_asset_graph().get_all_asset_keys()
     assert defs.resolve_job_def(JOB).asset_layer.executable_asset_keys == {key}
+
+
+def test_a_recommended_zero_router_ties_random_and_the_check_says_so(tmp_path):
+    """Issue 43: outcomes that nothing predicts, so the zero router's hull is recommended. The random router's AIQ
+    is its expectation, that same hull: the check warns that nothing learned beats random, and says the zero
+    router ties it, never that it loses to it."""
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
+    prompts = [" ".join(rng.choice(words, 6)) + f" #{i}" for i in range(480)]
+    pd.DataFrame({"prompt": prompts, "mistralai/Mixtral-8x7B-Instruct-v0.1": rng.random(480) < 0.6,
+                  "gpt-4-1106-preview": rng.random(480) < 0.75}).to_csv(tmp_path / "noise.csv")
+    res = _materialize(tmp_path, FAST | {"table": {"path": str(tmp_path / "noise.csv")}})
+    meta = {k: v.value for k, v in res.asset_materializations_for_node("routing_benchmark")[0].metadata.items()}
+    assert meta["recommended_router"] == "zero_router"
+    assert meta["random_router_aiq"] == pytest.approx(meta["zero_router_aiq"], abs=1e-12)
+    check = [e.event_specific_data for e in res.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"][0]
+    md = {k: v.value for k, v in check.metadata.items()}
+    assert not check.passed and md["margin_vs_random_ci95_low"] >= -1e-12
+    assert "ties the random router" in check.description and "ties the random router" in md["verdict"]
+    for text in (check.description, meta["results"]):
+        assert "does NOT beat" not in text and "below the random" not in text
+    assert " [" in meta["per_eval"] and meta["aiq_mean_over_eval_name_ci95"]["zero_router"]

@@ -226,3 +226,104 @@ def test_gap_closed_at_the_best_models_cost():
     router = (np.array([1.0, 3.0]), np.array([0.5, 1.1]))  # at cost 2: 0.8 on the chord
     assert bm.gap_closed(*router, 2.0, 0.7, *oracle) == pytest.approx(0.5)
     assert bm.gap_closed(np.array([1.0]), np.array([0.5]), 2.0, 0.7, *oracle) == pytest.approx(-1.0)
+
+
+def test_aiq_batch_is_aiq_row_by_row():
+    """The vectorised AIQ the bootstraps use gives :func:`aiq`'s number on every row: ties in cost, repeated
+    points, dominated points, curves starting right of c_min or past c_max, rows padded with NaN."""
+    rng = np.random.default_rng(7)
+    for trial in range(300):
+        P = int(rng.integers(1, 25))
+        c = rng.random((4, P)) * 3
+        q = rng.random((4, P))
+        c[1], q[1] = np.round(c[1], 1), np.round(q[1], 1)  # ties
+        q[2] = np.sort(q[2])  # rising: every point on the front
+        c[3, : P // 2], q[3, : P // 2] = c[3, -1], q[3, -1]  # one point repeated
+        lo = rng.random(4) * 0.5
+        hi = lo + 0.01 + rng.random(4) * 3
+        got = bm.aiq_batch(c, q, lo, hi)
+        want = [bm.aiq(c[i], q[i], lo[i], hi[i]) for i in range(4)]
+        assert got == pytest.approx(want, abs=1e-12), trial
+    padded = np.array([[1.0, 3.0, np.nan], [1.0, 2.0, 3.0]]), np.array([[0.4, 0.8, np.nan], [0.4, 0.75, 0.8]])
+    assert bm.aiq_batch(*padded, 1.0, 3.0) == pytest.approx([0.6, (0.5 * 1.15 + 0.5 * 1.55) / 2])
+    with pytest.raises(ValueError, match="c_max > c_min in every row, got 1 rows without"):
+        bm.aiq_batch(*padded, np.array([1.0, 3.0]), np.array([3.0, 3.0]))
+    with pytest.raises(ValueError, match="a row has no finite"):
+        bm.aiq_batch(np.array([[np.nan]]), np.array([[0.5]]), 0.0, 1.0)
+    with pytest.raises(ValueError, match="one shape"):
+        bm.aiq_batch(np.ones((2, 3)), np.ones((2, 2)), 0.0, 1.0)
+
+
+def test_path_aiq_joins_the_points_in_order_without_a_hull():
+    # a point above the chord counts as it is; one below is not lifted to the chord (the hull would be)
+    up = bm.path_aiq(np.array([[1.0, 2.0, 3.0]]), np.array([[0.4, 0.75, 0.8]]), 1.0, 3.0)
+    down = bm.path_aiq(np.array([[1.0, 2.0, 3.0]]), np.array([[0.4, 0.5, 0.8]]), 1.0, 3.0)
+    assert up == pytest.approx([(0.5 * 1.15 + 0.5 * 1.55) / 2]) and down == pytest.approx([(0.45 + 0.65) / 2])
+    hull = bm.aiq(np.array([1.0, 2.0, 3.0]), np.array([0.4, 0.5, 0.8]), 1.0, 3.0)
+    assert hull == pytest.approx(0.6) and hull > down[0]
+    # flat from its last point to c_max
+    assert bm.path_aiq(np.array([[1.0, 2.0]]), np.array([[0.4, 0.8]]), 1.0, 3.0) == pytest.approx([(0.6 + 0.8) / 2])
+    with pytest.raises(ValueError, match="c_max > c_min"):
+        bm.path_aiq(np.ones((1, 2)), np.ones((1, 2)), 1.0, 1.0)
+
+
+def test_a_resampled_frontier_is_the_frontier_of_the_resampled_prompts():
+    rng = np.random.default_rng(2)
+    n, K = 90, 4
+    c = rng.lognormal(0, 1, (n, K))
+    for q in ((rng.random((n, K)) < 0.6).astype(float), rng.random((n, K))):
+        fr = bm.optimal_frontier(q, c)
+        for _ in range(5):
+            idx = rng.integers(0, n, n)
+            fc, fq = fr.resampled(np.bincount(idx, minlength=n)[None, :] / n)
+            direct = bm.optimal_frontier(q[idx], c[idx])
+            x = np.linspace(direct.cost[0], direct.cost[-1], 50)
+            assert fc[0, 0] == pytest.approx(direct.cost[0]) and fc[0, -1] == pytest.approx(direct.cost[-1])
+            assert np.interp(x, fc[0], fq[0]) == pytest.approx(np.interp(x, direct.cost, direct.quality))
+
+
+def test_bootstrap_of_a_mixture_and_of_the_oracle():
+    """A mixture curve (the random router's expectation) is recomputed on each resample, never lifted above the
+    zero router's hull; the oracle's frontier is recomputed exactly on each resample."""
+    rng = np.random.default_rng(5)
+    n = 400
+    q = (rng.random((n, 3)) < [0.5, 0.7, 0.85]).astype(float)
+    c = np.tile([1.0, 3.0, 10.0], (n, 1)) * rng.lognormal(0, 0.3, (n, 1))
+    zero = bm.Curve("zero", c.mean(0), q.mean(0), np.full(3, np.nan), np.eye(3),
+                    np.repeat(np.arange(3, dtype=np.int16)[:, None], n, axis=1))
+    share = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.0], [0.0, 1.0, 0.0], [0.0, 0.5, 0.5], [0.0, 0.0, 1.0]])
+    mix = bm.Curve("mix", share @ c.mean(0), share @ q.mean(0), np.arange(5.0), share, mixture=True)
+    fr = bm.optimal_frontier(q, c)
+    boot = bm.bootstrap_aiq({"zero": zero, "mix": mix}, q, c, n_boot=60, seed=3, frontiers={"oracle": fr})
+    assert set(boot) == {"zero", "mix", "oracle"}
+    assert np.all(boot["zero"] - boot["mix"] >= -1e-12)  # a mixture of single models is never above their hull
+    assert np.all(boot["oracle"] >= boot["zero"])
+    # replay the resamples: the oracle's replicate is the AIQ of the resampled prompts' own frontier
+    rng2 = np.random.default_rng(3)
+    w = rng2.multinomial(n, np.full(n, 1.0 / n), size=25).astype(np.float64) / n
+    idx = np.repeat(np.arange(n), (w[0] * n).round().astype(int))
+    direct = bm.optimal_frontier(q[idx], c[idx])
+    assert boot["oracle"][0] == pytest.approx(bm.aiq(direct.cost, direct.quality, *bm.cost_range(c[idx].mean(0))))
+    assert boot["mix"][0] == pytest.approx(mix.on(q, c, idx).aiq(*bm.cost_range(c[idx].mean(0))))
+
+
+def test_bootstrap_by_group_resamples_each_group_alone():
+    rng = np.random.default_rng(4)
+    n, K = 600, 3
+    q = (rng.random((n, K)) < [0.5, 0.7, 0.85]).astype(float)
+    c = np.tile([1.0, 3.0, 10.0], (n, 1)) * rng.lognormal(0, 0.2, (n, 1))
+    groups = np.where(np.arange(n) < 400, "mmlu", "gsm8k")
+    groups[-5:] = "tiny"
+    choice = np.stack([np.where(rng.random(n) < t, 2, 0) for t in np.linspace(0, 1, 5)]).astype(np.int16)
+    curve = bm.Curve("r", np.zeros(5), np.zeros(5), np.zeros(5), np.zeros((5, K)), choice)
+    point = bm.aiq_by_group({"r": curve}, q, c, groups)
+    boot = bm.bootstrap_aiq_by_group({"r": curve}, q, c, groups, n_boot=80, seed=1)
+    assert set(boot) == {"mmlu", "gsm8k"} and set(boot["gsm8k"]) == {"r", "oracle"}
+    for g in boot:
+        for name in ("r", "oracle"):
+            lo, hi = np.percentile(boot[g][name], [2.5, 97.5])
+            assert lo <= point[g][name] + 1e-9 and point[g][name] <= hi + 1e-9 and hi - lo < 0.2, (g, name)
+    # the same group alone, the same seed stream: the same replicates (each group's resamples are its own)
+    idx = np.flatnonzero(groups == "gsm8k")
+    alone = bm.bootstrap_aiq({"r": curve.on(q, c, idx)}, q[idx], c[idx], 80, (1, 1))
+    assert np.allclose(alone["r"], boot["gsm8k"]["r"])

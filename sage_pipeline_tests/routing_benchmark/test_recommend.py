@@ -90,6 +90,13 @@ def test_nothing_to_learn_falls_back_to_the_zero_routers_hull():
     assert result.selection.fallback and result.recommended == "zero_router"
     assert result.aiq["recommended"] == result.aiq["zero_router"]
     assert result.recommended_margins["zero_router"] == (0.0, 0.0) and result.not_below_zero_router
+    # random is the zero router's hull in expectation: the recommended hull ties it, never loses to it
+    assert "random" not in result.selection.validation_aiq  # not a candidate: it is the zero router's hull
+    assert result.aiq["random"] == pytest.approx(result.aiq["zero_router"], abs=1e-12)
+    assert result.recommended_margins["random"][0] >= -1e-12 and not result.beats_random_router
+    assert "ties the random router" in result.verdict_vs_random
+    text = brun.metadata_markdown(result)["results"]
+    assert "ties the random router" in text and "does NOT beat" not in text and "below the random" not in text
     with pytest.raises(ValueError, match="the recommended router is the zero_router"):
         bundle.route(["alpha beta"], 0.0, "recommended", eval_names=["eval0"])
 
@@ -129,13 +136,15 @@ def test_random_per_eval_is_scored_on_that_evals_own_hull():
     q = np.where(group[:, None] == "A", [0.1, 0.9, 0.95], [0.9, 0.1, 0.95])
     q = (rng.random((n, 3)) < q).astype(float)
     c = np.tile([1.0, 2.0, 10.0], (n, 1))
-    pooled_random = br.random_router_curve(q, c, seed=0)
-    out = bm.aiq_by_group({"random": pooled_random}, q, c, group,
-                          recompute={"random": lambda qq, cc: br.random_router_curve(qq, cc, seed=0)})
+    pooled_random = br.random_router_curve(q, c)
+    zero = br.zero_router_curve(q, c)
+    out = bm.aiq_by_group({"random": pooled_random, "zero_router": zero}, q, c, group,
+                          recompute={"random": lambda qq, cc: br.random_router_curve(qq, cc)})
     a = np.flatnonzero(group == "A")
-    own = br.random_router_curve(q[a], c[a], seed=0)
+    own = br.random_router_curve(q[a], c[a])
     lo, hi = bm.cost_range(c[a].mean(axis=0))
     assert out["A"]["random"] == pytest.approx(own.aiq(lo, hi))
+    assert out["A"]["random"] == pytest.approx(out["A"]["zero_router"], abs=1e-12)  # its expectation: A's own hull
     held = bm.aiq_by_group({"random": pooled_random}, q, c, group)["A"]["random"]
     assert out["A"]["random"] > held + 0.05  # the pooled mixture wastes eval A's prompts on the cheap model
 

@@ -250,7 +250,7 @@ def test_split_and_features_phases():
 
 def test_baseline_curves_phase():
     te = synthetic_table(300, seed=3)
-    curves, kinds = brun.baseline_curves(te, te.models, seed=0)
+    curves, kinds = brun.baseline_curves(te, te.models, br.RandomRouterConfig())
     assert list(curves) == [*te.models, "zero_router", "random", "oracle"] and list(kinds) == list(curves)
     assert kinds["oracle"] == "baseline (knows the outcomes)" and kinds["cheap"] == "single model"
     best_single = max(float(curves[m].quality[0]) for m in te.models)
@@ -279,7 +279,7 @@ def test_router_training_and_curve_phases(phases):
     curves = brun.learned_curves(routers, pred, fx, te, weights, cfg.sweep_points)
     assert list(curves) == ["cost_only", "regression", "predictive", "knn", "bc", "cql"]
     assert len(curves["bc"].cost) == len(weights) and len(curves["regression"].cost) == cfg.sweep_points
-    scores = brun.score_curves(curves | brun.baseline_curves(te, tab.models, cfg.seed)[0], te, cfg)
+    scores = brun.score_curves(curves | brun.baseline_curves(te, tab.models, cfg.random)[0], te, cfg)
     assert scores.aiq["oracle"] >= max(scores.aiq[n] for n in curves)
     assert scores.c_range == bm.cost_range(te.cost.mean(axis=0)) and "random" not in scores.margin_ci
     decided = brun.decisions_at(routers, pred, fx, 1e3)
@@ -290,14 +290,99 @@ def test_router_training_and_curve_phases(phases):
 def test_routellm_phase_is_for_two_models_whose_strong_one_wins_on_test(phases):
     cfg, tab, tr, te, fx, _, routers, _ = phases
     pred = brun.predict_test(routers, tr, fx)
-    metrics, pair = brun.routellm_scores(routers, pred, fx, tab.models, tr, te, cfg.seed, log=lambda s: None)
+    metrics, pair = brun.routellm_scores(routers, pred, fx, tab.models, tr, te, log=lambda s: None)
     assert pair == ("strong", "cheap") and set(metrics) == {"random", "oracle", "regression", "predictive", "knn",
                                                             "bc", "cql"}
     assert metrics["oracle"].apgr >= metrics["random"].apgr
-    assert brun.routellm_scores(routers, pred, fx, ("a", "b", "c"), tr, te, 0, log=lambda s: None) == ({}, None)
+    assert brun.routellm_scores(routers, pred, fx, ("a", "b", "c"), tr, te, log=lambda s: None) == ({}, None)
     swapped = te.take(np.arange(len(te)))
     swapped.quality[:, 1] = 0.0  # the strong model never right on the test prompts
     lines: list[str] = []
-    got = brun.routellm_scores(routers, pred, fx, tab.models, tr, swapped, 0, lines.append)
+    got = brun.routellm_scores(routers, pred, fx, tab.models, tr, swapped, lines.append)
     assert got == ({}, ("strong", "cheap"))
     assert "APGR and CPT are not defined" in lines[0]
+
+
+# ------------------------------------------------------------------ the random router (issue 43)
+def _shipped_table(name: str, folder: Path):
+    """The tables the project ships or tests: RouteLLM's MMLU as packaged, its slice fixture, and synthetic
+    many-model tables written in RouterBench's wide layout (pandas' index column included) and imported."""
+    from sage_pipeline.routing_benchmark import synthetic as bs
+
+    if name == "mmlu":
+        return import_benchmark(ImportConfig(), log=lambda s: None)[0]
+    if name == "slice":
+        return import_benchmark(ImportConfig(path=SLICE), log=lambda s: None)[0]
+    k, quality = name.removeprefix("syn").split("-")
+    path, _ = bs.write_synthetic(folder, bs.SyntheticConfig(n_prompts=2000, n_models=int(k), quality=quality))
+    return import_benchmark(ImportConfig(path=path, price_table=None), log=lambda s: None)[0]
+
+
+@pytest.mark.parametrize("name", ["mmlu", "slice", "syn11-binary", "syn8-graded"])
+def test_random_is_the_zero_router_on_every_shipped_table(name, tmp_path):
+    """Random's reported AIQ is the zero router's, pooled and on every eval (its exact expectation: error 0);
+    its draws, each scored on its own path, agree within their standard error; the hull of one draw's points,
+    what rounds 1-3 reported, lies above."""
+    tab = _shipped_table(name, tmp_path)
+    te = tab.take(np.flatnonzero(brun.split_test(tab, 0.25, 0)))
+    cfg = _fast(aiq_boot=40)
+    curves, kinds = brun.baseline_curves(te, tab.models, cfg.random)
+    scores = brun.score_curves(curves, te, cfg)
+    assert kinds["random"] == brun.RANDOM_KIND and curves["random"].mixture
+    assert scores.aiq["random"] == pytest.approx(scores.aiq["zero_router"], abs=1e-12)
+    assert scores.aiq_by_eval and all(v["random"] == pytest.approx(v["zero_router"], abs=1e-12)
+                                      for v in scores.aiq_by_eval.values())
+    r = scores.random_router
+    assert r["aiq"] == scores.aiq["random"] and r["draws"] == cfg.random.draws
+    assert abs(r["draws_mean"] - scores.aiq["zero_router"]) < 4 * r["draws_se"]
+    assert r["hull_of_one_draw_mean"] > scores.aiq["zero_router"] + 4 * r["draws_se"]
+    # paired: on every resample the zero router's hull is at least random's expectation
+    assert scores.margin_ci["zero_router"][0] >= -1e-12
+
+
+def test_the_report_gives_random_as_its_expectation_and_per_eval_intervals(mmlu_run):
+    result, _, paths, _ = mmlu_run
+    assert result.aiq["random"] == pytest.approx(result.aiq["zero_router"], abs=1e-12)
+    assert result.routellm["random"].apgr == pytest.approx(0.5) and result.routellm["random"].cpt50 == 0.5
+    iv = result.eval_intervals
+    assert set(iv.aiq) == set(result.aiq_by_eval) and set(iv.margins) == set(result.aiq_by_eval)
+    for e, point in result.aiq_by_eval.items():
+        assert set(iv.aiq[e]) == set(brun.EVAL_HEADS)
+        for n, (lo, hi) in iv.aiq[e].items():
+            assert lo - 1e-9 <= point[n] <= hi + 1e-9, (e, n)
+        assert point["random"] == pytest.approx(point["zero_router"], abs=1e-12)
+    for n, (lo, hi) in iv.mean.items():
+        assert lo - 1e-9 <= result.aiq_eval_mean(n) <= hi + 1e-9, n
+    lost = iv.not_separated("zero_router")
+    for e, m in iv.margins.items():  # named: the evals whose paired interval over the zero router includes 0
+        assert (e in lost) == (m["zero_router"][0] <= 0.0 <= m["zero_router"][1]), e
+    md = brun.metadata_markdown(result)
+    assert "Per-eval_name headline" in md["results"]
+    assert "95% intervals from a bootstrap within each eval" in md["results"]
+    assert f"in {len(lost)} of {len(iv.margins)} evals the paired interval includes 0" in md["results"]
+    assert all(e in md["results"] for e in lost[:brun.NAMED_EVALS])
+    assert "does NOT beat" not in md["results"] and "exact expectation" in md["results"]
+    header = md["per_eval"].split("\n")[2]
+    assert "recommended - zero_router" in header and md["per_eval"].count(" [") >= 5 * len(iv.aiq)
+    report = json.loads(paths["report"].read_text())
+    assert report["random_router"]["draws"] == result.config.random.draws
+    assert report["aiq_by_eval_name_intervals"]["not_separated"]["zero_router"] == lost
+    assert report["verdict_vs_random"] == result.verdict_vs_random
+
+
+def test_the_verdict_never_says_the_zero_router_loses_to_random(mmlu_run):
+    import dataclasses
+
+    result = mmlu_run[0]
+    sel = dataclasses.replace(result.selection, recommended="zero_router", fallback=True)
+    zero = dataclasses.replace(result, selection=sel, recommended_margins={"random": (0.0, 0.0),
+                                                                           "zero_router": (0.0, 0.0)})
+    assert zero.verdict_vs_random.startswith("is the zero router's hull, which the random router equals")
+    assert "ties the random router" in zero.verdict_vs_random and not zero.beats_random_router
+    assert "ties the random router" in brun._summary(zero) and "does NOT" not in brun._summary(zero)
+    say = {(0.01, 0.02): "beats the random router", (-0.01, 0.02): "is not separated from the random router",
+           (-0.02, -0.01): "is below the random router"}
+    learned = dataclasses.replace(result.selection, recommended="regression", fallback=False)
+    for ci, words in say.items():
+        other = dataclasses.replace(result, selection=learned, recommended_margins={"random": ci})
+        assert other.verdict_vs_random.startswith(words), ci
