@@ -36,6 +36,7 @@ from sage_pipeline.sage_world.world import (
     build_world,
 )
 from sage_pipeline.sim.loop_config import SageLoopConfigError
+from sage_pipeline_tests.sage_world.world_journal_day import table_for_every_model
 
 SAGE_TABLE = Path(__file__).resolve().parents[1] / "routing" / "fixtures" / "sage_journal" / "models.yaml"
 # SAGE's median overhead per call (building the prompt after the decision line, the HTTP round trip,
@@ -176,24 +177,13 @@ def test_concurrent_calls_wait_in_parallel_not_in_turn(world):
 
 
 # ---------------------------------------------------------------------------- SAGE's journals
-def _table_for_every_model(src: Path, dst: Path) -> Path:
-    """SAGE's table with the planner on qwen3:14b-q4_K_M and the test engineer on codestral:22b: in
-    `sage run` the bundled table never reaches either (the debugger always takes its fallback; the
-    planner's fallback needs a complexity over 0.8), and their answers in the world do not depend on
-    the model, so only the time differs."""
-    text = src.read_text()
-    for role, model in (("planner", "qwen3:14b-q4_K_M"), ("test_engineer", "codestral:22b")):
-        text, n = re.subn(rf'(\n  {role}:\n    primary: )"[^"]+"', rf'\1"{model}"', text)
-        assert n == 1, role
-    dst.write_text(text)
-    return dst
 
 
 @pytest.fixture(scope="module")
 def clocked_day(sage_python, tmp_path_factory):
     install = SageInstall.find(sage_python)
     root = tmp_path_factory.mktemp("world_clock")
-    table = _table_for_every_model(install.models_yaml, root / "models.yaml")
+    table = table_for_every_model(install.models_yaml, root / "models.yaml")
     world = build_world(table, n_tasks=24, task_seed=1, config=WorldConfig())  # the default clock
     mp = pytest.MonkeyPatch()
     orig = harness.sage_env  # SAGE reads a user's table from SAGE_MODELS_YAML; the harness sets none

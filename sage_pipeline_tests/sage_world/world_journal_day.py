@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from sage_pipeline.sage.table import RoutingTable
 from sage_pipeline.sage_world import harness
 from sage_pipeline.sage_world.harness import DayResult, HarnessConfig, SageInstall, run_day
 from sage_pipeline.sage_world.server import WorldServer
@@ -34,14 +34,11 @@ def table_for_every_model(src: Path, dst: Path) -> Path:
     """SAGE's table with the planner on qwen3:14b-q4_K_M and the test engineer on codestral:22b: in
     `sage run` the bundled table never reaches either (the debugger always takes its fallback; the
     planner's fallback needs a complexity over 0.8), and their answers in the world do not depend on
-    the model, so only the time differs."""
-    text = src.read_text()
+    the model, so only the time differs. Written in SAGE's grammar by the project's table writer."""
+    table = RoutingTable.load(src)
     for role, model in (("planner", "qwen3:14b-q4_K_M"), ("test_engineer", "codestral:22b")):
-        text, n = re.subn(rf'(\n  {role}:\n    primary: )"[^"]+"', rf'\1"{model}"', text)
-        if n != 1:
-            raise ValueError(f"{src}: no `{role}:` row with a primary in SAGE's table shape")
-    dst.write_text(text)
-    return dst
+        table = table.with_route(role, primary=model)
+    return table.write(dst)
 
 
 @contextmanager
