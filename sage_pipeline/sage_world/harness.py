@@ -10,12 +10,25 @@ in its worker's workspace (``<root>/day-NN/ws-<worker>``: one fresh SAGE workspa
 day, since two concurrent runs in one workspace would share SAGE's bandit and memory files), with
 an environment built from scratch: ``OLLAMA_HOST`` (the world), ``SAGE_NO_CLARIFY=1``, the served
 checkpoint's ``SAGE_RL_POLICY=1``/``SAGE_RL_CHECKPOINT``/``SAGE_RL_MIN_CONFIDENCE`` when one is
-deployed, ``HOME`` inside the run folder, and a ``PATH`` whose ``python`` is SAGE's (SAGE's
-verification command runs ``python -m pytest``; SAGE's reviewer runs ruff/mypy only when they are
-on ``PATH``, so they are not, and the world's verdicts are the reviewer's whole verdict).
+deployed, ``SAGE_MODELS_YAML`` when the day runs a models.yaml of its own, ``HOME`` inside the run
+folder, and a ``PATH`` whose ``python`` is SAGE's (SAGE's verification command runs ``python -m
+pytest``; SAGE's reviewer runs ruff/mypy only when they are on ``PATH``, so they are not, and the
+world's verdicts are the reviewer's whole verdict).
+
+How a run is started (``HarnessConfig.fresh_process``): by default each worker has a launcher
+(:mod:`~sage_pipeline.sage_world.launcher`), SAGE's interpreter with SAGE already imported and the
+day's environment, which forks the run and calls SAGE's console-script entry point in the
+workspace, with every piece of import-time state a fresh process would read differently brought to
+what it would read (the launcher's module doc lists them); ``fresh_process=True`` starts SAGE's
+``sage`` script as a process of its own for every run (SAGE's imports and the interpreter's exit
+again each time: ~3.5 s more CPU a run, ~5 s with a checkpoint deployed; ``benchmarks/sage_launcher.py``).
+Both write the same journals. A launcher that dies or stops
+answering is replaced and counted (``launcher_restarts``); the run it was serving is a failure, a
+run it never started goes to the new one.
 
 A run that exits non-zero or outlives its time limit is a failure, counted with its reason (the
-last line SAGE printed to stderr, or the limit); the day goes on. Each run's output is kept in
+last line SAGE printed to stderr, or the limit); the day goes on. A run past its limit is killed
+with its whole process group (whatever SAGE started included). Each run's output is kept in
 ``<root>/day-NN/runs/<id>.log``.
 """
 
@@ -37,6 +50,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from sage_pipeline import artifacts
+from sage_pipeline.sage_world.launcher import LauncherError, SageLauncher, console_python
 from sage_pipeline.sage_world.world import ModelWorld
 
 log = logging.getLogger(__name__)
@@ -56,6 +70,11 @@ class HarnessConfig(BaseModel):
     run_timeout_s: float = Field(300.0, gt=0, description="a run still going after this is killed and counted")
     min_confidence: float = Field(0.55, ge=0.0, le=1.0,
                                   description="SAGE_RL_MIN_CONFIDENCE with a deployed checkpoint (SAGE's default)")
+    fresh_process: bool = Field(False, description="start SAGE's `sage` script as a process of its own for every "
+                                "run (SAGE's imports: ~3-5 s of CPU each time), instead of forking it from a launcher "
+                                "that has imported SAGE once per worker and day")
+    launcher_start_failures: int = Field(3, ge=1, description="launchers in a row that fail to start before the "
+                                         "day stops with the reason (then set fresh_process)")
 
 
 @dataclass(frozen=True)
@@ -104,6 +123,7 @@ class RunResult:
     coder_model: str | None = None  # the model SAGE's UCB bandit gave the coder (the world saw the call)
     journal_lines: int = 0
     tests_at_start: bool = False  # the workspace already held the task's tests (an earlier run of the same task)
+    cpu_s: float | None = None  # CPU of the run and what it waited for (launcher path: wait4; fresh: not measured)
 
     def to_dict(self) -> dict:
         return dict(vars(self))
@@ -115,6 +135,8 @@ class DayResult:
     root: Path
     runs: list[RunResult] = field(default_factory=list)
     seconds: float = 0.0
+    process: str = "launcher"  # how runs were started: "launcher" (forked from an imported SAGE) or "fresh"
+    launcher_restarts: int = 0  # launchers that died or hung and were replaced
 
     @property
     def sessions_dirs(self) -> list[Path]:
@@ -133,12 +155,15 @@ class DayResult:
         return {"day": self.day, "runs": n, "finished": self.finished, "failures": self.failures,
                 "tasks_right": sum(r.task_right for r in self.runs),
                 "journal_lines": sum(r.journal_lines for r in self.runs),
-                "seconds": round(self.seconds, 1), "runs_per_minute": round(60 * n / max(self.seconds, 1e-9), 1)}
+                "seconds": round(self.seconds, 1), "runs_per_minute": round(60 * n / max(self.seconds, 1e-9), 1),
+                "process": self.process, "launcher_restarts": self.launcher_restarts}
 
 
 def sage_env(install: SageInstall, ollama_host: str, home: Path, bindir: Path,
-             checkpoint: str | os.PathLike[str] | None = None, min_confidence: float = 0.55) -> dict[str, str]:
-    """The environment of every ``sage run``: built from scratch, nothing inherited but the locale."""
+             checkpoint: str | os.PathLike[str] | None = None, min_confidence: float = 0.55,
+             models_yaml: str | os.PathLike[str] | None = None) -> dict[str, str]:
+    """The environment of every ``sage run``: built from scratch, nothing inherited but the locale;
+    ``models_yaml``: the user-level models.yaml SAGE reads instead of its bundled one (``SAGE_MODELS_YAML``)."""
     bindir.mkdir(parents=True, exist_ok=True)
     py = bindir / "python"
     if not py.exists():
@@ -146,10 +171,12 @@ def sage_env(install: SageInstall, ollama_host: str, home: Path, bindir: Path,
     home.mkdir(parents=True, exist_ok=True)
     env = {"PATH": f"{bindir}:/usr/local/bin:/usr/bin:/bin", "HOME": str(home), "LANG": "C.UTF-8",
            "OLLAMA_HOST": ollama_host, "SAGE_NO_CLARIFY": "1", "SAGE_DISABLE_OLLAMA_SPINNER": "1",
-           "SAGE_RL_POLICY": "0"}  # bytecode is written: SAGE's imports cost ~2.4 s a run even cached
+           "SAGE_RL_POLICY": "0"}  # bytecode is written (a fresh process's imports read it)
     if checkpoint is not None:
         env.update(SAGE_RL_POLICY="1", SAGE_RL_CHECKPOINT=str(Path(checkpoint).resolve()),
                    SAGE_RL_MIN_CONFIDENCE=str(min_confidence))
+    if models_yaml is not None:
+        env["SAGE_MODELS_YAML"] = str(Path(models_yaml).resolve())
     return env
 
 
@@ -160,53 +187,43 @@ def goal(run: str, prompt: str) -> str:
 def run_day(world: ModelWorld, ollama_host: str, install: SageInstall, day: int, task_ids: Sequence[str],
             root: str | os.PathLike[str], config: HarnessConfig | None = None,
             checkpoint: str | os.PathLike[str] | None = None, min_confidence: float | None = None,
-            progress: Callable[[str], None] = log.info) -> DayResult:
+            progress: Callable[[str], None] = log.info,
+            models_yaml: str | os.PathLike[str] | None = None) -> DayResult:
     """Run ``sage run`` once per task of ``task_ids`` (run ids ``dNN-rMMM``) into ``root`` (a fresh
     folder: SAGE's workspaces are new each day), with ``checkpoint`` at ``min_confidence`` (default
     the config's) when given: the floor the deployment was recorded with, or the logged decisions'
-    probabilities would not be the ones reconstructed. Returns what each run did."""
+    probabilities would not be the ones reconstructed; with ``models_yaml`` (``SAGE_MODELS_YAML``)
+    when given, else SAGE's bundled table. Returns what each run did."""
     cfg = config or HarnessConfig()
     root = Path(root)
     if root.exists() and any(root.iterdir()):
         raise FileExistsError(f"{root} is not empty: each day runs SAGE in fresh workspaces; pick a new folder")
     (root / "runs").mkdir(parents=True, exist_ok=True)
     env = sage_env(install, ollama_host, root / "home", root / "bin", checkpoint,
-                   cfg.min_confidence if min_confidence is None else min_confidence)
+                   cfg.min_confidence if min_confidence is None else min_confidence, models_yaml)
     runs = [(f"d{day:02d}-r{i:03d}", t) for i, t in enumerate(task_ids)]
     for i, (run, t) in enumerate(runs):  # worker w runs runs[w::workers], in its own workspace ws-w
         world.assign(run, t, workspace=str(root / f"ws-{i % cfg.workers}"))
-    result = DayResult(day, root)
+    result = DayResult(day, root, process="fresh" if cfg.fresh_process else "launcher")
     lock, t0 = threading.Lock(), time.perf_counter()
-
     offsets: dict[Path, int] = {}
+    launchers = _Launchers(install, env, root / "launchers", cfg, result, lock, progress)
 
     def one(worker: int, run: str, task_id: str) -> RunResult:
         ws = root / f"ws-{worker}"
         ws.mkdir(exist_ok=True)
-        prompt = world.tasks[world.by_id[task_id]].prompt
+        argv = ["run", "--auto", "--no-clarify", "--fresh", goal(run, world.tasks[world.by_id[task_id]].prompt)]
         start = time.perf_counter()
-        try:  # its own process group: a run past its limit is killed with everything it started
-            proc = subprocess.Popen([str(install.cli), "run", "--auto", "--no-clarify", "--fresh", goal(run, prompt)],
-                                    cwd=ws, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                    start_new_session=True)
-        except OSError as exc:
-            proc, rc, stdout, stderr, failure = None, None, "", str(exc), f"could not start sage: {exc}"
-        if proc is not None:
-            try:
-                stdout, stderr = proc.communicate(timeout=cfg.run_timeout_s)
-                rc = proc.returncode
-                why = _last_line(stderr) or _last_line(stdout) or "no output"
-                failure = None if rc == 0 else f"exit {rc}: {why}"
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                stdout, stderr = proc.communicate()
-                rc, failure = None, f"killed after the {cfg.run_timeout_s:g} s limit"
+        if cfg.fresh_process:
+            rc, stdout, stderr, failure, cpu = _run_fresh(install, env, ws, argv, cfg.run_timeout_s)
+        else:
+            rc, stdout, stderr, failure, cpu = launchers.run(worker, run, ws, argv, root / "runs")
         secs = time.perf_counter() - start
         artifacts.write_text(root / "runs" / f"{run}.log",
                              f"$ sage run (cwd {ws}) rc={rc} {secs:.2f}s\n--- stdout\n{stdout}\n--- stderr\n{stderr}\n")
         lines = _new_lines(ws / "memory" / "sessions", offsets)
         r = RunResult(run, task_id, worker, rc, secs, failure, world.final_right(run), journal_lines=len(lines),
-                      coder_model=world.coder_model(run), tests_at_start=world.tests_at_start(run),
+                      coder_model=world.coder_model(run), tests_at_start=world.tests_at_start(run), cpu_s=cpu,
                       **_run_facts(lines))
         with lock:
             result.runs.append(r)
@@ -219,15 +236,124 @@ def run_day(world: ModelWorld, ollama_host: str, install: SageInstall, day: int,
         return r
 
     def worker(w: int) -> None:
-        for run, t in runs[w::cfg.workers]:
-            one(w, run, t)
+        try:
+            for run, t in runs[w::cfg.workers]:
+                one(w, run, t)
+        finally:
+            launchers.close(w)
 
-    with ThreadPoolExecutor(cfg.workers) as ex:
-        for f in [ex.submit(worker, w) for w in range(min(cfg.workers, len(runs)))]:
-            f.result()
+    try:
+        with ThreadPoolExecutor(cfg.workers) as ex:
+            for f in [ex.submit(worker, w) for w in range(min(cfg.workers, len(runs)))]:
+                f.result()
+    finally:
+        launchers.close_all()
     result.runs.sort(key=lambda r: r.run)
     result.seconds = time.perf_counter() - t0
     return result
+
+
+def _outcome(rc: int | None, stdout: str, stderr: str) -> str | None:
+    why = _last_line(stderr) or _last_line(stdout) or "no output"
+    return None if rc == 0 else f"exit {rc}: {why}"
+
+
+def _run_fresh(install: SageInstall, env: dict[str, str], ws: Path, argv: list[str], timeout: float
+               ) -> tuple[int | None, str, str, str | None, float | None]:
+    """SAGE's ``sage`` script as a process of its own (rc, stdout, stderr, failure, CPU: not measured)."""
+    try:  # its own process group: a run past its limit is killed with everything it started
+        proc = subprocess.Popen([str(install.cli), *argv], cwd=ws, env=env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    except OSError as exc:
+        return None, "", str(exc), f"could not start sage: {exc}", None
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+        return proc.returncode, stdout, stderr, _outcome(proc.returncode, stdout, stderr), None
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        return None, stdout, stderr, f"killed after the {timeout:g} s limit", None
+
+
+class _Launchers:
+    """One launcher per worker (started at its first run), replaced when lost, counted in the day's result."""
+
+    def __init__(self, install: SageInstall, env: dict[str, str], home: Path, cfg: HarnessConfig, result: DayResult,
+                 lock: threading.Lock, progress: Callable[[str], None]) -> None:
+        self.python = console_python(install.cli, install.python)
+        self.install, self.env, self.home, self.cfg = install, env, home, cfg
+        self.result, self.lock, self.progress = result, lock, progress
+        self.by_worker: dict[int, SageLauncher] = {}
+        self.failed_starts = 0  # in a row, all workers together
+
+    def _launcher(self, worker: int) -> SageLauncher:
+        la = self.by_worker.get(worker)
+        if la is not None and la.alive:
+            return la
+        if la is not None:  # died between two runs
+            self._replaced(worker, "it exited between runs")
+        la = SageLauncher(self.python, self.install.cli, self.env, self.home, name=f"launcher-{worker}")
+        try:
+            la.start()
+        except LauncherError:
+            with self.lock:
+                self.failed_starts += 1
+            raise
+        with self.lock:
+            self.failed_starts = 0
+        self.by_worker[worker] = la
+        return la
+
+    def _replaced(self, worker: int, why: str) -> None:
+        self.by_worker.pop(worker, None)
+        with self.lock:
+            self.result.launcher_restarts += 1
+        self.progress(f"day {self.result.day}: SAGE launcher of worker {worker} lost ({why}); starting another")
+
+    def run(self, worker: int, run: str, ws: Path, argv: list[str], out_dir: Path
+            ) -> tuple[int | None, str, str, str | None, float | None]:
+        out, err = out_dir / f"{run}.stdout", out_dir / f"{run}.stderr"
+        for attempt in (1, 2):
+            try:
+                la = self._launcher(worker)
+            except LauncherError as exc:
+                if self.failed_starts >= self.cfg.launcher_start_failures:
+                    raise LauncherError(f"{self.failed_starts} SAGE launchers in a row did not start; the last: "
+                                        f"{exc}") from exc
+                return None, "", str(exc), f"launcher did not start: {exc}", None
+            try:
+                rc, cpu, killed = la.run(run, ws, argv, out, err, self.cfg.run_timeout_s)
+            except LauncherError as exc:
+                started = la.current_pid is not None
+                self._replaced(worker, str(exc))
+                if not started and attempt == 1:
+                    continue  # SAGE never ran: the run goes to the next launcher
+                stdout, stderr = _read_and_remove(out), _read_and_remove(err)
+                return None, stdout, stderr, f"launcher lost during the run: {exc}", None
+            imp_out, imp_err = la.import_output
+            stdout, stderr = imp_out + _read_and_remove(out), imp_err + _read_and_remove(err)
+            if killed:
+                return None, stdout, stderr, f"killed after the {self.cfg.run_timeout_s:g} s limit", cpu
+            return rc, stdout, stderr, _outcome(rc, stdout, stderr), cpu
+        raise AssertionError("unreachable: the second attempt returns")
+
+    def close(self, worker: int) -> None:
+        la = self.by_worker.pop(worker, None)
+        if la is not None:
+            la.close()
+
+    def close_all(self) -> None:
+        for w in list(self.by_worker):
+            self.close(w)
+
+
+def _read_and_remove(path: Path) -> str:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return ""
+    path.unlink()
+    return text
 
 
 def _new_lines(sessions: Path, offsets: dict[Path, int]) -> list[str]:

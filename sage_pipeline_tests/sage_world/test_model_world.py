@@ -279,7 +279,10 @@ def test_a_failed_or_hung_run_is_counted_with_its_cause_and_the_day_goes_on(worl
                                    'esac\n')
     w = _fresh(world)
     ids = [t.task_id for t in w.tasks[:4]]
-    day = run_day(w, "http://127.0.0.1:9", install, 1, ids, tmp_path / "day", HarnessConfig(workers=2, run_timeout_s=2))
+    # a stand-in `sage` script cannot be imported: each run as a process of its own (the launcher's own
+    # failures and timeouts are tested in test_sage_launcher.py)
+    day = run_day(w, "http://127.0.0.1:9", install, 1, ids, tmp_path / "day",
+                  HarnessConfig(workers=2, run_timeout_s=2, fresh_process=True))
     assert day.summary()["runs"] == 4 and day.finished == 2
     assert day.failures == {"exit 3: Traceback: boom": 1, "killed after the 2 s limit": 1}
     assert (tmp_path / "day" / "runs" / "d01-r000.log").read_text().count("boom") == 1
