@@ -274,6 +274,7 @@ def _runs(tmp_path: Path):
     from sage_pipeline.definitions import ROUTING_ASSETS
     from sage_pipeline.defs import (
         benchmark_assets,
+        bundle_assets,
         online_ab,
         policy_iteration,
         routing_checks,
@@ -289,7 +290,7 @@ def _runs(tmp_path: Path):
     )
 
     offline, sim, bench, sleep, month = (tmp_path / n for n in ("offline", "sim", "bench", "sleep", "month"))
-    yield (offline, [*ROUTING_ASSETS, online_ab.online_ab],
+    yield (offline, [*ROUTING_ASSETS, online_ab.online_ab, bundle_assets.sage_bundle],
            [routing_checks.routing_dataset_contract, routing_checks.routing_dataset_volume], tra.SMALL, None, {})
     sandbox = {"sandbox": SandboxResource(backend="local", workers=2)}
     yield sim, [sim_assets.sim_tasks], [], {"ops": {"sim_tasks": {"config": {"n_tasks": 30, "seed": 3}}}}, None, sandbox

@@ -3,6 +3,8 @@ own logs), the router checkpoint, and how to deploy them as one (``sage_pipeline
 
 # No `from __future__ import annotations`: Dagster reads the real annotations.
 import os
+import tempfile
+from pathlib import Path
 
 import dagster as dg
 import pandas as pd
@@ -22,7 +24,6 @@ from sage_pipeline.sage.objective import TaskObjective
 from sage_pipeline.sage.table import pin
 
 BUNDLE_DIR = ("checkpoints", "bundle")
-EXPLORE_DIR = ("checkpoints", "bundle_exploring")
 
 
 class CoderLeverSection(dg.Config, coder_lever.CoderLeverConfig):
@@ -39,9 +40,10 @@ class SageBundleConfig(dg.Config):
                                         description="the per-task objective the bundle is chosen under (task_v1)")
     coder: CoderLeverSection = Field(default_factory=CoderLeverSection,
                                      description="the coder lever's learner: when SAGE's logs pin the coder's model")
-    exploration_rate: float = Field(sage_explore.DEFAULT_RATE, ge=0.0, le=sage_explore.MAX_RATE,
-                                    description="with no checkpoint promoted: the exploring checkpoint's rate "
-                                                "around SAGE's YAML (0: a bundle with no checkpoint, SAGE's YAML)")
+    exploration_rate: float | None = Field(None, ge=0.0, le=sage_explore.MAX_RATE,
+                                           description="with no checkpoint from sage_router_checkpoint: the exploring "
+                                                       "checkpoint's rate around SAGE's YAML (unset: "
+                                                       "sage_explore.ExploreConfig's; 0: no checkpoint, SAGE's YAML)")
 
 
 def _coder_decision(sage: SageResource, objective: TaskObjective, config: coder_lever.CoderLeverConfig,
@@ -77,22 +79,26 @@ def sage_bundle(context: dg.AssetExecutionContext, config: SageBundleConfig,
     current = coder.primary if coder is not None and coder.primary == coder.fallback else None
     decision = _coder_decision(sage, objective, to_core(config.coder, coder_lever.CoderLeverConfig), current)
     table = pin(learned_for, "coder", decision.model) if decision is not None and decision.promote else learned_for
-    ck, kind = sage.path("checkpoints", "sage"), "yaml"
-    if (ck / sage_router.JOBLIB_NAME).is_file():
-        kind = sage_router.read_manifest(ck).get("kind", "deterministic")
-    elif config.exploration_rate > 0:
-        served = sage_explore.build_exploring(learned_for, ActionSpace.build(learned_for).binary(),
-                                              sage_explore.ExploreConfig(rate=config.exploration_rate))
-        ck = sage.path(*EXPLORE_DIR)
-        sage_router.write_sage_checkpoint(ck, served, {"source": f"SAGE's YAML ({learned_for.source})"})
-        kind = sage_router.KIND_EXPLORING
-    else:
-        ck = None
-    exploration = sage_router.read_manifest(ck).get("exploration") if ck is not None else None
+    explore = (sage_explore.ExploreConfig() if config.exploration_rate is None
+               else sage_explore.ExploreConfig(rate=config.exploration_rate))
     why = (decision.reason if decision is not None else "no routing dataset with task outcomes yet: the coder "
-           "keeps its table") + f"; router: {kind}"
-    b = bd.build(sage.path(*BUNDLE_DIR), table, learned_for, objective=objective, checkpoint=ck,
-                 exploration=exploration, why=why)
+           "keeps its table")
+    # a scratch folder named as the artifacts layer names its temporaries (.<name>.tmp-<8>): removed on exit
+    with tempfile.TemporaryDirectory(prefix=".sage_bundle.tmp-", dir=sage.root()) as tmp:
+        ck, kind = sage.path("checkpoints", "sage"), "yaml"
+        if (ck / sage_router.JOBLIB_NAME).is_file():
+            kind = sage_router.read_manifest(ck).get("kind", sage_router.KIND_DETERMINISTIC)
+        elif explore.rate > 0:  # the exploring checkpoint lives in the bundle only (one artifact: the bundle)
+            served = sage_explore.build_exploring(learned_for, ActionSpace.build(learned_for).binary(), explore)
+            ck = Path(tmp) / "exploring"
+            sage_router.write_sage_checkpoint(ck, served, {"source": f"SAGE's YAML ({learned_for.source})"})
+            kind = sage_router.KIND_EXPLORING
+        else:
+            ck = None
+        exploration = sage_router.read_manifest(ck).get("exploration") if ck is not None else None
+        why += f"; router: {kind} checkpoint" if ck is not None else "; router: SAGE's YAML (no checkpoint)"
+        b = bd.build(sage.path(*BUNDLE_DIR), table, learned_for, objective=objective, checkpoint=ck,
+                     exploration=exploration, why=why)
     context.log.info(f"bundle {b.id[:12]} at {b.folder}: {why}")
     deploy = (f"python -m sage_pipeline.sage.bundle deploy {b.folder} <deploy root> --sage-python <SAGE's python>"
               " (then start SAGE with `. <deploy root>/sage.env`)")

@@ -15,7 +15,9 @@ from pydantic import Field
 
 from sage_pipeline import markdown
 from sage_pipeline.defs import policy_assets, routing_assets, routing_checks
+from sage_pipeline.defs.bundle_assets import CoderLeverSection
 from sage_pipeline.defs.resources import SageResource
+from sage_pipeline.defs.routing_assets import ObjectiveSection
 from sage_pipeline.defs.sections import section, to_core
 from sage_pipeline.sage_world import loop as sl
 from sage_pipeline.sage_world.harness import HarnessConfig, SageInstall, SageNotFound
@@ -63,6 +65,12 @@ def offline_chain(data_root: Path, log_dirs: list[Path] | None, exploration_rate
     return out
 
 
+def clock_scale(cfg: sl.LoopConfig) -> float:
+    """The journal clock the task outcomes divide by: the world's scaled clock (1 when it answers at once,
+    where the journal's time is SAGE's own and no model time is shown)."""
+    return cfg.world.clock_scale or 1.0
+
+
 class LoopHarnessSection(dg.Config, HarnessConfig):
     """``sage_pipeline.sage_world.harness.HarnessConfig``: how SAGE is run."""
 
@@ -77,6 +85,8 @@ class SageLoopConfig(dg.Config, sl.LoopConfig):
 
     harness: LoopHarnessSection = section(sl.LoopConfig, "harness", LoopHarnessSection)
     world: WorldSection = section(sl.LoopConfig, "world", WorldSection)
+    objective: ObjectiveSection = section(sl.LoopConfig, "objective", ObjectiveSection)
+    coder: CoderLeverSection = section(sl.LoopConfig, "coder", CoderLeverSection)
     chain_steps: dict = Field(default_factory=dict, description="run config per offline-chain asset, merged "
                               "over its defaults, e.g. {'cql_policy': {'steps': 300}}")
 
@@ -97,8 +107,10 @@ def sage_loop(context: dg.AssetExecutionContext, config: SageLoopConfig,
         raise dg.Failure(str(exc)) from exc
     root = sage.path("sage_loop", context.run_id)
     cfg = to_core(config, sl.LoopConfig)
+    ops = {**config.chain_steps, "routing_dataset": {**config.chain_steps.get("routing_dataset", {}),
+                                                     "task_outcomes": {"clock_scale": clock_scale(cfg)}}}
     report = sl.run_loop(install, root, lambda d, dirs, rate: offline_chain(
-        d, dirs, rate, install.models_yaml, config.chain_steps), cfg, progress=context.log.info)
+        d, dirs, rate, install.models_yaml, ops), cfg, progress=context.log.info)
     rows = [sl.day_row(d) for d in report.days]
     goals = report.goals()
     return dg.MaterializeResult(metadata={

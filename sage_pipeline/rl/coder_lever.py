@@ -142,13 +142,16 @@ def decide(tasks: pd.DataFrame, objective: TaskObjective, config: CoderLeverConf
     losing = {m: lo for m, lo in lows.items() if not lo > 0}
     if losing:
         m, lo = next(iter(losing.items()))
-        width = per[best]["ci"][1] - per[best]["ci"][0]
-        need = int(np.ceil(per[best]["tasks"] * (width / max(per[best]["objective"] - per[m]["objective"], 1e-9)) ** 2
-                           / 4)) if per[best]["objective"] > per[m]["objective"] else None
+        key = f"{best} - {m}" if best < m else f"{m} - {best}"
+        half = (diffs[key]["ci"][1] - diffs[key]["ci"][0]) / 2
+        gap = per[best]["objective"] - per[m]["objective"]
+        n_now = min(per[best]["tasks"], per[m]["tasks"])
+        # the interval's half-width shrinks as 1/sqrt(n): the tasks per model at which it would equal the gap
+        need = int(np.ceil(n_now * (half / gap) ** 2)) if gap > 0 and np.isfinite(half) else None
         base.reason = (f"{best} is ahead ({per[best]['objective']:.4f} vs {per[m]['objective']:.4f} under "
                        f"{objective.name}) but the {cfg.confidence:.0%} interval of the difference reaches "
                        f"{lo:.4f}: not separated" + (f"; about {need} tasks per model would separate a gap this "
-                                                    "size" if need else ""))
+                                                    f"size (now {n_now})" if need else ""))
         return base
     if best == current:
         base.reason = f"{best} is the best coder model and the table already pins it"

@@ -36,8 +36,11 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from sage_pipeline import artifacts
-from sage_pipeline.rl import offline_eval as oe, ope
+from sage_pipeline.rl import coder_lever, offline_eval as oe, ope
+from sage_pipeline.rl.coder_lever import CoderLeverConfig
 from sage_pipeline.sage import checkpoint as sage_router, explore as sage_explore
+from sage_pipeline.sage.objective import TaskObjective
+from sage_pipeline.sage.table import RoutingTable, pin
 from sage_pipeline.sage_world import truth as T
 from sage_pipeline.sage_world.harness import HarnessConfig, SageInstall, run_day
 from sage_pipeline.sage_world.server import WorldServer
@@ -68,6 +71,12 @@ class LoopConfig(BaseModel):
                                     description="P(the model the target does not choose) per decision")
     sage_bench: bool = Field(True, description="after the last day, run SAGE's own `sage bench --compare-policy` "
                              "against the world with the last promoted checkpoint (else the last deployed one)")
+    objective: TaskObjective = Field(default_factory=TaskObjective,
+                                     description="the per-task objective bundles are judged and promoted on (task_v1)")
+    coder: CoderLeverConfig = Field(default_factory=CoderLeverConfig,
+                                    description="the coder lever's learner: when SAGE's logs pin the coder's model")
+    learn_coder: bool = Field(True, description="each night, learn the coder's model from the logs and pin it in the "
+                              "models.yaml SAGE runs the next day (the lever no checkpoint reaches)")
     harness: HarnessConfig = Field(default_factory=HarnessConfig)
     world: WorldConfig = Field(default_factory=WorldConfig)
 
@@ -88,12 +97,20 @@ class LoopReport:
         ope_days = [d for d in self.days if d.get("candidate_ope_error") is not None]
         within = sum(d["candidate_ope_error"] <= 0.05 for d in ope_days)
         last = self.days[-1] if self.days else {}
+        coder = [d["coder_lever"] for d in self.days if d.get("coder_lever", {}).get("ope_error") is not None]
+        coder_within = sum(c["ope_error"] <= 0.05 for c in coder)
         return {"runs": runs, "finished": fin, "finished_share": fin / runs if runs else None,
                 "days_with_an_ope_number": len(ope_days), "ope_within_5pct": within,
                 "ope_within_5pct_share": within / len(ope_days) if ope_days else None,
                 "promotions": sum(bool(d.get("promoted")) for d in self.days),
                 "wrong_promotions": sum(d.get("gate_right") is False and bool(d.get("promoted")) for d in self.days),
-                "last_day_gap_closed": last.get("gap_closed")}
+                "last_day_gap_closed": last.get("gap_closed"),
+                # the objective (task_v1) and every lever: the bundle
+                "last_day_objective_gap_closed": last.get("bundle", {}).get("gap_closed"),
+                "bundle_promotions": sum(bool(d.get("coder_lever", {}).get("promoted")) for d in self.days),
+                "wrong_bundle_promotions": sum(d.get("coder_lever", {}).get("wrong") is True for d in self.days),
+                "coder_ope_days": len(coder), "coder_ope_within_5pct": coder_within,
+                "coder_ope_within_5pct_share": coder_within / len(coder) if coder else None}
 
     def to_dict(self) -> dict:
         return {"config": self.config, "world": self.world, "days": self.days, "goals": self.goals(),
@@ -149,6 +166,9 @@ def run_loop(install: SageInstall, root: str | Path, chain: Chain, config: LoopC
     world = world or build_world(install.models_yaml, n_tasks=cfg.pool, task_seed=cfg.seed, config=cfg.world,
                                  workers=cfg.harness.workers, progress=progress)
     yaml = T.SagePolicy(world.table)
+    shipped = world.table  # SAGE's table as shipped; `table` is the models.yaml SAGE runs (the coder lever pins it)
+    table = shipped
+    coder_models = tuple(dict.fromkeys((shipped.routes["coder"].primary, shipped.routes["coder"].fallback)))
     report = LoopReport(cfg.model_dump(), world_info(world))
     log_dirs: list[Path] = []
     progress(f"sage loop: {cfg.days} days x {cfg.tasks_per_day} tasks, SAGE {install.cli}")
@@ -160,12 +180,16 @@ def run_loop(install: SageInstall, root: str | Path, chain: Chain, config: LoopC
             ckpt = data / "checkpoints" / "sage"
             deployed = (ckpt / sage_router.JOBLIB_NAME).is_file()
             dep = sage_explore.record_deployment(data, ckpt if deployed else None)
-            policy = (T.SagePolicy.load(world.table, dep.path, dep.min_confidence, name=_deployed_name(ckpt))
-                      if deployed else yaml)
-            progress(f"day {day}: SAGE runs {policy.name}")
+            policy = (T.SagePolicy.load(table, dep.path, dep.min_confidence, name=_deployed_name(ckpt))
+                      if deployed else T.SagePolicy(table))
+            models_yaml = None
+            if table is not shipped:  # the bundle's models.yaml: SAGE reads it through SAGE_MODELS_YAML
+                models_yaml = table.write(root / "bundles" / f"day-{day:02d}" / "models.yaml",
+                                          header=f"the loop's bundle for day {day}: the coder pinned by its lever")
+            progress(f"day {day}: SAGE runs {policy.name}, coder {_coder_of(table)}")
             res = run_day(world, server.url, install, day, day_tasks(world, day, cfg.tasks_per_day, cfg.seed),
                           root / "days" / f"day-{day:02d}", cfg.harness, dep.path if deployed else None,
-                          dep.min_confidence, progress)
+                          dep.min_confidence, progress, models_yaml=models_yaml)
             write_truth([t for t in world.truth if str(t.get("run", "")).startswith(f"d{day:02d}-")],
                         root / "truth" / f"day-{day:02d}.jsonl")
             runs = [r.to_dict() for r in res.runs]
@@ -174,30 +198,100 @@ def run_loop(install: SageInstall, root: str | Path, chain: Chain, config: LoopC
             log_dirs += res.sessions_dirs
             valued = _runs_for_truth(runs)
             v_dep, v_yaml = T.policy_value(world, valued, policy), T.policy_value(world, valued, yaml)
-            _, v_best = T.best_expressible(world, valued)
-            _, v_best_fc = T.best_expressible(world, valued, by_complexity=False)
-            _, v_best_dbg = T.best_expressible(world, valued, roles=("debugger",))
+            _, v_best = T.best_expressible(world, valued, by_complexity=False)
             entry = {"day": day, "deployed": policy.name, "deployed_sha256": dep.sha256,
                      "runs": res.summary(), "runs_valued": len(valued),
-                     "true_value": {"deployed": vars(v_dep), "yaml": vars(v_yaml), "best_expressible": vars(v_best),
-                                    "best_by_failure_count": vars(v_best_fc),
-                                    "best_debugger_only": vars(v_best_dbg)},
-                     "gap_closed": _closure(v_dep.ret, v_yaml.ret, v_best.ret)}
+                     "true_value": {"deployed": vars(v_dep), "yaml": vars(v_yaml), "best_expressible": vars(v_best)},
+                     "gap_closed": _closure(v_dep.ret, v_yaml.ret, v_best.ret),
+                     "bundle": bundle_truth(world, valued, policy, shipped, coder_models, cfg.objective)}
             chain_meta = chain(data, list(log_dirs), cfg.exploration_rate)
             entry["chain"] = chain_meta
             entry["truth_check"] = truth_check(world, data, valued, policy)
-            entry.update(_judge(world, data, all_runs, yaml))
+            entry.update(_judge(world, data, all_runs, T.SagePolicy(table)))
+            if cfg.learn_coder:
+                lever = coder_night(world, data, all_runs, table, policy, cfg)
+                entry["coder_lever"] = lever
+                if lever.get("promoted"):
+                    table = pin(table, "coder", lever["model"])
             report.days.append(entry)
             report.seconds = time.perf_counter() - t0
             artifacts.write_json(root / REPORT_NAME, report.to_dict())
-            progress(f"day {day}: {res.finished}/{len(res.runs)} runs finished; deployed true value "
-                     f"{v_dep.ret:.4f} (YAML {v_yaml.ret:.4f}, best {v_best.ret:.4f}); gate: "
-                     f"{entry.get('promoted') or 'nothing promoted'}")
+            b = entry["bundle"]
+            progress(f"day {day}: {res.finished}/{len(res.runs)} runs finished; {cfg.objective.name}: deployed "
+                     f"{b['deployed']['objective']:.4f} (SAGE shipped {b['shipped']['objective']:.4f}, best bundle "
+                     f"{b['best']['objective']:.4f}, gap closed {b['gap_closed']}); gate: "
+                     f"{entry.get('promoted') or 'nothing promoted'}; coder lever: "
+                     f"{entry.get('coder_lever', {}).get('reason', 'off')}")
         if cfg.sage_bench:
             report.sage_bench = _sage_bench(world, server.url, install, root, data, valued, yaml, progress)
             report.seconds = time.perf_counter() - t0
             artifacts.write_json(root / REPORT_NAME, report.to_dict())
     return report
+
+
+def _coder_of(table: RoutingTable) -> str:
+    r = table.routes["coder"]
+    return r.primary if r.primary == r.fallback else f"{r.primary} / {r.fallback} (SAGE's bandit)"
+
+
+def _truth_runs(runs: list[dict]) -> list[dict]:
+    return [{"task_id": r["task_id"], "complexity": r["complexity"], "worker": r.get("worker", 0),
+             "tests_at_start": r.get("tests_at_start", False)} for r in runs]
+
+
+def bundle_truth(world: ModelWorld, runs: list[dict], deployed: T.SagePolicy, shipped: RoutingTable,
+                 coder_models: tuple[str, ...], objective: TaskObjective) -> dict:
+    """Under the objective, on ``runs`` (exact; the coder's bandit drawn where the table leaves it two
+    models): the deployed bundle, SAGE's shipped configuration (its table, its YAML router, fresh
+    workspaces), the best bundle SAGE can run (:func:`truth.best_bundle`), the share of the gap between the
+    shipped and the best that the deployed closes, and the front of verified share against GPU-seconds."""
+    if not runs:
+        return {"runs": 0}
+    tr = _truth_runs(runs)
+    dep = T.bundle_value(world, tr, T.BundleSpec(deployed, None, "deployed"), objective, draws=32)
+    ship = T.bundle_value(world, tr, T.BundleSpec(T.SagePolicy(shipped), None, "SAGE shipped"), objective, draws=32)
+    _, best, cands = T.best_bundle(world, tr, objective, coder_models)
+    return {"runs": len(tr), "deployed": dep.as_dict(), "shipped": ship.as_dict(), "best": best.as_dict(),
+            "candidates": [c.as_dict() for c in cands],
+            "gap_closed": _closure(dep.objective, ship.objective, best.objective)}
+
+
+def coder_night(world: ModelWorld, data: Path, all_runs: list[dict], table: RoutingTable, deployed: T.SagePolicy,
+                cfg: LoopConfig) -> dict:
+    """The coder lever after a night's chain: its decision from the routing dataset and the task outcomes
+    (:mod:`sage_pipeline.rl.coder_lever`), the estimate of the bundle it would deploy beside that bundle's
+    exact value on every run so far, and whether a promotion was wrong (the new bundle truly below the
+    deployed one on those runs)."""
+    import pandas as pd
+
+    from sage_pipeline.routing import routing_dataset as rd, task_outcomes as to
+
+    out_path = data / "routing" / to.TASK_OUTCOMES_NAME
+    if not out_path.is_file():
+        return {"promoted": False, "reason": "no task outcomes: the chain wrote no routing/task_outcomes.parquet"}
+    ds = rd.read_routing_dataset(data / "routing" / rd.PARQUET_NAME,
+                                 ["role", "model", "session_id", "task_id", "episode_id", "step", "source_line"])
+    tasks, unjoined = coder_lever.coder_tasks(ds, pd.read_parquet(out_path))
+    r = table.routes["coder"]
+    d = coder_lever.decide(tasks, cfg.objective, cfg.coder, r.primary if r.primary == r.fallback else None)
+    out = {"promoted": d.promote, "model": d.model, "reason": d.reason, "per_model": d.per_model,
+           "differences": d.differences, "tasks": d.tasks, "unjoined": unjoined}
+    runs = _truth_runs(_runs_for_truth(all_runs))
+    # the bundle the lever leads with (promoted or not): its estimate beside its exact value on every run so far
+    lead = d.model or (max(d.per_model, key=lambda m: d.per_model[m]["objective"]) if d.per_model else None)
+    if lead is None or not runs:
+        return out
+    cand = T.BundleSpec(T.SagePolicy(pin(table, "coder", lead), deployed.models, deployed.min_confidence),
+                        None, f"coder {lead}")
+    true = T.bundle_value(world, runs, cand, cfg.objective).objective
+    logged = d.per_model.get(lead)  # none: the logs never saw the coder on it, so no estimate
+    est = None if logged is None else logged["objective"]
+    out.update(lead=lead, estimate=est, interval=None if logged is None else logged["ci"], true_value=true,
+               ope_error=abs(est - true) / abs(true) if true and est is not None else None)
+    if d.promote:
+        now = T.bundle_value(world, runs, T.BundleSpec(deployed, None, "deployed"), cfg.objective, draws=32)
+        out.update(true_value_deployed=now.objective, wrong=bool(true < now.objective - 2 * now.objective_se))
+    return out
 
 
 def truth_check(world: ModelWorld, data: Path, runs: list[dict], policy: T.SagePolicy) -> dict:
@@ -274,7 +368,7 @@ def _judge(world: ModelWorld, data: Path, all_runs: list[dict], yaml: T.SagePoli
         if name == "static_table":
             true = v_yaml
         elif (base / name / sage_router.JOBLIB_NAME).is_file():
-            true = T.policy_value(world, report_runs, T.SagePolicy.load(world.table, base / name)).ret
+            true = T.policy_value(world, report_runs, T.SagePolicy.load(yaml.table, base / name)).ret
         else:
             true = None  # a trained network, not what SAGE serves
         err = (abs(est["estimate"] - true) / abs(true) if true not in (None, 0) and est.get("estimate") is not None
@@ -307,7 +401,19 @@ def day_row(d: dict) -> dict:
     tv = d["true_value"]
     c = (d.get("candidates") or {}).get(d.get("candidate") or "", {})
     ci = (f"[{_f(c.get('ci_low'))}, {_f(c.get('ci_high'))}]" if c.get("ci_low") is not None else "none")
+    b, lever = d.get("bundle", {}), d.get("coder_lever", {})
     return {"day": d["day"], "deployed": d["deployed"], "runs": d["runs"]["runs"], "finished": d["runs"]["finished"],
+            "objective deployed": _f(b.get("deployed", {}).get("objective")),
+            "objective shipped": _f(b.get("shipped", {}).get("objective")),
+            "objective best": _f(b.get("best", {}).get("objective")),
+            "verified deployed/shipped/best": "/".join(str(_f(b.get(k, {}).get("p_verified"), 3))
+                                                       for k in ("deployed", "shipped", "best")),
+            "GPU-s deployed/shipped/best": "/".join(str(_f(b.get(k, {}).get("gpu_seconds"), 2))
+                                                    for k in ("deployed", "shipped", "best")),
+            "objective gap closed": _f(b.get("gap_closed"), 2),
+            "coder lever": (f"pin {lever.get('model')}" if lever.get("promoted") else "keep") if lever else "off",
+            "coder OPE": _f(lever.get("estimate")), "coder true": _f(lever.get("true_value")),
+            "coder OPE error": _f(lever.get("ope_error"), 3),
             "failures": sum(d["runs"]["failures"].values()), "V deployed": _f(tv["deployed"]["ret"]),
             "V yaml": _f(tv["yaml"]["ret"]), "V best": _f(tv["best_expressible"]["ret"]),
             "verified deployed": _f(tv["deployed"]["p_verified"]), "gap closed": _f(d.get("gap_closed"), 2),

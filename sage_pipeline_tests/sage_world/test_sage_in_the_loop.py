@@ -123,3 +123,45 @@ def test_sages_own_bench_runs_against_the_world_beside_the_truth(day, tmp_path):
         sum(c["expected_verified_fresh"] for c in learned) / 6 - sum(c["expected_verified"] for c in static) / 6)
     lo, hi = rep["bootstrap_ci_of_sage_delta"]
     assert lo <= rep["sage_delta"] <= hi and rep["agrees"] == (lo <= rep["true_delta_same_tasks"] <= hi)
+
+
+def test_each_day_reports_the_objective_of_the_deployed_shipped_and_best_bundles(day):
+    _, _, _, report = day
+    d = report.days[0]
+    b = d["bundle"]
+    assert b["runs"] == d["runs_valued"] > 0
+    for k in ("deployed", "shipped", "best"):
+        assert 0 <= b[k]["p_verified"] <= 1 and b[k]["gpu_seconds"] > 0 and b[k]["calls"] >= 3
+    assert b["best"]["objective"] >= max(c["objective"] for c in b["candidates"]) - 1e-12
+    lever = d["coder_lever"]
+    assert lever["promoted"] is False and lever["reason"]  # six tasks never separate a coder model
+    goals = report.goals()
+    assert {"last_day_objective_gap_closed", "bundle_promotions", "wrong_bundle_promotions"} <= set(goals)
+
+
+def test_a_pinned_coder_reaches_sage_through_its_models_yaml(sage_python, tmp_path, monkeypatch):
+    """When the coder lever promotes, the next day SAGE's unchanged `sage run` reads the bundle's models.yaml
+    (SAGE_MODELS_YAML) and its coder writes every file with the pinned model."""
+    from sage_pipeline.defs.sage_loop_assets import offline_chain
+    from sage_pipeline.rl import coder_lever
+
+    big = "qwen2.5-coder:14b-instruct-q4_K_M"
+    real = coder_lever.decide
+
+    def promote(tasks, objective, config=None, current=None):
+        d = real(tasks, objective, config, current)
+        if current is None:
+            d.promote, d.model, d.reason = True, big, "forced by the test"
+        return d
+
+    monkeypatch.setattr(coder_lever, "decide", promote)
+    install = SageInstall.find(sage_python)
+    world = build_world(install.models_yaml, n_tasks=24, task_seed=2)
+    cfg = sl.LoopConfig(days=2, tasks_per_day=4, pool=24, seed=2, sage_bench=False, start="yaml")
+    report = sl.run_loop(install, tmp_path / "loop", lambda d, dirs, rate: offline_chain(
+        d, dirs, rate, install.models_yaml, FAST), cfg, world=world)
+    assert report.days[0]["coder_lever"]["promoted"] is True
+    assert (tmp_path / "loop" / "bundles" / "day-02" / "models.yaml").is_file()
+    runs = [json.loads(x) for x in (tmp_path / "loop" / "days" / "day-02" / "runs.jsonl").read_text().splitlines()]
+    assert runs and all(r["coder_model"] == big for r in runs if r["coder_model"])
+    assert report.days[1]["bundle"]["deployed"]["coder_share"] == {big: 1.0}
