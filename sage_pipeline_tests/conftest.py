@@ -1,4 +1,6 @@
-"""Shared fixtures: the packaged model catalogue, routing table and simulator."""
+"""Shared fixtures: the project's example multi-model catalogue, routing table and simulator (the tests of
+the routing simulator, the learners and OPE need many models; the sage resource's default is SAGE's own table,
+``sage_pipeline.sage.table.SAGE_TABLE``, with ``routing.catalogue.SAGE_CATALOGUE``)."""
 
 from __future__ import annotations
 
@@ -9,20 +11,20 @@ import pytest
 
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 
-from sage_pipeline.routing.catalogue import ModelCatalogue  # noqa: E402
+from sage_pipeline.routing.catalogue import DEFAULT_CATALOGUE, ModelCatalogue  # noqa: E402
 from sage_pipeline.routing.routing_simulator import RoutingSimulator  # noqa: E402
-from sage_pipeline.sage.table import RoutingTable  # noqa: E402
+from sage_pipeline.sage.table import DEFAULT_TABLE, RoutingTable  # noqa: E402
 from sage_pipeline_tests.sage_contract.sage_journals import SAGE_SKIP, require_sage, write_journals  # noqa: E402
 
 
 @pytest.fixture(scope="session")
 def catalogue() -> ModelCatalogue:
-    return ModelCatalogue.load()
+    return ModelCatalogue.load(DEFAULT_CATALOGUE)
 
 
 @pytest.fixture(scope="session")
 def table(catalogue) -> RoutingTable:
-    return RoutingTable.load()
+    return RoutingTable.load(DEFAULT_TABLE)
 
 
 @pytest.fixture(scope="session")

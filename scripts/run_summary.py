@@ -1,7 +1,8 @@
 """What `make run` produced, at a glance, read back from the Dagster instance (DAGSTER_HOME):
 each asset's latest materialization, the sandbox the simulator really used, the promotion
-gate's decision and the sleep cycle's nights. Exits 1 when an asset of the graph was never
-materialized. Called at the end of scripts/materialize_all.sh.
+gate's decision and the sleep cycle's nights, and last the deployment bundle (sage_bundle: its
+folder, its kind and the command that deploys it), when the instance has one. Exits 1 when an
+asset of the graph was never materialized. Called at the end of scripts/materialize_all.sh.
 """
 
 from __future__ import annotations
@@ -70,6 +71,11 @@ def main() -> int:
     for k in on_demand:
         job = ON_DEMAND[graph.get(k).group_name]
         print(f"not part of make run: {k.to_user_string()} (dagster job execute -m sage_pipeline.definitions -j {job})")
+    # last: what a SAGE user deploys (absent from an instance that never materialized sage_bundle)
+    _, bundle = _meta(instance, dg.AssetKey("sage_bundle"))
+    if bundle:
+        print(f"sage_bundle: {bundle.get('bundle_path')} (kind: {bundle.get('kind')}, id: {bundle.get('bundle_id')})")
+        print(f"deploy it with: {bundle.get('deploy_command')}")
     if missing:
         print(f"never materialized: {', '.join(missing)}", file=sys.stderr)
         return 1

@@ -42,6 +42,13 @@ class PolicyIterationConfig(dg.Config, pi.MonthConfig):
                               "quality drops 30%, from day 20 another's price doubles; the first 10 days are the "
                               "stationary world)")
     bandit: str = Field(_BANDIT.algorithm, description=f"the online bandit arm: one of {', '.join(ALGORITHMS)}")
+    # the drifting world's two models, in the sage resource's default catalogue (SAGE's own table): the local
+    # model most of SAGE's roles fall back to, and its one API model (the core's defaults name the example
+    # catalogue's models, which benchmarks/closed_loop.py runs; set both when the resource names that catalogue)
+    quality_model: str = Field("qwen2.5-coder:14b-instruct-q4_K_M", description="drifting world: the model whose "
+                               "capability drops from day 10 (a model of the sage resource's catalogue)")
+    price_model: str = Field("claude-sonnet-4-5", description="drifting world: the model whose price doubles from "
+                             "day 20 (a priced model of the sage resource's catalogue)")
 
 
 @dg.asset(group_name=GROUP, kinds={"python", "pytorch"},
@@ -74,7 +81,8 @@ def policy_iteration(context: dg.AssetExecutionContext, config: PolicyIterationC
         for world in dict.fromkeys(config.worlds):
             loop = pi.LoopConfig(**to_core(config, pi.MonthConfig).model_dump(),
                                  bandit=BanditConfig(algorithm=config.bandit),
-                                 world=pi.WorldConfig(drift=world == "drifting"))
+                                 world=pi.WorldConfig(drift=world == "drifting", quality_model=config.quality_model,
+                                                      price_model=config.price_model))
             t0 = time.perf_counter()
             res = pi.run_month(loop, work=stage.path("policy_iteration", "work", world), catalogue=sage.catalogue,
                                table=sage.table, progress=lambda m, w=world: context.log.info(f"{w}: {m}"))

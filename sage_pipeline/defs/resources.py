@@ -12,8 +12,8 @@ import dagster as dg
 from pydantic import Field
 
 from sage_pipeline import artifacts
-from sage_pipeline.routing.catalogue import DEFAULT_CATALOGUE, ModelCatalogue
-from sage_pipeline.sage.table import DEFAULT_TABLE, RoutingTable
+from sage_pipeline.routing.catalogue import SAGE_CATALOGUE, ModelCatalogue
+from sage_pipeline.sage.table import SAGE_TABLE, RoutingTable
 from sage_pipeline.sim.sandbox import SandboxConfig, SandboxError, check_docker, open_sandbox
 
 
@@ -22,16 +22,20 @@ class SageResource(dg.ConfigurableResource):
 
     A path left unset (null, the default) is read from the environment when a run uses it,
     never when the code is loaded: ``$SAGE_DATA_DIR`` (else ``./datasets``), ``$SAGE_ROUTING_TABLE``
-    and ``$SAGE_MODEL_CATALOGUE`` (else the packaged defaults).
+    and ``$SAGE_MODEL_CATALOGUE``, else SAGE's own table (``sage.table.SAGE_TABLE``, SAGE's shipped
+    ``models.yaml``) and its catalogue (``routing.catalogue.SAGE_CATALOGUE``). The project's example
+    multi-model pair (``sage.table.DEFAULT_TABLE``, ``routing.catalogue.DEFAULT_CATALOGUE``) is for
+    the demos that need many models: name both to use it.
     """
 
     data_dir: str | None = Field(None, min_length=1, description="the artifact root; unset: $SAGE_DATA_DIR as the "
                                  "run sees it, else ./datasets")
     routing_table: str | None = Field(None, min_length=1, description="SAGE's models.yaml (roles, primary, fallback, "
-                                      "triggers); unset: $SAGE_ROUTING_TABLE as the run sees it, else the packaged one")
+                                      "triggers); unset: $SAGE_ROUTING_TABLE as the run sees it, else SAGE's own "
+                                      "(its shipped models.yaml)")
     model_catalogue: str | None = Field(None, min_length=1, description="the model catalogue (prices, the "
                                         "simulator's capabilities); unset: $SAGE_MODEL_CATALOGUE as the run sees it, "
-                                        "else the packaged one")
+                                        "else the catalogue of SAGE's own table")
     min_rows_per_role: int = Field(500, ge=1, description="the routing dataset's volume check: rows every role "
                                    "needs")
 
@@ -51,10 +55,10 @@ class SageResource(dg.ConfigurableResource):
             yield stage
 
     def catalogue_path(self) -> Path:
-        return Path(self.model_catalogue or os.environ.get("SAGE_MODEL_CATALOGUE") or DEFAULT_CATALOGUE)
+        return Path(self.model_catalogue or os.environ.get("SAGE_MODEL_CATALOGUE") or SAGE_CATALOGUE)
 
     def table_path(self) -> Path:
-        return Path(self.routing_table or os.environ.get("SAGE_ROUTING_TABLE") or DEFAULT_TABLE)
+        return Path(self.routing_table or os.environ.get("SAGE_ROUTING_TABLE") or SAGE_TABLE)
 
     @cached_property
     def catalogue(self) -> ModelCatalogue:

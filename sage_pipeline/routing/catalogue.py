@@ -21,7 +21,11 @@ import numpy as np
 from sage_pipeline.errors import ConfigError, KeyLines, check_keys, load_yaml
 from sage_pipeline.routing.schema import ROLES
 
+# the example catalogue of the example multi-model table (sage.table.DEFAULT_TABLE): the demos that need many models
 DEFAULT_CATALOGUE = Path(__file__).with_name("data") / "model_catalogue.yaml"
+# the catalogue of SAGE's own table (sage.table.SAGE_TABLE), every figure derived from the project's sourced
+# calibration (sim/data/sage_loop.yaml, sim/data/model_time.yaml; the file's header says how): the default
+SAGE_CATALOGUE = Path(__file__).with_name("data") / "sage_model_catalogue.yaml"
 # Prompt size assumed where a log does not record it (costs, latencies, the simulator).
 ASSUMED_PROMPT_TOKENS = 4000.0
 # The catalogue's fields: anything else (a misspelt ``cost_per_cal``) is a load error naming

@@ -159,8 +159,8 @@ class _Restricted:
 def binary_mask(sim: RoutingSimulator) -> np.ndarray:
     """(n_roles, K): each role's primary and fallback, what SAGE's router can execute."""
     m = np.zeros_like(sim.role_mask)
-    r = np.arange(len(m))
-    m[r, sim.table.primary_index(sim.catalogue)] = m[r, sim.table.fallback_index(sim.catalogue)] = True
+    r = np.arange(len(m))  # the simulated roles: the table's first ones (its shell roles get no tasks)
+    m[r, sim.table.primary_index(sim.catalogue)[r]] = m[r, sim.table.fallback_index(sim.catalogue)[r]] = True
     return m
 
 

@@ -107,10 +107,13 @@ class RoutingSimulator:
                  config: SimulatorConfig = SimulatorConfig()) -> None:
         self.catalogue, self.table, self.config = catalogue, table, config
         catalogue.check_simulates()
-        if table.roles != catalogue.roles:
+        # the table's agent roles come first, in ROLES' order (RoutingTable.roles), so role indices agree;
+        # roles past them (SAGE's shell_router and shell_chat: no task, no outcome) get no simulated tasks
+        if table.roles[:len(catalogue.roles)] != catalogue.roles:
             raise ValueError(f"the routing simulator models the roles {', '.join(catalogue.roles)} (its catalogue "
                              f"{catalogue.source}); the table {table.source} routes {', '.join(table.roles)}: "
-                             "simulate with a table that routes exactly those roles")
+                             "simulate with a table that routes every one of those roles (it may route more, as "
+                             "SAGE's own table does: those get no simulated tasks)")
         self.actions = catalogue.actions
         self.K = len(self.actions)
         self.role_mask = catalogue.role_mask()
@@ -216,6 +219,18 @@ class RoutingSimulator:
         }
 
     # ------------------------------------------------------- ground truth
+    def allowed(self, mask: np.ndarray | None = None) -> np.ndarray:
+        """(simulated roles, K): the candidates that ``mask`` also allows (default: every candidate). A
+        mask over the table's roles (an action space's: SAGE's table adds its shell roles after the
+        simulated ones) is read on the simulated roles' rows."""
+        if mask is None:
+            return self.role_mask
+        mask = np.asarray(mask, dtype=bool)
+        if mask.ndim != 2 or mask.shape[0] < len(self.role_mask) or mask.shape[1] != self.K:
+            raise ValueError(f"a mask of shape {mask.shape} does not cover the simulator's {len(self.role_mask)} "
+                             f"roles x {self.K} models")
+        return mask[:len(self.role_mask)] & self.role_mask
+
     def _check_actions(self, ctx: Contexts, action: np.ndarray) -> None:
         bad = ~self.role_mask[ctx.role, action]
         if bad.any():
@@ -232,7 +247,7 @@ class RoutingSimulator:
         primary/fallback mask, giving the best binary policy).
         """
         n, T, K = len(tasks), self.config.max_attempts, self.K
-        allowed = self.role_mask if mask is None else (np.asarray(mask, dtype=bool) & self.role_mask)
+        allowed = self.allowed(mask)
         Q = np.full((n, T, T + 1, K), -np.inf)
         v_next = np.zeros((n, T + 2))  # V_{t+1}(pfc) for pfc in 0..T+1
         for t in range(T - 1, -1, -1):
@@ -302,7 +317,7 @@ class OraclePolicy:
         self.sim = sim
         self.actions = sim.actions
         self.mask = mask
-        self.role_mask = sim.role_mask if mask is None else (np.asarray(mask, dtype=bool) & sim.role_mask)
+        self.role_mask = sim.allowed(mask)
 
     def action_probs(self, ctx: Contexts) -> np.ndarray:
         T = self.sim.config.max_attempts

@@ -13,8 +13,28 @@ from sage_pipeline.defs.online_ab import ONLINE_AB_CHECKS, online_ab
 from sage_pipeline.defs.resources import SageResource
 from sage_pipeline.routing import collector
 from sage_pipeline.routing.action_space import FILE_NAME, ActionSpace
+from sage_pipeline.routing.catalogue import SAGE_CATALOGUE, ModelCatalogue
 from sage_pipeline.routing.policy import StaticTablePolicy
+from sage_pipeline.routing.routing_simulator import RoutingSimulator
 from sage_pipeline.sage import checkpoint as sage_router
+from sage_pipeline.sage.table import SAGE_TABLE, RoutingTable
+
+
+# the sage resource's default pair, SAGE's own table and its catalogue (these fixtures shadow conftest's,
+# which are the project's example multi-model pair)
+@pytest.fixture(scope="module")
+def catalogue() -> ModelCatalogue:
+    return ModelCatalogue.load(SAGE_CATALOGUE)
+
+
+@pytest.fixture(scope="module")
+def table() -> RoutingTable:
+    return RoutingTable.load(SAGE_TABLE)
+
+
+@pytest.fixture(scope="module")
+def sim(catalogue, table) -> RoutingSimulator:
+    return RoutingSimulator(catalogue, table)
 
 
 def _materialize(root, episodes: int = 600):

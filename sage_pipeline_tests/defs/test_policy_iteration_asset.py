@@ -35,6 +35,10 @@ def test_a_tiny_month_materializes_with_its_figures(tmp_path):
                                                                          "confirm_online": True}
     assert all(0.0 < d["exploration"]["leave_probability"] < 0.3 for d in report["stationary"]["days"])
     assert loop["change"] == {"enabled": True, "z": 5.0, "explore_days": 1}  # the core's defaults, as a section
+    # the drifting world's models are the sage resource's default catalogue's (SAGE's own table)
+    world = report["drifting"]["config"]["loop"]["world"]
+    assert (world["drift"], world["quality_model"], world["price_model"]) == (
+        True, "qwen2.5-coder:14b-instruct-q4_K_M", "claude-sonnet-4-5")
     drifting = report["drifting"]["days"]
     assert meta["drifting_changes_detected"] == [d["day"] for d in drifting if d.get("change_detected")]
 

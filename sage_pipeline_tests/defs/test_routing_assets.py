@@ -256,13 +256,13 @@ def test_promoted_policy_refuses_a_stale_or_broken_gate_decision(chain, tmp_path
 def test_logs_without_propensities_use_bc_estimates(tmp_path):
     """Real SAGE logs without propensities: BC estimates them and the report says so."""
     from sage_pipeline.routing import collector
-    from sage_pipeline.routing.catalogue import ModelCatalogue
+    from sage_pipeline.routing.catalogue import SAGE_CATALOGUE, ModelCatalogue
     from sage_pipeline.routing.routing_simulator import RoutingSimulator
-    from sage_pipeline.sage.table import RoutingTable
+    from sage_pipeline.sage.table import SAGE_TABLE, RoutingTable
 
-    cat = ModelCatalogue.load()
+    cat = ModelCatalogue.load(SAGE_CATALOGUE)  # the sage resource's default pair: SAGE's own table
     src = tmp_path / "src"
-    collector.collect(RoutingSimulator(cat, RoutingTable.load()), src,
+    collector.collect(RoutingSimulator(cat, RoutingTable.load(SAGE_TABLE)), src,
                       collector.CollectorConfig(episodes=800, seed=5))
     real = tmp_path / "sessions" / "real"
     real.mkdir(parents=True)

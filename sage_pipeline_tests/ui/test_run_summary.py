@@ -23,10 +23,12 @@ def test_an_empty_instance_fails_naming_every_asset(tmp_path):
     (tmp_path / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
     proc = _summary(tmp_path)
     assert proc.returncode == 1
-    assert "assets materialized: 0 of 16" in proc.stdout  # every asset but the on-demand simulated month
+    # every asset but the on-demand ones (the simulated month, SAGE in the loop)
+    assert "assets materialized: 0 of 17" in proc.stdout
+    assert "sage_bundle:" not in proc.stdout  # no bundle in this instance: no line about one
     assert "not part of make run: policy_iteration" in proc.stdout
     line = next(ln for ln in proc.stderr.splitlines() if ln.startswith("never materialized: "))
-    assert {"offline_eval", "sandbox_rollouts", "sleep_cycle/coder", "sim_tasks"} <= set(
+    assert {"offline_eval", "sandbox_rollouts", "sleep_cycle/coder", "sim_tasks", "sage_bundle"} <= set(
         line.removeprefix("never materialized: ").split(", "))
 
 
@@ -40,3 +42,19 @@ def test_the_local_backend_is_called_out(tmp_path, monkeypatch):
     assert "sandbox: local (sandbox_isolated: false)" in proc.stdout
     assert "WARNING: the simulator ran in unisolated local processes" in proc.stderr
     assert proc.returncode == 1     # the rest of the graph was never materialized
+
+
+def test_it_ends_with_the_bundle_to_deploy(tmp_path, monkeypatch):
+    (tmp_path / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))
+    deploy = ("python -m sage_pipeline.sage.bundle deploy /data/checkpoints/bundle <deploy root> --sage-python "
+              "<SAGE's python>")
+    with dg.DagsterInstance.get() as instance:
+        instance.report_runless_asset_event(dg.AssetMaterialization("sage_bundle", metadata={
+            "bundle_path": dg.MetadataValue.path("/data/checkpoints/bundle"), "bundle_id": "ab12cd34",
+            "kind": "exploring", "deploy_command": deploy}))
+    proc = _summary(tmp_path)
+    assert proc.stdout.rstrip("\n").splitlines()[-2:] == [
+        "sage_bundle: /data/checkpoints/bundle (kind: exploring, id: ab12cd34)",
+        f"deploy it with: {deploy}"]
+    assert "sage_bundle" not in proc.stderr  # materialized: not among the missing
