@@ -69,7 +69,8 @@ def coder_tasks(dataset: pd.DataFrame, outcomes: pd.DataFrame) -> tuple[pd.DataF
     how many coder tasks found no outcome."""
     coder = dataset[dataset["role"].astype(str) == "coder"]
     if coder.empty:
-        return pd.DataFrame(columns=["session_id", "task_id", "episode", "model"]), 0
+        cols = dict.fromkeys(["session_id", "task_id", "episode", "model", *outcomes.columns])
+        return pd.DataFrame(columns=list(cols)), 0
     ep = coder["episode_id"].astype(str).str.extract(r"#(\d+)$")[0]
     ep = pd.to_numeric(ep, errors="coerce").fillna(0).astype(int)
     coder = coder.assign(episode=ep, session_id=coder["session_id"].astype(str), task_id=coder["task_id"].astype(str))
@@ -122,9 +123,13 @@ def decide(tasks: pd.DataFrame, objective: TaskObjective, config: CoderLeverConf
                 diffs[f"{a} - {b}"] = {"estimate": per[a]["objective"] - per[b]["objective"],
                                        "ci": [float(lo), float(hi)]}
     base = CoderLeverDecision(False, None, "", per, diffs, int(len(known)))
+    if not models:
+        base.reason = ("no coder decision joined to a task outcome (the coder's model is read from the reviewer "
+                       "steps of SAGE's `sage run` journals): nothing to learn about the coder yet")
+        return base
     if len(models) < 2:
-        base.reason = (f"the logs hold the coder on {models or 'no model'} only: nothing to compare. SAGE's bandit "
-                       "tries both of the coder's models in a fresh workspace; a table that pins the coder logs one")
+        base.reason = (f"the logs hold the coder on {models[0]} only: nothing to compare. SAGE's bandit tries both "
+                       "of the coder's models in a fresh workspace; a table that pins the coder logs one")
         return base
     best = max(models, key=lambda m: per[m]["objective"])
     short = {m: cfg.min_tasks - per[m]["tasks"] for m in models if per[m]["tasks"] < cfg.min_tasks}

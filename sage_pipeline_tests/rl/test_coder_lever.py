@@ -74,6 +74,8 @@ def test_one_model_logged_is_said():
     out = out[out["session_id"].isin(ds["session_id"])]
     d = cl.decide(cl.coder_tasks(ds, out)[0], TaskObjective())
     assert not d.promote and "nothing to compare" in d.reason
+    none = cl.decide(cl.coder_tasks(ds[ds["role"] != "coder"], out)[0], TaskObjective())
+    assert not none.promote and none.model is None and "no coder decision" in none.reason
 
 
 def test_bad_settings():
