@@ -27,7 +27,6 @@ would take.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -168,7 +167,3 @@ def decide(tasks: pd.DataFrame, objective: TaskObjective, config: CoderLeverConf
                    + f", the difference's {cfg.confidence:.0%} interval above 0 (lower end "
                    + ", ".join(f"{lo:.4f}" for lo in lows.values()) + ")")
     return base
-
-
-def summary(decision: CoderLeverDecision) -> str:
-    return json.dumps({"promote": decision.promote, "model": decision.model, "reason": decision.reason})

@@ -190,9 +190,13 @@ def read(folder: str | Path) -> Bundle:
     for key in ("id", "parts", "learned_for", "objective"):
         if key not in manifest:
             raise BundleError(f"{path}: field {key!r} is missing: build the bundle again")
+    if not isinstance(manifest["parts"], dict):
+        raise BundleError(f"{path}: field 'parts' must map each part's name to its path and sha256")
     for name, p in manifest["parts"].items():
         if p is None:
             continue
+        if not (isinstance(p, dict) and isinstance(p.get("path"), str) and isinstance(p.get("sha256"), str)):
+            raise BundleError(f"{path}: field 'parts.{name}' needs a 'path' and a 'sha256': build the bundle again")
         where = folder / p["path"]
         if not where.exists():
             raise BundleError(f"{path}: part {name!r} ({where}) is missing: build the bundle again")

@@ -27,8 +27,6 @@ The default weights (the user sets both):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -72,31 +70,3 @@ def score(objective: TaskObjective, verified, gpu_seconds, usd) -> np.ndarray:
         raise ValueError(f"{objective.name}: verified must be 0 or 1 for a task, a share in [0, 1] for an expectation, "
                          f"or NaN (unknown); got {v[~known][:3].tolist()}")
     return v - objective.gpu_second_weight * s - objective.usd_weight * d
-
-
-@dataclass(frozen=True)
-class ObjectiveParts:
-    """The objective's mean over some tasks and its parts, the way reports show them."""
-
-    objective: float
-    verified_share: float
-    gpu_seconds: float
-    usd: float
-    calls: float
-    tasks: int
-
-    def as_dict(self) -> dict:
-        return dict(vars(self))
-
-
-def mean_parts(objective: TaskObjective, verified, gpu_seconds, usd, calls) -> ObjectiveParts:
-    """The mean objective and the mean of each part over tasks whose verdict is known."""
-    v = np.asarray(verified, dtype=np.float64)
-    keep = ~np.isnan(v)
-    s, d, c = (np.asarray(x, dtype=np.float64)[keep] for x in (gpu_seconds, usd, calls))
-    v = v[keep]
-    if not keep.any():
-        nan = float("nan")
-        return ObjectiveParts(nan, nan, nan, nan, nan, 0)
-    return ObjectiveParts(float(score(objective, v, s, d).mean()), float(v.mean()), float(s.mean()),
-                          float(d.mean()), float(c.mean()), int(keep.sum()))

@@ -244,7 +244,8 @@ def bundle_truth(world: ModelWorld, runs: list[dict], deployed: T.SagePolicy, sh
     """Under the objective, on ``runs`` (exact; the coder's bandit drawn where the table leaves it two
     models): the deployed bundle, SAGE's shipped configuration (its table, its YAML router, fresh
     workspaces), the best bundle SAGE can run (:func:`truth.best_bundle`), the share of the gap between the
-    shipped and the best that the deployed closes, and the front of verified share against GPU-seconds."""
+    shipped and the best that the deployed closes. (The front of verified share against GPU-seconds,
+    :func:`truth.front`, takes minutes a day: it is not computed here.)"""
     if not runs:
         return {"runs": 0}
     tr = _truth_runs(runs)

@@ -38,7 +38,7 @@ import numpy as np
 
 from sage_pipeline.sage import checkpoint as sage_router, explore as sage_explore
 from sage_pipeline.sage.objective import TaskObjective
-from sage_pipeline.sage.table import RoutingTable
+from sage_pipeline.sage.table import RoutingTable, pin
 from sage_pipeline.sage_world.world import MAX_RETRIES, ModelWorld
 
 
@@ -407,13 +407,6 @@ def bundle_value(world: ModelWorld, runs: list[dict], bundle: BundleSpec, object
                        n_draws)
 
 
-def pinned_coder_table(table: RoutingTable, model: str) -> RoutingTable:
-    """``table`` with the coder on ``model`` alone (:func:`sage_pipeline.sage.table.pin`)."""
-    from sage_pipeline.sage.table import pin
-
-    return pin(table, "coder", model)
-
-
 def best_bundle(world: ModelWorld, runs: list[dict], objective: TaskObjective, coder_models: tuple[str, ...],
                 by_complexity: bool = False) -> tuple[BundleSpec, BundleValue, list[BundleValue]]:
     """The best bundle SAGE can run on ``runs`` among: the coder pinned to each of ``coder_models`` (by its
@@ -423,7 +416,7 @@ def best_bundle(world: ModelWorld, runs: list[dict], objective: TaskObjective, c
     other models are not searched. Returns the best, its value and every candidate's value."""
     out = []
     for m in coder_models:
-        table = pinned_coder_table(world.table, m)
+        table = pin(world.table, "coder", m)
         pinned_runs = [{**r, "coder_model": m} for r in runs]
         pol, _ = best_expressible(world, pinned_runs, by_complexity=by_complexity, name=f"best|coder={m}",
                                   table=table, objective=objective)
@@ -441,7 +434,7 @@ def front(world: ModelWorld, runs: list[dict], coder_models: tuple[str, ...],
     for lam in gpu_second_weights:
         obj = TaskObjective(gpu_second_weight=lam, usd_weight=0.0)
         for m in coder_models:
-            table = pinned_coder_table(world.table, m)
+            table = pin(world.table, "coder", m)
             pol, v = best_expressible(world, [{**r, "coder_model": m} for r in runs], by_complexity=False,
                                       name=f"front|coder={m}|w={lam:.3g}", table=table, objective=obj)
             pts.append({"coder": m, "gpu_second_weight": lam, "verified": v.p_verified, "gpu_seconds": v.gpu_seconds,

@@ -63,6 +63,10 @@ def test_not_a_bundle_and_a_bad_manifest(tmp_path):
     (tmp_path / bd.MANIFEST).write_text(json.dumps({"format": 1, "id": "x", "parts": {}}))
     with pytest.raises(bd.BundleError, match="'learned_for' is missing"):
         bd.read(tmp_path)
+    (tmp_path / bd.MANIFEST).write_text(json.dumps({"format": 1, "id": "x", "learned_for": {}, "objective": {},
+                                                    "parts": {"models_yaml": {"path": "models.yaml"}}}))
+    with pytest.raises(bd.BundleError, match="'parts.models_yaml' needs a 'path' and a 'sha256'"):
+        bd.read(tmp_path)
 
 
 def test_a_checkpoint_for_another_table_is_refused(sage_table, tmp_path):

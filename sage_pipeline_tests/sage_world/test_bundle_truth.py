@@ -9,7 +9,7 @@ import pytest
 
 from sage_pipeline.sage import bandit_state
 from sage_pipeline.sage.objective import TaskObjective
-from sage_pipeline.sage.table import SAGE_TABLE
+from sage_pipeline.sage.table import SAGE_TABLE, pin
 from sage_pipeline.sage_world import truth as T
 from sage_pipeline.sage_world.world import MAX_RETRIES, ModelWorld, build_world
 
@@ -79,7 +79,7 @@ def test_a_pinned_coder_is_exact_and_equals_the_policy_value(world):
     runs = _runs(world)
     obj = TaskObjective()
     for m in (SMALL, BIG):
-        spec = T.BundleSpec(T.SagePolicy(T.pinned_coder_table(world.table, m)), None, m)
+        spec = T.BundleSpec(T.SagePolicy(pin(world.table, "coder", m)), None, m)
         bv = T.bundle_value(world, runs, spec, obj)
         pv = T.policy_value(world, [{**r, "coder_model": m} for r in runs], spec.policy)
         assert bv.draws == 1 and bv.objective_se == 0.0 and bv.coder_share == {m: 1.0}
@@ -91,8 +91,8 @@ def test_sages_bandit_gives_the_coder_both_models_and_a_warm_start_pins_it(world
     obj = TaskObjective()
     shipped = T.bundle_value(world, runs, T.BundleSpec(T.SagePolicy(world.table)), obj, draws=32)
     assert set(shipped.coder_share) == {SMALL, BIG} and shipped.objective_se > 0
-    small = T.bundle_value(world, runs, T.BundleSpec(T.SagePolicy(T.pinned_coder_table(world.table, SMALL))), obj)
-    big = T.bundle_value(world, runs, T.BundleSpec(T.SagePolicy(T.pinned_coder_table(world.table, BIG))), obj)
+    small = T.bundle_value(world, runs, T.BundleSpec(T.SagePolicy(pin(world.table, "coder", SMALL))), obj)
+    big = T.bundle_value(world, runs, T.BundleSpec(T.SagePolicy(pin(world.table, "coder", BIG))), obj)
     assert small.objective - 4 * shipped.objective_se < shipped.objective < big.objective + 4 * shipped.objective_se
     warm = T.bundle_value(world, runs, T.BundleSpec(T.SagePolicy(world.table), bandit_state.warm_start("fallback")),
                           obj, draws=8)
@@ -118,7 +118,7 @@ def test_the_best_bundle_beats_every_fixed_choice_and_sages_shipped_one(world):
     spec, best, cands = T.best_bundle(world, runs, obj, (SMALL, BIG))
     assert len(cands) == 2 and best.objective == max(c.objective for c in cands)
     for m in (SMALL, BIG):
-        yaml = T.bundle_value(world, runs, T.BundleSpec(T.SagePolicy(T.pinned_coder_table(world.table, m))), obj)
+        yaml = T.bundle_value(world, runs, T.BundleSpec(T.SagePolicy(pin(world.table, "coder", m))), obj)
         assert best.objective >= yaml.objective - 1e-12
     shipped = T.bundle_value(world, runs, T.BundleSpec(T.SagePolicy(world.table)), obj, draws=32)
     assert best.objective > shipped.objective + 4 * shipped.objective_se
@@ -159,7 +159,7 @@ def test_the_coder_levers_estimate_from_sages_bandit_logs_is_the_pinned_bundles_
     d = cl.decide(tasks, TaskObjective(gpu_second_weight=0.0), cl.CoderLeverConfig(confidence=0.999))
     runs = [{"task_id": t.task_id, "complexity": 0.1} for t in world.tasks]  # the task stream: uniform over tasks
     for m in (SMALL, BIG):
-        truth = T.bundle_value(world, runs, T.BundleSpec(T.SagePolicy(T.pinned_coder_table(world.table, m))),
+        truth = T.bundle_value(world, runs, T.BundleSpec(T.SagePolicy(pin(world.table, "coder", m))),
                                TaskObjective()).value.p_verified
         lo, hi = d.per_model[m]["ci"]
         assert lo <= truth <= hi, (m, truth, d.per_model[m])
