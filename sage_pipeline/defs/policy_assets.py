@@ -8,6 +8,7 @@ from datetime import datetime, timezone
 from typing import Annotated
 
 import dagster as dg
+import pandas as pd
 from pydantic import Field, model_validator
 
 from sage_pipeline import artifacts, markdown
@@ -17,7 +18,7 @@ from sage_pipeline.defs.sections import to_core
 from sage_pipeline.rl import bc, cql, offline_eval as oe, ope
 from sage_pipeline.rl.checkpoint import load_policy, read_meta
 from sage_pipeline.rl.data import REQUIRED, from_dataset
-from sage_pipeline.routing import routing_dataset as rd
+from sage_pipeline.routing import routing_dataset as rd, task_outcomes as to
 from sage_pipeline.routing.action_space import FILE_NAME as ACTION_SPACE_FILE, SPACES, ActionSpace
 from sage_pipeline.routing.features import FeatureSpec
 from sage_pipeline.routing.policy import StaticTablePolicy
@@ -183,6 +184,10 @@ class OfflineEvalConfig(dg.Config, ope.OPESettings):
                                  "cql_policy's selection; see docs/benchmarks.md)")
     gate: PromotionGateSection = Field(default_factory=PromotionGateSection,
                                        description="the promotion gate (PromotionGateConfig): rule and min_gain")
+    objective: str = Field("task", description="what an episode's return is: 'task' (its `sage run` task's "
+                           "objective from routing/task_outcomes.parquet, task_v1 by default; reward_v1 only on the "
+                           "routing simulator's sessions or journals without SAGE's tasks, said in the metadata) or "
+                           "'reward_v1' (SAGE's per-decision reward summed: comparison only)")
 
 
 @dg.asset(group_name=GROUP, deps=[bc_policy, cql_policy], kinds={"python", "json"},
@@ -216,6 +221,12 @@ def offline_eval(context: dg.AssetExecutionContext, config: OfflineEvalConfig,
     manifest = sage.path("sessions", "synthetic", "simulator.json")
     sim, truth = oe.ground_truth_simulator(manifest, sage.catalogue, table, rd.read_reward_spec(path) or RewardSpec(),
                                            df_eval, multi.actions)
+    outcomes = sage.path("routing", to.TASK_OUTCOMES_NAME)
+    df, judged = oe.objective_rows(df, pd.read_parquet(outcomes) if outcomes.is_file() else None, config.objective,
+                                   simulated=sim is not None)
+    if judged["judged_on"] != "reward_v1":  # the report half again, on the rows the objective scores
+        df_eval, n_estimated = oe.fill_missing_propensities(oe.eval_part(df, "report"), bc_model)
+    context.log.info(f"offline_eval judges {judged['judged_on']}: {judged['why']}")
     ope_cfg, gate = to_core(config, ope.OPEConfig), to_core(config.gate, oe.PromotionGateConfig)
     behaviour = _behaviour(config.support, bc_model)
     evidence = {"dataset_sha256": artifacts.file_sha256(path)}
@@ -260,7 +271,8 @@ def offline_eval(context: dg.AssetExecutionContext, config: OfflineEvalConfig,
                           {k: r.gate for k, r in reports.items()})
         out = stage.public(artifacts.write_json(
             stage.path("reports", "offline_eval.json"),
-            {k: r.to_dict() for k, r in reports.items()} | {"propensities_estimated_by_bc": n_estimated}))
+            {k: r.to_dict() for k, r in reports.items()} | {"propensities_estimated_by_bc": n_estimated,
+                                                            "objective": judged}))
         png = oe.plot_offline_eval(reports["multi_model"])
         artifacts.write_bytes(stage.path("reports", "offline_eval.png"), png)
     for name, r in reports.items():
@@ -277,6 +289,8 @@ def offline_eval(context: dg.AssetExecutionContext, config: OfflineEvalConfig,
         "plot": dg.MetadataValue.md(markdown.image(png, "OPE estimates with 95% intervals; ground truth dashed")),
         "ground_truth": "simulator" if sim is not None else f"none ({truth})",
         "propensities_estimated_by_bc": n_estimated,
+        "objective": f"{judged['judged_on']}: {judged['why']}",
+        "objective_episodes": dg.MetadataValue.json(judged),
         "decided_at": decided_at,
         "path": dg.MetadataValue.path(str(out)),
     }, check_results=[dg.AssetCheckResult(

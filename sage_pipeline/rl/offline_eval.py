@@ -38,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sage_pipeline import artifacts
 from sage_pipeline.rl import cql, ope
 from sage_pipeline.rl.data import from_dataset
+from sage_pipeline.routing import task_outcomes
 from sage_pipeline.routing.action_space import ActionSpace
 from sage_pipeline.routing.catalogue import ModelCatalogue
 from sage_pipeline.routing.features import Contexts, FeatureSpec
@@ -843,6 +844,39 @@ class OfflineEvalReport:
     def support_table(self) -> list[dict]:
         """Per role: decisions, the share whose context also saw another model, deterministic or not."""
         return [r.to_dict() for r in self.support.roles.values()] if self.support is not None else []
+
+
+OBJECTIVES = ("task", "reward_v1")
+
+
+def objective_rows(df: pd.DataFrame, outcomes: pd.DataFrame | None, objective: str = "task",
+                   simulated: bool = False) -> tuple[pd.DataFrame, dict]:
+    """The rows OPE and the gate judge, and what they are judged on.
+
+    ``objective="task"`` (the default): each episode's return is its task's per-task objective
+    (``task_outcomes.objective_rewards``: verified minus the task's priced calls, task_v1 by default) when
+    SAGE's journals gave task outcomes for the episodes; episodes with an unknown verdict or no task are
+    left out and counted. Two cases keep reward_v1, said in the result: ``simulated`` data (the routing
+    simulator's synthetic sessions, whose exact truth is in reward_v1: the judged numbers then stay
+    comparable to it) and journals with no ``sage run`` task at all. ``objective="reward_v1"``: SAGE's
+    per-decision reward summed over the episode, for comparison only: it pays a repaired failure more than
+    a first-try pass (docs/architecture.md)."""
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {OBJECTIVES}; got {objective!r}")
+    base = {"judged_on": "reward_v1", "episodes": int(df["episode_id"].nunique()) if len(df) else 0}
+    if objective == "reward_v1":
+        return df, base | {"why": "objective: reward_v1 was asked for (comparison only: never the objective)"}
+    if simulated:
+        return df, base | {"why": "the routing simulator's synthetic sessions: their exact truth is in reward_v1, "
+                                  "so they are judged on it against that truth"}
+    if outcomes is None or outcomes.empty or outcomes["verified"].notna().sum() == 0:
+        return df, base | {"why": "no `sage run` task with a known verdict in these journals (task_outcomes): "
+                                  "nothing to judge the task objective on"}
+    out, report = task_outcomes.objective_rewards(df, outcomes)
+    if out.empty:
+        return df, base | {"why": "no routing episode joins a task with a known verdict", **report}
+    return out, report | {"judged_on": str(out["reward_version"].iloc[0]),
+                          "why": "each episode's return is its task's objective (task_outcomes.parquet)"}
 
 
 def run_offline_eval(df_eval: pd.DataFrame, policies: dict[str, object], catalogue: ModelCatalogue,

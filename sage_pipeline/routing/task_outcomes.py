@@ -427,3 +427,51 @@ def summary_markdown(res: TaskOutcomes) -> str:
     notes = "".join(f"\n- {k}: {v}" for k, v in r.get("notes", {}).items())
     return (f"{r['objective']} (journal clock scale {r['clock_scale']:g}; calls read from {read or 'n/a'})\n\n"
             f"{markdown.table(rows)}{notes}")
+
+
+OBJECTIVE_NO_OUTCOME = "episodes with no task in task_outcomes (no SAGE workflow step of theirs was read)"
+OBJECTIVE_UNKNOWN = "episodes whose task's verdict is unknown (the journal ends first)"
+
+
+def episode_ids(outcomes: pd.DataFrame) -> pd.Series:
+    """The routing dataset's ``episode_id`` of each task row (``session/task`` or ``session/task#n``)."""
+    ep = outcomes["episode"].astype("int64")
+    key = outcomes["task_id"].astype(str).where(ep == 0, outcomes["task_id"].astype(str) + "#" + ep.astype(str))
+    return outcomes["session_id"].astype(str) + "/" + key
+
+
+def objective_rewards(rows: pd.DataFrame, outcomes: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
+    """Routing dataset ``rows`` whose ``reward`` is the per-task objective: 0 on every decision of an
+    episode but its last (highest ``step``), which carries the task's ``objective`` (verified minus its
+    priced calls, :mod:`sage_pipeline.sage.objective`). An episode's return is then exactly its task's
+    objective, so every episode-level OPE estimator and the gate judge the objective, never summed
+    reward_v1 (``reward_version`` names the objective). Episodes whose task has no row in ``outcomes`` or
+    an unknown verdict are left out and counted (``report``), never scored 0."""
+    need = {"session_id", "task_id", "episode", "verified", "objective", "objective_name"}
+    missing = need - set(outcomes.columns)
+    if missing:
+        raise ValueError(f"task outcomes lack the columns {sorted(missing)}: rebuild them with the routing_dataset "
+                         f"asset ({TASK_OUTCOMES_NAME})")
+    known = outcomes[outcomes["verified"].notna()]
+    value = pd.Series(known["objective"].to_numpy(dtype=np.float64), index=episode_ids(known).to_numpy())
+    if value.index.has_duplicates:
+        dup = value.index[value.index.duplicated()][:3].tolist()
+        raise ValueError(f"task outcomes hold the same episode twice ({dup}): rebuild them with the routing_dataset "
+                         "asset")
+    unknown = set(episode_ids(outcomes[outcomes["verified"].isna()]))
+    ep = rows["episode_id"].astype(str)
+    has = ep.isin(value.index)
+    episodes = ep.unique()
+    report = {"episodes": int(len(episodes)), "scored": int(ep[has].nunique()),
+              OBJECTIVE_UNKNOWN: int(sum(e in unknown for e in episodes)),
+              OBJECTIVE_NO_OUTCOME: int(sum(e not in unknown and e not in value.index for e in episodes))}
+    out = rows[has.to_numpy()].copy()
+    if out.empty:
+        return out, report
+    last = out.groupby("episode_id", sort=False)["step"].transform("max").to_numpy() == out["step"].to_numpy()
+    if (out[last].groupby("episode_id")["step"].size() != 1).any():
+        raise ValueError("an episode has two decisions at its last step: the routing dataset's steps must be unique "
+                         "per episode")
+    out["reward"] = np.where(last, out["episode_id"].astype(str).map(value).to_numpy(dtype=np.float64), 0.0)
+    out["reward_version"] = str(known["objective_name"].iloc[0])
+    return out, report

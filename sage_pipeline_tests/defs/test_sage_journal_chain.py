@@ -138,6 +138,9 @@ def test_offline_eval_refuses_what_sages_logs_cannot_support_and_says_why(chain)
     assert ev["action_spaces"] == ["multi_model", "sage_binary"]
     assert ev["ground_truth"] == "none (not simulated data)"
     report = json.loads((root / "reports" / "offline_eval.json").read_text())
+    # SAGE's tasks have outcomes: each episode's return is its task's objective, never summed reward_v1
+    assert ev["objective"].startswith("task_v1: each episode's return is its task's objective")
+    assert report["objective"]["judged_on"] == "task_v1" and report["objective"]["scored"] > 0
     binary = report["sage_binary"]
     assert {r["policy"] for r in binary["summary"]} == {"static_table", "bc_trained", "cql_trained", "bc_served",
                                                        "cql_served"}

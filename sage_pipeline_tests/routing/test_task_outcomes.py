@@ -114,3 +114,50 @@ def test_files_in_and_out(tmp_path):
     # logs with no `sage run` workflow step: an empty table that says so
     empty = to.task_outcomes(pd.DataFrame(columns=["session_id"]), None, None)
     assert empty.frame.empty and "no `sage run` task" in to.summary_markdown(empty)
+
+
+def _rows(outcomes: pd.DataFrame) -> pd.DataFrame:
+    """Routing rows for each task of ``outcomes`` (three decisions each) plus one episode with no task."""
+    eps = list(to.episode_ids(outcomes)) + ["orphan/task_x"]
+    return pd.DataFrame([{"episode_id": e, "session_id": e.split("/")[0], "step": s, "reward": 1.15,
+                          "reward_version": "reward_v1"} for e in eps for s in (2, 0, 1)])
+
+
+def test_objective_rewards_make_each_episodes_return_its_tasks_objective(outcomes):
+    f = outcomes.frame.copy()
+    f.loc[f["task_id"] == "task_006", "verified"] = np.nan  # a task whose journal was cut short
+    out, report = to.objective_rewards(_rows(f), f)
+    ret = out.groupby("episode_id")["reward"].sum()
+    known = f[f["verified"].notna()]
+    assert ret.to_dict() == pytest.approx(dict(zip(to.episode_ids(known), known["objective"])))
+    # the objective sits on each episode's last decision; every other decision carries 0
+    last = out.groupby("episode_id")["step"].transform("max") == out["step"]
+    assert (out.loc[~last, "reward"] == 0).all() and (out["reward_version"] == "task_v1").all()
+    assert report == {"episodes": 7, "scored": 5, to.OBJECTIVE_UNKNOWN: 1, to.OBJECTIVE_NO_OUTCOME: 1}
+    # a repaired failure's return is below a first-try pass's (summed reward_v1 had them the other way)
+    ep = dict(zip(f["task_id"], to.episode_ids(f)))
+    assert ret[ep["task_002"]] < ret[ep["task_001"]]
+
+
+def test_objective_rewards_refuse_outcomes_they_cannot_join(outcomes):
+    with pytest.raises(ValueError, match="lack the columns.*objective"):
+        to.objective_rewards(_rows(outcomes.frame), outcomes.frame.drop(columns=["objective"]))
+    twice = pd.concat([outcomes.frame, outcomes.frame.iloc[:1]])
+    with pytest.raises(ValueError, match="same episode twice"):
+        to.objective_rewards(_rows(outcomes.frame), twice)
+
+
+def test_offline_eval_judges_the_task_objective_and_says_when_it_cannot(outcomes):
+    from sage_pipeline.rl import offline_eval as oe
+
+    rows, f = _rows(outcomes.frame), outcomes.frame
+    out, judged = oe.objective_rows(rows, f)
+    assert judged["judged_on"] == "task_v1" and judged["scored"] == 6 and len(out) == 18
+    same, why = oe.objective_rows(rows, f, simulated=True)  # the routing simulator's truth is in reward_v1
+    assert same is rows and why["judged_on"] == "reward_v1" and "simulator" in why["why"]
+    same, why = oe.objective_rows(rows, None)
+    assert same is rows and "no `sage run` task" in why["why"]
+    same, why = oe.objective_rows(rows, f, "reward_v1")
+    assert same is rows and "comparison only" in why["why"]
+    with pytest.raises(ValueError, match="objective must be one of"):
+        oe.objective_rows(rows, f, "return")
