@@ -121,6 +121,8 @@ _SLOW = (
     "sleep/test_store_harvest.py::test_a_commit_killed_between_the_live_documents_is_finished_by_the_next_run",
     "sleep/test_store_harvest.py::test_a_version_read_while_its_folder_is_re_saved_is_whole_and_never_an_error",
     "sleep/test_store_harvest.py::test_two_nights_of_one_skill_never_overlap",
+    "sleep/test_sage_skills.py::test_readers_during_commits_always_see_one_whole_version",
+    "sleep/test_sage_skills.py::test_a_bundle_of_the_live_version_deploys_sage_skills_root_with_the_stores_shas",
     "test_artifacts_concurrency.py::test_a_reader_never_fails_nor_mixes_versions_while_the_checkpoint_is_re_saved",
     "test_artifacts_concurrency.py::test_concurrent_saves_of_one_folder_all_succeed_and_leave_one_complete_version",
 )

@@ -10,7 +10,8 @@ in its worker's workspace (``<root>/day-NN/ws-<worker>``: one fresh SAGE workspa
 day, since two concurrent runs in one workspace would share SAGE's bandit and memory files), with
 an environment built from scratch: ``OLLAMA_HOST`` (the world), ``SAGE_NO_CLARIFY=1``, the served
 checkpoint's ``SAGE_RL_POLICY=1``/``SAGE_RL_CHECKPOINT``/``SAGE_RL_MIN_CONFIDENCE`` when one is
-deployed, ``SAGE_MODELS_YAML`` when the day runs a models.yaml of its own, ``HOME`` inside the run
+deployed, ``SAGE_MODELS_YAML`` when the day runs a models.yaml of its own, ``SAGE_SKILLS_ROOT`` when it
+runs a skills tree of its own (a version folder of the project's skills root), ``HOME`` inside the run
 folder, and a ``PATH`` whose ``python`` is SAGE's (SAGE's verification command runs ``python -m
 pytest``; SAGE's reviewer runs ruff/mypy only when they are on ``PATH``, so they are not, and the
 world's verdicts are the reviewer's whole verdict).
@@ -161,9 +162,11 @@ class DayResult:
 
 def sage_env(install: SageInstall, ollama_host: str, home: Path, bindir: Path,
              checkpoint: str | os.PathLike[str] | None = None, min_confidence: float = 0.55,
-             models_yaml: str | os.PathLike[str] | None = None) -> dict[str, str]:
+             models_yaml: str | os.PathLike[str] | None = None,
+             skills_root: str | os.PathLike[str] | None = None) -> dict[str, str]:
     """The environment of every ``sage run``: built from scratch, nothing inherited but the locale;
-    ``models_yaml``: the user-level models.yaml SAGE reads instead of its bundled one (``SAGE_MODELS_YAML``)."""
+    ``models_yaml``: the user-level models.yaml SAGE reads instead of its bundled one (``SAGE_MODELS_YAML``);
+    ``skills_root``: the skills tree SAGE injects instead of its packaged one (``SAGE_SKILLS_ROOT``)."""
     bindir.mkdir(parents=True, exist_ok=True)
     py = bindir / "python"
     if not py.exists():
@@ -177,6 +180,8 @@ def sage_env(install: SageInstall, ollama_host: str, home: Path, bindir: Path,
                    SAGE_RL_MIN_CONFIDENCE=str(min_confidence))
     if models_yaml is not None:
         env["SAGE_MODELS_YAML"] = str(Path(models_yaml).resolve())
+    if skills_root is not None:
+        env["SAGE_SKILLS_ROOT"] = str(Path(skills_root).resolve())
     return env
 
 
@@ -188,19 +193,21 @@ def run_day(world: ModelWorld, ollama_host: str, install: SageInstall, day: int,
             root: str | os.PathLike[str], config: HarnessConfig | None = None,
             checkpoint: str | os.PathLike[str] | None = None, min_confidence: float | None = None,
             progress: Callable[[str], None] = log.info,
-            models_yaml: str | os.PathLike[str] | None = None) -> DayResult:
+            models_yaml: str | os.PathLike[str] | None = None,
+            skills_root: str | os.PathLike[str] | None = None) -> DayResult:
     """Run ``sage run`` once per task of ``task_ids`` (run ids ``dNN-rMMM``) into ``root`` (a fresh
     folder: SAGE's workspaces are new each day), with ``checkpoint`` at ``min_confidence`` (default
     the config's) when given: the floor the deployment was recorded with, or the logged decisions'
     probabilities would not be the ones reconstructed; with ``models_yaml`` (``SAGE_MODELS_YAML``)
-    when given, else SAGE's bundled table. Returns what each run did."""
+    when given, else SAGE's bundled table; with ``skills_root`` (``SAGE_SKILLS_ROOT``) when given, else SAGE's
+    packaged skills. Returns what each run did."""
     cfg = config or HarnessConfig()
     root = Path(root)
     if root.exists() and any(root.iterdir()):
         raise FileExistsError(f"{root} is not empty: each day runs SAGE in fresh workspaces; pick a new folder")
     (root / "runs").mkdir(parents=True, exist_ok=True)
     env = sage_env(install, ollama_host, root / "home", root / "bin", checkpoint,
-                   cfg.min_confidence if min_confidence is None else min_confidence, models_yaml)
+                   cfg.min_confidence if min_confidence is None else min_confidence, models_yaml, skills_root)
     runs = [(f"d{day:02d}-r{i:03d}", t) for i, t in enumerate(task_ids)]
     for i, (run, t) in enumerate(runs):  # worker w runs runs[w::workers], in its own workspace ws-w
         world.assign(run, t, workspace=str(root / f"ws-{i % cfg.workers}"))
