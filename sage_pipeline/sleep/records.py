@@ -14,7 +14,11 @@ Reference kinds and their ``reference``:
   (string checks take ``"ignore_case": true``);
 - ``rubric``: the grading rubric, a string (graded by the backend);
 - ``unit_tests``: ``{"entry_point": "f", "tests": [{"args": [...], "expected": ...}],
-  "timeout_s": 5}``, run through the sandbox against the code in the answer.
+  "timeout_s": 5}``, run through the sandbox against the code in the answer; or, for test code
+  (the tests SAGE's test engineer wrote, :mod:`sage_pipeline.sleep.sage_harvest`), ``"tests":
+  [{"check": "<statement>", "setup": "<source>"}, ...]`` with one setup shared by every check: the
+  sandbox's judge process runs the setup once, then each check, ``f`` there a proxy that calls the
+  candidate in a process of its own (:mod:`sage_pipeline.sim.runner`, "external suites").
 
 A task file is JSON lines, one task per line (``id``, ``intent``, ``reference_kind``,
 ``reference``; optional ``context``, ``tags``, ``skill``, ``date``, ``meta``). Malformed
@@ -157,9 +161,19 @@ def _normalise_unit_tests(reference: object) -> dict:
         raise TaskRecordError("reference.entry_point", f"must be a Python function name, got {entry!r}")
     tests = reference.get("tests")
     if not isinstance(tests, list) or not tests:
-        raise TaskRecordError("reference.tests", "must be a non-empty list of {\"args\": [...], \"expected\": ...}")
+        raise TaskRecordError("reference.tests", "must be a non-empty list of {\"args\": [...], \"expected\": ...} "
+                              "or of {\"check\": ..., \"setup\": ...}")
+    checks = isinstance(tests[0], dict) and "check" in tests[0]
     for i, t in enumerate(tests):
-        if not isinstance(t, dict) or not isinstance(t.get("args"), list) or "expected" not in t:
+        if checks:  # test code: the sandbox's judge runs the first test's setup once, then every check
+            if (not isinstance(t, dict) or set(t) != {"check", "setup"} or not isinstance(t["check"], str)
+                    or not t["check"].strip() or not isinstance(t["setup"], str)):
+                raise TaskRecordError(f"reference.tests[{i}]", "must be {\"check\": \"<statement>\", \"setup\": "
+                                      "\"<source>\"} like the first test")
+            if t["setup"] != tests[0]["setup"]:
+                raise TaskRecordError(f"reference.tests[{i}].setup", "differs from the first test's: the sandbox "
+                                      "runs one setup for all the checks of a task")
+        elif not isinstance(t, dict) or not isinstance(t.get("args"), list) or "expected" not in t:
             raise TaskRecordError(f"reference.tests[{i}]", "must be {\"args\": [...], \"expected\": ...}")
     timeout = reference.get("timeout_s", 5.0)
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout <= 120:
