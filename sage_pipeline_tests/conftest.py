@@ -123,6 +123,9 @@ _SLOW = (
     "sleep/test_store_harvest.py::test_two_nights_of_one_skill_never_overlap",
     "sleep/test_sage_skills.py::test_readers_during_commits_always_see_one_whole_version",
     "sleep/test_sage_skills.py::test_a_bundle_of_the_live_version_deploys_sage_skills_root_with_the_stores_shas",
+    "sage_world/test_phase5.py::test_a_tool_past_its_limit_is_killed_and_recorded",
+    "sage_world/test_phase5.py::test_a_tool_exiting_non_zero_is_recorded_with_its_cause_and_the_others_go_on",
+    "sage_world/test_phase5.py::test_eval_output_without_sages_fields_and_a_missing_checkpoint_are_failures",
     "test_artifacts_concurrency.py::test_a_reader_never_fails_nor_mixes_versions_while_the_checkpoint_is_re_saved",
     "test_artifacts_concurrency.py::test_concurrent_saves_of_one_folder_all_succeed_and_leave_one_complete_version",
 )
