@@ -126,6 +126,7 @@ _SLOW = (
     "sage_world/test_phase5.py::test_a_tool_past_its_limit_is_killed_and_recorded",
     "sage_world/test_phase5.py::test_a_tool_exiting_non_zero_is_recorded_with_its_cause_and_the_others_go_on",
     "sage_world/test_phase5.py::test_eval_output_without_sages_fields_and_a_missing_checkpoint_are_failures",
+    "sage_world/test_skills_world.py",
     "test_artifacts_concurrency.py::test_a_reader_never_fails_nor_mixes_versions_while_the_checkpoint_is_re_saved",
     "test_artifacts_concurrency.py::test_concurrent_saves_of_one_folder_all_succeed_and_leave_one_complete_version",
 )

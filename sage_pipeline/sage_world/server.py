@@ -24,6 +24,13 @@ and so against the world, SAGE writes no TOKEN_USAGE line. What SAGE's journals 
 gap between the ``AGENT_INSIGHT_EMITTED`` "decision" an agent writes before its call and the line
 it writes after: that gap holds the clock's sleep (``world.py``, "Time and money").
 
+**Skills mode** (``ModelWorld.skills``: null or planted; a test harness, ``skills_world.py``): the
+sleep cycle's reflect requests are answered too (no clock, no GPU time, recorded in
+``ModelWorld.skills.reflects``, not in the truth), and ``POST /v1/chat/completions`` serves the same
+answers in the OpenAI chat-completions shape (non-streamed), so the cycle's ``OpenAIBackend`` can use the
+world (``base_url`` = ``url + "/v1"``). Off (the default), neither exists: the server is exactly the
+Ollama stand-in above.
+
 A request the world cannot answer gets HTTP 400 with Ollama's ``{"error": ...}`` (SAGE's agent then
 takes its failure path); every such error is counted with its reason (:attr:`WorldServer.errors`).
 """
@@ -41,6 +48,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 
+from sage_pipeline.sage_world.skills_world import SkillsWorldError
 from sage_pipeline.sage_world.world import ModelWorld, WorldError, agent_of
 
 log = logging.getLogger(__name__)
@@ -111,6 +119,8 @@ class WorldServer:
             raise WorldError("field 'model' must be a non-empty string")
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             raise WorldError("field 'messages' must be a list of objects")
+        if self.world.skills.is_reflect(messages):  # skills mode only: the sleep cycle's reflect, no SAGE agent
+            return self._reflect(model, messages)
         agent = agent_of(messages)
         prefill_s, decode_s = self.world.call_time(agent, model)  # a model without figures: refused, no draw made
         content, truth = self.world.answer(model, messages)
@@ -126,6 +136,29 @@ class WorldServer:
                 "done": True, "done_reason": "stop", "total_duration": p_ns + e_ns, "load_duration": 0,
                 "prompt_eval_count": p_tok, "prompt_eval_duration": p_ns, "eval_count": c_tok,
                 "eval_duration": e_ns}
+
+    def _reflect(self, model: str, messages: list[dict]) -> dict:
+        try:
+            content, _ = self.world.answer(model, messages)
+        except SkillsWorldError as exc:  # a reflect request without its stated limits
+            raise WorldError(str(exc)) from exc
+        p_tok, c_tok = self.world.tokens(messages, content)
+        return {"model": model, "created_at": _now(), "message": {"role": "assistant", "content": content},
+                "done": True, "done_reason": "stop", "total_duration": 0, "load_duration": 0,
+                "prompt_eval_count": p_tok, "prompt_eval_duration": 0, "eval_count": c_tok, "eval_duration": 0}
+
+    def openai_chat(self, body: dict) -> dict:
+        """``POST /v1/chat/completions`` (skills mode): :meth:`chat`'s answer as an OpenAI chat completion."""
+        if body.get("stream"):
+            raise WorldError("streamed chat completions are not served: send 'stream': false")
+        reply = self.chat(body)
+        p_tok, c_tok = reply["prompt_eval_count"], reply["eval_count"]
+        with self._lock:
+            n = sum(self.requests.values())
+        return {"id": f"chatcmpl-world-{n}", "object": "chat.completion", "created": int(time.time()),
+                "model": reply["model"],
+                "choices": [{"index": 0, "message": reply["message"], "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": p_tok, "completion_tokens": c_tok, "total_tokens": p_tok + c_tok}}
 
     def models(self) -> list[dict]:
         names = sorted({m for r in self.world.table.routes.values() for m in (r.primary, r.fallback)})
@@ -201,6 +234,13 @@ class WorldServer:
                         return self._error("chat", str(exc))
                     server._count("chat")
                     return self._send(reply, ndjson=bool(body.get("stream")))
+                if path == "/v1/chat/completions" and server.world.skills.on:
+                    try:
+                        reply = server.openai_chat(body)
+                    except WorldError as exc:
+                        return self._error("chat", str(exc))
+                    server._count("chat")
+                    return self._send(reply)
                 if path == "/api/embeddings":
                     server._count("embeddings")
                     return self._send({"embedding": embedding(str(body.get("prompt") or ""))})

@@ -45,6 +45,12 @@ after the answer, so that gap / clock_scale is the call's GPU-seconds plus SAGE'
 no ``TOKEN_USAGE`` against Ollama (server.py), so the routing dataset's ``latency_s``, read before a
 ``TOKEN_USAGE``, stays empty for the world's journals.
 
+**Skills** (a test harness, off by default: ``ModelWorld(..., skills=SkillsWorldConfig(...))``, never part
+of the Dagster job's config; :mod:`.skills_world`): in ``null``
+mode each call's truth record lists the skills SAGE injected into its prompt; in ``planted`` mode a stated
+instruction among them moves one role's chance by a stated delta (:meth:`ModelWorld.chance`), and the
+world answers the sleep cycle's reflect requests. Off, the world never reads a prompt's skills.
+
 **Truth.** Every call the world answers is recorded (never in SAGE's journals): the run, the task,
 the agent, the model, the file before and after, and the chance of a right file under each model
 of the role's row in SAGE's table. From these chances and SAGE's control flow,
@@ -69,6 +75,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from pydantic_core import PydanticCustomError
 
 from sage_pipeline.sage.table import RoutingTable
+from sage_pipeline.sage_world.skills_world import SkillsWorld, SkillsWorldConfig
 from sage_pipeline.sim.loop_config import (
     DEFAULT_CONFIG,
     Assumed,
@@ -315,7 +322,7 @@ class ModelWorld:
     alternatives the truth covers). Thread-safe: one server serves concurrent runs."""
 
     def __init__(self, sim: SageLoopSim, table: RoutingTable, config: WorldConfig | None = None,
-                 model_time: ModelTimeConfig | None = None) -> None:
+                 model_time: ModelTimeConfig | None = None, skills: SkillsWorldConfig | None = None) -> None:
         self.sim, self.table, self.config = sim, table, config or WorldConfig()
         self.time = model_time or ModelTimeConfig.load()
         self.tasks = sim.tasks
@@ -349,6 +356,7 @@ class ModelWorld:
         self._code = {m: j for j, m in enumerate(sim.code_models)}
         self._p_code: dict[tuple[int, str], float] = {}  # (task, model) -> chance: the truth asks often
         self._debug = {m: j for j, m in enumerate(sim.debug_models)}
+        self.skills = SkillsWorld(skills)  # a test harness, off by default (skills_world.py)
 
     # ------------------------------------------------------------------ models and chances
     def calibrated(self, model: str) -> str:
@@ -380,6 +388,25 @@ class ModelWorld:
 
     def review_accuracy(self, task: int, model: str) -> float:
         return 0.5 + 0.5 * self.p_code(task, model)
+
+    def chance(self, role: str, task: int, model: str, slot: int = -1, instruction_live: bool = False) -> float:
+        """The exact chance of ``role``'s right answer with or without the planted instruction live in its
+        prompt (``self.skills.config``; the same with and without unless the mode is planted and ``role`` is
+        the planted role): the coder's first attempt (:meth:`p_code`), the reviewer's right verdict
+        (:meth:`review_accuracy`), the debugger's repair of the file in ``slot`` (:meth:`p_fix`; -1: a right
+        file, which stays right, 1; -2: no file yet, its first attempt, :meth:`p_code`)."""
+        if role == "coder":
+            p = self.p_code(task, model)
+        elif role == "reviewer":
+            p = self.review_accuracy(task, model)
+        elif role == "debugger":
+            if slot == -1:
+                return 1.0  # a right file stays right: no draw is made
+            p = self.p_code(task, model) if slot == -2 else self.p_fix(task, slot, model)
+        else:
+            raise WorldError(f"no chance for role {role!r}: the world draws the coder's, reviewer's and "
+                             "debugger's answers")
+        return self.skills.chance(role, p, instruction_live)
 
     # ------------------------------------------------------------------ runs
     def assign(self, run: str, task_id: str, workspace: str | None = None) -> None:
@@ -413,19 +440,27 @@ class ModelWorld:
         return f'"""{task.entry_point}: solution for task {task.task_id}."""\n\n{code.rstrip()}\n'
 
     def answer(self, model: str, messages: Sequence[dict]) -> tuple[str, dict]:
-        """The content of ``model``'s reply to ``messages`` and its truth record."""
+        """The content of ``model``'s reply to ``messages`` and its truth record (with skills on: a reflect
+        request's reply and its record, which is not a call of SAGE's, see ``skills_world.py``)."""
+        if self.skills.is_reflect(messages):
+            return self.skills.reflect(model, messages)
         agent = agent_of(messages)
+        seen, live = self.skills.seen(agent, messages) if self.skills.on else ((), False)
         text = "\n".join(str(m.get("content") or "") for m in messages)
         with self._lock:
             if agent == "planner":
-                return self._planner(text, model)
-            if agent in ("documentation", "architect"):
-                return self._other(agent, model)
-            r = self._run_of(text, agent)
-            n = r.calls.get(agent, 0)
-            r.calls[agent] = n + 1
-            rng = _draw(self.config.seed, r.run, agent, n)
-            return getattr(self, f"_{agent}")(r, model, n, rng)
+                content, rec = self._planner(text, model)
+            elif agent in ("documentation", "architect"):
+                content, rec = self._other(agent, model)
+            else:
+                r = self._run_of(text, agent)
+                n = r.calls.get(agent, 0)
+                r.calls[agent] = n + 1
+                rng = _draw(self.config.seed, r.run, agent, n)
+                content, rec = getattr(self, f"_{agent}")(r, model, n, rng, live)
+        if self.skills.on:
+            rec.update(skills=self.skills.describe(seen), instruction_live=live)
+        return content, rec
 
     def _adopt(self, text: str) -> str:
         """A run for a goal the harness did not mark (``sage bench``): its task by a hash of the goal's
@@ -469,19 +504,20 @@ class ModelWorld:
         return {"run": r.run, "task_id": self.tasks[r.task].task_id, "agent": agent, "model": model,
                 "call": n, "slot_before": r.slot}
 
-    def _coder(self, r: _Run, model: str, n: int, rng: np.random.Generator) -> tuple[str, dict]:
+    def _coder(self, r: _Run, model: str, n: int, rng: np.random.Generator, live: bool) -> tuple[str, dict]:
         task = self.tasks[r.task]
-        p = self.p_code(r.task, model)
+        p = self.chance("coder", r.task, model, instruction_live=live)
         rec = self._base(r, "coder", model, n)
         r.slot = -1 if rng.random() < p else int(rng.integers(len(task.wrong_candidates())))
-        rec.update(p_right={m: self.p_code(r.task, m) for m in self.row("coder")}, slot_after=r.slot)
+        rec.update(p_right={m: self.chance("coder", r.task, m, instruction_live=live) for m in self.row("coder")},
+                   slot_after=r.slot)
         mod = module_of(task)
         return json.dumps({"file": f"{mod}.py", "operation": "create", "patch": self._file(task, r.slot),
                            "reason": f"implement {task.entry_point}", "epistemic_flags": []}), rec
 
-    def _reviewer(self, r: _Run, model: str, n: int, rng: np.random.Generator) -> tuple[str, dict]:
+    def _reviewer(self, r: _Run, model: str, n: int, rng: np.random.Generator, live: bool) -> tuple[str, dict]:
         right = r.slot == -1
-        acc = self.review_accuracy(r.task, model)
+        acc = self.chance("reviewer", r.task, model, instruction_live=live)
         says_pass = right if rng.random() < acc else not right
         rec = self._base(r, "reviewer", model, n)
         rec.update(accuracy=acc, right=right, verdict="PASS" if says_pass else "FAIL")
@@ -494,7 +530,8 @@ class ModelWorld:
                     "suggestion": "Check the edge cases against the task's examples."}
         return json.dumps(body), rec
 
-    def _test_engineer(self, r: _Run, model: str, n: int, rng: np.random.Generator) -> tuple[str, dict]:
+    def _test_engineer(self, r: _Run, model: str, n: int, rng: np.random.Generator,
+                       live: bool) -> tuple[str, dict]:
         task = self.tasks[r.task]
         r.tests_written = True
         if r.workspace is not None:
@@ -503,16 +540,17 @@ class ModelWorld:
         return json.dumps({"file": f"tests/test_{module_of(task)}.py", "operation": "create",
                            "patch": verified_tests(task), "reason": "the task's verified cases"}), rec
 
-    def _debugger(self, r: _Run, model: str, n: int, rng: np.random.Generator) -> tuple[str, dict]:
+    def _debugger(self, r: _Run, model: str, n: int, rng: np.random.Generator, live: bool) -> tuple[str, dict]:
         task = self.tasks[r.task]
         k = n + 1  # SAGE's failure count for its k-th debugger call (next_retry)
         rec = self._base(r, "debugger", model, n)
         rec.update(failure_count=k, tests_written=r.tests_written,
-                   p_right={m: self.p_fix(r.task, r.slot, m) for m in self.row("debugger")})
+                   p_right={m: self.skills.chance("debugger", self.p_fix(r.task, r.slot, m), live and r.slot != -1)
+                            for m in self.row("debugger")})
         if r.slot == -2:  # nothing written yet (the coder's reply was unusable): write a first attempt
-            right = rng.random() < self.p_code(r.task, model)
+            right = rng.random() < self.chance("debugger", r.task, model, slot=-2, instruction_live=live)
             r.slot = -1 if right else int(rng.integers(len(task.wrong_candidates())))
-        elif r.slot >= 0 and rng.random() < self.p_fix(r.task, r.slot, model):
+        elif r.slot >= 0 and rng.random() < self.chance("debugger", r.task, model, r.slot, live):
             r.slot = -1
         rec["slot_after"] = r.slot
         patch = {"file": f"{module_of(task)}.py", "operation": "edit", "patch": self._file(task, r.slot),
@@ -584,12 +622,14 @@ class ModelWorld:
 
 def build_world(table: str | Path, n_tasks: int = 300, task_seed: int = 0, config: WorldConfig | None = None,
                 workers: int = 2,
-                progress=lambda msg: None, model_time: ModelTimeConfig | None = None) -> ModelWorld:
+                progress=lambda msg: None, model_time: ModelTimeConfig | None = None,
+                skills: SkillsWorldConfig | None = None) -> ModelWorld:
     """The world over ``n_tasks`` generated coding tasks (``sim.tasks.generate_tasks``), each verified
     and its wrong candidates' outcomes measured by the local sandbox (the tasks are the project's
     own, trusted code), with the calibration of ``sim/data/sage_loop.yaml`` (and ``model_time``: the
     GPU time of ``sim/data/model_time.yaml`` by default); ``table``: SAGE's own
-    models.yaml, the one its router reads (``SageInstall.models_yaml``)."""
+    models.yaml, the one its router reads (``SageInstall.models_yaml``); ``skills``: the skills harness
+    (:mod:`.skills_world`; off by default)."""
     from sage_pipeline.sim import tasks as task_gen
     from sage_pipeline.sim.env import resolve_outcomes
     from sage_pipeline.sim.sandbox import open_sandbox
@@ -606,7 +646,7 @@ def build_world(table: str | Path, n_tasks: int = 300, task_seed: int = 0, confi
         if [c.candidate_id for c in t.wrong_candidates()] != list(outcomes.wrong_ids[i]):
             raise WorldError(f"task {t.task_id}: wrong candidates out of order with their outcomes")
     progress(f"model world: {len(sim.tasks)} tasks with verified wrong candidates ({len(skipped)} skipped)")
-    return ModelWorld(sim, RoutingTable.load(table), config, model_time)
+    return ModelWorld(sim, RoutingTable.load(table), config, model_time, skills)
 
 
 def write_truth(records: Sequence[dict], path: str | Path) -> Path:
@@ -617,7 +657,10 @@ def write_truth(records: Sequence[dict], path: str | Path) -> Path:
 
 def world_info(world: ModelWorld) -> dict[str, Any]:
     """What the truth file's readers need besides the records: the rows and the settings."""
-    return {"seed": world.config.seed, "config": world.config.model_dump(), "table": str(world.table.source),
+    info = {"seed": world.config.seed, "config": world.config.model_dump(), "table": str(world.table.source),
             "calibration": world.sim.config.source, "model_time": world.time.source,
             "rows": {r: world.row(r) for r in ("coder", "debugger", "reviewer")},
             "tasks": len(world.tasks), "max_retries": MAX_RETRIES}
+    if world.skills.on:  # the skills harness, when on (off: the info as it always was)
+        info["skills"] = world.skills.config.model_dump()
+    return info
