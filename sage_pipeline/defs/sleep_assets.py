@@ -168,8 +168,9 @@ def sleep_cycle_asset(skill: str, nights: dg.PartitionsDefinition) -> dg.AssetsD
 
     @dg.asset(key=key, group_name=GROUP, partitions_def=nights, pool=POOL, kinds={"python", "markdown"},
               description=f"One night of the sleep cycle for the {skill!r} skill: harvest the day's tasks, replay, "
-                          "reflect, edit the protected learned block, keep an edit only if it strictly improves "
-                          "val, then score test. Writes sleep/" + skill + "/ (live SKILL.md and MEMORY.md, "
+                          "reflect, edit the protected learned block, keep an edit only if a paired test on val "
+                          "says it helps at the night's stated false-accept level, then score test. Writes "
+                          "sleep/" + skill + "/ (live SKILL.md and MEMORY.md, "
                           "versions/, nights/<date>/diagnostics.json and report.md).",
               check_specs=[dg.AssetCheckSpec("night_completed", asset=key, blocking=True,
                                              description="Fails when the night could not do its job. Blocking: "

@@ -79,9 +79,10 @@ def cmd_run_night(args) -> int:
 
     settings = NightSettings.model_validate(_given(
         backend=args.backend, sim_seed=args.seed, sandbox=args.sandbox,
-        openai=_given(base_url=args.base_url, model=args.model, timeout_s=args.timeout),
+        openai=_given(base_url=args.base_url, model=args.model, timeout_s=args.timeout, temperature=args.temperature),
         cycle=_given(limits=_given(edit_budget=args.edit_budget, block_max_chars=args.block_max_chars),
-                     gate=_given(metric=args.metric, no_regression=False if args.allow_regression else None),
+                     gate=_given(test=args.gate_test, alpha=args.alpha, samples=args.samples, metric=args.metric,
+                                 no_regression=False if args.allow_regression else None),
                      workers=args.workers)))
     r, files = run_night(artifacts.data_dir(args.data_dir), args.skill, args.date, day_window(args.date, args.tz),
                          settings, log=lambda m: print(m, file=sys.stderr))
@@ -117,8 +118,13 @@ def _run_night_parser(sub) -> None:
     rn.add_argument("--base-url", **field(OpenAIConfig, "base_url"))
     rn.add_argument("--model", **field(OpenAIConfig, "model"))
     rn.add_argument("--timeout", type=positive_seconds, metavar="SECONDS", **field(OpenAIConfig, "timeout_s"))
+    rn.add_argument("--temperature", type=float, **field(OpenAIConfig, "temperature"))
+    rn.add_argument("--gate-test", **field(GateConfig, "test"))
+    rn.add_argument("--alpha", type=float, **field(GateConfig, "alpha"))
+    rn.add_argument("--samples", type=int, **field(GateConfig, "samples"))
     rn.add_argument("--metric", **field(GateConfig, "metric"))
-    rn.add_argument("--allow-regression", action="store_true", help="accept a better mean even if a val task drops")
+    rn.add_argument("--allow-regression", action="store_true", help="do not protect single val tasks ('strict': "
+                    "accept a better mean even if a val task drops; 'paired': no bound on tasks that drop)")
     rn.add_argument("--edit-budget", type=int, **field(EditLimits, "edit_budget"))
     rn.add_argument("--block-max-chars", type=int, **field(EditLimits, "block_max_chars"))
     rn.add_argument("--workers", type=int, **field(CycleConfig, "workers"))

@@ -142,6 +142,12 @@ class Backend(abc.ABC):
     def describe(self) -> dict:
         return {"name": self.name}
 
+    @property
+    def draws_fresh(self) -> bool:
+        """Whether asking the same prompt again draws a fresh answer (sampling above temperature 0),
+        so the gate's repeated replays carry new evidence; deterministic backends answer the same."""
+        return False
+
 
 class OpenAIConfig(BaseModel):
     """An OpenAI-compatible chat-completions server and how to call it. ``base_url`` and
@@ -183,8 +189,9 @@ class OpenAIConfig(BaseModel):
 class OpenAIBackend(Backend):
     """An OpenAI-compatible chat-completions server, through the ``openai`` SDK.
 
-    Successful replies are cached by request (model, messages, sampling), so replaying an
-    unchanged document costs nothing; failed calls are never cached.
+    Successful replies are cached by request (model, messages, sampling) at temperature 0, so
+    replaying an unchanged document costs nothing; above 0 every call draws afresh (a cached
+    sample would make the gate's repeated replays one draw); failed calls are never cached.
     """
 
     name = "openai"
@@ -209,9 +216,14 @@ class OpenAIBackend(Backend):
         self._attempt = threading.local()  # the deadline of the attempt this thread is making
         self._client = _client(config, self._on_request, self._on_response)
 
+    @property
+    def draws_fresh(self) -> bool:
+        return self.config.temperature > 0
+
     def describe(self) -> dict:
         c = self.config
-        return {"name": self.name, "url": self.url, "model": c.model, "api_key_env": c.api_key_env,
+        return {"name": self.name, "url": self.url, "model": c.model, "temperature": c.temperature,
+                "api_key_env": c.api_key_env,
                 "api_key_set": bool(self._api_key()), "timeout_s": c.timeout_s, "max_retries": c.max_retries,
                 "max_reply_bytes": c.max_reply_bytes}
 
@@ -252,8 +264,9 @@ class OpenAIBackend(Backend):
                 e.purpose, e.attempts = purpose, attempt
                 self.calls.error(purpose, attempt, e.cause, True)
                 raise
-            with self._lock:
-                self._cache[key] = reply
+            if not self.draws_fresh:
+                with self._lock:
+                    self._cache[key] = reply
             self.calls.record(purpose, reply)
             return reply
         raise AssertionError("unreachable")

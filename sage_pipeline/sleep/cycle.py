@@ -6,8 +6,14 @@
    duplicate, no-op, over-cap, unmatched and outside-the-block edits are dropped and
    reported.
 4. The gate replays val under each candidate (each edit on its own, in order, or all
-   together) and keeps a candidate only if it is strictly better (ties reject), and with
-   ``no_regression`` only if no val task gets worse. If val overlaps train (by id or by
+   together) and keeps a candidate only if its test says so (``sleep/gate.py``). The default,
+   ``paired``, is a one-sided sign-flip test over val tasks, each edit at ``alpha /
+   edit_budget`` (so a night on which no edit has a real effect accepts anything with
+   probability at most ``alpha``), and with ``no_regression`` a bound on the val tasks that
+   drop significantly. Against a backend that draws fresh answers (temperature above 0) every val
+   task is replayed ``samples`` times in each arm, the baseline included; a deterministic one
+   once. A night that cannot tell says so, with the val tasks it would need. ``strict`` is the
+   old rule (strictly better mean, and no val task worse). If val overlaps train (by id or by
    content) nothing is accepted: ``reject_unverified``.
 5. An accepted candidate is committed (new version, atomic live replace) by the caller's
    ``commit``; only then is the test split scored, before and after, so it can never
@@ -29,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sage_pipeline.sleep.backends import Backend, BackendError
 from sage_pipeline.sleep.block import Edit, EditLimits, LearnedDoc, apply_edit, screen_edits
-from sage_pipeline.sleep.gate import GateConfig, Trial, compare, summary
+from sage_pipeline.sleep.gate import GateConfig, Trial, changes, compare, summary
 from sage_pipeline.sleep.judges import JudgeError, UnitTestJudge
 from sage_pipeline.sleep.prompts import ReplyFormatError, parse_reflect_reply
 from sage_pipeline.sleep.records import ReflectRequest, TaskRecord, TaskResult
@@ -113,8 +119,12 @@ def _order_key(task_id: str, salt: str) -> str:
     return hashlib.sha256(f"{salt}:{task_id}".encode()).hexdigest()
 
 
-def _rows(phase: str, results: list[TaskResult]) -> list[dict]:
-    return [{"phase": phase, **r.to_dict()} for r in results]
+def _rows(phase: str, results: list[TaskResult], samples: int = 1) -> list[dict]:
+    """Per-task rows of a replay; with several samples each row says which replay it was."""
+    if samples <= 1:
+        return [{"phase": phase, **r.to_dict()} for r in results]
+    n = len(results) // samples
+    return [{"phase": phase, "sample": i // n, **r.to_dict()} for i, r in enumerate(results)]
 
 
 @dataclass
@@ -127,6 +137,23 @@ class _Gated:
     accepted: list[Edit] = field(default_factory=list)
 
 
+def _cannot_tell(trials: list[Trial]) -> str:
+    """What a night that could not tell would need: the val tasks for its largest unresolved gain, or,
+    when nothing rose, the smallest change its val tasks resolve."""
+    unsure = [t for t in trials if t.verdict == "cannot_tell" and t.needed_tasks]
+    if not unsure:
+        sized = [t for t in trials if t.detectable is not None]
+        if not sized:
+            return ""
+        t = min(sized, key=lambda x: x.detectable)
+        return (f"; no candidate rose: these {t.tasks} val task(s) resolve a change of {t.detectable:+.3f} or more "
+                f"at level {t.level:.3g}")
+    best = max(unsure, key=lambda t: t.candidate - t.baseline)
+    return (f"; this night cannot tell: its largest gain, {best.candidate - best.baseline:+.3f} over {best.tasks} "
+            f"val task(s), needs about {best.needed_tasks} val tasks to resolve at level {best.level:.3g}"
+            + (f" (these tasks resolve {best.detectable:+.3f} or more)" if best.detectable is not None else ""))
+
+
 class Cycle:
     """Runs the steps above, recording into ``result`` as it goes."""
 
@@ -137,10 +164,11 @@ class Cycle:
         self.docs, self.backend, self.unit, self.cfg, self.r = docs, backend, unit, config, result
         self.commit, self.log = commit, log
         self.split = {s: [t for t in self.tasks if t.split == s] for s in ("train", "val", "test")}
+        self.samples = config.gate.replays(backend.draws_fresh)  # replays of each val task per arm
 
-    def _replay(self, split: str, docs: dict[str, LearnedDoc], label: str) -> list[TaskResult]:
+    def _replay(self, split: str, docs: dict[str, LearnedDoc], label: str, samples: int = 1) -> list[TaskResult]:
         return replay(self.split[split], docs["skill"].render(), docs["memory"].render(), self.backend, self.unit,
-                      self.cfg.workers, self.log, label)
+                      self.cfg.workers, self.log, label, samples)
 
     def _stop(self, status: str, reason: str) -> None:
         self.r.status, self.r.reason = status, reason
@@ -154,7 +182,8 @@ class Cycle:
                    "by_kind": {k: sum(t.reference_kind == k for t in self.tasks)
                                for k in sorted({t.reference_kind for t in self.tasks})},
                    "val_overlapping_train": overlap}
-        r.gate = cfg.gate.model_dump()
+        r.gate = {**cfg.gate.model_dump(), "replays_per_val_task": self.samples,
+                  "backend_draws_fresh": self.backend.draws_fresh}
         if not self.tasks:
             self._stop("no_tasks", "no usable tasks for this night: nothing to learn from or to verify with")
             return r
@@ -181,9 +210,9 @@ class Cycle:
     def _night(self, overlap: list[str]) -> None:
         r, cfg = self.r, self.cfg
         r.phase = "baseline_val"
-        base_val = self._replay("val", self.docs, "val (baseline)")
+        base_val = self._replay("val", self.docs, "val (baseline)", self.samples)
         r.scores["baseline_val"] = summary(base_val, cfg.gate)
-        r.per_task += _rows("val baseline", base_val)
+        r.per_task += _rows("val baseline", base_val, self.samples)
         r.phase = "train"
         train_res = self._replay("train", self.docs, "train")
         r.scores["train"] = summary(train_res, cfg.gate)
@@ -262,11 +291,14 @@ class Cycle:
 
     def _gate(self, candidates: list[Edit], base_val: list[TaskResult]) -> _Gated:
         """Each group (one edit, or all of them: ``granularity``) is applied on top of what was
-        accepted so far, replayed on val and kept only if the gate accepts it."""
+        accepted so far, replayed on val and kept only if the gate accepts it; the paired test
+        splits its level over the most edits a night may gate (one bundle: one trial)."""
         cfg, targets = self.cfg, self.cfg.targets()
         self.r.phase = "gate"
         g = _Gated(self.docs, base_val)
-        for group in ([[e] for e in candidates] if cfg.gate.granularity == "edit" else [candidates]):
+        groups = [[e] for e in candidates] if cfg.gate.granularity == "edit" else [candidates]
+        family = cfg.gate.family(len(groups), cfg.limits.edit_budget)
+        for group in groups:
             trial_docs, ok = g.docs, []
             for e in group:
                 res = apply_edit(trial_docs, e, cfg.limits, targets)
@@ -276,10 +308,11 @@ class Cycle:
                 trial_docs, ok = res.docs, ok + [e]
             if not ok:
                 continue
-            cand_val = self._replay("val", trial_docs, f"val (trial {len(g.trials) + 1})")
-            trial = compare(g.val, cand_val, cfg.gate, [e.describe() for e in ok])
+            cand_val = self._replay("val", trial_docs, f"val (trial {len(g.trials) + 1})", self.samples)
+            trial = compare(g.val, cand_val, cfg.gate, [e.describe() for e in ok], trials=family)
             g.trials.append(trial)
-            self.r.per_task += _rows(f"val trial {len(g.trials)}", cand_val)
+            self.log(f"gate trial {len(g.trials)}/{len(groups)}: {trial.reason}")
+            self.r.per_task += _rows(f"val trial {len(g.trials)}", cand_val, self.samples)
             for e in ok:
                 e.status, e.reason = ("accepted" if trial.accepted else "rejected"), trial.reason
             if trial.accepted:
@@ -295,10 +328,11 @@ class Cycle:
         best = max(g.trials, key=lambda t: t.candidate) if g.trials else None
         r.scores["candidate_val"] = (summary(g.val, cfg.gate) if g.accepted else
                                      (best and {"score": best.candidate, "hard": None, "soft": None,
-                                                "tasks": len(base_val), "note": "best rejected trial"}))
+                                                "tasks": best.tasks, "samples": best.samples,
+                                                "note": "best rejected trial"}))
         if g.accepted:
-            final = compare(base_val, g.val, cfg.gate)
-            r.val_changes = {"improved": final.improved, "regressed": final.regressed}
+            improved, regressed = changes(base_val, g.val, cfg.gate)
+            r.val_changes = {"improved": improved, "regressed": regressed}
 
     def _verdict(self, g: _Gated, candidates: list[Edit], dropped: list[Edit], overlap: list[str]) -> bool:
         """True when the night may commit; else ``rejected`` (nothing passed) or ``reject_unverified``
@@ -307,8 +341,8 @@ class Cycle:
         if not g.accepted:
             r.gate_action = "reject"
             verdicts = Counter(t.verdict for t in g.trials)
-            self._stop("rejected", f"none of {len(candidates)} candidate edit(s) strictly improved val ("
-                       + ", ".join(f"{n} {v}" for v, n in verdicts.items()) + ")")
+            self._stop("rejected", f"none of {len(candidates)} candidate edit(s) passed the {self.cfg.gate.test} "
+                       "gate (" + ", ".join(f"{n} {v}" for v, n in verdicts.items()) + ")" + _cannot_tell(g.trials))
             return False
         if overlap:
             for e in g.accepted:

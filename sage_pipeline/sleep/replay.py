@@ -1,6 +1,8 @@
 """Replay: run every task of a split under a (skill, memory) pair through the backend and judge it.
 
-Answers come first (in parallel over ``workers`` threads for a remote backend), then the
+``samples`` replays each task that many times (the gate's repeated draws above temperature 0):
+the results hold every task once, then every task again, and so on, each replay judged on its
+own. Answers come first (in parallel over ``workers`` threads for a remote backend), then the
 judges: exact and rules in process, rubrics by the backend, unit tests in one sandbox
 batch. A :class:`~sage_pipeline.sleep.backends.BackendError` or
 :class:`~sage_pipeline.sleep.judges.JudgeError` propagates: a failed call is never a score.
@@ -35,10 +37,16 @@ def _map(fn: Callable, items: Sequence, workers: int) -> list:
 
 
 def replay(tasks: Sequence[TaskRecord], skill: str, memory: str, backend: Backend, unit: UnitTestJudge,
-           workers: int = 1, log: Callable[[str], None] | None = None, label: str = "") -> list[TaskResult]:
-    """Every task answered under (skill, memory) and judged, in the order of ``tasks``."""
+           workers: int = 1, log: Callable[[str], None] | None = None, label: str = "",
+           samples: int = 1) -> list[TaskResult]:
+    """Every task answered under (skill, memory) and judged, in the order of ``tasks``, ``samples``
+    times over."""
+    if samples < 1:
+        raise ValueError(f"samples={samples}: replay each task at least once")
     if not tasks:
         return []
+    n_tasks = len(tasks)
+    tasks = list(tasks) * samples
     t0 = time.monotonic()
     replies = _map(lambda t: backend.solve(t, skill, memory), tasks, workers)
     verdicts: list[Judgement | None] = [None] * len(tasks)
@@ -59,6 +67,7 @@ def replay(tasks: Sequence[TaskRecord], skill: str, memory: str, backend: Backen
            for t, r, v in zip(tasks, replies, verdicts, strict=True)]
     if log is not None:
         dt = time.monotonic() - t0
-        log(f"replayed {len(tasks)} {label} tasks in {dt:.1f} s ({len(tasks) / max(dt, 1e-9):.0f}/s): "
+        times = f" x {samples} samples" if samples > 1 else ""
+        log(f"replayed {n_tasks} {label} tasks{times} in {dt:.1f} s ({len(tasks) / max(dt, 1e-9):.0f}/s): "
             f"hard {np.mean([r.hard for r in out]):.3f}, soft {np.mean([r.soft for r in out]):.3f}")
     return out

@@ -25,6 +25,11 @@ from sage_pipeline.sleep.store import SkillStore
 KEY = dg.AssetKey(["sleep_cycle", "reviewer"])
 
 
+# The simulated world's rules move two or three val tasks each: too few for the default paired gate, so
+# the nights that must accept run the old strict gate (the paired gate: sleep/test_cycle_gate.py).
+STRICT = {"cycle": {"gate": {"test": "strict"}}}
+
+
 def _run(root, partition: str, config: dict | None = None, assets=None):
     assets = assets or [a for a in sa.SLEEP_ASSETS if KEY in a.keys]
     run_config = {"ops": {"sleep_cycle__reviewer": {"config": config}}} if config else None
@@ -68,7 +73,7 @@ def test_default_nights_are_the_first_partitions_oldest_first():
 
 
 def test_a_night_materializes_with_its_diagnostics(tmp_path):
-    result = _run(tmp_path, "2026-11-03")
+    result = _run(tmp_path, "2026-11-03", STRICT)
     assert result.success
     m = _meta(result)
     assert m["status"] == "accepted" and m["gate_action"] == "accept"
@@ -113,7 +118,8 @@ def test_one_failed_night_fails_the_run_but_the_other_skills_nights_keep_their_w
     keys = {KEY, dg.AssetKey(["sleep_cycle", "coder"])}
     assets = [a for a in sa.SLEEP_ASSETS if keys & set(a.keys)]
     run_config = {"ops": {"sleep_cycle__coder": {"config": {"backend": "openai", "openai": {
-        "base_url": f"http://127.0.0.1:{port}/v1", "model": "m", "max_retries": 0}}}}}
+        "base_url": f"http://127.0.0.1:{port}/v1", "model": "m", "max_retries": 0}}},
+        "sleep_cycle__reviewer": {"config": STRICT}}}
     result = dg.materialize(assets, partition_key="2026-11-03", run_config=run_config,
                             resources={"sage": SageResource(data_dir=str(tmp_path))},
                             instance=dg.DagsterInstance.ephemeral(), raise_on_error=False)
@@ -165,7 +171,7 @@ def test_the_night_config_is_the_core_settings_section_by_section(monkeypatch):
 
 
 def test_rollback_job_restores_a_named_version(tmp_path):
-    assert _run(tmp_path, "2026-11-03").success
+    assert _run(tmp_path, "2026-11-03", STRICT).success
     store = SkillStore(tmp_path / "sleep", "reviewer")
     first = store.versions()[0].version
     assert store.current() != first

@@ -14,8 +14,8 @@ from sage_pipeline.sleep.store import SkillStore
 
 def test_run_night_versions_show_and_rollback(tmp_path, capsys):
     root = ["--data-dir", str(tmp_path)]
-    for d in ("2026-11-02", "2026-11-03"):
-        assert main([*root, "run-night", "--skill", "reviewer", "--date", d]) == 0
+    for d in ("2026-11-02", "2026-11-03"):  # the strict gate: the simulated world's rules move too few val tasks
+        assert main([*root, "run-night", "--skill", "reviewer", "--date", d, "--gate-test", "strict"]) == 0
     out = capsys.readouterr().out
     assert "reviewer 2026-11-03: accepted" in out and "diagnostics:" in out
     store = SkillStore(tmp_path / "sleep", "reviewer")

@@ -77,9 +77,10 @@ def _results(scores: dict[str, tuple[float, float]]) -> list[TaskResult]:
 
 
 def test_gate_accepts_only_strict_improvement_and_ties_reject():
+    # the old rule, kept as test="strict" for comparison (the paired default: test_gate.py)
     base = _results({"a": (0, 0.5), "b": (1, 1), "c": (0, 0)})
     better = _results({"a": (1, 1), "b": (1, 1), "c": (0, 0)})
-    cfg = GateConfig(metric="hard")
+    cfg = GateConfig(test="strict", metric="hard")
     t = compare(base, better, cfg, ["add x"])
     assert t.accepted and t.verdict == "better" and t.improved == ["a"] and t.regressed == []
     tie = compare(base, base, cfg)
@@ -91,21 +92,21 @@ def test_gate_accepts_only_strict_improvement_and_ties_reject():
 def test_gate_metric_decides_what_counts():
     base = _results({"a": (0, 0.2), "b": (0, 0.2)})
     soft_only = _results({"a": (0, 0.9), "b": (0, 0.2)})
-    assert not compare(base, soft_only, GateConfig(metric="hard")).accepted
-    assert compare(base, soft_only, GateConfig(metric="soft")).accepted
-    assert compare(base, soft_only, GateConfig(metric="mixed", hard_weight=0.5)).accepted
-    assert not compare(base, soft_only, GateConfig(metric="mixed", hard_weight=1.0)).accepted
-    assert summary(soft_only, GateConfig(metric="mixed"))["score"] == pytest.approx((0.45 + 0.1) / 2)
+    assert not compare(base, soft_only, GateConfig(test="strict", metric="hard")).accepted
+    assert compare(base, soft_only, GateConfig(test="strict", metric="soft")).accepted
+    assert compare(base, soft_only, GateConfig(test="strict", metric="mixed", hard_weight=0.5)).accepted
+    assert not compare(base, soft_only, GateConfig(test="strict", metric="mixed", hard_weight=1.0)).accepted
+    assert summary(soft_only, GateConfig(test="strict", metric="mixed"))["score"] == pytest.approx((0.45 + 0.1) / 2)
 
 
 def test_no_regression_catches_a_drop_the_mean_hides():
     base = _results({"a": (0, 0), "b": (0, 0), "c": (1, 1)})
     cand = _results({"a": (1, 1), "b": (1, 1), "c": (0, 0)})  # mean 1/3 -> 2/3, but c breaks
-    on = compare(base, cand, GateConfig(metric="hard", no_regression=True))
+    on = compare(base, cand, GateConfig(test="strict", metric="hard", no_regression=True))
     assert not on.accepted and on.verdict == "regression" and on.regressed == ["c"] and "c" in on.reason
-    off = compare(base, cand, GateConfig(metric="hard", no_regression=False))
+    off = compare(base, cand, GateConfig(test="strict", metric="hard", no_regression=False))
     assert off.accepted and off.regressed == ["c"] and "got worse (c)" in off.reason
-    assert compare(base, base, GateConfig(mode="off")).accepted  # comparison mode only
+    assert compare(base, base, GateConfig(test="strict", mode="off")).accepted  # comparison mode only
 
 
 def test_gate_config_refuses_nonsense():

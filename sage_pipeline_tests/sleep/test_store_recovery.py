@@ -7,6 +7,8 @@ import json
 
 import pytest
 
+from sage_pipeline.sleep.cycle import CycleConfig
+from sage_pipeline.sleep.gate import GateConfig
 from sage_pipeline.sleep.nightly import NightSettings, run_night
 from sage_pipeline.sleep.store import SkillStore, StoreError
 
@@ -14,7 +16,9 @@ D1, D2 = "2026-11-03", "2026-11-04"
 
 
 def settings() -> NightSettings:
-    return NightSettings(log_dirs=())
+    # the strict gate: these nights must accept, and the simulated world's rules move too few val
+    # tasks for the default paired gate (sleep/test_cycle_gate.py runs that one)
+    return NightSettings(log_dirs=(), cycle=CycleConfig(gate=GateConfig(test="strict")))
 
 
 def night(root, date=D1):
