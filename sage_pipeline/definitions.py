@@ -22,6 +22,7 @@ from sage_pipeline.defs import (
     routing_checks,
     run_reaper,
     sage_loop_assets,
+    sage_skills_assets,
     sim_assets,
     sim_policy_assets,
     sleep_assets,
@@ -73,6 +74,7 @@ executor = run_reaper.reaping(dg.multiprocess_executor.configured(
 # with its own executor: the project's `defs` already carries one, and Definitions.merge refuses two.
 FRAGMENTS: list[dg.Definitions] = [
     sleep_assets.sleep_defs,
+    sage_skills_assets.sage_skills_defs,  # the night on SAGE's own skills (group sleep_cycle: nightly_sleep)
     dg.Definitions(  # the offline routing chain
         assets=ROUTING_ASSETS,
         asset_checks=[routing_checks.routing_dataset_contract, routing_checks.routing_dataset_volume],

@@ -22,6 +22,7 @@ from sage_pipeline.routing.action_space import ActionSpace
 from sage_pipeline.sage import bundle as bd, checkpoint as sage_router, explore as sage_explore
 from sage_pipeline.sage.objective import TaskObjective
 from sage_pipeline.sage.table import pin
+from sage_pipeline.sleep.sage_night import SKILLS_ROOT_DIR, live_skills
 
 BUNDLE_DIR = ("checkpoints", "bundle")
 
@@ -97,8 +98,10 @@ def sage_bundle(context: dg.AssetExecutionContext, config: SageBundleConfig,
             ck = None
         exploration = sage_router.read_manifest(ck).get("exploration") if ck is not None else None
         why += f"; router: {kind} checkpoint" if ck is not None else "; router: SAGE's YAML (no checkpoint)"
+        skills = live_skills(sage.path(*SKILLS_ROOT_DIR))  # the sleep cycle's SAGE skills root, when it exists
+        why += f"; skills: live version {skills.name} of {skills.parent.parent}" if skills else "; skills: SAGE's own"
         b = bd.build(sage.path(*BUNDLE_DIR), table, learned_for, objective=objective, checkpoint=ck,
-                     exploration=exploration, why=why)
+                     exploration=exploration, skills=skills, why=why)
     context.log.info(f"bundle {b.id[:12]} at {b.folder}: {why}")
     deploy = (f"python -m sage_pipeline.sage.bundle deploy {b.folder} <deploy root> --sage-python <SAGE's python>"
               " (then start SAGE with `. <deploy root>/sage.env`)")
