@@ -93,8 +93,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\nSAGE's runs ({how}): {runs_s / 60:.1f} min of the days' time; launchers replaced: {restarts}")
     print(f"\nSAGE {install.cli} ({a.days} days x {a.tasks} tasks, {harness.workers} workers): {secs / 60:.1f} min "
           f"(goal <= 30 min: ratio {secs / 1800:.2f} of the budget)\n")
-    keys = ("day", "finished", "failures", "V deployed", "V yaml", "V best", "gap closed", "candidate", "OPE",
-            "OPE 95% CI", "true", "OPE error", "promoted", "gate right")
+    keys = ("day", "finished", "failures", "V deployed", "V yaml", "V best", "gap closed", "candidate", "judged on",
+            "OPE", "OPE 95% CI", "true", "OPE error", "promoted", "gate right")
     print(" | ".join(keys))
     for d in report.days:
         row = sl.day_row(d)
@@ -108,6 +108,15 @@ def main(argv: list[str] | None = None) -> None:
     for d in report.days:
         row = sl.day_row(d)
         print(" | ".join(str(row[k]) for k in keys))
+    print("\nSAGE's own Phase-5 tools on the same journals (`sage rl export`, `train-bc`, `train-cql`, "
+          "`eval-offline`): SAGE's claimed delta, the rows it averages, and the exact truth of SAGE serving "
+          "each checkpoint (sage_world/phase5.py says what SAGE's number is):")
+    keys = ["day", "SAGE rows"] + [f"SAGE {k} {c}" for k in ("bc", "cql") for c in (
+        "claim delta", "rows agreeing", "true return delta", "true objective vs YAML", "direction right")]
+    print(" | ".join(keys))
+    for d in report.days:
+        row = sl.day_row(d)
+        print(" | ".join(str(row.get(k)) for k in keys))
     print("\ntruth check (mean return from SAGE's journals vs the world's expectation, per day):")
     for d in report.days:
         c = d.get("truth_check", {})

@@ -41,7 +41,7 @@ from sage_pipeline.rl.coder_lever import CoderLeverConfig
 from sage_pipeline.sage import checkpoint as sage_router, explore as sage_explore
 from sage_pipeline.sage.objective import TaskObjective
 from sage_pipeline.sage.table import RoutingTable, pin
-from sage_pipeline.sage_world import truth as T
+from sage_pipeline.sage_world import phase5, truth as T
 from sage_pipeline.sage_world.harness import HarnessConfig, SageInstall, run_day
 from sage_pipeline.sage_world.server import WorldServer
 from sage_pipeline.sage_world.world import ModelWorld, WorldConfig, build_world, world_info, write_truth
@@ -77,6 +77,9 @@ class LoopConfig(BaseModel):
                                     description="the coder lever's learner: when SAGE's logs pin the coder's model")
     learn_coder: bool = Field(True, description="each night, learn the coder's model from the logs and pin it in the "
                               "models.yaml SAGE runs the next day (the lever no checkpoint reaches)")
+    sage_phase5: bool = Field(True, description="each night, run SAGE's own Phase-5 tools (`sage rl export`, "
+                              "`train-bc`, `train-cql`, `eval-offline`, in SAGE's venv) on the same journals and put "
+                              "their claim beside the exact truth (sage_world.phase5)")
     harness: HarnessConfig = Field(default_factory=HarnessConfig)
     world: WorldConfig = Field(default_factory=WorldConfig)
 
@@ -141,7 +144,8 @@ def _read_gate(data_root: Path) -> dict:
     if binary is None:
         return {"evaluated": False}
     return {"evaluated": True, "gate": binary["gate"], "summary": binary["summary"],
-            "sessions": binary.get("sessions"), "support_by_role": binary.get("support_by_role")}
+            "sessions": binary.get("sessions"), "support_by_role": binary.get("support_by_role"),
+            "judged_on": (report.get("objective") or {}).get("judged_on", "reward_v1")}
 
 
 def _report_sessions(data_root: Path) -> set[str]:
@@ -207,7 +211,14 @@ def run_loop(install: SageInstall, root: str | Path, chain: Chain, config: LoopC
             chain_meta = chain(data, list(log_dirs), cfg.exploration_rate)
             entry["chain"] = chain_meta
             entry["truth_check"] = truth_check(world, data, valued, policy)
-            entry.update(_judge(world, data, all_runs, T.SagePolicy(table)))
+            entry.update(_judge(world, data, all_runs, T.SagePolicy(table), cfg.objective))
+            if cfg.sage_phase5:
+                tools = phase5.run_tools(install.python, list(log_dirs), root / "phase5" / f"day-{day:02d}",
+                                         models_yaml=models_yaml, progress=progress)
+                cand = (entry.get("candidates") or {}).get(entry.get("candidate") or "")
+                entry["sage_phase5"] = phase5.judge(world, table, valued, tools, cfg.objective,
+                                                    project_estimate={"candidate": entry["candidate"], **cand}
+                                                    if cand else None, behaviour=policy)
             if cfg.learn_coder:
                 lever = coder_night(world, data, all_runs, table, policy, cfg)
                 entry["coder_lever"] = lever
@@ -346,18 +357,29 @@ def _deployed_name(ckpt: Path) -> str:
     return f"{kind} around {m.get('policy') or m.get('source') or 'the YAML'}"
 
 
-def _judge(world: ModelWorld, data: Path, all_runs: list[dict], yaml: T.SagePolicy) -> dict:
+def _judge(world: ModelWorld, data: Path, all_runs: list[dict], yaml: T.SagePolicy,
+           objective: TaskObjective | None = None) -> dict:
     """The gate's decision after a day, each candidate's OPE estimate beside its true value on the
-    report episodes, and whether the gate was right."""
+    report episodes (under what offline_eval judged: the task objective, or reward_v1's return where it
+    said it fell back to it), and whether the gate was right."""
     gate = _read_gate(data)
     if not gate["evaluated"]:
         return {"gate": "sage_binary not evaluated", "promoted": None}
     g = gate["gate"]
+    judged_on = gate.get("judged_on", "reward_v1")
+    objective = objective or TaskObjective()
+
+    def value(policy: T.SagePolicy) -> float:
+        if not report_runs:  # no report episode joined a run: nothing to value (as reward_v1's empty mean)
+            return float("nan")
+        v = T.policy_value(world, report_runs, policy)
+        return v.ret if judged_on == "reward_v1" else v.objective(objective)
+
     sessions = _report_sessions(data)
     report_runs = _runs_for_truth([r for r in all_runs if set(r["sessions"]) & sessions])
     cands = {}
     base = data / "checkpoints" / "gate" / oe.CANDIDATES_DIR
-    v_yaml = T.policy_value(world, report_runs, yaml).ret
+    v_yaml = value(yaml)
     for row in gate["summary"]:
         name = row["policy"]
         est = {"estimator": HEADLINE, "estimate": row.get(HEADLINE), "ci_low": row.get("ci_low"),
@@ -365,7 +387,7 @@ def _judge(world: ModelWorld, data: Path, all_runs: list[dict], yaml: T.SagePoli
         if name == "static_table":
             true = v_yaml
         elif (base / name / sage_router.JOBLIB_NAME).is_file():
-            true = T.policy_value(world, report_runs, T.SagePolicy.load(yaml.table, base / name)).ret
+            true = value(T.SagePolicy.load(yaml.table, base / name))
         else:
             true = None  # a trained network, not what SAGE serves
         err = (abs(est["estimate"] - true) / abs(true) if true not in (None, 0) and est.get("estimate") is not None
@@ -382,7 +404,7 @@ def _judge(world: ModelWorld, data: Path, all_runs: list[dict], yaml: T.SagePoli
         right = cands[promoted]["true_value"] is not None and cands[promoted]["true_value"] >= v_yaml
     else:  # a refusal is wrong only when a candidate truly beat the table
         right = best_true_gain is None or best_true_gain <= 0
-    return {"promoted": promoted, "gate_reason": g.get("reason"), "gate_right": bool(right),
+    return {"promoted": promoted, "gate_reason": g.get("reason"), "gate_right": bool(right), "judged_on": judged_on,
             "report_episodes": len(report_runs), "candidates": cands,
             "candidate": pick,
             "candidate_ope_error": head["relative_error"] if head else None,
@@ -416,4 +438,6 @@ def day_row(d: dict) -> dict:
             "verified deployed": _f(tv["deployed"]["p_verified"]), "gap closed": _f(d.get("gap_closed"), 2),
             "candidate": d.get("candidate"), "OPE": _f(c.get("estimate")), "OPE 95% CI": ci,
             "true": _f(c.get("true_value")), "OPE error": _f(d.get("candidate_ope_error"), 3),
-            "promoted": d.get("promoted") or "none", "gate right": d.get("gate_right")}
+            "promoted": d.get("promoted") or "none", "gate right": d.get("gate_right"),
+            "judged on": d.get("judged_on"),
+            **(phase5.summary_row(d["sage_phase5"]) if "sage_phase5" in d else {})}

@@ -165,3 +165,15 @@ def test_a_pinned_coder_reaches_sage_through_its_models_yaml(sage_python, tmp_pa
     runs = [json.loads(x) for x in (tmp_path / "loop" / "days" / "day-02" / "runs.jsonl").read_text().splitlines()]
     assert runs and all(r["coder_model"] == big for r in runs if r["coder_model"])
     assert report.days[1]["bundle"]["deployed"]["coder_share"] == {big: 1.0}
+
+
+def test_each_night_judges_the_task_objective_and_runs_sages_own_phase5_tools(day):
+    """The router checkpoint's candidate is judged under task_v1 (offline_eval's objective), its truth
+    the same quantity; SAGE's own `sage rl` tools ran on the same journals and their claim is recorded."""
+    _, _, _, report = day
+    d = report.days[0]
+    assert d["judged_on"] == "task_v1"
+    p5 = d["sage_phase5"]
+    assert p5["rows_exported"] > 0 and set(p5["checkpoints"]) == {"bc", "cql"}
+    row = sl.day_row(d)
+    assert row["judged on"] == "task_v1" and row["SAGE rows"] == p5["rows_exported"]
