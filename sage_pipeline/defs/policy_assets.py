@@ -227,6 +227,7 @@ def offline_eval(context: dg.AssetExecutionContext, config: OfflineEvalConfig,
     if judged["judged_on"] != "reward_v1":  # the report half again, on the rows the objective scores
         df_eval, n_estimated = oe.fill_missing_propensities(oe.eval_part(df, "report"), bc_model)
     context.log.info(f"offline_eval judges {judged['judged_on']}: {judged['why']}")
+    no_interval = oe.one_outcome_reason(df_eval)  # all report tasks ended alike: no interval can show the other
     ope_cfg, gate = to_core(config, ope.OPEConfig), to_core(config.gate, oe.PromotionGateConfig)
     behaviour = _behaviour(config.support, bc_model)
     evidence = {"dataset_sha256": artifacts.file_sha256(path)}
@@ -237,7 +238,7 @@ def offline_eval(context: dg.AssetExecutionContext, config: OfflineEvalConfig,
                 "cql": load_policy(ckpts["cql"], spec, multi.actions)}
     rep = reports["multi_model"] = oe.run_offline_eval(df_eval, policies, multi, ope_cfg, sim=sim,
                                                        progress=context.log.info, behaviour=behaviour, gate=gate,
-                                                       evidence=df)
+                                                       evidence=df, no_interval=no_interval)
     decided_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
     with sage.writing("offline_eval", list(OFFLINE_EVAL_FILES), context.log.info) as stage:
         gate_dir = stage.path("checkpoints", "gate")
@@ -256,7 +257,7 @@ def offline_eval(context: dg.AssetExecutionContext, config: OfflineEvalConfig,
             rep, served = oe.run_sage_binary_eval(
                 oe.fill_missing_propensities(df, bc_model)[0], df_eval, binary, table,
                 {k: load_policy(p, spec, binary.actions) for k, p in trained.items()}, ope_cfg, sim,
-                context.log.info, behaviour, config.floor_selection, gate)
+                context.log.info, behaviour, config.floor_selection, gate, no_interval)
             reports["sage_binary"] = rep
             # staged with the path SAGE will be pointed at once promoted_policy publishes it
             oe.promote_served(rep.gate, served, gate_dir / "sage_binary", evidence | {"summary": rep.summary()},

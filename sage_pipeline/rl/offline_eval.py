@@ -879,17 +879,39 @@ def objective_rows(df: pd.DataFrame, outcomes: pd.DataFrame | None, objective: s
                           "why": "each episode's return is its task's objective (task_outcomes.parquet)"}
 
 
+def one_outcome_reason(df_eval: pd.DataFrame) -> str | None:
+    """Why no interval can be trusted on ``df_eval`` (rows :func:`objective_rows` scored), or None: when every
+    task of the report half ended the same way (all verified, or none), every bootstrap resample does too,
+    and a percentile interval shrinks around a value whose other outcome the sample never showed (in the
+    model world a 5% failure rate leaves 60 tasks all verified about 5% of the time, and the interval then
+    sat 0.05 above the truth). The estimate stays; its interval and the gate say the data cannot tell."""
+    if "task_verified" not in df_eval or df_eval.empty:
+        return None
+    v = df_eval.groupby("episode_id", sort=False)["task_verified"].first()
+    if v.nunique() != 1:
+        return None
+    which = "verified" if v.iloc[0] == 1 else "not verified"
+    return (f"every one of the report half's {len(v)} tasks ended {which}: a bootstrap over them cannot show the "
+            "chance of the other outcome, so no interval is given (more tasks, or days, will show it)")
+
+
+def _without_intervals(evals: dict[str, ope.PolicyEvaluation], reason: str) -> dict[str, ope.PolicyEvaluation]:
+    return {k: replace(ev, estimates={n: replace(e, ci_low=None, ci_high=None) for n, e in ev.estimates.items()},
+                       interval_reason=reason) for k, ev in evals.items()}
+
+
 def run_offline_eval(df_eval: pd.DataFrame, policies: dict[str, object], catalogue: ModelCatalogue,
                      config: ope.OPEConfig = ope.OPEConfig(), sim: RoutingSimulator | None = None,
                      progress: Callable[[str], None] = log.info, behaviour=None, oracle=None,
                      candidates: tuple[str, ...] | None = None,
                      gate: PromotionGateConfig = PromotionGateConfig(),
-                     evidence: pd.DataFrame | None = None) -> OfflineEvalReport:
+                     evidence: pd.DataFrame | None = None, no_interval: str | None = None) -> OfflineEvalReport:
     """Evaluate ``policies`` (must include ``static_table``) on the eval rows; ``behaviour``:
     see :func:`_evaluate_all`; ``oracle``: see :func:`ground_truth`; ``candidates``,
     ``gate``: the policies the gate may promote and its rule
     (:func:`promotion_gate`); ``evidence``: the rows whose contexts show where the behaviour explored
-    (:func:`logged_support`; default ``df_eval``).
+    (:func:`logged_support`; default ``df_eval``); ``no_interval``: why no interval can be trusted on these
+    rows (:func:`one_outcome_reason`): the estimates are kept, without intervals, and nothing is promoted.
 
     Never raises on a small journal set: with no rows, or fewer sessions than ``config.min_sessions``,
     the report says how many sessions it has and needs and the gate refuses with that sentence; a
@@ -919,6 +941,10 @@ def run_offline_eval(df_eval: pd.DataFrame, policies: dict[str, object], catalog
                 unsupported[name] = why
     truth = ground_truth(sim, eval_tasks(data), policies, oracle) if sim is not None else None
     decision = promotion_gate(evals, candidates=candidates, gate=gate, unsupported=unsupported)
+    if no_interval:
+        evals = _without_intervals(evals, no_interval)
+        decision = replace(decision, promoted=None, reason=f"no policy promoted: {no_interval}",
+                           candidates={n: c | {"passed": False} for n, c in decision.candidates.items()})
     det = support.deterministic_roles()
     if decision.promoted is None and det:  # say it even where no candidate changed a decision there
         if "exploring checkpoint" in decision.reason:  # the advice once
@@ -932,7 +958,7 @@ def run_sage_binary_eval(df: pd.DataFrame, df_eval: pd.DataFrame, space: ActionS
                          trained: dict[str, object], config: ope.OPEConfig = ope.OPEConfig(),
                          sim: RoutingSimulator | None = None, progress: Callable[[str], None] = log.info,
                          behaviour=None, criterion: str = "fqe", gate: PromotionGateConfig = PromotionGateConfig(),
-                         ) -> tuple[OfflineEvalReport, dict[str, ServedSelection]]:
+                         no_interval: str | None = None) -> tuple[OfflineEvalReport, dict[str, ServedSelection]]:
     """SAGE's binary space, judged as SAGE would run it: each ``trained`` sage_binary policy is
     served (:func:`distill_select_served` on ``df``, propensities filled), the networks are
     reported beside as ``<name>_trained``, only the ``<name>_served`` composites may be
@@ -946,7 +972,7 @@ def run_sage_binary_eval(df: pd.DataFrame, df_eval: pd.DataFrame, space: ActionS
     report = run_offline_eval(df_eval, policies, space, config, sim=sim, progress=progress, behaviour=behaviour,
                               oracle=sim.oracle_policy(space.mask) if sim is not None else None,
                               candidates=tuple(served),
-                              gate=gate, evidence=df)
+                              gate=gate, evidence=df, no_interval=no_interval)
     return report, served
 
 

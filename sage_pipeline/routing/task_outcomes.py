@@ -445,8 +445,9 @@ def objective_rewards(rows: pd.DataFrame, outcomes: pd.DataFrame) -> tuple[pd.Da
     episode but its last (highest ``step``), which carries the task's ``objective`` (verified minus its
     priced calls, :mod:`sage_pipeline.sage.objective`). An episode's return is then exactly its task's
     objective, so every episode-level OPE estimator and the gate judge the objective, never summed
-    reward_v1 (``reward_version`` names the objective). Episodes whose task has no row in ``outcomes`` or
-    an unknown verdict are left out and counted (``report``), never scored 0."""
+    reward_v1 (``reward_version`` names the objective; ``task_verified`` carries the task's verdict). Episodes
+    whose task has no row in ``outcomes`` or an unknown verdict are left out and counted (``report``), never
+    scored 0."""
     need = {"session_id", "task_id", "episode", "verified", "objective", "objective_name"}
     missing = need - set(outcomes.columns)
     if missing:
@@ -474,4 +475,6 @@ def objective_rewards(rows: pd.DataFrame, outcomes: pd.DataFrame) -> tuple[pd.Da
                          "per episode")
     out["reward"] = np.where(last, out["episode_id"].astype(str).map(value).to_numpy(dtype=np.float64), 0.0)
     out["reward_version"] = str(known["objective_name"].iloc[0])
+    out["task_verified"] = out["episode_id"].astype(str).map(
+        pd.Series(known["verified"].to_numpy(dtype=np.float64), index=value.index)).to_numpy(dtype=np.float64)
     return out, report

@@ -321,6 +321,35 @@ def test_few_sessions_give_estimates_and_a_gate_that_says_how_many_it_needs(logg
                                              "min_sessions": 20, "intervals": rep.interval_reason}
 
 
+def test_report_tasks_that_all_ended_alike_give_estimates_without_intervals_and_no_promotion(logged_frame):
+    """Every report task verified (as 60 tasks at a 5% failure rate are, one day in twenty): a bootstrap over
+    them cannot show a failure, so the interval would sit around a value the truth is below (day 2 of the 7 x 100
+    loop: [0.9961, 0.9986] against 0.947). The estimates stay, the intervals go, the gate says why."""
+    from sage_pipeline.routing.collector import binary_mask
+    from sage_pipeline.routing.policy import StaticTablePolicy
+
+    sim, df = logged_frame
+    rep_half = oe.eval_part(df, "report")
+    assert oe.one_outcome_reason(rep_half) is None  # no task outcomes joined: nothing to say
+    mixed = rep_half.assign(task_verified=(rep_half["episode_id"].rank(method="dense") % 2).astype(float))
+    assert oe.one_outcome_reason(mixed) is None
+    alike = rep_half.assign(task_verified=1.0)
+    why = oe.one_outcome_reason(alike)
+    assert why.startswith(f"every one of the report half's {rep_half['episode_id'].nunique()} tasks ended verified")
+    assert "ended not verified" in oe.one_outcome_reason(rep_half.assign(task_verified=0.0))
+    pols = {"static_table": StaticTablePolicy(sim.table, sim.catalogue), "oracle": sim.oracle_policy(binary_mask(sim))}
+    free = oe.run_offline_eval(alike, pols, sim.catalogue, ope.OPEConfig(n_boot=50), progress=lambda s: None)
+    rep = oe.run_offline_eval(alike, pols, sim.catalogue, ope.OPEConfig(n_boot=50), progress=lambda s: None,
+                              no_interval=why)
+    assert free.evaluations["oracle"].estimates["step_dr_clip"].ci_low is not None
+    assert rep.gate.promoted is None and rep.gate.reason == f"no policy promoted: {why}"
+    assert not any(c["passed"] for c in rep.gate.candidates.values())
+    for name, ev in rep.evaluations.items():
+        assert ev.interval_reason == why
+        for est, e in ev.estimates.items():
+            assert e.value == free.evaluations[name].estimates[est].value and e.ci_low is None and e.ci_high is None
+
+
 class _NearlyTheTable:
     """What BC learns from deterministic logs: the table's choice with probability 0.98."""
 

@@ -133,6 +133,8 @@ def test_objective_rewards_make_each_episodes_return_its_tasks_objective(outcome
     # the objective sits on each episode's last decision; every other decision carries 0
     last = out.groupby("episode_id")["step"].transform("max") == out["step"]
     assert (out.loc[~last, "reward"] == 0).all() and (out["reward_version"] == "task_v1").all()
+    verdict = dict(zip(to.episode_ids(known), known["verified"]))
+    assert out["task_verified"].tolist() == out["episode_id"].map(verdict).tolist()
     assert report == {"episodes": 7, "scored": 5, to.OBJECTIVE_UNKNOWN: 1, to.OBJECTIVE_NO_OUTCOME: 1}
     # a repaired failure's return is below a first-try pass's (summed reward_v1 had them the other way)
     ep = dict(zip(f["task_id"], to.episode_ids(f)))
