@@ -23,7 +23,8 @@ from sage_pipeline.sleep.records import TaskRecord, TaskResult
 HEAD = 160
 
 
-def _map(fn: Callable, items: Sequence, workers: int) -> list:
+def map_workers(fn: Callable, items: Sequence, workers: int) -> list:
+    """``[fn(x) for x in items]``, over ``workers`` threads when more than one; the first error cancels the rest."""
     if workers <= 1 or len(items) <= 1:
         return [fn(x) for x in items]
     with ThreadPoolExecutor(max_workers=workers) as ex:
@@ -48,7 +49,7 @@ def replay(tasks: Sequence[TaskRecord], skill: str, memory: str, backend: Backen
     n_tasks = len(tasks)
     tasks = list(tasks) * samples
     t0 = time.monotonic()
-    replies = _map(lambda t: backend.solve(t, skill, memory), tasks, workers)
+    replies = map_workers(lambda t: backend.solve(t, skill, memory), tasks, workers)
     verdicts: list[Judgement | None] = [None] * len(tasks)
     rubric = [i for i, t in enumerate(tasks) if t.reference_kind == "rubric"]
     code = [i for i, t in enumerate(tasks) if t.reference_kind == "unit_tests"]
@@ -57,7 +58,7 @@ def replay(tasks: Sequence[TaskRecord], skill: str, memory: str, backend: Backen
             verdicts[i] = judge_exact(t.reference, replies[i].text)
         elif t.reference_kind == "rules":
             verdicts[i] = judge_rules(t.reference, replies[i].text)
-    for i, v in zip(rubric, _map(lambda i: judge_rubric(tasks[i], replies[i].text, backend), rubric, workers),
+    for i, v in zip(rubric, map_workers(lambda i: judge_rubric(tasks[i], replies[i].text, backend), rubric, workers),
                     strict=True):
         verdicts[i] = v
     if code:

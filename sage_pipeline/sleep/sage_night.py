@@ -57,7 +57,6 @@ import time
 import traceback
 from collections import Counter
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -76,6 +75,7 @@ from sage_pipeline.sleep.gate import GateConfig, Trial, changes, compare, summar
 from sage_pipeline.sleep.judges import JudgeError, UnitTestJudge, extract_code
 from sage_pipeline.sleep.prompts import ReplyFormatError, extract_json, parse_reflect_reply, reflect_messages
 from sage_pipeline.sleep.records import DEFAULT_SPLIT, ReflectRequest, SplitSpec, TaskRecord, TaskResult
+from sage_pipeline.sleep.replay import map_workers
 from sage_pipeline.sleep.sage_online import OnlineCheckConfig, OnlineReport, check, runs_from_journals
 from sage_pipeline.sleep.sage_skills import SageSkillsConfig, SageSkillsRoot, SkillsRootChanged, SkillsRootError
 
@@ -248,19 +248,6 @@ def _rows(phase: str, results: list[TaskResult], samples: int) -> list[dict]:
             for i, r in enumerate(results)]
 
 
-def _map(fn: Callable, items: Sequence, workers: int) -> list:
-    if workers <= 1 or len(items) <= 1:
-        return [fn(x) for x in items]
-    with ThreadPoolExecutor(max_workers=workers) as ex:
-        futures = [ex.submit(fn, x) for x in items]
-        try:
-            return [f.result() for f in futures]
-        except BaseException:
-            for f in futures:
-                f.cancel()
-            raise
-
-
 def _unit(h: str) -> float:
     return int.from_bytes(hashlib.sha256(h.encode()).digest()[:8], "big") / 2**64
 
@@ -390,7 +377,7 @@ class _Night:
         t0 = time.monotonic()
         msgs = {t.id: role_messages(self.cfg.role, tree, t, self.total_cap) for t in self.split[split]}
         max_tokens = _max_tokens(self.backend, "max_tokens", 1024)
-        replies = _map(lambda t: self.backend.complete(msgs[t.id], "solve", max_tokens), tasks, self.cfg.workers)
+        replies = map_workers(lambda t: self.backend.complete(msgs[t.id], "solve", max_tokens), tasks, self.cfg.workers)
         codes = [answer_code(rep.text)[0] for rep in replies]
         verdicts = self.unit.run(list(zip(tasks, codes, strict=True)))
         out = [TaskResult(t.id, split, v.hard, v.soft, rep.text[:HEAD], v.why,
