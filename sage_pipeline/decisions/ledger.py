@@ -1,0 +1,350 @@
+"""The decision ledger: every candidate change to what SAGE runs, on every lever, with its evidence,
+its history and the runs it was judged on.
+
+**Levers** are the ways to change SAGE's outcomes (ARCHITECTURE.md, "What SAGE runs unchanged"):
+``skills`` (an edit of one skill in the root SAGE injects), ``coder`` (the coder's model in
+``models.yaml``) and ``router`` (the router checkpoint). A **candidate** is one proposed change
+(``key``: the normalised rule text with its skill, the model id, the checkpoint's sha256); proposing
+the same key again continues the same candidate and its evidence, never a fresh test.
+
+**States and the only transitions** (:data:`TRANSITIONS`; anything else is a :class:`LedgerError`)::
+
+    pending  --accept-->  accepted  --revert-->  reverted
+    pending  --drop---->  dropped
+
+- *pending*: its evidence accumulates night after night (:mod:`.evidence`). Accepted when the
+  e-process against "no gain" reaches ``1 / alpha_j``; dropped when its confidence sequence lies
+  below the minimum useful gain (it cannot be worth keeping) or it stayed pending ``max_pending_nights``.
+- *accepted* (on probation): deployed, and still tested on new runs with a probation stream
+  started at the acceptance. Reverted when that stream's e-process against "gain >= min_useful_gain"
+  reaches ``1 / revert_alpha`` (its gain is excluded: harmful, or useless).
+- *reverted* and *dropped* are final: the key is never tested again (a fresh look would spend the
+  level again on data that already spoke).
+
+**The level over the horizon and over candidates.** Candidate ``j`` of a lever (``j = 1, 2, ...``
+in the order they were proposed) is accepted at ``alpha_j = alpha * gamma_j`` with
+``gamma_j = 1 / (j (j + 1))`` (summing to 1). Each candidate's e-process is valid at every night
+forever (Ville), so: *for each lever, the chance that any candidate without a gain is ever accepted,
+over all nights and all candidates, is at most alpha* (online Bonferroni over e-processes).
+
+The ledger is one JSON file written atomically (``artifacts.write_json``: a kill leaves the old or
+the new ledger whole), read back through a typed schema; it travels inside the bundle it decided.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from sage_pipeline import artifacts
+from sage_pipeline.decisions import evidence as ev
+
+LEDGER_NAME = "ledger.json"
+SCHEMA_VERSION = 1
+LEVERS = ("skills", "coder", "router")
+State = Literal["pending", "accepted", "reverted", "dropped"]
+TRANSITIONS: dict[str, frozenset[str]] = {
+    "pending": frozenset({"accepted", "dropped"}),
+    "accepted": frozenset({"reverted"}),
+    "reverted": frozenset(),
+    "dropped": frozenset(),
+}
+
+
+class LedgerError(ValueError):
+    """A transition the ledger does not allow, evidence it must refuse, or a ledger file it cannot read
+    (the message names the file and the field)."""
+
+
+class LedgerConfig(BaseModel):
+    """The ledger's decision rule (each default declared here once)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    alpha: float = Field(0.05, gt=0.0, lt=0.5, description="per lever: the chance any candidate without a gain is "
+                         "ever accepted, over every night and every candidate")
+    revert_alpha: float = Field(0.05, gt=0.0, lt=0.5, description="per accepted candidate: the chance it is ever "
+                                "reverted while its gain is at least min_useful_gain")
+    min_useful_gain: float = Field(0.03, gt=0.0, lt=1.0, description="the smallest gain in the objective (verified "
+                                   "share, task_v1) worth keeping a change for: half the coder pair's true gap "
+                                   "(+0.06) and a fifth of a strong skill rule's (+0.15); an accepted change whose "
+                                   "gain is shown below it is reverted, a pending one dropped")
+    max_pending_nights: int = Field(30, ge=1, description="nights a candidate may stay pending before it is dropped "
+                                    "as unresolvable (its evidence is kept in the ledger)")
+    evidence: ev.EvidenceConfig = Field(default_factory=ev.EvidenceConfig)
+
+    def alpha_for(self, index: int) -> float:
+        """The accept level of a lever's ``index``-th candidate (1-based): ``alpha / (j (j + 1))``."""
+        return self.alpha / (index * (index + 1))
+
+    def nulls(self) -> np.ndarray:
+        return ev.grid(self.evidence, (self.min_useful_gain, -self.min_useful_gain))
+
+
+class Transition(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    night: str
+    state: State
+    reason: str
+    at: str
+
+
+class NightRow(BaseModel):
+    """One night's look at a candidate: what it added and where its evidence stood after."""
+
+    model_config = ConfigDict(extra="forbid")
+    night: str
+    observations: dict[str, int] = Field(default_factory=dict)  # stream -> observations so far
+    estimate: float | None = None
+    ci: tuple[float | None, float | None] = (None, None)
+    evidence: float = 1.0  # K+(0): against "no gain"
+    needed: float = 1.0  # 1 / alpha_j
+    revert_evidence: float | None = None  # probation: K-(min_useful_gain)
+    state: State = "pending"
+    note: str = ""
+
+
+class Candidate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: str
+    lever: Literal["skills", "coder", "router"]
+    key: str
+    index: int = Field(ge=1)
+    alpha: float
+    description: str = ""
+    payload: dict = Field(default_factory=dict)  # what to deploy: a version id, a model, a checkpoint path
+    selected_on: list[str] = Field(default_factory=list)  # units its proposal looked at: never its evidence
+    state: State = "pending"
+    proposed: str
+    history: list[Transition] = Field(default_factory=list)
+    streams: dict[str, dict] = Field(default_factory=dict)  # name -> evidence.Stream.to_dict()
+    probation: dict[str, dict] = Field(default_factory=dict)  # the same, from the acceptance on
+    judged_on: dict[str, list[str]] = Field(default_factory=dict)  # stream -> unit ids (runs, tasks) used
+    nights: list[NightRow] = Field(default_factory=list)
+
+
+class LedgerFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    schema_version: Literal[1] = SCHEMA_VERSION
+    config: LedgerConfig = Field(default_factory=LedgerConfig)
+    next_index: dict[str, int] = Field(default_factory=lambda: dict.fromkeys(LEVERS, 1))
+    candidates: list[Candidate] = Field(default_factory=list)
+    seq: int = 0  # bumped on every save
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+class Ledger:
+    """The ledger in memory; :meth:`save` writes it whole. Every state change goes through
+    :meth:`transition`, which enforces :data:`TRANSITIONS` and records why."""
+
+    def __init__(self, data: LedgerFile | None = None, path: Path | None = None):
+        self.data = data or LedgerFile()
+        self.path = path
+        self._live: dict[tuple[str, str, str], ev.Stream] = {}  # (id, "streams"|"probation", name): in memory
+
+    # ---- storage ----
+    @classmethod
+    def load(cls, path: str | os.PathLike[str], config: LedgerConfig | None = None) -> Ledger:
+        """The ledger at ``path`` (a fresh one when it does not exist, with ``config``). A ledger saved
+        with another config keeps its own: its levels were spent under it."""
+        p = Path(path)
+        if not p.exists():
+            return cls(LedgerFile(config=config or LedgerConfig()), p)
+        try:
+            raw = json.loads(p.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise LedgerError(f"{p}: not a readable ledger ({e}); restore it from the last bundle "
+                              f"(it carries {LEDGER_NAME}) rather than starting a new one") from None
+        try:
+            data = LedgerFile.model_validate(raw)
+        except ValidationError as e:
+            first = e.errors()[0]
+            field = ".".join(str(x) for x in first["loc"])
+            raise LedgerError(f"{p}: field {field!r}: {first['msg']} ({len(e.errors())} error(s)); the ledger "
+                              "must be one the project wrote") from None
+        return cls(data, p)
+
+    def save(self, path: str | os.PathLike[str] | None = None) -> Path:
+        p = Path(path) if path is not None else self.path
+        if p is None:
+            raise LedgerError("the ledger has no path to be saved to")
+        self._flush()
+        self.data.seq += 1
+        artifacts.write_text(p, self.data.model_dump_json(indent=1))
+        self.path = p
+        return p
+
+    @property
+    def config(self) -> LedgerConfig:
+        return self.data.config
+
+    # ---- candidates ----
+    def get(self, cid: str) -> Candidate:
+        for c in self.data.candidates:
+            if c.id == cid:
+                return c
+        raise LedgerError(f"no candidate {cid!r} in the ledger")
+
+    def find(self, lever: str, key: str) -> Candidate | None:
+        for c in self.data.candidates:
+            if c.lever == lever and c.key == key:
+                return c
+        return None
+
+    def of(self, lever: str, *states: str) -> list[Candidate]:
+        return [c for c in self.data.candidates if c.lever == lever and (not states or c.state in states)]
+
+    def propose(self, lever: str, key: str, *, night: str, description: str = "", payload: dict | None = None,
+                selected_on: Sequence[str] = ()) -> tuple[Candidate, bool]:
+        """The candidate for ``key`` on ``lever``: the existing one (its evidence carried on; False) or a
+        new pending one with the lever's next index and level (True)."""
+        if lever not in LEVERS:
+            raise LedgerError(f"unknown lever {lever!r}: one of {', '.join(LEVERS)}")
+        old = self.find(lever, key)
+        if old is not None:
+            old.selected_on = sorted(set(old.selected_on) | set(selected_on))
+            return old, False
+        j = self.data.next_index.get(lever, 1)
+        self.data.next_index[lever] = j + 1
+        cid = f"{lever}-{j:04d}"
+        c = Candidate(id=cid, lever=lever, key=key, index=j, alpha=self.config.alpha_for(j), description=description,
+                      payload=dict(payload or {}), selected_on=sorted(set(selected_on)), proposed=night,
+                      history=[Transition(night=night, state="pending", reason="proposed", at=_now())])
+        self.data.candidates.append(c)
+        return c, True
+
+    def transition(self, cid: str, to: str, *, night: str, reason: str) -> Candidate:
+        c = self.get(cid)
+        if to not in TRANSITIONS.get(c.state, ()):
+            raise LedgerError(f"candidate {cid} is {c.state}: it cannot become {to} (allowed: "
+                              f"{', '.join(sorted(TRANSITIONS[c.state])) or 'none, the state is final'})")
+        if not reason:
+            raise LedgerError(f"candidate {cid}: a transition needs its reason")
+        c.state = to
+        c.history.append(Transition(night=night, state=to, reason=reason, at=_now()))
+        if to == "accepted":  # probation starts now, on new runs only
+            c.probation = {}
+            self._live = {k: v for k, v in self._live.items() if not (k[0] == cid and k[1] == "probation")}
+        return c
+
+    # ---- evidence ----
+    def _stream(self, c: Candidate, store: str, name: str) -> ev.Stream:
+        k = (c.id, store, name)
+        if k not in self._live:
+            d = getattr(c, store)
+            self._live[k] = ev.Stream.from_dict(d[name]) if name in d else ev.Stream.start(self.config.nulls())
+            d.setdefault(name, {})  # marks it present; written by _flush
+        return self._live[k]
+
+    def _flush(self) -> None:
+        for (cid, store, name), s in self._live.items():
+            getattr(self.get(cid), store)[name] = s.to_dict()
+
+    def streams(self, c: Candidate, store: str = "streams") -> list[ev.Stream]:
+        return [self._stream(c, store, name) for name in list(getattr(c, store))]
+
+    def add_evidence(self, cid: str, stream: str, x, lo, hi, units: Sequence[str]) -> int:
+        """Feed observations ``x`` (bounds ``lo``/``hi``, fixed before each was seen) from ``units``
+        (one id each: a run, a replayed task and night) to the candidate's ``stream``, and to its
+        probation stream when accepted. Refuses a unit the candidate was selected on or was already
+        judged on in this stream. Returns how many were added."""
+        c = self.get(cid)
+        if c.state in ("reverted", "dropped"):
+            raise LedgerError(f"candidate {cid} is {c.state}: it takes no more evidence")
+        x = np.asarray(x, dtype=np.float64).ravel()
+        units = [str(u) for u in units]
+        if len(units) != len(x):
+            raise LedgerError(f"candidate {cid}: {len(x)} observations but {len(units)} unit ids")
+        bad = sorted(set(units) & set(c.selected_on))
+        if bad:
+            raise LedgerError(f"candidate {cid}: {len(bad)} unit(s) its proposal was selected on (e.g. {bad[0]!r}) "
+                              "cannot be its evidence; judge it on tasks or runs its proposal never looked at")
+        seen = set(c.judged_on.get(stream, ()))
+        dup = [u for u in units if u in seen]
+        if dup or len(set(units)) != len(units):
+            raise LedgerError(f"candidate {cid}: unit {(dup or units)[0]!r} already counted in stream {stream!r}")
+        if not len(x):
+            return 0
+        cfg = self.config.evidence
+        self._stream(c, "streams", stream).feed(x, lo, hi, cfg)
+        if c.state == "accepted":
+            self._stream(c, "probation", stream).feed(x, lo, hi, cfg)
+        c.judged_on.setdefault(stream, []).extend(units)
+        return len(x)
+
+    def standing(self, cid: str) -> dict:
+        """Where the candidate's evidence stands: the estimate and confidence sequence (level alpha_j),
+        K+(0) against "no gain" and the 1/alpha_j it needs, and on probation K-(min_useful_gain)."""
+        c = self.get(cid)
+        cfg = self.config
+        nulls = cfg.nulls()
+        out = {"evidence": 1.0, "needed": 1.0 / c.alpha, "estimate": None, "ci": (None, None), "n": 0,
+               "revert_evidence": None, "revert_needed": 1.0 / cfg.revert_alpha}
+        streams = self.streams(c)
+        if streams:
+            lp, lm = ev.combined(streams)
+            lo, hi, centre = ev.confidence_sequence(nulls, lp, lm, c.alpha)
+            out.update(evidence=float(math.exp(min(lp[0, ev.at(nulls, 0.0)], 700))), estimate=float(centre[0]),
+                       ci=(None if math.isnan(lo[0]) else float(lo[0]), None if math.isnan(hi[0]) else float(hi[0])),
+                       n=int(sum(s.n[0] for s in streams)), upper_below_min=bool(hi[0] < cfg.min_useful_gain))
+        if c.state == "accepted" and c.probation:
+            ps = self.streams(c, "probation")
+            lp, lm = ev.combined(ps)
+            out["revert_evidence"] = float(math.exp(min(lm[0, ev.at(nulls, cfg.min_useful_gain)], 700)))
+            out["probation_n"] = int(sum(s.n[0] for s in ps))
+        return out
+
+    def decide(self, cid: str, night: str, pending_nights: int | None = None) -> str | None:
+        """Apply the decision rule to one candidate after tonight's evidence; records the night's row.
+        Returns the new state when it changed, else None."""
+        c = self.get(cid)
+        st = self.standing(cid)
+        cfg = self.config
+        new, reason = None, ""
+        if c.state == "pending":
+            nights = pending_nights if pending_nights is not None else len({r.night for r in c.nights} | {night})
+            if st["evidence"] >= st["needed"]:
+                new, reason = "accepted", (f"evidence {st['evidence']:.1f} reached the {st['needed']:.0f} its level "
+                                           f"alpha_{c.index} = {c.alpha:.3g} needs (estimate {st['estimate']:+.3f})")
+            elif st.get("upper_below_min"):
+                new, reason = "dropped", (f"its confidence sequence lies below the minimum useful gain "
+                                          f"{cfg.min_useful_gain} (upper end {st['ci'][1]:+.3f}): it cannot be worth "
+                                          "it")
+            elif nights >= cfg.max_pending_nights:
+                new, reason = "dropped", (f"pending {nights} nights without resolving (evidence {st['evidence']:.1f} "
+                                          f"of {st['needed']:.0f}); its evidence stays in the ledger")
+        elif c.state == "accepted" and st["revert_evidence"] is not None:
+            if st["revert_evidence"] >= st["revert_needed"]:
+                new, reason = "reverted", (f"on probation its gain is excluded above {cfg.min_useful_gain}: evidence "
+                                           f"{st['revert_evidence']:.1f} reached {st['revert_needed']:.0f}")
+        if new:
+            self.transition(cid, new, night=night, reason=reason)
+        totals = {name: int(self._stream(c, "streams", name).n[0]) for name in c.streams}
+        c.nights.append(NightRow(night=night, observations=totals, estimate=st["estimate"], ci=st["ci"],
+                                 evidence=st["evidence"], needed=st["needed"],
+                                 revert_evidence=st["revert_evidence"], state=c.state, note=reason))
+        return new
+
+    def summary(self) -> list[dict]:
+        """One row per candidate for the UI: state, estimate and interval, evidence of needed, why."""
+        rows = []
+        for c in self.data.candidates:
+            last = c.nights[-1] if c.nights else None
+            why = next((t.reason for t in reversed(c.history)), "")
+            rows.append({"id": c.id, "lever": c.lever, "key": c.key[:80], "state": c.state,
+                         "estimate": last.estimate if last else None, "ci": list(last.ci) if last else [None, None],
+                         "evidence": last.evidence if last else 1.0, "needed": 1.0 / c.alpha,
+                         "revert_evidence": last.revert_evidence if last else None, "why": why,
+                         "nights": len(c.nights)})
+        return rows
