@@ -165,7 +165,8 @@ def load_plan(path: str | os.PathLike[str]) -> Plan:
         raise AssignError(f"{p}: cannot read the assignment plan ({e.strerror})") from None
     except ValidationError as e:
         first = e.errors()[0]
-        raise AssignError(f"{p}: field {'.'.join(str(x) for x in first['loc'])!r}: {first['msg']}") from None
+        field = ".".join(str(x) for x in first["loc"]) or "levers"  # the whole-plan check is over the levers
+        raise AssignError(f"{p}: field {field!r}: {first['msg']}") from None
 
 
 def read_records(path: str | os.PathLike[str], plans: dict[str, Plan]) -> tuple[dict[str, dict], list[str]]:

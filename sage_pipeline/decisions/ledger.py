@@ -77,6 +77,8 @@ class LedgerConfig(BaseModel):
                                    "share, task_v1) worth keeping a change for: half the coder pair's true gap "
                                    "(+0.06) and a fifth of a strong skill rule's (+0.15); an accepted change whose "
                                    "gain is shown below it is reverted, a pending one dropped")
+    probation_half_life: float = Field(60.0, gt=0.0, description="the probation bets' half-life in observations: "
+                                       "short, so a gain that turns is followed within a night or two of runs")
     max_pending_nights: int = Field(30, ge=1, description="nights a candidate may stay pending before it is dropped "
                                     "as unresolvable (its evidence is kept in the ledger)")
     evidence: ev.EvidenceConfig = Field(default_factory=ev.EvidenceConfig)
@@ -279,7 +281,8 @@ class Ledger:
         cfg = self.config.evidence
         self._stream(c, "streams", stream).feed(x, lo, hi, cfg)
         if c.state == "accepted":
-            self._stream(c, "probation", stream).feed(x, lo, hi, cfg)
+            fast = cfg.model_copy(update={"half_life": self.config.probation_half_life})
+            self._stream(c, "probation", stream).feed(x, lo, hi, fast)
         c.judged_on.setdefault(stream, []).extend(units)
         return len(x)
 
