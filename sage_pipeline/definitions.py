@@ -15,6 +15,7 @@ import dagster as dg
 from sage_pipeline.defs import (
     benchmark_assets,
     bundle_assets,
+    decision_assets,
     online_ab,
     policy_assets,
     policy_iteration,
@@ -43,11 +44,12 @@ offline_routing_job = dg.define_asset_job(
 
 sage_main_job = dg.define_asset_job(
     "sage_main", selection=dg.AssetSelection.all() - dg.AssetSelection.groups("sleep_cycle", "closed_loop",
-                                                                        sage_loop_assets.GROUP)
+                                                                        sage_loop_assets.GROUP, decision_assets.GROUP)
     - dg.AssetSelection.assets("sandbox_rollouts", "ppo_policy"),
     description="Every unpartitioned asset upstream of the partitioned ones: the offline routing chain, the "
                 "routing-benchmark import and sim_tasks (not the simulated month, group closed_loop: its own job "
-                "simulated_month; not SAGE in the loop, group sage_in_the_loop: its own job). "
+                "simulated_month; not SAGE in the loop, group sage_in_the_loop: its own job; not the decision "
+                "ledger, group decisions: it reads what the nights wrote, last). "
                 "A job cannot mix partitions definitions: "
                 "sandbox_rollouts (shards), ppo_policy and the sleep cycle (nights) follow in "
                 "scripts/materialize_all.sh, which is what the README's `make run` calls.")
@@ -88,6 +90,7 @@ FRAGMENTS: list[dg.Definitions] = [
     benchmark_assets.routing_benchmark_defs,
     policy_iteration.policy_iteration_defs,
     sage_loop_assets.sage_loop_defs,
+    decision_assets.decision_defs,  # the decision ledger of every lever (group decisions)
     dg.Definitions(jobs=[sage_main_job], resources={"sage": SageResource(), "sandbox": SandboxResource()}),
 ]
 

@@ -7,6 +7,7 @@
 #   2. sandbox_rollouts, all shards in one run (single-run backfill policy);
 #   3. what depends on the rollouts (ppo_policy);
 #   4. the sleep cycle, one night per partition, oldest first (SLEEP_NIGHTS, default 3);
+#   5. the decision ledger every lever's nights wrote (group decisions);
 # The simulated month (group closed_loop, job simulated_month) and SAGE in the loop (group
 # sage_in_the_loop, job sage_in_the_loop: needs SAGE_PYTHON) are not part of it: minutes of CPU,
 # run on demand (README). Then prints a summary read back from the instance (scripts/run_summary.py): the sandbox
@@ -24,20 +25,23 @@ step() { echo; echo "== $*"; }
 # below does it again before its steps claim slots: run_reaper.reaping, the project's executor)
 $PY -m sage_pipeline.defs.run_reaper
 
-step "1/4 unpartitioned assets"
-$DG --select 'not key:sandbox_rollouts and not key:ppo_policy and not group:sleep_cycle and not group:closed_loop and not group:sage_in_the_loop'
+step "1/5 unpartitioned assets"
+$DG --select 'not key:sandbox_rollouts and not key:ppo_policy and not group:sleep_cycle and not group:closed_loop and not group:sage_in_the_loop and not group:decisions'
 
 shards=$($PY -c 'from sage_pipeline.defs.sim_assets import SHARDS; k = SHARDS.get_partition_keys(); print(f"{k[0]}...{k[-1]}")')
-step "2/4 sandbox_rollouts, shards $shards"
+step "2/5 sandbox_rollouts, shards $shards"
 $DG --select sandbox_rollouts --partition-range "$shards"
 
-step "3/4 ppo_policy"
+step "3/5 ppo_policy"
 $DG --select ppo_policy
 
 nights=$($PY -c 'from sage_pipeline.defs.sleep_assets import default_nights; print(" ".join(default_nights(int("'"${SLEEP_NIGHTS:-3}"'"))))')
 for night in $nights; do
-  step "4/4 sleep cycle, night $night"
+  step "4/5 sleep cycle, night $night"
   $DG --select 'group:sleep_cycle' --partition "$night"
 done
+
+step "5/5 the decision ledger"
+$DG --select 'group:decisions'
 
 $PY scripts/run_summary.py
