@@ -83,6 +83,7 @@ import json
 import logging
 import os
 import re
+import stat
 import time
 import zlib
 from collections import Counter
@@ -112,6 +113,7 @@ from sage_pipeline.routing.schema import (
     TRAJECTORY_COLUMNS,
     TRAJECTORY_STEP,
 )
+from sage_pipeline.untrusted import kind_of
 
 log = logging.getLogger(__name__)
 
@@ -517,8 +519,10 @@ def find_logs(config: IngestConfig, setting: str = "log_dirs") -> list[Path]:
 def discover_logs(config: IngestConfig, setting: str = "log_dirs") -> tuple[list[Path], list[dict]]:
     """Every journal file under the configured folders (sorted), following symlinked folders
     (each real folder once, so a link loop ends), and every path that could not be listed
-    (``{"path", "reason"}``): never a silent skip. A missing top folder is an error that names
-    ``setting``, the setting that lists the folders (the asset's: ``trajectories config log_dirs``)."""
+    (``{"path", "reason"}``): never a silent skip. A path named like a journal that is not a regular
+    file (a FIFO, a device, a socket; a journal may be anything) is listed there and never opened. A
+    missing top folder is an error that names ``setting``, the setting that lists the folders (the
+    asset's: ``trajectories config log_dirs``)."""
     files: set[Path] = set()
     skipped: list[dict] = []
     seen: set[tuple[int, int]] = set()
@@ -549,13 +553,26 @@ def discover_logs(config: IngestConfig, setting: str = "log_dirs") -> tuple[list
             for name in names:
                 path = Path(root) / name
                 if any(fnmatch.fnmatchcase(name, pattern) for pattern in LOG_PATTERNS):
-                    if path.is_file():
-                        files.add(path)
-                    elif not path.exists():
+                    try:
+                        mode = os.stat(path).st_mode  # never opened here: a FIFO would block an open
+                    except FileNotFoundError:
                         skipped.append({"path": str(path), "reason": "a broken link or a file removed while listing"})
+                        continue
+                    except OSError as exc:
+                        skipped.append({"path": str(path), "reason": f"cannot be read: {exc.strerror or exc}"})
+                        continue
+                    if stat.S_ISREG(mode):
+                        files.add(path)
+                    else:
+                        skipped.append({"path": str(path), "reason": _not_regular_reason(mode)})
                 elif path.is_symlink() and not path.exists():  # it may have pointed at a journal: say so
                     skipped.append({"path": str(path), "reason": _broken_link_reason(path)})
     return sorted(files, key=journal_order), sorted(skipped, key=lambda sk: sk["path"])
+
+
+def _not_regular_reason(mode: int) -> str:
+    return (f"not a regular file ({kind_of(mode)}), named like a journal: never opened (a FIFO would hang the "
+            "reader, a device never ends); replace it by the journal file itself")
 
 
 def _broken_link_reason(path: Path) -> str:
@@ -992,11 +1009,18 @@ def iter_blocks(path: Path, max_line_bytes: int, chunk_bytes: int) -> Iterator[_
     """
     fname = str(path)
     line_no = 1
-    try:
-        fh = open(path, "rb")
+    try:  # non-blocking, so a FIFO swapped in since the listing cannot hang the open; checked on the descriptor
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
         yield _Block(fname, line_no, b"\n", [], damaged=f"the file cannot be opened: {type(exc).__name__}: {exc}")
         return
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        yield _Block(fname, line_no, b"\n", [], damaged=_not_regular_reason(mode))
+        return
+    os.set_blocking(fd, True)
+    fh = os.fdopen(fd, "rb")
     with fh:
         chunks = _without_bom((_gzip_chunks if path.suffix == ".gz" else _plain_chunks)(fh, chunk_bytes))
         buf = b""
