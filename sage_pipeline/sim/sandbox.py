@@ -30,7 +30,8 @@ Host side:
   the sandbox instance (also in their names); a sandbox removes only its own, on close, on
   error, on interrupt and at interpreter exit; a killed host process leaves none behind either (stdin
   attached once and ``auto_remove``: the runner exits when the host's stream closes);
-- ``untrusted=True`` (code the project did not write) refuses any backend but Docker.
+- ``untrusted=True`` (code the project did not write) refuses any backend but Docker, unless the
+  caller sets ``allow_untrusted_local`` (said in :meth:`Sandbox.describe`).
 
 Usage::
 
@@ -128,15 +129,20 @@ class SandboxConfig(BaseModel):
     start_timeout_s: float = Field(60.0, gt=0.0, description="a worker must say it is ready within this")
     label: str | None = Field(None, min_length=1, description="owner label of the containers (sandboxes may share "
                               "one: each removes only its own containers); null: unique per sandbox")
-    untrusted: bool = Field(False, description="code the project did not write (an external suite's candidates): "
-                            "Docker only")
+    untrusted: bool = Field(False, description="code the project did not write (an external suite's candidates, "
+                            "SAGE's harvested tests, a model's answers): Docker only, unless allow_untrusted_local")
+    allow_untrusted_local: bool = Field(False, description="let code the project did not write (untrusted=True) run "
+                                        "in the UNISOLATED local backend anyway. RISK: it runs as you, with your "
+                                        "files, keys and network (a hostile test can read or write anything you "
+                                        "can); only for a throwaway machine or code you have read")
 
     @model_validator(mode="after")
     def _untrusted_code_runs_in_docker(self) -> SandboxConfig:
-        if self.untrusted and self.backend == "local":
+        if self.untrusted and self.backend == "local" and not self.allow_untrusted_local:
             raise SandboxError(f"sandbox backend {self.backend!r} is UNISOLATED and this sandbox is for code the "
                                "project did not write (untrusted=True): it runs only in the Docker backend. "
-                               "Start Docker (`bash sim/setup_docker.sh`) and use backend='docker'.")
+                               "Start Docker (`bash sim/setup_docker.sh`) and use backend='docker', or, knowing "
+                               "that the code then runs as you, set allow_untrusted_local=True.")
         return self
 
     @property
@@ -638,6 +644,9 @@ class Sandbox:
                      "per container (its pids cgroup is the task's process limit), tasks as uid 65534 "
                      "(an external suite's judge as uid 65533)"
                      if self.isolated else
+                     "UNISOLATED local processes running code the project did not write, by the explicit override "
+                     "allow_untrusted_local (resource limits and timeouts only)"
+                     if self.cfg.untrusted else
                      "UNISOLATED local processes (resource limits and timeouts only): for the project's own "
                      "generated tasks, never for untrusted code")
         return d

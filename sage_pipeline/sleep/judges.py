@@ -155,11 +155,15 @@ class UnitTestJudge:
         return self._sb
 
     def describe(self) -> dict:
-        d = {"sandbox": self.sandbox, "executions": self.executed, "cached_results": len(self.cache)}
+        d = {"sandbox": self.sandbox, "executions": self.executed, "cached_results": len(self.cache),
+             "untrusted": bool(self.options.get("untrusted")),
+             "allow_untrusted_local": bool(self.options.get("allow_untrusted_local"))}
         if self._sb is not None:
             d["isolated"] = self._sb.isolated
         if self.sandbox == "local":
-            d["note"] = "local sandbox: unisolated processes, for the simulated backend's own answers only"
+            d["note"] = ("local sandbox: UNISOLATED processes running code the project did not write, by the explicit "
+                         "override allow_untrusted_local" if d["untrusted"] else
+                         "local sandbox: unisolated processes, for the simulated backend's own answers only")
         return d
 
     def close(self) -> None:
