@@ -74,7 +74,12 @@ from sage_pipeline.sleep.backends import OpenAIBackend, OpenAIConfig, Reply  # n
 from sage_pipeline.sleep.gate import GateConfig  # noqa: E402
 from sage_pipeline.sleep.judges import UnitTestJudge  # noqa: E402
 from sage_pipeline.sleep.records import SplitSpec  # noqa: E402
-from sage_pipeline.sleep.sage_harvest import SageHarvestConfig, harvest_sage, write_goal_ledger  # noqa: E402
+from sage_pipeline.sleep.sage_harvest import (  # noqa: E402
+    SageHarvestConfig,
+    harvest_sage,
+    untrusted_judge,
+    write_goal_ledger,
+)
 from sage_pipeline.sleep.sage_night import HEALTHY, SageNightConfig, run_sage_night  # noqa: E402
 from sage_pipeline.sleep.sage_skills import SageSkillsRoot  # noqa: E402
 
@@ -348,8 +353,8 @@ class Day:
 
     def harvest(self, unit: UnitTestJudge):
         path = write_goal_ledger(self.out / f"goals-{len(self.runs)}.jsonl", self.ledger)
-        h = harvest_sage(self.spaces, None, "coder", SageHarvestConfig(goal_ledgers=(path,), sandbox="local"),
-                         judge=unit)
+        h = harvest_sage(self.spaces, None, "coder", SageHarvestConfig(goal_ledgers=(path,), sandbox="local",
+                                                                      allow_untrusted_local=True), judge=unit)
         hs = h.summary()
         if not h.tasks:
             sys.exit(f"the harvest of {len(self.runs)} runs found no task ({hs}): see SAGE's run logs under "
@@ -381,7 +386,8 @@ def main(argv: list[str] | None = None) -> None:
     shipped = SageSkillsRoot(out / "sage-run-skills")  # SAGE's skills as shipped: what every `sage run` injects
     base.skills.know(shipped.texts("live"))
     sage, results = Day(base, install, shipped, out), []
-    unit = UnitTestJudge(sandbox="local")  # the world's tasks are the project's own trusted code; one cache
+    # the world's tasks are the project's own code, harvested as SAGE's: the explicit override runs them locally
+    unit = untrusted_judge("local", allow_untrusted_local=True)  # one cache
     try:
         with WorldServer(base) as srv:
             for k, n in enumerate(a.runs):

@@ -61,6 +61,15 @@ counted ``reference_not_reproducible`` (a conversion that lost something, a test
 workspace). A task the gate never passed has no code its tests are known to accept: it is counted
 ``gate_never_passed`` unless ``keep_unverified`` (then kept, marked unvalidated).
 
+**A workspace is hostile** (an LLM wrote it): every file the harvest reads from it goes through the guard
+(:mod:`sage_pipeline.untrusted`): inside the workspace with links resolved, a regular file (a FIFO or a
+device is never opened), a test or code file at most ``max_file_bytes``. The code must be named inside the
+workspace (``code_outside_workspace``: an absolute or ``../`` path in the journal, or a link out); a refused
+test or code file is ``unsafe_tests_file`` / ``unsafe_code_file``, a refused journal is listed in
+``missing``; each with the guard's message (file, root, reason) and counted by the guard's reason in
+``unsafe``. The validation's sandbox is opened for untrusted code (:func:`untrusted_judge`): Docker, or the
+local backend only with ``allow_untrusted_local``.
+
 Everything that does not become a task is counted by one reason (:data:`REASONS`, the first that
 applies, in that order); ``sessions == tasks + sum(reasons)``. Damaged journal lines are quarantined
 with file, line and reason, and a damaged file, line or missing folder never stops the harvest.
@@ -74,6 +83,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 import sys
 import time
 from collections import Counter, deque
@@ -86,7 +96,7 @@ from typing import TYPE_CHECKING, Literal
 import msgspec
 from pydantic import BaseModel, ConfigDict, Field
 
-from sage_pipeline import artifacts
+from sage_pipeline import artifacts, untrusted as ut
 from sage_pipeline.routing.ingest import SAGE_TEXT_LINES, IngestConfig, discover_logs, iter_blocks, journal_order
 from sage_pipeline.sage.table import ROLES
 from sage_pipeline.sleep.records import (
@@ -112,15 +122,23 @@ REASONS: dict[str, str] = {
     "gate_never_passed": "SAGE's circuit breaker ended the task: no code is known to pass its tests "
                          "(kept, unvalidated, with keep_unverified)",
     "goal_not_found": "no goal for the session in the goal ledgers (SAGE logs none)",
+    "code_outside_workspace": "the journal names the code SAGE ended with outside the workspace (an absolute or "
+                              "../ path, or through a link out): never read",
     "no_tests_written": "no journal line shows SAGE's test engineer writing the gate's test file",
     "tests_not_from_test_engineer": "the gate's test file was last written by another agent (the coder or the "
                                     "debugger) before the gate's verdict",
     "tests_overwritten_later": "a later write replaced the gate's test file: the tests the gate ran are gone",
     "tests_missing_on_disk": "the gate's test file is not in the workspace any more",
+    "unsafe_tests_file": "the gate's test file is not a regular file inside the workspace within max_file_bytes (a "
+                         "link out or dangling, a FIFO, a device, too large: the guard's reason in the detail); "
+                         "never read",
     "tests_not_convertible": "the test file cannot be run by the sandbox's judge (see the detail)",
     "tests_assert_nothing": "the tests assert nothing: any importable code would pass them",
     "code_overwritten_later": "a later write replaced the code SAGE ended with: the reference cannot be validated",
     "code_missing_on_disk": "the code SAGE ended with is not in the workspace any more",
+    "unsafe_code_file": "the code SAGE ended with is not a regular file inside the workspace within max_file_bytes "
+                        "(a link out or dangling, a FIFO, a device, too large: the guard's reason in the detail); "
+                        "never read",
     "reference_not_reproducible": "the tests fail SAGE's own verified code in the sandbox",
     "duplicate_task": "the same goal, or the same tests of the same entry point, was harvested from an earlier run",
 }
@@ -150,9 +168,17 @@ class SageHarvestConfig(BaseModel):
                                            "\"goal\"} written by whoever started `sage run` (SAGE logs no goal)")
     validate_reference: bool = Field(True, description="run each verified task's tests against the code SAGE ended "
                                      "with in the sandbox; a task they fail is counted reference_not_reproducible")
-    sandbox: Literal["docker", "local"] = Field("docker", description="where validation runs SAGE's code: 'docker' "
-                                                "(isolated; SAGE's code is model-written) or 'local' (unisolated, "
-                                                "only for code the project trusts, e.g. the model world's)")
+    sandbox: Literal["docker", "local"] = Field("docker", description="where validation runs SAGE's tests and code "
+                                                "(model-written: the sandbox is opened untrusted): 'docker' "
+                                                "(isolated) or 'local' (unisolated: refused unless "
+                                                "allow_untrusted_local)")
+    allow_untrusted_local: bool = Field(False, description="let sandbox 'local' run SAGE's model-written tests and "
+                                        "code. RISK: unisolated, they run as you and can read or write whatever you "
+                                        "can (a hostile test can write files on this machine); only for a throwaway "
+                                        "machine or workspaces whose code you trust (the model world's)")
+    max_file_bytes: int = Field(ut.DEFAULT_MAX_BYTES, ge=1, description="the largest test file or code file read "
+                                "from a workspace; a larger one is counted unsafe_tests_file / unsafe_code_file "
+                                "(too_large) and never read")
     sandbox_workers: int = Field(1, ge=1, description="sandbox workers for validation")
     timeout_s: float = Field(10.0, gt=0, le=120, description="the sandbox's limit for all of a task's checks, seconds")
     keep_unverified: bool = Field(False, description="keep tasks SAGE's circuit breaker ended (their tests are "
@@ -179,6 +205,7 @@ class SageHarvestResult:
     lines_without_session: int = 0  # JSON events with no session_id: not written by `sage run`
     outside_window: int = 0  # sessions left out by since / until (not in ``sessions``)
     missing: list[dict] = field(default_factory=list)  # {path, reason}: folders and files that could not be read
+    unsafe: Counter = field(default_factory=Counter)  # the guard's reason -> workspace files refused (never read)
     goals: int = 0  # goal ledger entries read
     validated: int = 0  # tasks whose tests passed SAGE's verified code in the sandbox
     seconds: float = 0.0
@@ -199,7 +226,13 @@ class SageHarvestResult:
                 "reasons": dict(self.reasons), "quarantined_lines": self.quarantined_lines,
                 "journal_files": len(self.journal_files), "lines": self.lines, "text_lines": dict(self.text_lines),
                 "lines_without_session": self.lines_without_session, "outside_window": self.outside_window,
-                "missing": self.missing, "goals": self.goals, "seconds": round(self.seconds, 3)}
+                "missing": self.missing, "unsafe": dict(self.unsafe), "goals": self.goals,
+                "seconds": round(self.seconds, 3)}
+
+    def refused(self, e: ut.Untrusted) -> str:
+        """Count a file the guard refused by its reason; the refusal's message (file, root, reason, what to do)."""
+        self.unsafe[e.reason] += 1
+        return str(e)
 
 
 # ---------------------------------------------------------------- the goal ledger
@@ -509,9 +542,18 @@ def checks_from_pytest(source: str, artifact: str, where: str = "") -> Converted
     Raises :class:`NotConvertible` naming the line and why."""
     at = f"{where}:" if where else "line "
     try:
+        return _checks_from_pytest(source, artifact, at)
+    except (RecursionError, MemoryError) as e:  # a hostile file nested past what the parser or a walk takes
+        raise NotConvertible(f"{at}1: nested too deeply to read ({type(e).__name__})") from None
+
+
+def _checks_from_pytest(source: str, artifact: str, at: str) -> ConvertedTests:
+    try:
         tree = ast.parse(source)
-    except SyntaxError as e:
-        raise NotConvertible(f"{at}{e.lineno}: not valid Python ({e.msg})") from e
+    except SyntaxError as e:  # a NUL byte is one too, with no line
+        raise NotConvertible(f"{at}{e.lineno or 1}: not valid Python ({e.msg})") from e
+    except ValueError as e:  # a NUL byte (older Pythons)
+        raise NotConvertible(f"{at}1: not valid Python ({e})") from e
     mods = module_names(artifact)
     lines = source.splitlines()
     blank: dict[int, tuple[int, int, int]] = {}  # first line -> (last line, indent, end column): made `pass`
@@ -696,18 +738,21 @@ def _skills_by_role(s: _Session) -> dict[str, dict[str, list[str]]]:
     return out
 
 
-def _read_text(path: Path) -> tuple[str | None, str]:
+def _read_text(root: Path, file: str, max_bytes: int, out: SageHarvestResult) -> tuple[str | None, str, bool]:
+    """(the text, "", False), or (None, why, unsafe): a file of the workspace read through the guard
+    (:mod:`sage_pipeline.untrusted`); ``unsafe`` when the guard refused it (counted in ``out.unsafe``) for
+    anything but its absence."""
     try:
-        return path.read_bytes().decode("utf-8"), ""
-    except FileNotFoundError:
-        return None, "missing"
+        return ut.read_bytes(root, root / file, max_bytes).decode("utf-8"), "", False  # named in full when refused
+    except ut.Untrusted as e:
+        if e.reason == "missing":
+            return None, "missing", False
+        return None, out.refused(e), True
     except UnicodeDecodeError as e:
-        return None, f"not UTF-8 (byte at offset {e.start})"
-    except OSError as e:
-        return None, f"unreadable: {e.strerror or e}"
+        return None, f"not UTF-8 (byte at offset {e.start})", False
 
 
-def _candidate(ws: _Workspace, s: _Session, role: str, goals: dict, cfg: SageHarvestConfig
+def _candidate(ws: _Workspace, s: _Session, role: str, goals: dict, cfg: SageHarvestConfig, out: SageHarvestResult
                ) -> tuple[_Candidate | None, str, str, str]:
     """The session as a task, or (None, reason, where, detail)."""
     if ws.path is None:
@@ -735,6 +780,10 @@ def _candidate(ws: _Workspace, s: _Session, role: str, goals: dict, cfg: SageHar
         return None, "goal_not_found", s.first, f"session {s.sid}" + (f", trace {s.trace_id}" if s.trace_id else "")
     code_writes = [w for w in writes if w.pos < end_pos]
     artifact = (code_writes or writes)[-1]
+    try:  # the journal is model-driven: the code must be named inside the workspace, never through a link out
+        ut.resolve_inside(ws.path, ws.path / artifact.file)
+    except ut.Untrusted as e:
+        return None, "code_outside_workspace", artifact.where, out.refused(e)
     gate_tests = _norm(str(Path("tests") / f"test_{Path(artifact.file).stem}.py"))  # workflow.py verification_gate
     tw = _last_write_before(ws, gate_tests, end_pos)
     if tw is None or tw.op == "delete":
@@ -744,8 +793,10 @@ def _candidate(ws: _Workspace, s: _Session, role: str, goals: dict, cfg: SageHar
     later = _later_write(ws, gate_tests, end_pos)
     if later is not None:
         return None, "tests_overwritten_later", later.where, f"{gate_tests} rewritten in session {later.session}"
-    source, why = _read_text(ws.path / gate_tests)
+    source, why, unsafe = _read_text(ws.path, gate_tests, cfg.max_file_bytes, out)
     if source is None:
+        if unsafe:
+            return None, "unsafe_tests_file", tw.where, why
         reason = "tests_missing_on_disk" if why == "missing" else "tests_not_convertible"
         return None, reason, tw.where, f"{ws.path / gate_tests}: {why}"
     try:
@@ -759,8 +810,10 @@ def _candidate(ws: _Workspace, s: _Session, role: str, goals: dict, cfg: SageHar
         later = _later_write(ws, artifact.file, end_pos)
         if later is not None:
             return None, "code_overwritten_later", later.where, f"{artifact.file} rewritten in session {later.session}"
-        code, why = _read_text(ws.path / artifact.file)
+        code, why, unsafe = _read_text(ws.path, artifact.file, cfg.max_file_bytes, out)
         if code is None:
+            if unsafe:
+                return None, "unsafe_code_file", artifact.where, why
             return None, "code_missing_on_disk", artifact.where, f"{ws.path / artifact.file}: {why}"
     reference = {"entry_point": conv.entry_point, "timeout_s": cfg.timeout_s,
                  "tests": [{"check": c, "setup": conv.setup} for c in conv.checks]}
@@ -806,19 +859,31 @@ def _workspaces(workspaces: Sequence[Path], journals: Sequence[Path] | None, out
                 out.missing.append({"path": str(sessions), "reason": "no journal folder: SAGE has not run here"})
                 continue
             files, skipped = discover_logs(IngestConfig([sessions]))
-            ws.files += files
             out.missing += skipped
+            for f in files:  # a journal is streamed (no size cap) but must lie in its workspace
+                try:
+                    ut.check(ws.path, f, sys.maxsize)
+                except ut.Untrusted as e:
+                    out.missing.append({"path": str(f), "reason": out.refused(e)})
+                    continue
+                ws.files.append(f)
         return found
     orphans = _Workspace(None)
     for j in journals:
         j = Path(j)
-        if j.is_file():
+        try:
+            mode = os.stat(j).st_mode
+        except OSError:
+            out.missing.append({"path": str(j), "reason": "journal file or folder not found"})
+            continue
+        if stat.S_ISREG(mode):
             files = [j]
-        elif j.is_dir():
+        elif stat.S_ISDIR(mode):
             files, skipped = discover_logs(IngestConfig([j]))
             out.missing += skipped
         else:
-            out.missing.append({"path": str(j), "reason": "journal file or folder not found"})
+            out.missing.append({"path": str(j), "reason": f"not a regular file ({ut.kind_of(mode)}): never opened"})
+            out.unsafe["not_regular"] += 1
             continue
         for f in files:
             rf = f.resolve()  # one file named twice (a folder and the file in it) is read once
@@ -843,9 +908,12 @@ def harvest_sage(workspaces: Sequence[str | os.PathLike[str]], journals: Sequenc
     """Tasks for ``role`` from SAGE's ``workspaces`` and their journals (``journals`` None: each workspace's
     ``memory/sessions``; else those files or folders, each belonging to the workspace it lies in).
 
-    ``judge`` validates the references (a :class:`~sage_pipeline.sleep.judges.UnitTestJudge`; None: one is
-    opened on ``config.sandbox`` and closed here). A damaged line, file or a missing folder is counted and
-    the harvest goes on; only a sandbox that fails (no verdict) raises."""
+    ``judge`` validates the references (a :class:`~sage_pipeline.sleep.judges.UnitTestJudge` opened for
+    untrusted code, :func:`untrusted_judge`; None: one is opened on ``config.sandbox`` and closed here). A
+    damaged line, file or a missing folder is counted, every workspace file is read through the guard
+    (:mod:`sage_pipeline.untrusted`: a refused one is counted by reason, never read) and the harvest goes
+    on; only a sandbox that fails or refuses (no verdict) raises, and a judge not opened for untrusted code
+    is a :class:`SageHarvestError`."""
     cfg = config or SageHarvestConfig()
     if role not in ROLES:
         raise SageHarvestError(f"role {role!r} is not one of SAGE's agent roles ({', '.join(ROLES)})")
@@ -865,7 +933,7 @@ def harvest_sage(workspaces: Sequence[str | os.PathLike[str]], journals: Sequenc
                 out.outside_window += 1
                 continue
             out.sessions += 1
-            cand, reason, where, detail = _candidate(ws, s, role, goals, cfg)
+            cand, reason, where, detail = _candidate(ws, s, role, goals, cfg, out)
             if cand is None:
                 out.count(reason, s.sid, where, detail, cfg.max_listed)
             else:
@@ -893,18 +961,43 @@ def harvest_sage(workspaces: Sequence[str | os.PathLike[str]], journals: Sequenc
     return out
 
 
+def untrusted_judge(sandbox: str, workers: int = 1, allow_untrusted_local: bool = False,
+                    log: Callable[[str], None] | None = None, **options) -> UnitTestJudge:
+    """The unit-test judge for SAGE's harvested tasks: their tests (and the code judged by them) are
+    model-written, so its sandbox is opened ``untrusted=True``: Docker only, unless
+    ``allow_untrusted_local`` lets the unisolated local backend run them (the sandbox's describe, and so
+    the night's diagnostics, say so). ``options``: more :class:`~sage_pipeline.sim.sandbox.SandboxConfig`
+    fields."""
+    from sage_pipeline.sleep.judges import UnitTestJudge
+
+    return UnitTestJudge(sandbox=sandbox, workers=workers, log=log,
+                         options={**options, "untrusted": True, "allow_untrusted_local": allow_untrusted_local})
+
+
+def require_untrusted(judge: object, who: str) -> None:
+    """Raise :class:`SageHarvestError` unless ``judge`` opens its sandbox for untrusted code (a judge with
+    ``options``, as :class:`~sage_pipeline.sleep.judges.UnitTestJudge` has; a judge without runs nothing)."""
+    opts = getattr(judge, "options", None)
+    if isinstance(opts, dict) and not opts.get("untrusted"):
+        raise SageHarvestError(f"{who}: the unit-test judge opens its {getattr(judge, 'sandbox', '?')!r} sandbox "
+                               "without untrusted=True, but SAGE's harvested tests are model-written; make it with "
+                               "sage_harvest.untrusted_judge(...) (the local backend then needs "
+                               "allow_untrusted_local=True, knowing the tests run as you)")
+
+
 def _validate(candidates: list[_Candidate], cfg: SageHarvestConfig, out: SageHarvestResult, judge: UnitTestJudge | None,
               log: Callable[[str], None] | None) -> None:
-    """Each verified candidate's checks against SAGE's own final code, in one sandbox batch; a failure
-    replaces the record by None and is counted ``reference_not_reproducible``."""
+    """Each verified candidate's checks against SAGE's own final code, in one sandbox batch opened for
+    untrusted code (:func:`untrusted_judge`); a failure replaces the record by None and is counted
+    ``reference_not_reproducible``."""
     todo = [c for c in candidates if c.code is not None]
     if not todo:
         return
     own = judge is None
     if own:
-        from sage_pipeline.sleep.judges import UnitTestJudge
-
-        judge = UnitTestJudge(sandbox=cfg.sandbox, workers=cfg.sandbox_workers, log=log)
+        judge = untrusted_judge(cfg.sandbox, cfg.sandbox_workers, cfg.allow_untrusted_local, log)
+    else:
+        require_untrusted(judge, "harvest_sage")
     try:
         verdicts = judge.run([(c.record, c.code) for c in todo])
     finally:

@@ -14,8 +14,10 @@ Two kinds of input, both written by SAGE's own code:
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import threading
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -32,6 +34,7 @@ from sage_pipeline.sleep.sage_harvest import (
     SageHarvestError,
     checks_from_pytest,
     harvest_sage,
+    untrusted_judge,
     write_goal_ledger,
 )
 
@@ -301,8 +304,8 @@ def sage_day(sage_python, tmp_path_factory) -> SageDay:
 
 @pytest.fixture(scope="session")
 def harvested(sage_day):
-    return harvest_sage(sage_day.spaces(), None, "coder",
-                        SageHarvestConfig(goal_ledgers=(sage_day.ledger,), sandbox="local"))
+    return harvest_sage(sage_day.spaces(), None, "coder",  # the model world's code: the override is safe here
+                        SageHarvestConfig(goal_ledgers=(sage_day.ledger,), sandbox="local", allow_untrusted_local=True))
 
 
 def _run_of(sage_day, session: str):
@@ -327,7 +330,7 @@ def test_the_harvest_finds_sage_tasks_whose_tests_tell_the_right_code_from_the_w
         assert t.intent.endswith(task.prompt) and t.reference["entry_point"] == task.entry_point
         assert t.split in ("train", "val", "test") and t.tags == ("sage", "role:coder", "verified")
         rows += [(t, task.reference), (t, task.wrong_candidates()[0].code)]
-    judge = UnitTestJudge(sandbox="local")
+    judge = untrusted_judge("local", allow_untrusted_local=True)  # harvested tests, of the model world's code
     try:
         verdicts = [j.hard for j in judge.run(rows)]
     finally:
@@ -450,7 +453,7 @@ def test_damage_after_sage_ran_is_counted_by_reason_naming_file_and_line(sage_da
     ledger = tmp_path / "goals.jsonl"
     shutil.copyfile(sage_day.ledger, ledger)
     res = harvest_sage(sorted(ws.glob("ws-*")), None, "coder",
-                       SageHarvestConfig(goal_ledgers=(ledger,), sandbox="local"))
+                       SageHarvestConfig(goal_ledgers=(ledger,), sandbox="local", allow_untrusted_local=True))
     _adds_up(res)
     hit = [ex for ex in res.examples.get(reason, []) if ex["session"] == sage["session_id"]]
     assert len(hit) == 1 and sage["session_id"] not in {t.meta["sage"]["session_id"] for t in res.tasks}
@@ -462,3 +465,164 @@ def test_damage_after_sage_ran_is_counted_by_reason_naming_file_and_line(sage_da
                             hit[0]["detail"]), hit[0]["detail"]
     elif reason == "tests_missing_on_disk":
         assert hit[0]["detail"] == f"{mine / sage['gate_test_file']}: missing"
+
+
+# ------------------------------------------------------------------ hostile workspaces (an LLM wrote them)
+CANARY = "CANARY-7d1f3c-outside-the-workspace"
+ARTIFACT, TESTS = "sol_best_window_0000.py", "tests/test_sol_best_window_0000.py"  # run 0 of ws-0, as SAGE logged
+TEST_SOURCE = ("from sol_best_window_0000 import best_window\n\n\ndef test_window():\n"
+               "    assert best_window([1, 2, 3], 2) == 5\n")
+CODE = "def best_window(xs, k):\n    return max(sum(xs[i:i + k]) for i in range(len(xs) - k + 1))\n"
+
+
+class RecordingJudge:
+    """Passes every reference, keeping what it was given (a sandbox opened for untrusted code, as the harvest asks)."""
+
+    sandbox, options = "recording", {"untrusted": True}
+
+    def __init__(self) -> None:
+        self.items: list = []
+
+    def run(self, items):
+        from sage_pipeline.sleep.judges import Judgement
+
+        self.items += items
+        return [Judgement(1.0, 1.0) for _ in items]
+
+
+def _within(fn, timeout_s: float = 60.0):
+    """``fn()`` in a thread: the test fails, instead of hanging, when it blocks (a FIFO opened)."""
+    box: dict = {}
+
+    def go() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            box["error"] = e
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    t.join(timeout_s)
+    assert not t.is_alive(), f"still running after {timeout_s} s: something blocked (a FIFO opened?)"
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def _retarget(ws: Path, file: str) -> None:
+    """The journal as if SAGE's patch had written the code at ``file`` (an absolute or ../ path from the model)."""
+    journal = _journal(ws)
+    journal.write_text(journal.read_text().replace(f'"file": "{ARTIFACT}"', f'"file": {json.dumps(file)}'))
+
+
+@pytest.fixture
+def hostile(tmp_path) -> tuple[list[Path], Path, Path]:
+    """Copies of SAGE's ws-0 (its journal of three runs, written by SAGE), each with one hostile thing where run 0's
+    test file or code belongs, and one clean copy (run 0 a task); outside them, files holding the canary."""
+    out = tmp_path / "outside"
+    (out / "tests").mkdir(parents=True)
+    (out / "canary_tests.py").write_text(TEST_SOURCE + f"# {CANARY}\n")
+    (out / "tests" / Path(TESTS).name).write_text(TEST_SOURCE + f"# {CANARY}\n")
+    (out / "canary_code.py").write_text(CODE + f"# {CANARY}\n")
+    (out / ARTIFACT).write_text(CODE + f"# {CANARY}\n")
+    shutil.copyfile(FIXTURE / "ws-1" / "memory" / "sessions" / "2026-11-28.log", out / "2026-11-29.log")
+    cases = {}
+
+    def ws(name: str, tests: bool = True, code: bool = True) -> Path:
+        w = shutil.copytree(FIXTURE / "ws-0", tmp_path / "spaces" / name)
+        if tests:
+            (w / "tests").mkdir()
+            (w / TESTS).write_text(TEST_SOURCE)
+        if code:
+            (w / ARTIFACT).write_text(CODE)
+        cases[name] = w
+        return w
+
+    ws("clean")
+    (ws("tests_link_out", tests=False) / "tests").mkdir()
+    (cases["tests_link_out"] / TESTS).symlink_to(out / "canary_tests.py")
+    (ws("tests_folder_link_out", tests=False) / "tests").symlink_to(out / "tests", target_is_directory=True)
+    (ws("code_link_out", code=False) / ARTIFACT).symlink_to(out / "canary_code.py")
+    _retarget(ws("code_absolute_path", code=False), str(out / ARTIFACT))
+    _retarget(ws("code_parent_path", code=False), f"../../outside/{ARTIFACT}")
+    (ws("tests_fifo", tests=False) / "tests").mkdir()
+    os.mkfifo(cases["tests_fifo"] / TESTS)
+    os.mkfifo(ws("code_fifo", code=False) / ARTIFACT)
+    (ws("tests_dev_zero", tests=False) / "tests").mkdir()
+    (cases["tests_dev_zero"] / TESTS).symlink_to("/dev/zero")
+    (ws("tests_50mb", tests=False) / "tests").mkdir()
+    (cases["tests_50mb"] / TESTS).write_bytes(TEST_SOURCE.encode() + b"#" * (50 * 1024 * 1024) + b"\n")
+    (ws("journal_link_out") / "memory" / "sessions" / "2026-11-29.log").symlink_to(out / "2026-11-29.log")
+    ledger = write_goal_ledger(tmp_path / "goals.jsonl", [{"session_id": r["sessions"][0], "goal": f"the goal of "
+                                                           f"{r['run']}: {r['task_id']}"} for r in RUNS])
+    return [cases[k] for k in sorted(cases)], ledger, out
+
+
+EXPECTED = {  # workspace -> (the harvest's reason for run 0, the guard's reason)
+    "tests_link_out": ("unsafe_tests_file", "link"),
+    "tests_folder_link_out": ("unsafe_tests_file", "link"),
+    "tests_fifo": ("unsafe_tests_file", "not_regular"),
+    "tests_dev_zero": ("unsafe_tests_file", "link"),
+    "tests_50mb": ("unsafe_tests_file", "too_large"),
+    "code_link_out": ("code_outside_workspace", "link"),
+    "code_absolute_path": ("code_outside_workspace", "outside_root"),
+    "code_parent_path": ("code_outside_workspace", "outside_root"),
+    "code_fifo": ("unsafe_code_file", "not_regular"),
+}
+
+
+def test_a_harvest_of_hostile_workspaces_finishes_counts_each_by_reason_and_reads_nothing_outside(hostile):
+    spaces, ledger, outside = hostile
+    judge = RecordingJudge()
+    res = _within(lambda: harvest_sage(spaces, None, "coder", SageHarvestConfig(goal_ledgers=(ledger,)), judge=judge))
+    _adds_up(res)
+    (task,) = res.tasks  # run 0 of the clean workspace only
+    assert task.meta["sage"]["workspace"].endswith("/clean") and task.meta["sage"]["reference_validated"]
+    by_ws = {}
+    for reason, exs in res.examples.items():
+        for ex in exs:
+            by_ws.setdefault(ex["where"].split("/spaces/")[1].split("/")[0], []).append((reason, ex))
+    for name, (reason, guard) in EXPECTED.items():
+        hits = [(r, ex) for r, ex in by_ws[name] if r == reason and ex["session"] == RUNS[0]["sessions"][0]]
+        assert len(hits) == 1, (name, by_ws[name])
+        detail = hits[0][1]["detail"]
+        assert f"refused ({guard}:" in detail and "spaces/" + name in detail, detail  # the file, the root, why
+    # the tests folder linked out refuses the two other runs' test files too (their path goes through the link)
+    assert res.reasons["unsafe_tests_file"] == 5 + 2 and res.reasons["code_outside_workspace"] == 3
+    assert res.reasons["unsafe_code_file"] == 1
+    assert res.unsafe == {"link": 3 + 3 + 1, "not_regular": 2, "too_large": 1, "outside_root": 2}  # 1: the journal
+    (journal,) = [m for m in res.missing if "journal_link_out" in m["path"]]
+    assert journal["path"].endswith("2026-11-29.log") and "refused (link:" in journal["reason"]
+    assert str(outside / "2026-11-29.log") not in res.journal_files
+    # nothing outside the workspaces was read: the canary is in no record, no code judged, no count or example
+    seen = json.dumps([t.to_dict() for t in res.tasks]) + json.dumps(judge.items, default=str)
+    seen += json.dumps(res.summary()) + json.dumps(res.examples)
+    assert CANARY not in seen
+    assert res.summary()["unsafe"] == dict(res.unsafe)
+
+
+def test_the_size_cap_is_a_stated_setting(hostile):
+    spaces, ledger, _ = hostile
+    field = SageHarvestConfig.model_fields["max_file_bytes"]
+    assert field.default == 8 * 1024 * 1024 and "never read" in field.description
+    clean = [w for w in spaces if w.name == "clean"]
+    res = harvest_sage(clean, None, "coder", SageHarvestConfig(goal_ledgers=(ledger,), max_file_bytes=64),
+                       judge=RecordingJudge())
+    (ex,) = res.examples["unsafe_tests_file"]
+    assert "too_large" in ex["detail"] and "the cap is 64" in ex["detail"] and not res.tasks
+
+
+def test_a_judge_not_opened_for_untrusted_code_is_refused(hostile):
+    spaces, ledger, _ = hostile
+    clean = [w for w in spaces if w.name == "clean"]
+    with pytest.raises(SageHarvestError, match="without untrusted=True.*allow_untrusted_local"):
+        harvest_sage(clean, None, "coder", SageHarvestConfig(goal_ledgers=(ledger,)), judge=UnitTestJudge("local"))
+    judge = untrusted_judge("local")
+    assert judge.options == {"untrusted": True, "allow_untrusted_local": False}
+    assert judge.describe()["untrusted"] and not judge.describe()["allow_untrusted_local"]
+
+
+@pytest.mark.parametrize("source", ["(" * 300_000 + ")" * 300_000, "x = 1\x00\n", "-" * 2_000_000 + "1\n"])
+def test_a_hostile_test_module_is_not_convertible_not_a_crash(source):
+    with pytest.raises(NotConvertible, match="line 1|:1:"):
+        checks_from_pytest(source, "calc.py")
