@@ -58,6 +58,16 @@ def _md(rows: list[dict], empty: str) -> dg.MetadataValue:
     return dg.MetadataValue.md(markdown.table(rows) if rows else empty)
 
 
+def _sandbox(d: dict) -> str:
+    """Which backend ran SAGE's tests, and whether unisolated by the override."""
+    if not d:
+        return "-"
+    if d.get("sandbox") == "local":
+        return ("local: UNISOLATED, SAGE's model-written tests run by the override allow_untrusted_local"
+                if d.get("allow_untrusted_local") else "local (unisolated)")
+    return f"{d.get('sandbox')} (isolated{', untrusted code' if d.get('untrusted') else ''})"
+
+
 def sage_skills_metadata(o: SageSkillsOutcome) -> dict:
     """What the UI shows at a glance: the live version and its per-skill shas, the night's decision, the
     online check's table."""
@@ -98,7 +108,9 @@ def sage_skills_metadata(o: SageSkillsOutcome) -> dict:
         "diff": dg.MetadataValue.md("\n".join(f"```diff\n{d}```" for d in n.diff.values()) or "no change"),
         "tasks": dg.MetadataValue.json({k: v for k, v in n.tasks.items() if not k.endswith("_ids")}),
         "harvest": dg.MetadataValue.json({k: o.harvest.get(k) for k in ("sessions", "outside_window", "tasks",
-                                                                          "validated", "reasons", "missing")}),
+                                                                          "validated", "reasons", "missing",
+                                                                          "unsafe")}),
+        "sandbox": _sandbox(n.sandbox),
         "diagnostics": dg.MetadataValue.path(n.diagnostics),
     })
     return meta

@@ -45,6 +45,11 @@ Dagster asset does: harvest, the online check of the deployed versions (:mod:`.s
 
 A backend error, a judge error or a bug ends the night with its status and cause (the cycle's
 :data:`~sage_pipeline.sleep.cycle.STATUSES`); the live version only ever changes by a whole commit.
+
+What the night reads is hostile (an LLM wrote SAGE's workspaces): the harvest reads every file through the
+guard and counts what it refuses (the diagnostics' ``harvest.unsafe`` and examples); SAGE's tests and the
+model's code run in a sandbox opened for untrusted code (Docker; local only with ``allow_untrusted_local``,
+which the diagnostics' ``sandbox`` shows); a harvest that raises still leaves its ``diagnostics.json``.
 """
 
 from __future__ import annotations
@@ -76,6 +81,7 @@ from sage_pipeline.sleep.judges import JudgeError, UnitTestJudge, extract_code
 from sage_pipeline.sleep.prompts import ReplyFormatError, extract_json, parse_reflect_reply, reflect_messages
 from sage_pipeline.sleep.records import DEFAULT_SPLIT, ReflectRequest, SplitSpec, TaskRecord, TaskResult
 from sage_pipeline.sleep.replay import map_workers
+from sage_pipeline.sleep.sage_harvest import SageHarvestError, require_untrusted
 from sage_pipeline.sleep.sage_online import OnlineCheckConfig, OnlineReport, check, runs_from_journals
 from sage_pipeline.sleep.sage_skills import SageSkillsConfig, SageSkillsRoot, SkillsRootChanged, SkillsRootError
 
@@ -684,6 +690,11 @@ def _setup_and_run(root: SageSkillsRoot, tasks: Sequence[TaskRecord], backend: C
                     "complete(messages, purpose, max_tokens) (use sleep.backends.OpenAIBackend)")
         return
     r.backend = backend.describe()
+    try:  # the night runs SAGE's tests and the model's code: never in a sandbox opened for trusted code
+        require_untrusted(unit, "the night")
+    except SageHarvestError as e:
+        r.status, r.cause, r.reason = "input_error", str(e), "the judge's sandbox is not opened for untrusted code"
+        return
     try:
         r.notes.append(root.recover() or "")
         before = root.live()
@@ -744,9 +755,15 @@ class SageSkillsSettings(BaseModel):
     night: SageNightConfig = Field(default_factory=SageNightConfig, description="the night on SAGE's skills")
     online: OnlineCheckConfig = Field(default_factory=OnlineCheckConfig, description="the online check of the "
                                       "deployed edits on SAGE's journals, before the night")
-    sandbox: Literal["docker", "local"] = Field("docker", description="where SAGE's and the replayed code runs: "
-                                                "'docker' (isolated; it is model-written) or 'local' (unisolated, "
-                                                "for code the project trusts only)")
+    sandbox: Literal["docker", "local"] = Field("docker", description="where SAGE's tests and the code they judge "
+                                                "run (model-written: the sandbox is opened untrusted): 'docker' "
+                                                "(isolated) or 'local' (unisolated: refused unless "
+                                                "allow_untrusted_local)")
+    allow_untrusted_local: bool = Field(False, description="let sandbox 'local' run SAGE's harvested tests and the "
+                                        "model's code. RISK: unisolated, they run as you and can read or write "
+                                        "whatever you can (a hostile test can write files on this machine); only "
+                                        "for a throwaway machine or code you trust (the model world's). The "
+                                        "night's diagnostics say when it was used")
     sandbox_workers: int = Field(1, ge=1, description="parallel sandbox workers")
     harvest_days: int = Field(0, ge=0, description="harvest the runs of this many days before the night's end "
                               "(0: every run before it)")
@@ -807,7 +824,7 @@ def run_sage_skills(data_root: str | os.PathLike[str], date: str, window: tuple[
     then the harvest of SAGE's runs before the night's end and one night on the skills root; when not,
     :data:`NOT_CONFIGURED` and nothing else (the root is not even created). ``backend`` overrides the one the
     settings name."""
-    from sage_pipeline.sleep.sage_harvest import SageHarvestConfig, harvest_sage
+    from sage_pipeline.sleep.sage_harvest import SageHarvestConfig, harvest_sage, untrusted_judge
 
     s = settings or SageSkillsSettings()
     folder = s.root_path(data_root)
@@ -828,13 +845,16 @@ def run_sage_skills(data_root: str | os.PathLike[str], date: str, window: tuple[
     until = window[1] if window else None
     since = (until - timedelta(days=s.harvest_days)) if until is not None and s.harvest_days else None
     hcfg = SageHarvestConfig(goal_ledgers=tuple(Path(p) for p in s.goal_ledgers), sandbox=s.sandbox,
-                             sandbox_workers=s.sandbox_workers, since=since, until=until)
-    unit = UnitTestJudge(sandbox=s.sandbox, workers=s.sandbox_workers, log=log)
+                             sandbox_workers=s.sandbox_workers, allow_untrusted_local=s.allow_untrusted_local,
+                             since=since, until=until)
+    unit = untrusted_judge(s.sandbox, s.sandbox_workers, s.allow_untrusted_local, log)
     try:
         try:
             h = harvest_sage(s.workspaces, list(s.journals) or None, s.night.role, hcfg, judge=unit, log=log)
         except JudgeError as e:
-            out.night = _harvest_failed(root, s.night.role, date, str(e))
+            out.night = _harvest_failed(root, s.night.role, date, str(e), unit)
+        except Exception as e:  # noqa: BLE001 - a bug in the harvest still leaves the night's diagnostics
+            out.night = _harvest_failed(root, s.night.role, date, "", unit, e)
         else:
             out.harvest = {**h.summary(), "examples": h.examples}
             if backend is None:
@@ -852,14 +872,23 @@ def run_sage_skills(data_root: str | os.PathLike[str], date: str, window: tuple[
     return out
 
 
-def _harvest_failed(root: SageSkillsRoot, role: str, date: str, cause: str) -> SageNightResult:
-    """The night of a harvest whose sandbox failed: ``judge_error``, its diagnostics written."""
+def _harvest_failed(root: SageSkillsRoot, role: str, date: str, cause: str, unit: UnitTestJudge,
+                    error: Exception | None = None) -> SageNightResult:
+    """The night of a harvest that raised: ``judge_error`` (its sandbox failed or refused), or
+    ``internal_error`` with the traceback (``error``: a bug, since a bad input is counted, never raised);
+    its diagnostics written either way, with the sandbox the harvest used."""
     r = SageNightResult(role=role, date=date, root=str(root.folder), status="judge_error", phase="harvest",
-                        cause=cause, started_at=_now(), finished_at=_now(),
-                        reason="the sandbox failed while validating the harvested tests against SAGE's code: no task "
-                               "was replayed and the skills are unchanged")
-    v = root.live()
-    r.versions.update(before=v, after=v)
+                        cause=cause, started_at=_now(),
+                        reason="the sandbox failed or refused (see the cause) while validating the harvested tests "
+                               "against SAGE's code: no task was replayed and the skills are unchanged")
+    if error is not None:
+        _stopped_by(r, error, "internal_error")
+    with contextlib.suppress(Exception):
+        r.sandbox = unit.describe()
+    with contextlib.suppress(SkillsRootError, sk.SkillsError, OSError):
+        v = root.live()
+        r.versions.update(before=v, after=v)
+    r.finished_at = _now()
     r.diagnostics = str(artifacts.write_json(night_dir(root, date, role) / "diagnostics.json", r.to_dict()))
     return r
 

@@ -10,7 +10,9 @@ runs log its shas) and one null (nothing accepted)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +25,7 @@ from sage_pipeline.sleep.cycle import ERROR_STATUSES, STATUSES
 from sage_pipeline.sleep.gate import GateConfig
 from sage_pipeline.sleep.judges import JudgeError, Judgement, UnitTestJudge
 from sage_pipeline.sleep.records import SplitSpec, task_from_dict
+from sage_pipeline.sleep.sage_harvest import untrusted_judge
 from sage_pipeline.sleep.sage_night import (
     CODER_USER,
     UNIVERSAL_PREFIX,
@@ -175,7 +178,7 @@ def test_test_is_held_out_by_id_and_val_is_drawn_afresh_each_night():
 @pytest.mark.slow  # the local sandbox (about 1 s)
 def test_a_rule_that_helps_is_accepted_and_committed_as_the_new_live_version(root):
     before, shas = root.live(), root.shas()
-    unit = UnitTestJudge(sandbox="local")
+    unit = untrusted_judge("local", allow_untrusted_local=True)  # no Docker here; these tasks are the test's own
     try:
         r = _night(root, judge=unit)
     finally:
@@ -327,7 +330,7 @@ def test_the_assets_work_reads_sages_journals_and_records_a_failing_harvest_or_o
 
     fixture = Path(__file__).resolve().parents[1] / "routing" / "fixtures" / "sage_world_run"
     spaces = [str(shutil.copytree(fixture / ws, tmp_path / ws)) for ws in ("ws-0", "ws-1")]
-    settings = SageSkillsSettings(workspaces=spaces, sandbox="local", openai={"model": ""})
+    settings = SageSkillsSettings(workspaces=spaces, sandbox="local", allow_untrusted_local=True, openai={"model": ""})
     o = run_sage_skills(tmp_path / "data", DATE, None, settings)
     assert o.configured and o.healthy and o.night.status == "no_tasks" and o.harvest["sessions"] == 6
     assert o.online.runs >= 4 and o.online.edits == [] and o.live["seq"] == 1 and o.night.calls["calls"] == 0
@@ -345,6 +348,137 @@ def test_the_assets_work_reads_sages_journals_and_records_a_failing_harvest_or_o
     assert not o.healthy and o.night.status == "judge_error" and o.night.phase == "harvest"
     assert "no daemon" in o.night.cause and json.loads(Path(o.night.diagnostics).read_text())["status"] == "judge_error"
     assert o.online is None and "journal folder unreadable" in o.online_error and "online check failed" in o.message
+
+
+# ------------------------------------------------------------------ what the night reads is hostile
+FIXTURE = Path(__file__).resolve().parents[1] / "routing" / "fixtures" / "sage_world_run"
+ARTIFACT, GATE_TESTS = "sol_best_window_0000.py", "tests/test_sol_best_window_0000.py"  # run 0 of ws-0, as SAGE logged
+CODE = "def best_window(xs, k):\n    return max(sum(xs[i:i + k]) for i in range(len(xs) - k + 1))\n"
+
+
+def _workspace(tmp_path, name: str, tests: str | None = None) -> Path:
+    """SAGE's ws-0 (its journal, written by SAGE), with run 0's code and, when given, its gate's test file."""
+    ws = shutil.copytree(FIXTURE / "ws-0", tmp_path / "spaces" / name)
+    (ws / ARTIFACT).write_text(CODE)
+    (ws / "tests").mkdir()
+    if tests is not None:
+        (ws / GATE_TESTS).write_text(tests)
+    return ws
+
+
+def _ledger(tmp_path) -> str:
+    from sage_pipeline.sleep.sage_harvest import write_goal_ledger
+
+    runs = [json.loads(x) for x in (FIXTURE / "runs.jsonl").read_text().splitlines()]
+    return str(write_goal_ledger(tmp_path / "goals.jsonl", [{"session_id": r["sessions"][0], "goal": f"the goal "
+                                                             f"of {r['run']}"} for r in runs]))
+
+
+def _within(fn, timeout_s: float = 120.0):
+    box: dict = {}
+
+    def go() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            box["error"] = e
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    t.join(timeout_s)
+    assert not t.is_alive(), f"the night still runs after {timeout_s} s: something blocked (a FIFO opened?)"
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def test_a_night_on_hostile_workspaces_never_hangs_and_counts_what_it_could_not_use(tmp_path):
+    from sage_pipeline.sleep.sage_night import SageSkillsSettings, run_sage_skills
+
+    fifo = _workspace(tmp_path, "fifo")
+    os.mkfifo(fifo / GATE_TESTS)
+    zero = _workspace(tmp_path, "zero")
+    (zero / GATE_TESTS).symlink_to("/dev/zero")
+    os.mkfifo(zero / "memory" / "sessions" / "2026-11-29.log")  # a journal that is a FIFO
+    settings = SageSkillsSettings(workspaces=[str(fifo), str(zero)], goal_ledgers=[_ledger(tmp_path)],
+                                  openai={"model": ""})
+    o = _within(lambda: run_sage_skills(tmp_path / "data", DATE, None, settings))
+    assert o.night.status == "no_tasks" and o.harvest["reasons"]["unsafe_tests_file"] == 2
+    assert o.harvest["unsafe"] == {"not_regular": 1, "link": 1}
+    assert any(m["path"].endswith("zero/memory/sessions/2026-11-29.log") and "a FIFO" in m["reason"]
+               for m in o.harvest["missing"])  # the ingest's listing says so; never opened
+    d = json.loads(Path(o.night.diagnostics).read_text())
+    assert d["harvest"]["unsafe"] == o.harvest["unsafe"]
+    details = [ex["detail"] for ex in d["harvest"]["examples"]["unsafe_tests_file"]]
+    assert any("fifo/tests/test_sol_best_window_0000.py: refused (not_regular" in x for x in details)
+    assert any("zero/tests/test_sol_best_window_0000.py: refused (link" in x for x in details)
+
+
+@pytest.mark.parametrize("error", [MemoryError(), RuntimeError("a bug in the harvest")])
+def test_a_harvest_that_raises_still_writes_the_nights_diagnostics(tmp_path, monkeypatch, error):
+    from sage_pipeline.sleep import sage_harvest
+    from sage_pipeline.sleep.sage_night import SageSkillsSettings, run_sage_skills
+
+    def raises(*a, **k):
+        raise error
+
+    monkeypatch.setattr(sage_harvest, "harvest_sage", raises)
+    settings = SageSkillsSettings(workspaces=[str(_workspace(tmp_path, "ws"))], openai={"model": ""})
+    o = run_sage_skills(tmp_path / "data", DATE, None, settings)
+    assert o.night.status == "internal_error" and o.night.phase == "harvest" and not o.healthy
+    assert type(error).__name__ in o.night.cause and "Traceback" in o.night.traceback
+    d = json.loads(Path(o.night.diagnostics).read_text())
+    assert d["status"] == "internal_error" and d["finished_at"] and d["sandbox"]["untrusted"] is True
+
+
+def test_the_night_refuses_a_judge_not_opened_for_untrusted_code(root):
+    before = root.live()
+    r = run_sage_night(root, TASKS, Chat(), UnitTestJudge(sandbox="local"), date=DATE)
+    assert r.status == "input_error" and "without untrusted=True" in r.cause and "allow_untrusted_local" in r.cause
+    assert root.live() == before and r.calls["calls"] == 0 and _diag(r)["sandbox"]["untrusted"] is False
+
+
+def _writes_on_the_host(host: Path) -> str:
+    return (f"import pathlib\nfrom sol_best_window_0000 import best_window\n\n"
+            f"pathlib.Path({str(host)!r}).write_text('written by a harvested test')\n\n\n"
+            "def test_window():\n    assert best_window([1, 2, 3], 2) == 5\n")
+
+
+def test_harvested_tests_never_run_unisolated_without_the_explicit_override(tmp_path):
+    """SAGE's tests are model-written: the sandbox is opened untrusted, so the local backend refuses them (a judge_error
+    night, its diagnostics saying why and which backend) and the hostile test's file is never written."""
+    from sage_pipeline.sleep.sage_night import SageSkillsSettings, run_sage_skills
+
+    host = tmp_path / "host-file-written-by-a-test"
+    ws = _workspace(tmp_path, "ws", _writes_on_the_host(host))
+    settings = SageSkillsSettings(workspaces=[str(ws)], goal_ledgers=[_ledger(tmp_path)], sandbox="local",
+                                  openai={"model": ""})
+    o = run_sage_skills(tmp_path / "data", DATE, None, settings)
+    assert o.night.status == "judge_error" and o.night.phase == "harvest", o.night.reason
+    assert "UNISOLATED" in o.night.cause and "allow_untrusted_local=True" in o.night.cause
+    assert not host.exists()
+    d = json.loads(Path(o.night.diagnostics).read_text())
+    assert d["sandbox"]["sandbox"] == "local" and d["sandbox"]["untrusted"] is True
+    assert d["sandbox"]["allow_untrusted_local"] is False
+
+
+@pytest.mark.slow  # the local sandbox (about 1 s)
+def test_the_override_runs_them_locally_and_the_diagnostics_say_so(tmp_path):
+    from sage_pipeline.defs.sage_skills_assets import sage_skills_metadata
+    from sage_pipeline.sleep.sage_night import SageSkillsSettings, run_sage_skills
+
+    host = tmp_path / "host-file-written-by-a-test"
+    ws = _workspace(tmp_path, "ws", _writes_on_the_host(host))
+    settings = SageSkillsSettings(workspaces=[str(ws)], goal_ledgers=[_ledger(tmp_path)], sandbox="local",
+                                  allow_untrusted_local=True, openai={"model": ""})
+    o = run_sage_skills(tmp_path / "data", DATE, None, settings)
+    assert o.night.status == "no_tasks" and o.harvest["validated"] == 1, (o.night.reason, o.harvest)
+    assert host.exists()  # the override's stated risk: unisolated, a harvested test writes on this machine
+    d = json.loads(Path(o.night.diagnostics).read_text())["sandbox"]
+    assert (d["sandbox"], d["untrusted"], d["allow_untrusted_local"], d["isolated"]) == ("local", True, True, False)
+    assert "allow_untrusted_local" in d["note"]
+    assert "UNISOLATED" in sage_skills_metadata(o)["sandbox"] and "allow_untrusted_local" in sage_skills_metadata(o)[
+        "sandbox"]
 
 
 # ------------------------------------------------------------------ end to end: SAGE's real `sage run` (sage_contract)
@@ -373,8 +507,8 @@ def sage_world(sage_python, tmp_path_factory):
     assert day.finished == WORLD_RUNS, day.failures
     ledger = write_goal_ledger(tmp / "goals.jsonl", [{"session_id": r.sessions[0], "goal": goal(
         r.run, world.tasks[world.by_id[r.task_id]].prompt)} for r in day.runs])
-    h = harvest_sage(sorted((tmp / "day1").glob("ws-*")), None, "coder",
-                     SageHarvestConfig(goal_ledgers=(ledger,), sandbox="local"))
+    h = harvest_sage(sorted((tmp / "day1").glob("ws-*")), None, "coder",  # the model world's code: the override
+                     SageHarvestConfig(goal_ledgers=(ledger,), sandbox="local", allow_untrusted_local=True))
     assert len(h.tasks) >= WORLD_RUNS - 3 and h.validated == len(h.tasks), h.summary()
     yield {"world": world, "srv": srv, "install": install, "root": root, "day": day, "harvest": h, "tmp": tmp}
     srv.stop()
@@ -384,7 +518,7 @@ def _world_night(root, h, url: str, model: str, alpha: float = 0.05):
     from sage_pipeline.sleep.backends import OpenAIBackend, OpenAIConfig
 
     backend = OpenAIBackend(OpenAIConfig(base_url=url + "/v1", model=model, temperature=0.7, max_retries=1))
-    unit = UnitTestJudge(sandbox="local")
+    unit = untrusted_judge("local", allow_untrusted_local=True)  # the model world's code: the override is safe here
     cfg = SageNightConfig(gate=GateConfig(samples=16, alpha=alpha), split=SplitSpec(train=0.25, val=0.65),
                           train_samples=4)
     try:
