@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1] / PACKAGE
 # layer -> rank: a module may import its own layer or a layer of lower rank only
 RANKS = {
     "artifacts": 0, "markdown": 0, "errors": 0, PACKAGE: 0,  # the shared helpers (and the package's __init__)
+    "untrusted": 0,  # the guard for files the project did not write: a shared helper, standard library only
     # SAGE's contract: its formats, read from SAGE's code (table, checkpoint, exploration, bandit
     # state, the deployment bundle); below every domain that reads or writes them
     "sage": 0.5,
