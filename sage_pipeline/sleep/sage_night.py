@@ -81,7 +81,6 @@ from sage_pipeline.sleep.judges import JudgeError, UnitTestJudge, extract_code
 from sage_pipeline.sleep.prompts import ReplyFormatError, extract_json, parse_reflect_reply, reflect_messages
 from sage_pipeline.sleep.records import DEFAULT_SPLIT, ReflectRequest, SplitSpec, TaskRecord, TaskResult
 from sage_pipeline.sleep.replay import map_workers
-from sage_pipeline.sleep.sage_harvest import SageHarvestError, require_untrusted
 from sage_pipeline.sleep.sage_online import OnlineCheckConfig, OnlineReport, check, runs_from_journals
 from sage_pipeline.sleep.sage_skills import SageSkillsConfig, SageSkillsRoot, SkillsRootChanged, SkillsRootError
 
@@ -690,6 +689,8 @@ def _setup_and_run(root: SageSkillsRoot, tasks: Sequence[TaskRecord], backend: C
                     "complete(messages, purpose, max_tokens) (use sleep.backends.OpenAIBackend)")
         return
     r.backend = backend.describe()
+    from sage_pipeline.sleep.sage_harvest import SageHarvestError, require_untrusted  # as run_sage_skills: lazily
+
     try:  # the night runs SAGE's tests and the model's code: never in a sandbox opened for trusted code
         require_untrusted(unit, "the night")
     except SageHarvestError as e:
