@@ -34,6 +34,9 @@ RANKS = {
     # SAGE's contract: its formats, read from SAGE's code (table, checkpoint, exploration, bandit
     # state, the deployment bundle); below every domain that reads or writes them
     "sage": 0.5,
+    # the decision ledger's core (anytime-valid evidence, the ledger, the recorded assignment, its report):
+    # numpy and the shared helpers only, so every lever's chain (sleep, rl, sage_world) can use it
+    "decisions": 0.75,
     "routing": 1,
     "sim": 2,
     "rl": 3,
