@@ -12,6 +12,16 @@ bound of the paired difference of its ``ope.HEADLINE_ESTIMATOR`` (step-wise DR w
 trajectory weights, the estimator of the episode value) with the static table's, on the same
 report episodes, exceeds :data:`GATE_MIN_GAIN` (0) of the table's estimate (``promotion_gate``).
 
+That per-night rule is valid for **one night only**: run every night on a growing log, each night is a
+fresh look at a fresh level, it compares with the table rather than what SAGE runs, and it keeps its last
+promotion. SAGE's binary space is therefore gated in one of two modes (``run_sage_binary_eval``'s
+``mode``, :data:`GATE_MODES`): ``"ledger"`` (the default) decides through the decision ledger's router
+lever (:func:`ledger_gate`, ``sage_pipeline.decisions.router``): each candidate against the *deployed*
+policy on the exploring checkpoint's episodes logged after it was proposed, evidence carried across
+nights, one error level over every night and candidate, the deployed policy kept on probation and
+reverted (to the previous one, or the table) when its advantage is excluded; ``"per_night"`` is the
+rule above, kept for one-off comparisons and the benchmarks that measure it.
+
 Any journal set SAGE writes is evaluated, however few its sessions (SAGE without SAGE_SESSION_ID writes
 one a day): every interval resamples whole sessions, and below ``OPESettings.min_sessions`` the report
 gives estimates without intervals, says how many sessions it has and needs, and the gate refuses with
@@ -23,6 +33,8 @@ BC's propensities estimated from deterministic logs never stand in for explorati
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import logging
 import shutil
@@ -31,11 +43,14 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
+import joblib
 import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
 from sage_pipeline import artifacts
+from sage_pipeline.decisions import router as ledger_router
+from sage_pipeline.decisions.ledger import Ledger
 from sage_pipeline.rl import cql, ope
 from sage_pipeline.rl.data import from_dataset
 from sage_pipeline.routing import task_outcomes
@@ -159,6 +174,8 @@ class GateDecision:
     candidates: dict[str, dict] = field(default_factory=dict)  # name -> {ci_low, difference, passed, why, ...}
     rule: str = GATE_RULE
     min_gain: float = GATE_MIN_GAIN
+    mode: str = "per_night"  # or "ledger" (ledger_gate): see the module doc
+    ledger: dict = field(default_factory=dict)  # ledger mode: tonight's changes and what SAGE should run now
 
 
 def promotion_gate(evals: dict[str, ope.PolicyEvaluation], static: str = STATIC,
@@ -166,8 +183,10 @@ def promotion_gate(evals: dict[str, ope.PolicyEvaluation], static: str = STATIC,
                    gate: PromotionGateConfig = PromotionGateConfig(),
                    unsupported: dict[str, str] | None = None) -> GateDecision:
     """Promote the candidate that beats ``static`` (the table, or the deployed policy) by the widest
-    margin; else say why none was promoted. ``candidates``: the policies that may be promoted
-    (default: every non-static one; in the sage_binary space only the served composites are).
+    margin; else say why none was promoted. One night's test, valid for that night only (the
+    ``per_night`` mode; the ``ledger`` mode, :func:`ledger_gate`, holds over nights and candidates).
+    ``candidates``: the policies that may be promoted (default: every non-static one; in the
+    sage_binary space only the served composites are).
 
     ``gate.rule="paired"`` (the default): a candidate passes when the lower bound of its paired
     ``estimator`` difference with ``static`` (:func:`ope.paired_difference`: per-episode terms of
@@ -262,6 +281,10 @@ def promote_served(decision: GateDecision, served: dict[str, "ServedSelection"],
     when nothing is promoted, ``dest`` is left as it is."""
     if decision.promoted is None:
         return None
+    if decision.mode == "ledger":
+        raise ValueError(f"{decision.promoted} was accepted by the ledger: deploy the checkpoint it names "
+                         f"(decision.ledger['deploy']: {decision.ledger.get('deploy')}), kept since it was proposed, "
+                         "not one of tonight's served candidates")
     sel = served[decision.promoted]
     c = decision.candidates.get(decision.promoted, {})
     sage_router.write_sage_checkpoint(dest, sel.policy, {
@@ -954,16 +977,134 @@ def run_offline_eval(df_eval: pd.DataFrame, policies: dict[str, object], catalog
                              config.min_sessions, evals[STATIC].interval_reason, support)
 
 
+# ------------------------------------------------------------------ the gate over nights: the ledger (issue 47)
+GATE_MODES = ("ledger", "per_night")
+GATE_MODE = "ledger"  # run_sage_binary_eval's default (the module doc says why)
+NO_LEDGER = ("no promotion: the gate's mode is 'ledger' and no ledger was given (LedgerGateInputs: the decision "
+             "ledger, tonight's night and the time tonight's candidates were trained up to); pass it, or "
+             "mode='per_night' for tonight's one-night verdict, valid for one night only")
+
+
+@dataclass(frozen=True)
+class LedgerGateInputs:
+    """What the ledger gate needs beside tonight's report (:func:`ledger_gate`).
+
+    ``proposed_at``: the latest log time tonight's candidates were trained or selected on (they are judged on
+    episodes that start after it); ``keys``: served name -> its checkpoint's sha256, the candidate's ledger key
+    (default :func:`served_key`, the sha256 of the ``policy.joblib`` SAGE would load); ``paths``: served name ->
+    where its checkpoint is kept for as long as the ledger may deploy it (content-addressed, not the nightly
+    candidates folder); ``load(key, payload)``: the policy of a candidate of an earlier night (from
+    ``payload['path']``), needed while one is pending or accepted; ``selected_on``: episode ids tonight's
+    candidates were trained or selected on (never their evidence)."""
+
+    ledger: Ledger
+    night: str
+    proposed_at: object
+    keys: dict = field(default_factory=dict)
+    paths: dict = field(default_factory=dict)
+    load: Callable[[str, dict], object] | None = None
+    selected_on: tuple[str, ...] = ()
+    config: ledger_router.RouterGateConfig = field(default_factory=ledger_router.RouterGateConfig)
+
+
+def served_key(policy) -> str:
+    """The sha256 of the ``policy.joblib`` :func:`sage_router.write_sage_checkpoint` writes for ``policy``
+    (the same bytes, dumped in memory): the router candidate's ledger key."""
+    buf = io.BytesIO()
+    joblib.dump(sage_router.to_sage_dict(policy), buf)
+    return hashlib.sha256(buf.getvalue()).hexdigest()
+
+
+def ledger_gate(per_night: GateDecision, served: dict[str, object], df: pd.DataFrame, space: ActionSpace,
+                table: RoutingTable, inputs: LedgerGateInputs | None) -> GateDecision:
+    """SAGE's binary space decided through the ledger's router lever (``decisions.router``): tonight's new
+    episodes judge every pending candidate against the deployed policy and every accepted one against the
+    policy it replaced (``router.judge``), then tonight's ``served`` candidates (name -> served policy) are
+    proposed, to be judged on the episodes logged from now on. ``df``: the whole routing dataset frame, its
+    ``reward`` the objective (:func:`objective_rows`) and its ``timestamp`` read; only exact propensities
+    count. ``per_night``: tonight's per-night verdict, kept beside each of tonight's candidates
+    (``per_night``, valid for one night only). Without ``inputs`` nothing is promoted (:data:`NO_LEDGER`).
+
+    The decision: ``promoted`` is the ledger id of the candidate accepted tonight (None when none);
+    ``ledger['deploy']`` says what SAGE should run after tonight (``key``, ``candidate``, ``path``; the table
+    when key is ``router.TABLE``: a revert is a deploy like any other); ``candidates`` has one row per
+    candidate judged or proposed tonight, by ledger id: state, estimate and interval (the ledger's
+    confidence sequence at the candidate's level), evidence of needed, and why."""
+    if inputs is None:
+        rows = {n: c | {"passed": False, "per_night": f"{c.get('why')} (valid for one night only)"}
+                for n, c in per_night.candidates.items()}
+        return replace(per_night, promoted=None, mode="ledger", candidates=rows,
+                       reason=f"{NO_LEDGER}. Tonight's per-night verdict: {per_night.reason}")
+    led, cfg = inputs.ledger, inputs.config
+    ep = ledger_router.Episodes.from_frame(df, cfg, follows_log_sources=ope.FOLLOWS_LOG_SOURCES)
+    data = ope.LoggedData.from_frame(ep.frame, space.actions, space.roles) if len(ep.frame) else None
+    keys = {n: inputs.keys.get(n) or served_key(p) for n, p in served.items()}
+    tonight = {k: served[n] for n, k in keys.items()}
+    static = StaticTablePolicy(table, space)
+
+    def policy(key: str):
+        if key == ledger_router.TABLE:
+            return static
+        if key in tonight:
+            return tonight[key]
+        c = led.find(ledger_router.LEVER, key)
+        if inputs.load is None or c is None:
+            raise ValueError(f"router candidate {c.id if c else key[:12]} is pending or accepted in the ledger: give "
+                             "LedgerGateInputs.load to value its checkpoint (payload path "
+                             f"{c.payload.get('path') if c else None})")
+        return inputs.load(key, c.payload)
+
+    def prob_of(key: str) -> np.ndarray:
+        probs = ope.policy_probs(policy(key), data)
+        return probs[np.arange(len(data)), data.action]
+
+    night = ledger_router.judge(led, ep, prob_of, inputs.night)
+    rows = dict(night.rows)
+    for name, key in keys.items():
+        c, _ = ledger_router.propose(led, key, night=inputs.night, proposed_at=inputs.proposed_at,
+                                     selected_on=inputs.selected_on, description=name,
+                                     payload={"name": name, "path": inputs.paths.get(name)})
+        rows[c.id] = ledger_router.row(led, c) | {
+            "name": name, "per_night": f"{per_night.candidates.get(name, {}).get('why')} (valid for one night only)"}
+    dep = ledger_router.deployed_candidate(led)
+    deploy = {"key": ledger_router.deployed_key(led), "candidate": dep.id if dep else None,
+              "name": dep.payload.get("name") if dep else "static_table",
+              "path": dep.payload.get("path") if dep else None}
+    what = "SAGE's YAML table" if dep is None else f"{dep.id} ({deploy['name']}, {deploy['key'][:12]})"
+    if night.accepted:
+        c = led.get(night.accepted[0])
+        reason = f"ledger: {c.id} accepted tonight, {c.history[-1].reason}; SAGE runs it from now on"
+    elif night.reverted:
+        reason = (f"ledger: {', '.join(night.reverted)} reverted tonight ("
+                  f"{led.get(night.reverted[0]).history[-1].reason}); SAGE goes back to {what}")
+    else:
+        open_ = [f"{r['candidate']}: {r['why']}" for r in rows.values() if r["state"] in ("pending", "accepted")]
+        reason = f"ledger: no change tonight; SAGE keeps {what}" + ("; " + "; ".join(open_) if open_ else "")
+    return GateDecision(night.accepted[0] if night.accepted else None, reason, per_night.estimator,
+                        per_night.static_estimate, rows, per_night.rule, per_night.min_gain, mode="ledger",
+                        ledger={"night": inputs.night, "deployed_before": night.deployed_before,
+                                "deployed_after": night.deployed_after, "accepted": night.accepted,
+                                "reverted": night.reverted, "dropped": night.dropped, "deploy": deploy,
+                                "episodes": len(ep), "episodes_without_timestamp": ep.no_start,
+                                "weight_bound": cfg.max_weight()})
+
+
 def run_sage_binary_eval(df: pd.DataFrame, df_eval: pd.DataFrame, space: ActionSpace, table: RoutingTable,
                          trained: dict[str, object], config: ope.OPEConfig = ope.OPEConfig(),
                          sim: RoutingSimulator | None = None, progress: Callable[[str], None] = log.info,
                          behaviour=None, criterion: str = "fqe", gate: PromotionGateConfig = PromotionGateConfig(),
-                         no_interval: str | None = None) -> tuple[OfflineEvalReport, dict[str, ServedSelection]]:
+                         no_interval: str | None = None, mode: str = GATE_MODE,
+                         ledger: LedgerGateInputs | None = None
+                         ) -> tuple[OfflineEvalReport, dict[str, ServedSelection]]:
     """SAGE's binary space, judged as SAGE would run it: each ``trained`` sage_binary policy is
     served (:func:`distill_select_served` on ``df``, propensities filled), the networks are
     reported beside as ``<name>_trained``, only the ``<name>_served`` composites may be
     promoted, and ground truth takes the best binary policy as the oracle. ``criterion``: how
-    OPE on the select half picks the floor (:func:`select_by_ope`)."""
+    OPE on the select half picks the floor (:func:`select_by_ope`). ``mode``: ``"ledger"`` (default)
+    decides through the ledger (:func:`ledger_gate` with ``ledger``; without it nothing is promoted),
+    ``"per_night"`` by :func:`promotion_gate` on tonight's report half (valid for one night only)."""
+    if mode not in GATE_MODES:
+        raise ValueError(f"gate mode {mode!r}: use one of {', '.join(GATE_MODES)}")
     served = {f"{k}_served": distill_select_served(df, space, table, pol, k, ope_config=config,
                                                    criterion=criterion, progress=progress, behaviour=behaviour)
               for k, pol in trained.items()}
@@ -973,6 +1114,9 @@ def run_sage_binary_eval(df: pd.DataFrame, df_eval: pd.DataFrame, space: ActionS
                               oracle=sim.oracle_policy(space.mask) if sim is not None else None,
                               candidates=tuple(served),
                               gate=gate, evidence=df, no_interval=no_interval)
+    if mode == "ledger":
+        report = replace(report, gate=ledger_gate(report.gate, {n: s.policy for n, s in served.items()}, df, space,
+                                                  table, ledger))
     return report, served
 
 

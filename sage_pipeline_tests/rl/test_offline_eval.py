@@ -462,3 +462,131 @@ def test_support_buckets_are_exact_contexts_and_estimated_propensities_are_no_ev
     logged = frame.assign(propensity_source="logged")  # a known exploration probability: every candidate
     assert oe.logged_support(logged, cat).roles[role].share == 1.0
     assert oe.context_keys(frame.assign(task_complexity_score=0.9 + 1e-9))[0] == oe.context_keys(frame)[2]
+
+
+# ------------------------------------------------------------------ the ledger mode of the gate (issue 47)
+class _PlannerEarlier:
+    """SAGE's table, except that the planner falls back from a complexity of 0.5 (the table: above 0.85)."""
+
+    def __init__(self, table, space):
+        from sage_pipeline.routing.policy import StaticTablePolicy
+
+        self.base, self.space = StaticTablePolicy(table, space), space
+        self.actions = tuple(space.actions)
+
+    def action_probs(self, ctx):
+        out = self.base.action_probs(ctx)
+        r = self.space.roles.index("planner")
+        rows = (ctx.role == r) & (ctx.task_complexity_score > 0.5)
+        out[rows] = 0.0
+        out[rows, self.space.fallback[r]] = 1.0
+        return out
+
+
+def _planner_world(night: int, deployed, space, n: int, rng):
+    """``n`` tasks of one night: a planner then a reviewer decision, logged by SAGE's router exploring around
+    ``deployed`` (P(the other model) = 0.3, exact); the task passes with 0.4 + 0.3 when the planner fell back
+    exactly where complexity > 0.5 (the table misses (0.5, 0.85]: the earlier fallback gains 0.105)."""
+    import pandas as pd
+
+    from sage_pipeline.routing.features import Contexts
+
+    roles = np.array([space.roles.index("planner"), space.roles.index("reviewer")] * n)
+    score = np.repeat(rng.uniform(0, 1, n), 2)
+    zeros = np.zeros(2 * n, dtype=np.int64)
+    ctx = Contexts(roles, score, np.full(2 * n, np.nan), np.tile([0, 1], n), zeros, zeros)
+    target = deployed.action_probs(ctx).argmax(axis=1)
+    other = np.where(target == space.primary[roles], space.fallback[roles], space.primary[roles])
+    explore = rng.random(2 * n) < 0.3
+    action = np.where(explore, other, target)
+    good = (action == space.fallback[roles]) == (score > 0.5)
+    passed = rng.random(n) < 0.4 + 0.3 * good[0::2]
+    ids = np.repeat([f"s{night}-{i}/task" for i in range(n)], 2)
+    ts = pd.Timestamp("2026-12-01T00:00:00Z") + pd.Timedelta(days=night) + pd.to_timedelta(
+        np.repeat(np.arange(n), 2), unit="s") + pd.to_timedelta(np.tile([0, 100], n), unit="ms")
+    return pd.DataFrame({
+        "episode_id": ids, "session_id": ids, "step": np.tile([0, 1], n),
+        "role": np.array(space.roles)[roles], "task_complexity_score": score, "primary_failure_count": zeros,
+        "failure_count": zeros, "prompt_tokens": np.nan, "action_index": action,
+        "propensity": np.where(explore, 0.3, 0.7), "propensity_source": "reconstructed", "policy_source": "learned",
+        "reward": np.column_stack([np.zeros(n), passed.astype(float)]).ravel(),
+        "timestamp": [t.isoformat() for t in ts]})
+
+
+def test_ledger_gate_judges_against_the_deployed_policy_across_nights_and_accepts_through_the_ledger(tmp_path):
+    import pandas as pd
+
+    from sage_pipeline.decisions import router
+    from sage_pipeline.decisions.ledger import Ledger
+    from sage_pipeline.routing.action_space import ActionSpace
+    from sage_pipeline.routing.policy import StaticTablePolicy
+    from sage_pipeline.sage.table import RoutingTable
+
+    table = RoutingTable.load()
+    space = ActionSpace.build(table).binary()
+    cand, static = _PlannerEarlier(table, space), StaticTablePolicy(table, space)
+    rng = np.random.default_rng(3)
+    led = Ledger()
+    cfg = router.RouterGateConfig(objective_low=0.0, objective_high=1.0, min_propensity=0.3, max_randomised=2)
+    per_night = oe.GateDecision(None, "no policy promoted: cql_served: step_dr_clip paired difference ...",
+                                candidates={"cql_served": {"passed": False, "why": "lower bound -0.01 <= 0"}})
+    frames, decisions = [], []
+    for night in range(8):
+        deployed = cand if router.deployed_key(led) == "c" * 64 else static
+        frames.append(_planner_world(night, deployed, space, 300, rng))
+        df = pd.concat(frames, ignore_index=True)
+        inputs = oe.LedgerGateInputs(led, f"2026-12-{night + 1:02d}", pd.Timestamp("2026-12-01T23:00:00Z")
+                                     + pd.Timedelta(days=night), keys={"cql_served": "c" * 64},
+                                     paths={"cql_served": "/kept/cql"}, load=lambda k, payload: cand, config=cfg)
+        served = {"cql_served": cand} if night == 0 else {}  # proposed once; later nights judge it
+        decisions.append(oe.ledger_gate(per_night, served, df, space, table, inputs))
+        if decisions[-1].promoted:
+            break
+    first = decisions[0]
+    assert first.mode == "ledger" and first.promoted is None and first.ledger["deploy"]["key"] == router.TABLE
+    row = first.candidates["router-0001"]
+    assert row["state"] == "pending" and "no episode yet" in row["why"] and row["name"] == "cql_served"
+    assert row["per_night"] == "lower bound -0.01 <= 0 (valid for one night only)"
+    last = decisions[-1]
+    assert last.promoted == "router-0001" and 2 <= len(decisions) <= 6, [d.reason for d in decisions]
+    assert last.ledger["deploy"] == {"key": "c" * 64, "candidate": "router-0001", "name": "cql_served",
+                                     "path": "/kept/cql"}
+    assert last.reason.startswith("ledger: router-0001 accepted tonight, evidence ")
+    row = last.candidates["router-0001"]
+    assert row["state"] == "accepted" and row["evidence"] >= row["needed"] == pytest.approx(40.0)
+    assert row["estimate"] > 0 and row["ci"][1] > 0 and row["why"].startswith("deployed since 2026-12-")
+    # its evidence came only from tasks logged after it was proposed (night 0's are before)
+    assert not any(u.startswith("s0-") for u in led.get("router-0001").judged_on[router.STREAM])
+    # a ledger decision names what to deploy; tonight's served candidates are not it
+    with pytest.raises(ValueError, match="accepted by the ledger"):
+        oe.promote_served(last, {}, tmp_path / "promoted_sage", {})
+
+
+def test_ledger_mode_without_a_ledger_promotes_nothing_and_says_so():
+    from sage_pipeline.routing.action_space import ActionSpace
+    from sage_pipeline.sage.table import RoutingTable
+
+    table = RoutingTable.load()
+    space = ActionSpace.build(table).binary()
+    per_night = oe.GateDecision("cql_served", "promoted cql_served: lower bound +0.004 > 0",
+                                candidates={"cql_served": {"passed": True, "why": "lower bound +0.004 > 0"}})
+    d = oe.ledger_gate(per_night, {}, None, space, table, None)
+    assert d.promoted is None and d.mode == "ledger" and d.reason.startswith(oe.NO_LEDGER)
+    assert "promoted cql_served" in d.reason  # tonight's one-night verdict, said, not acted on
+    assert d.candidates["cql_served"]["passed"] is False
+    assert d.candidates["cql_served"]["per_night"].endswith("(valid for one night only)")
+    with pytest.raises(ValueError, match="gate mode 'weekly': use one of ledger, per_night"):
+        oe.run_sage_binary_eval(None, None, space, table, {}, mode="weekly")
+
+
+def test_served_key_is_the_sha256_of_the_checkpoint_sage_loads(tmp_path):
+    from sage_pipeline import artifacts
+    from sage_pipeline.routing.action_space import ActionSpace
+    from sage_pipeline.sage import checkpoint as sr
+    from sage_pipeline.sage.table import RoutingTable
+
+    table = RoutingTable.load()
+    space = ActionSpace.build(table).binary()
+    served = sr.ServedSagePolicy(table, space, {r: sr.yaml_classifier(table.routes[r]) for r in ("planner",)})
+    sr.write_sage_checkpoint(tmp_path / "ck", served, {})
+    assert oe.served_key(served) == artifacts.file_sha256(tmp_path / "ck" / sr.JOBLIB_NAME)
