@@ -286,21 +286,26 @@ class Ledger:
         c.judged_on.setdefault(stream, []).extend(units)
         return len(x)
 
-    def standing(self, cid: str) -> dict:
+    def standing(self, cid: str, only: Sequence[str] | None = None) -> dict:
         """Where the candidate's evidence stands: the estimate and confidence sequence (level alpha_j),
-        K+(0) against "no gain" and the 1/alpha_j it needs, and on probation K-(min_useful_gain)."""
+        the one-sided lower bound the accept reads (the smallest gain K+ has not rejected at 1/alpha_j),
+        K+(0) against "no gain" and the 1/alpha_j it needs, and on probation K-(min_useful_gain).
+        ``only``: the streams to read (a lever whose baseline changed reads only the streams against the
+        new one); default all."""
         c = self.get(cid)
         cfg = self.config
         nulls = cfg.nulls()
         out = {"evidence": 1.0, "needed": 1.0 / c.alpha, "estimate": None, "ci": (None, None), "n": 0,
-               "revert_evidence": None, "revert_needed": 1.0 / cfg.revert_alpha}
-        streams = self.streams(c)
+               "lower_one_sided": None, "revert_evidence": None, "revert_needed": 1.0 / cfg.revert_alpha}
+        streams = [self._stream(c, "streams", n) for n in c.streams if only is None or n in only]
         if streams:
             lp, lm = ev.combined(streams)
             lo, hi, centre = ev.confidence_sequence(nulls, lp, lm, c.alpha)
             out.update(evidence=float(math.exp(min(lp[0, ev.at(nulls, 0.0)], 700))), estimate=float(centre[0]),
                        ci=(None if math.isnan(lo[0]) else float(lo[0]), None if math.isnan(hi[0]) else float(hi[0])),
                        n=int(sum(s.n[0] for s in streams)), upper_below_min=bool(hi[0] < cfg.min_useful_gain))
+            kept = lp[0] < math.log(1.0 / c.alpha)
+            out["lower_one_sided"] = float(nulls[kept].min()) if kept.any() else None
         if c.state == "accepted" and c.probation:
             ps = self.streams(c, "probation")
             lp, lm = ev.combined(ps)
@@ -308,11 +313,12 @@ class Ledger:
             out["probation_n"] = int(sum(s.n[0] for s in ps))
         return out
 
-    def decide(self, cid: str, night: str, pending_nights: int | None = None) -> str | None:
-        """Apply the decision rule to one candidate after tonight's evidence; records the night's row.
-        Returns the new state when it changed, else None."""
+    def decide(self, cid: str, night: str, pending_nights: int | None = None,
+               only: Sequence[str] | None = None) -> str | None:
+        """Apply the decision rule to one candidate after tonight's evidence (``only``: as in
+        :meth:`standing`); records the night's row. Returns the new state when it changed, else None."""
         c = self.get(cid)
-        st = self.standing(cid)
+        st = self.standing(cid, only)
         cfg = self.config
         new, reason = None, ""
         if c.state == "pending":
