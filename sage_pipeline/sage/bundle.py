@@ -13,41 +13,92 @@ A **bundle** is a folder holding those parts and ``bundle.json``: each part's fi
 table the bundle was learned for (the one SAGE ran when its logs were written: a bundle is bound to
 it), the objective it was chosen under, its exploration, and why. Its id is the sha256 of its parts.
 
-**Deploying** (:func:`deploy`, ``python -m sage_pipeline.sage.bundle deploy``) to a root folder:
+**Reading** a bundle (:func:`read`; every deploy does it first) treats it as hostile: it may come from
+another machine or a manifest edited by hand. Nothing is taken on the manifest's word:
+
+* ``bundle.json`` is read through the guard (:mod:`sage_pipeline.untrusted`: a regular file, no link,
+  at most :data:`MAX_MANIFEST_BYTES`) and validated by one typed schema (:class:`Manifest`, strict: a
+  string where a number belongs is an error, never converted). **Unknown fields are refused** at every
+  level but inside ``exploration`` (free-form, for people): only :func:`build` writes a manifest, so a
+  field this version does not know is a hand edit or another format, and ignoring it would deploy a
+  bundle whose author thought it said more. An error names the file, the field (pydantic's ``loc``)
+  and what to do;
+* each part sits at its own fixed name in the bundle (``models.yaml``, ``checkpoint/``,
+  ``ucb_bandit.json``, ``skills/``; an absolute or ``../`` path is refused by the schema) and is a
+  regular file or a folder with no link anywhere in it (not even to a file inside the bundle), nothing
+  but folders and regular files under it, every file read through the guard
+  (:data:`MAX_FILE_BYTES` each, :data:`MAX_PART_FILES` and :data:`MAX_BUNDLE_BYTES` in all);
+* every part's sha256 is recomputed from its contents and compared, and the **id is recomputed** from
+  them: a manifest whose ``id`` differs is refused, naming both. Only the recomputed id is ever used
+  (as the version's folder name, in the env file, in the record);
+* ``learned_for`` must hash to its ``routing_sha256`` and parse as a table; ``models.yaml`` must parse
+  as SAGE's table; the checkpoint's ``policy.joblib`` must have the sha256 its ``manifest.json`` (and
+  the bundle's manifest) says and be written for the bundle's table; the bandit state must read as
+  SAGE's; the skills must hold a ``SKILL.md``.
+
+The id is a content hash, not a signature: anyone can compute it. A bundle whose parts are all
+consistent still carries a pickle (``policy.joblib``) that SAGE loads with joblib: deploy bundles from
+machines you trust.
+
+**Deploying** (:func:`deploy`, ``python -m sage_pipeline.sage.bundle deploy``) to a root folder writes
+nothing until the bundle has been read as above and:
 
 1. the target SAGE's table is read the way SAGE reads it (with ``--sage-python``, by SAGE's own
    ``ModelRouter`` under the target's environment, test profiles included), and the bundle is
    refused, naming every role and model that differ, when it is not the table the bundle was learned
    for (or the bundle's own table: deploying the same bundle twice is a no-op);
-2. the bundle is copied to ``<root>/versions/<id>/`` (never rewritten afterwards);
-3. ``<root>/sage.env`` is replaced in one rename: the ``export`` lines naming that version's files. A
-   SAGE started with ``. <root>/sage.env`` reads the whole of one version for its whole run: the old
-   bundle or the new one, never a mix (the file is replaced, never edited, and the paths in it never
-   change content);
-4. ``<root>/current`` is switched to the version (a symlink replaced in one rename), for people;
-5. the bandit state, when the bundle has one, is written into each workspace named (atomically per
-   file). It is not part of the switch: SAGE reads it once when it starts and rewrites it after every
-   verdict, so it is the workspace's own memory, and a SAGE already running in that workspace
-   overwrites it; deploy to workspaces no SAGE is running in;
-6. the deployment is recorded: ``<root>/deployments.jsonl`` (bundle id, time, parts), and the
-   checkpoint in the routing dataset's deployments record (``explore.record_deployment``), so every
-   decision SAGE logs from then on gets its exact probability back.
+
+then, holding an exclusive ``flock`` on ``<root>/.locks/sage_deploy.lock`` (:func:`artifacts.exclusive`),
+so deploys to one root run one at a time, whichever process or machine starts them:
+
+2. the manifest and the parts (nothing else of the bundle folder) are copied to
+   ``<root>/versions/<id>/`` (atomically, never rewritten afterwards), read back as above, and beside
+   them ``sage.env``: the ``export`` lines naming that version's own files (absolute paths inside the
+   version, never through ``current``: SAGE reads its parts at different moments of its run);
+3. ``<root>/current`` is switched to the version: a symlink replaced in one rename. It is **the one
+   switch**: ``<root>/sage.env`` is itself the link ``current/sage.env`` (made once), so opening it
+   resolves ``current`` at that instant and reads the env of the very version ``current`` names. A SAGE
+   started with ``. <root>/sage.env`` reads the whole of one version for its whole run, the old bundle
+   or the new one, never a mix, and ``current`` and ``sage.env`` can never disagree. (A root deployed by
+   an older version, with a regular ``sage.env``, is switched to the link on its next deploy, after
+   the version ``current`` names is given its own ``sage.env``.)
+   The env file is generated shell text: comment lines of the project's own words, ``unset NAME`` and
+   ``export NAME=VALUE``, NAME matching ``^[A-Z_][A-Z0-9_]*$`` and VALUE quoted by ``shlex.quote``, so a
+   deploy root whose name holds a space, a quote, ``$(...)``, a backtick or a newline is exported as
+   it is and runs nothing. :func:`read_env_file` reads that grammar and refuses any other line;
+4. the bandit state, when the bundle has one, is written into each workspace named (atomically per
+   file; the workspace's ``memory/rl`` must resolve inside it, checked before anything is written). It
+   is not part of the switch: SAGE reads it once when it starts and rewrites it after every verdict, so
+   it is the workspace's own memory, and a SAGE already running in that workspace overwrites it;
+   deploy to workspaces no SAGE is running in;
+5. the deployment is recorded: one JSON line appended to ``<root>/deployments.jsonl`` (bundle id, time,
+   parts) with one ``O_APPEND`` write and an fsync, never rewritten, and the checkpoint in the routing
+   dataset's deployments record (``explore.record_deployment``), so every decision SAGE logs from then
+   on gets its exact probability back.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
-import shutil
+import re
+import secrets
+import shlex
+import stat
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Annotated, Any, Literal
 
-from sage_pipeline import artifacts
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+
+from sage_pipeline import artifacts, untrusted
 from sage_pipeline.sage import bandit_state, checkpoint as ck, explore
 from sage_pipeline.sage.objective import TaskObjective
 from sage_pipeline.sage.table import RoutingTable
@@ -60,6 +111,21 @@ BANDIT_FILE = "ucb_bandit.json"
 SKILLS_DIR = "skills"
 ENV_FILE = "sage.env"
 RECORD = "deployments.jsonl"
+CURRENT = "current"
+VERSIONS_DIR = "versions"
+LOCK_NAME = "sage_deploy"  # <root>/.locks/sage_deploy.lock
+# each part: its fixed name in the bundle and whether it is a file or a folder
+PARTS = {"models_yaml": (MODELS_YAML, "file"), "checkpoint": (CHECKPOINT_DIR, "folder"),
+         "bandit_state": (BANDIT_FILE, "file"), "skills": (SKILLS_DIR, "folder")}
+MAX_MANIFEST_BYTES = 1 << 20  # bundle.json, a checkpoint's manifest.json, an env file
+MAX_FILE_BYTES = 256 << 20  # one file of a part (a policy.joblib is a few MB)
+MAX_PART_FILES = 10_000
+MAX_BUNDLE_BYTES = 1 << 30
+ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*", re.ASCII)
+ROUTER_VARS = ("SAGE_RL_POLICY", "SAGE_RL_CHECKPOINT", "SAGE_RL_MIN_CONFIDENCE", "SAGE_SKILLS_ROOT")
+REBUILD = ("build the bundle again with sage_pipeline (make run writes datasets/checkpoints/bundle) instead of "
+           "editing it by hand")
+_HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
 class BundleError(ValueError):
@@ -78,18 +144,83 @@ class BundleRefused(BundleError):
             "bundle's table first (SAGE_MODELS_YAML).")
 
 
+# --- the manifest's one shape --------------------------------------------------------------------------
+
+Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class ModelsYamlPart(_Strict):
+    path: Literal["models.yaml"] = Field(description="always models.yaml, in the bundle's folder")
+    sha256: Sha256
+
+
+class CheckpointPart(_Strict):
+    path: Literal["checkpoint"] = Field(description="always checkpoint/, in the bundle's folder")
+    sha256: Sha256
+    min_confidence: float = Field(ge=0.0, le=1.0, allow_inf_nan=False, description="SAGE_RL_MIN_CONFIDENCE")
+    kind: str | None = None
+    policy_sha256: Sha256 | None = Field(None, description="policy.joblib's sha256, as its manifest.json says")
+
+
+class BanditPart(_Strict):
+    path: Literal["ucb_bandit.json"]
+    sha256: Sha256
+
+
+class SkillsPart(_Strict):
+    path: Literal["skills"]
+    sha256: Sha256
+
+
+class Parts(_Strict):
+    models_yaml: ModelsYamlPart
+    checkpoint: CheckpointPart | None = None
+    bandit_state: BanditPart | None = None
+    skills: SkillsPart | None = None
+
+
+class LearnedFor(_Strict):
+    """The table the bundle was learned for (:func:`checkpoint.table_digest`)."""
+
+    path: str
+    sha256: Sha256 | None = None
+    routing_sha256: Sha256
+    roles: list[str]
+    routing: dict[str, dict[str, Any]]
+
+
+class Manifest(_Strict):
+    """``bundle.json``: every field typed, unknown fields refused (see the module doc)."""
+
+    format: Literal[1]
+    id: str = Field(description="the sha256 of the parts' sha256s; recomputed on every read, never trusted")
+    created: str
+    parts: Parts
+    learned_for: LearnedFor
+    objective: TaskObjective
+    exploration: dict[str, Any] | None = None
+    why: str = ""
+
+
+def _ident(part_sha: dict[str, str | None]) -> str:
+    """The bundle's id: the sha256 of its parts' sha256s (None for a part it does not have)."""
+    return hashlib.sha256(json.dumps({k: part_sha.get(k) for k in PARTS}, sort_keys=True).encode()).hexdigest()
+
+
 @dataclass(frozen=True)
 class Bundle:
+    """A bundle :func:`read` has verified: ``manifest`` validated, ``id`` recomputed from the parts."""
+
     folder: Path
     manifest: dict
-
-    @property
-    def id(self) -> str:
-        return self.manifest["id"]
+    id: str
 
     def part(self, name: str) -> Path | None:
-        p = self.manifest["parts"].get(name)
-        return None if p is None else self.folder / p["path"]
+        return None if self.manifest["parts"].get(name) is None else self.folder / PARTS[name][0]
 
     @property
     def table(self) -> RoutingTable:
@@ -106,20 +237,103 @@ class Bundle:
         out = {"SAGE_MODELS_YAML": str(base / MODELS_YAML)}
         cp = self.manifest["parts"].get("checkpoint")
         if cp is not None:
-            out |= {"SAGE_RL_POLICY": "1", "SAGE_RL_CHECKPOINT": str(base / cp["path"] / ck.JOBLIB_NAME),
+            out |= {"SAGE_RL_POLICY": "1", "SAGE_RL_CHECKPOINT": str(base / CHECKPOINT_DIR / ck.JOBLIB_NAME),
                     "SAGE_RL_MIN_CONFIDENCE": repr(float(cp["min_confidence"]))}
         if self.manifest["parts"].get("skills") is not None:
             out["SAGE_SKILLS_ROOT"] = str(base / SKILLS_DIR)
         return out
 
 
-def _tree_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+# --- a part's files, through the guard -----------------------------------------------------------------
+
+
+def _part_files(root: Path, rel: str, kind: str) -> list[Path]:
+    """The files of the part at ``root/rel`` (``root`` resolved; ``kind`` "file" or "folder"), sorted as its
+    hash takes them.
+    Raises :class:`untrusted.Untrusted` for a link anywhere (even to a file inside ``root``) or anything but
+    folders and regular files, BundleError past :data:`MAX_PART_FILES` files, FileNotFoundError when
+    missing."""
+    where = root / rel
+    st = os.lstat(where)
+    if stat.S_ISLNK(st.st_mode):
+        raise untrusted.Untrusted(where, root, "link", f"it points at {os.readlink(where)!r}; a part is never a link")
+    want = stat.S_ISREG if kind == "file" else stat.S_ISDIR
+    if not want(st.st_mode):
+        raise untrusted.Untrusted(where, root, "not_regular",
+                                  f"it is {untrusted.kind_of(st.st_mode)}, the part is a {kind}")
+    if kind == "file":
+        return [where]
+    files = []
+    for p, reason in untrusted.walk_files(root, rel):
+        if reason is not None:
+            raise untrusted.Untrusted(p, root, reason)
+        if os.path.islink(p):  # walk_files lets a link to a regular file inside the root through: a part may not
+            raise untrusted.Untrusted(p, root, "link", f"it points at {os.readlink(p)!r}; nothing in a part is a link")
+        files.append(p)
+        if len(files) > MAX_PART_FILES:
+            raise BundleError(f"{where}: more than {MAX_PART_FILES} files: not a bundle part (a checkpoint is two "
+                              "files, a skills root a few dozen)")
+    return sorted(files)
+
+
+def _rel(where: Path, f: Path) -> str:
+    return f.name if f == where else str(f.relative_to(where))
+
+
+def _chunks(fh: Any, f: Path, root: Path) -> Iterator[bytes]:
+    n = 0
+    while block := fh.read(1 << 20):
+        n += len(block)
+        if n > MAX_FILE_BYTES:
+            raise untrusted.Untrusted(f, root, "too_large",
+                                      f"it grew past the cap of {MAX_FILE_BYTES} bytes while read")
+        yield block
+
+
+def _hash_part(root: Path, rel: str, files: list[Path], budget: int = MAX_BUNDLE_BYTES
+               ) -> tuple[str, dict[str, str], int]:
+    """(the part's sha256, each file's sha256 by its path in the part, bytes read; more than ``budget`` is
+    a BundleError). The part's hash is the sha256 over its files in order of (path, NUL, file sha256, NUL)."""
+    where, h, shas, total = root / rel, hashlib.sha256(), {}, 0
     for f in files:
-        h.update(str(f.relative_to(path) if f != path else f.name).encode() + b"\0")
-        h.update(artifacts.file_sha256(f).encode() + b"\0")
-    return h.hexdigest()
+        fh_sha = hashlib.sha256()
+        with untrusted.open_binary(root, f, MAX_FILE_BYTES) as fh:
+            for block in _chunks(fh, f, root):
+                fh_sha.update(block)
+                total += len(block)
+                if total > budget:
+                    raise BundleError(f"{where}: the bundle's parts hold more than {MAX_BUNDLE_BYTES} bytes: not a "
+                                      "bundle (a checkpoint and a skills root are a few MB)")
+        rel_f = _rel(where, f)
+        shas[rel_f] = fh_sha.hexdigest()
+        h.update(os.fsencode(rel_f) + b"\0")
+        h.update(shas[rel_f].encode() + b"\0")
+    return h.hexdigest(), shas, total
+
+
+def _copy_files(root: Path, rel: str, files: list[Path], target: Path) -> None:
+    """The files of the part at ``root/rel``, read through the guard, written at ``target`` (the part's
+    path in a fresh folder of this process)."""
+    where = root / rel
+    for f in files:
+        out = target if f == where else target / f.relative_to(where)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with untrusted.open_binary(root, f, MAX_FILE_BYTES) as fh, open(out, "xb") as w:
+            for block in _chunks(fh, f, root):
+                w.write(block)
+
+
+def _copy_tree(src: str | Path, dest: Path, what: str) -> None:
+    """Copy the folder ``src`` (a checkpoint or a skills root given to :func:`build`) to ``dest``,
+    refusing a link or anything but folders and regular files inside it. ``src`` itself may be a link
+    (the caller's choice): it is resolved first."""
+    src = Path(os.path.realpath(src))
+    try:
+        _copy_files(src.parent, src.name, _part_files(src.parent, src.name, "folder"), dest)
+    except untrusted.Untrusted as exc:
+        raise BundleError(f"{what} {src}: {exc}") from None
+    except FileNotFoundError:
+        raise BundleError(f"{what} {src} not found: check the path") from None
 
 
 def _hook_roles(table: RoutingTable) -> RoutingTable:
@@ -134,21 +348,22 @@ def build(out: str | Path, table: RoutingTable, learned_for: RoutingTable, *, ob
     the models.yaml SAGE will run; ``learned_for``: the table SAGE ran when the logs it was learned
     from were written; ``checkpoint``: a SAGE checkpoint folder written for ``table``; ``bandit``: the
     coder's bandit stats (:func:`bandit_state.warm_start`); ``skills``: a skills root (SAGE's three
-    folders of ``SKILL.md``); ``exploration``: what the bundle explores and what that costs."""
-    parts: dict[str, dict | None] = {"models_yaml": None, "checkpoint": None, "bandit_state": None, "skills": None}
+    folders of ``SKILL.md``); ``exploration``: what the bundle explores and what that costs. The
+    checkpoint and skills folders are copied file by file through the guard: a link or a FIFO inside
+    either is refused, never followed. The bundle is read back (:func:`read`) before it is returned."""
+    parts: dict[str, dict | None] = {name: None for name in PARTS}
     with artifacts.atomic_dir(out) as tmp:
         table.write(tmp / MODELS_YAML, header="SAGE's models.yaml, written by sage_pipeline (a deployment bundle: "
                     "bundle.json beside this file says what it was learned for and why).")
         parts["models_yaml"] = {"path": MODELS_YAML}
         if checkpoint is not None:
-            src = ck._folder(checkpoint)
-            manifest = ck.read_manifest(src)
+            _copy_tree(ck._folder(checkpoint), tmp / CHECKPOINT_DIR, "the checkpoint folder")
+            manifest = ck.read_manifest(tmp / CHECKPOINT_DIR)
             # the roles SAGE asks the checkpoint about must route as the checkpoint's table does; the coder
             # (its bandit) and the memory optimizer never ask it, so a pinned coder keeps the checkpoint valid
             written_for = RoutingTable.from_dict({"routing": manifest["sage_table"]["routing"]},
-                                                 source=f"{src}'s table")
+                                                 source=f"{checkpoint}'s table")
             ck.check_table(_hook_roles(written_for), _hook_roles(table))
-            shutil.copytree(src, tmp / CHECKPOINT_DIR)
             floor = float(manifest["min_confidence"] if min_confidence is None else min_confidence)
             parts["checkpoint"] = {"path": CHECKPOINT_DIR, "min_confidence": floor, "kind": manifest.get("kind"),
                                    "policy_sha256": manifest.get("sha256")}
@@ -156,54 +371,179 @@ def build(out: str | Path, table: RoutingTable, learned_for: RoutingTable, *, ob
             bandit_state.write(tmp / BANDIT_FILE, bandit)
             parts["bandit_state"] = {"path": BANDIT_FILE}
         if skills is not None:
-            src = Path(skills)
-            if not any(src.glob("*/*/SKILL.md")) and not any(src.glob("*/SKILL.md")):
-                raise BundleError(f"{src}: no SKILL.md under it; SAGE_SKILLS_ROOT mirrors SAGE's "
+            _copy_tree(skills, tmp / SKILLS_DIR, "the skills root")
+            if not any((tmp / SKILLS_DIR).glob("*/*/SKILL.md")) and not any((tmp / SKILLS_DIR).glob("*/SKILL.md")):
+                raise BundleError(f"{skills}: no SKILL.md under it; SAGE_SKILLS_ROOT mirrors SAGE's "
                                   "assets/skills/{discipline,workflow,planning}/<skill>/SKILL.md")
-            shutil.copytree(src, tmp / SKILLS_DIR)
             parts["skills"] = {"path": SKILLS_DIR}
-        for p in parts.values():
+        real = Path(os.path.realpath(tmp))
+        for name, p in parts.items():
             if p is not None:
-                p["sha256"] = _tree_sha256(tmp / p["path"])
-        ident = hashlib.sha256(json.dumps({k: None if v is None else v["sha256"] for k, v in parts.items()},
-                                          sort_keys=True).encode()).hexdigest()
-        manifest = {"format": FORMAT, "id": ident, "created": datetime.now(timezone.utc).isoformat(),
-                    "parts": parts, "learned_for": ck.table_digest(learned_for), "objective": objective.model_dump(),
+                rel, kind = PARTS[name]
+                p["sha256"] = _hash_part(real, rel, _part_files(real, rel, kind))[0]
+        manifest = {"format": FORMAT, "id": _ident({k: None if v is None else v["sha256"] for k, v in parts.items()}),
+                    "created": datetime.now(timezone.utc).isoformat(), "parts": parts,
+                    "learned_for": ck.table_digest(learned_for), "objective": objective.model_dump(),
                     "exploration": exploration, "why": why}
         artifacts.write_json(tmp / MANIFEST, manifest)
     return read(out)
 
 
-def read(folder: str | Path) -> Bundle:
-    """A bundle, every part checked against its sha256 (a part changed since it was built is refused)."""
-    folder = Path(folder)
+# --- reading a bundle ----------------------------------------------------------------------------------
+
+
+def _short(value: Any, n: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= n else text[:n] + "..."
+
+
+def _schema_error(path: Path, exc: ValidationError) -> BundleError:
+    problems = []
+    errors = exc.errors(include_url=False)
+    for e in errors[:6]:
+        loc = ".".join(str(x) for x in e["loc"]) or "<document>"
+        if e["type"] == "missing":
+            problems.append(f"field {loc!r} is missing")
+        elif e["type"] == "extra_forbidden":
+            problems.append(f"field {loc!r} is not a field of a format-{FORMAT} manifest (unknown fields are "
+                            "refused, never ignored)")
+        else:
+            problems.append(f"field {loc!r}: {e['msg']} (got {_short(e.get('input'))})")
+    more = f"; and {len(errors) - 6} more" if len(errors) > 6 else ""
+    return BundleError(f"{path}: " + "; ".join(problems) + more + f": {REBUILD}")
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _json_type(doc: Any) -> str:
+    return {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(type(doc), "number")
+
+
+def _read_manifest(folder: Path, real: Path) -> Manifest:
     path = folder / MANIFEST
-    if not path.is_file():
-        raise BundleError(f"{folder} is not a bundle (no {MANIFEST}): build one (make run writes "
-                          "datasets/checkpoints/bundle)")
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
+        os.lstat(real / MANIFEST)
+    except FileNotFoundError:
+        raise BundleError(f"{folder} is not a bundle (no {MANIFEST}): build one (make run writes "
+                          "datasets/checkpoints/bundle)") from None
+    except OSError as exc:
+        raise BundleError(f"{path}: cannot be read ({exc.strerror}): check the path") from None
+    try:
+        if os.path.islink(real / MANIFEST):
+            raise untrusted.Untrusted(real / MANIFEST, real, "link", "the manifest is never a link")
+        data = untrusted.read_bytes(real, MANIFEST, MAX_MANIFEST_BYTES)
+    except untrusted.Untrusted as exc:
+        raise BundleError(f"{path}: {exc}") from None
+    try:
+        doc = json.loads(data.decode("utf-8"), parse_constant=_no_constant)
+    except UnicodeDecodeError as exc:
+        raise BundleError(f"{path}: not UTF-8 ({exc.reason} at byte {exc.start}): {REBUILD}") from None
     except json.JSONDecodeError as exc:
-        raise BundleError(f"{path}: not JSON ({exc.msg}, line {exc.lineno}): build the bundle again") from exc
-    if manifest.get("format") != FORMAT:
-        raise BundleError(f"{path}: field 'format' is {manifest.get('format')!r}, this version reads {FORMAT}")
-    for key in ("id", "parts", "learned_for", "objective"):
-        if key not in manifest:
-            raise BundleError(f"{path}: field {key!r} is missing: build the bundle again")
-    if not isinstance(manifest["parts"], dict):
-        raise BundleError(f"{path}: field 'parts' must map each part's name to its path and sha256")
-    for name, p in manifest["parts"].items():
-        if p is None:
+        raise BundleError(f"{path}: not JSON ({exc.msg}, line {exc.lineno}): {REBUILD}") from None
+    except (ValueError, RecursionError) as exc:  # NaN/Infinity; nesting deeper than the parser goes
+        raise BundleError(f"{path}: not JSON ({type(exc).__name__}: {_short(str(exc))}): {REBUILD}") from None
+    if not isinstance(doc, dict):
+        raise BundleError(f"{path}: the manifest must be a JSON object ({{\"format\": {FORMAT}, \"id\": ...}}), got a "
+                          f"JSON {_json_type(doc)}: {REBUILD}")
+    if "format" in doc and (type(doc["format"]) is not int or doc["format"] != FORMAT):  # True == 1 in Python
+        raise BundleError(f"{path}: field 'format' is {_short(doc['format'])}, this version reads {FORMAT}: build the "
+                          "bundle with this version, or deploy it with the version that wrote it")
+    try:
+        return Manifest.model_validate(doc, strict=True)
+    except ValidationError as exc:
+        raise _schema_error(path, exc) from None
+
+
+def read(folder: str | Path) -> Bundle:
+    """The bundle at ``folder``, verified whole (see the module doc): the manifest through the guard and
+    its schema, every part a regular file or folder with no link, its sha256 and the id recomputed from
+    the contents, each part parsed as SAGE will read it. Raises :class:`BundleError` naming the file,
+    the field and what to do; writes nothing."""
+    folder = Path(folder)
+    real = Path(os.path.realpath(folder))
+    path = folder / MANIFEST
+    m = _read_manifest(folder, real)
+    sha: dict[str, str | None] = {name: None for name in PARTS}
+    files: dict[str, dict[str, str]] = {}
+    total = 0
+    for name, (rel, kind) in PARTS.items():
+        entry = getattr(m.parts, name)
+        if entry is None:
             continue
-        if not (isinstance(p, dict) and isinstance(p.get("path"), str) and isinstance(p.get("sha256"), str)):
-            raise BundleError(f"{path}: field 'parts.{name}' needs a 'path' and a 'sha256': build the bundle again")
-        where = folder / p["path"]
-        if not where.exists():
-            raise BundleError(f"{path}: part {name!r} ({where}) is missing: build the bundle again")
-        if _tree_sha256(where) != p["sha256"]:
+        where = folder / rel
+        try:
+            got, files[name], n = _hash_part(real, rel, _part_files(real, rel, kind), MAX_BUNDLE_BYTES - total)
+        except FileNotFoundError:
+            raise BundleError(f"{path}: part {name!r} ({where}) is missing: {REBUILD}") from None
+        except untrusted.Untrusted as exc:
+            raise BundleError(f"{path}: part {name!r} is refused: {exc}") from None
+        total += n
+        if got != entry.sha256:
             raise BundleError(f"{path}: part {name!r} ({where}) changed since the bundle was built (sha256 differs): "
-                              "build the bundle again instead of editing it")
-    return Bundle(folder, manifest)
+                              f"{REBUILD}")
+        sha[name] = got
+    ident = _ident(sha)
+    if m.id != ident:
+        raise BundleError(f"{path}: field 'id' is {_short(m.id, 80)}, but the parts' contents give the id {ident}: "
+                          f"the id is always recomputed from the parts, never taken as written: {REBUILD}")
+    routing_sha = hashlib.sha256(json.dumps(m.learned_for.routing, sort_keys=True).encode()).hexdigest()
+    if routing_sha != m.learned_for.routing_sha256:
+        raise BundleError(f"{path}: field 'learned_for.routing_sha256' is {m.learned_for.routing_sha256}, but "
+                          f"'learned_for.routing' hashes to {routing_sha} (the table was edited): {REBUILD}")
+    try:
+        RoutingTable.from_dict({"routing": m.learned_for.routing}, source=f"{path} field 'learned_for'")
+    except ValueError as exc:
+        raise BundleError(f"{path}: field 'learned_for.routing' is not a routing table ({exc}): {REBUILD}") from None
+    try:
+        table = RoutingTable.load(real / MODELS_YAML)
+    except ValueError as exc:
+        raise BundleError(f"{path}: part 'models_yaml' is not a table SAGE reads: {exc}: {REBUILD}") from None
+    if m.parts.checkpoint is not None:
+        _check_checkpoint(path, real, m.parts.checkpoint, files["checkpoint"], table)
+    if m.parts.bandit_state is not None:
+        try:
+            bandit_state.read(real / BANDIT_FILE)
+        except ValueError as exc:
+            raise BundleError(f"{path}: part 'bandit_state' is not SAGE's bandit state: {exc}") from None
+    if m.parts.skills is not None and not any(Path(k).name == "SKILL.md" and len(Path(k).parts) in (2, 3)
+                                              for k in files["skills"]):
+        raise BundleError(f"{path}: part 'skills' ({folder / SKILLS_DIR}) holds no <discipline>/<skill>/SKILL.md: "
+                          f"{REBUILD}")
+    return Bundle(folder, m.model_dump(mode="json"), ident)
+
+
+def _check_checkpoint(path: Path, real: Path, part: CheckpointPart, shas: dict[str, str], table: RoutingTable) -> None:
+    """The checkpoint part is a SAGE router checkpoint whose policy.joblib is the one its manifest.json
+    (and the bundle's) names, written for the bundle's table on the roles SAGE asks it about."""
+    folder = real / CHECKPOINT_DIR
+    for need in (ck.JOBLIB_NAME, ck.MANIFEST_NAME):
+        if need not in shas:
+            raise BundleError(f"{path}: part 'checkpoint' holds no {need}: not a SAGE router checkpoint: {REBUILD}")
+    where = folder / ck.MANIFEST_NAME
+    try:
+        cm = json.loads(untrusted.read_text(real, where, MAX_MANIFEST_BYTES), parse_constant=_no_constant)
+    except (ValueError, RecursionError) as exc:
+        raise BundleError(f"{where}: not a checkpoint manifest ({_short(str(exc), 200)}): {REBUILD}") from None
+    if not isinstance(cm, dict) or cm.get("format") != ck.FORMAT:
+        raise BundleError(f"{where}: field 'format' is not {ck.FORMAT!r}: not a SAGE router checkpoint: {REBUILD}")
+    joblib_sha = shas[ck.JOBLIB_NAME]
+    if cm.get("sha256") != joblib_sha:
+        raise BundleError(f"{folder / ck.JOBLIB_NAME}: sha256 {joblib_sha} differs from the one {ck.MANIFEST_NAME} "
+                          f"names (field 'sha256': {_short(cm.get('sha256'))}): the policy was replaced: {REBUILD}")
+    if part.policy_sha256 is not None and part.policy_sha256 != joblib_sha:
+        raise BundleError(f"{path}: field 'parts.checkpoint.policy_sha256' is {part.policy_sha256}, the checkpoint's "
+                          f"{ck.JOBLIB_NAME} has sha256 {joblib_sha}: {REBUILD}")
+    if part.kind is not None and part.kind != cm.get("kind"):
+        raise BundleError(f"{path}: field 'parts.checkpoint.kind' is {part.kind!r}, the checkpoint's "
+                          f"{ck.MANIFEST_NAME} says {_short(cm.get('kind'))}: {REBUILD}")
+    routing = cm.get("sage_table", {}).get("routing") if isinstance(cm.get("sage_table"), dict) else None
+    try:
+        written_for = RoutingTable.from_dict({"routing": routing}, source=f"{where} field 'sage_table'")
+        ck.check_table(_hook_roles(written_for), _hook_roles(table))
+    except ValueError as exc:
+        raise BundleError(f"{path}: part 'checkpoint' was not written for the bundle's models.yaml: {exc}") from None
 
 
 def target_table(sage_python: str | None = None, env: dict | None = None) -> RoutingTable:
@@ -232,65 +572,209 @@ def target_table(sage_python: str | None = None, env: dict | None = None) -> Rou
                       f"{user}): give --sage-python (the target SAGE's interpreter) so its table can be read")
 
 
+# --- the env file: generated shell text, and its one grammar ----------------------------------------------
+
+# one statement of an env file, as env_file_text writes it: a comment, `unset NAME`, `export NAME=VALUE`
+# with VALUE as shlex.quote writes it (bare when every character is safe, else single-quoted with each
+# ' written '"'"'), or an empty line; each ends at a newline outside the quotes
+_STATEMENT = re.compile(r"""
+      (?P<comment>\#[^\n]*)
+    | unset\ (?P<unset>[A-Z_][A-Z0-9_]*)
+    | export\ (?P<name>[A-Z_][A-Z0-9_]*)=(?P<value>[\w@%+=:,./-]+|'[^']*'(?:"'"'[^']*')*)
+    | (?P<blank>)
+""", re.VERBOSE | re.ASCII)
+ENV_GRAMMAR = ("only `# comment`, `unset NAME` and `export NAME=VALUE` lines are read (NAME matching "
+               "^[A-Z_][A-Z0-9_]*$, VALUE exactly as shlex.quote writes it), never run")
+
+
+def env_file_text(env: dict[str, str], bundle_id: str) -> str:
+    """The env file of bundle ``bundle_id`` exporting ``env`` (and unsetting the router variables it does
+    not set): comments of the project's own words, ``unset NAME``, ``export NAME=<shlex.quote(value)>``."""
+    if not _HEX64.fullmatch(bundle_id):
+        raise ValueError(f"bundle id {_short(bundle_id)} is not a sha256: ids are recomputed, never taken as text")
+    lines = [f"# SAGE's deployment bundle {bundle_id}. Start SAGE with `. <deploy root>/{ENV_FILE}` (a link to",
+             f"# {CURRENT}/{ENV_FILE}): every path below is inside this version, which never changes, so one SAGE",
+             "# run reads one whole bundle. Generated by sage_pipeline: values quoted with shlex.quote."]
+    for k in ROUTER_VARS:
+        if k not in env:
+            lines.append(f"unset {k}")
+    for k, v in env.items():
+        if not ENV_NAME.fullmatch(k) or "\0" in v:
+            raise ValueError(f"{k!r}={_short(v)}: not an environment variable a shell can export")
+        lines.append(f"export {k}={shlex.quote(v)}")
+    return "\n".join(lines) + "\n"
+
+
+def _unquote(token: str) -> str | None:
+    """The value shlex.quote wrote as ``token``, or None when ``token`` is not exactly its output."""
+    value = token[1:-1].replace("'\"'\"'", "'") if token.startswith("'") else token
+    return value if shlex.quote(value) == token else None
+
+
 def read_env_file(path: str | Path) -> dict[str, str]:
-    """The ``export K=V`` lines of a deployed ``sage.env``."""
-    out = {}
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
-        if line.startswith("export "):
-            k, _, v = line[len("export "):].partition("=")
-            out[k] = v
+    """The exports of an env file in the grammar :func:`env_file_text` writes (:data:`ENV_GRAMMAR`): a
+    deployed ``sage.env`` or a target's env file. The file is read through the guard (its folder is the
+    root: a link out of it is refused); any other line is a :class:`BundleError` naming the file and line."""
+    path = Path(path)
+    try:
+        text = untrusted.read_text(path.parent, path.name, MAX_MANIFEST_BYTES)
+    except untrusted.Untrusted as exc:
+        raise BundleError(str(exc)) from None
+    except UnicodeDecodeError as exc:
+        raise BundleError(f"{path}: not UTF-8 ({exc.reason} at byte {exc.start}): write it again") from None
+    out: dict[str, str] = {}
+    pos = 0
+    while pos < len(text):
+        m = _STATEMENT.match(text, pos)
+        end = m.end()
+        value = None if m["value"] is None else _unquote(m["value"])
+        if (end < len(text) and text[end] != "\n") or (m["value"] is not None and value is None):
+            line = text.count("\n", 0, pos) + 1
+            bad = text[pos:].split("\n", 1)[0]
+            raise BundleError(f"{path}:{line}: {_short(bad, 80)} is not a line of a generated env file: {ENV_GRAMMAR}. "
+                              "Write the file again (a deploy writes ROOT/sage.env), quoting each value with "
+                              "shlex.quote")
+        if m["name"] is not None:
+            out[m["name"]] = value
+        pos = end + 1
     return out
+
+
+# --- deploying -----------------------------------------------------------------------------------------
+
+
+def _switch(link: Path, target: str) -> None:
+    """Make ``link`` the symlink ``target`` in one rename (a reader sees the old link or the new one)."""
+    tmp = link.parent / f".{link.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    os.symlink(target, tmp)
+    try:
+        os.replace(tmp, link)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    artifacts.fsync_dir(link.parent)
+
+
+def _whole(version: Path, ident: str) -> bool:
+    try:
+        return read(version).id == ident
+    except BundleError:
+        return False
+
+
+def _write_env(version: Path, text: str) -> None:
+    """``version``'s own sage.env, written when it is missing or says another thing (atomically)."""
+    with contextlib.suppress(OSError):
+        if (version / ENV_FILE).read_text(encoding="utf-8") == text:
+            return
+    artifacts.write_text(version / ENV_FILE, text)
+
+
+def _link_env(root: Path) -> None:
+    """``root/sage.env`` as the link ``current/sage.env``. A root an older version deployed (a regular
+    sage.env) gets the link once, after the version ``current`` names has its own sage.env."""
+    want = f"{CURRENT}/{ENV_FILE}"
+    env = root / ENV_FILE
+    if env.is_symlink() and os.readlink(env) == want:
+        return
+    if (root / CURRENT).is_symlink():
+        cur = root / VERSIONS_DIR / Path(os.readlink(root / CURRENT)).name
+        with contextlib.suppress(BundleError):
+            old = read(cur)
+            _write_env(cur, env_file_text(old.env(cur), old.id))
+    _switch(env, want)
+
+
+def _append_line(path: Path, obj: dict) -> None:
+    """One whole JSON line appended to ``path`` (O_APPEND, one write, fsync; the caller holds the lock).
+    A line a killed writer left without its newline is closed first, so this one stays whole."""
+    data = (json.dumps(obj, allow_nan=False) + "\n").encode()
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o666)
+    try:
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            data = b"\n" + data
+        view = memoryview(data)
+        while view:  # one write; a short one (a full disk) goes on with the rest of the same line
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _bandit_dest(ws: str | Path) -> Path:
+    """Where the bandit state goes in workspace ``ws``; refused when the workspace's ``memory/rl`` (or a
+    folder on the way) is a link out of it (a workspace is written by an LLM)."""
+    dest = Path(ws).joinpath(*bandit_state.STATE_PATH)
+    for p in (dest.parent, *dest.parent.parents):
+        if p == Path(ws) or p in Path(ws).parents:
+            break
+        if os.path.lexists(p):
+            untrusted.resolve_inside(ws, p)
+    return dest
+
+
+def _check_target(b: Bundle, table: RoutingTable, target: RoutingTable) -> None:
+    problems = ck.table_differences(b.learned_for, target)
+    if problems and ck.table_differences(table, target):
+        raise BundleRefused(b.id[:12], str(target.source), problems)
 
 
 def deploy(bundle: str | Path | Bundle, root: str | Path, *, target: RoutingTable,
            workspaces: tuple[str | Path, ...] = (), data_dir: str | Path | None = None,
            deployed_from: datetime | None = None) -> dict:
-    """Deploy ``bundle`` under ``root`` for a SAGE running ``target`` (see the module doc). Returns
-    the deployment's record line."""
-    b = bundle if isinstance(bundle, Bundle) else read(bundle)
+    """Deploy ``bundle`` under ``root`` for a SAGE running ``target`` (see the module doc). The bundle
+    is read from its folder and verified whole (a :class:`Bundle` given is read again), and the target and
+    the workspaces checked, before anything is written. Returns the deployment's record line."""
+    b = read(bundle.folder if isinstance(bundle, Bundle) else bundle)
     root = Path(os.path.abspath(root))
-    problems = ck.table_differences(b.learned_for, target)
-    if problems and ck.table_differences(b.table, target):
-        raise BundleRefused(b.id[:12], str(target.source), problems)
-    version = root / "versions" / b.id
-    if not (version / MANIFEST).is_file():
-        with artifacts.atomic_dir(version) as tmp:
-            shutil.copytree(b.folder, tmp, dirs_exist_ok=True)
-    read(version)  # the copy is whole
+    _check_target(b, b.table, target)
+    try:
+        dests = [(ws, _bandit_dest(ws)) for ws in workspaces] if b.part("bandit_state") is not None else []
+    except untrusted.Untrusted as exc:
+        raise BundleError(f"workspace refused: {exc}") from None
+    version = root / VERSIONS_DIR / b.id
     env = b.env(version)
-    now = deployed_from or datetime.now(timezone.utc)
-    header = (f"# SAGE's deployment bundle {b.id} (deployed {now.isoformat()}). Start SAGE with "
-              f"`. {root / ENV_FILE}`:\n# every path below is a version that never changes, so one SAGE run "
-              "reads one whole bundle.\n")
-    unset = [k for k in ("SAGE_RL_POLICY", "SAGE_RL_CHECKPOINT", "SAGE_RL_MIN_CONFIDENCE", "SAGE_SKILLS_ROOT")
-             if k not in env]
-    text = header + "".join(f"unset {k}\n" for k in unset) + "".join(f"export {k}={v}\n" for k, v in env.items())
-    artifacts.write_text(root / ENV_FILE, text)
-    link = root / f".current.tmp-{os.getpid()}"
-    if link.is_symlink() or link.exists():
-        link.unlink()
-    os.symlink(Path("versions") / b.id, link)
-    os.replace(link, root / "current")
-    installed = []
-    src = b.part("bandit_state")
-    for ws in workspaces:
-        if src is None:
-            break
-        dest = Path(ws).joinpath(*bandit_state.STATE_PATH)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        artifacts.write_bytes(dest, src.read_bytes())
-        installed.append(str(dest))
-    dep = None
-    if data_dir is not None:
-        cp = b.manifest["parts"].get("checkpoint")
-        dep = explore.record_deployment(data_dir, None if cp is None else version / cp["path"], now,
-                                        None if cp is None else cp["min_confidence"])
-    line = {"bundle": b.id, "deployed_from": now.isoformat(), "version": str(version), "env": env,
-            "bandit_state_written_to": installed, "routing_record": None if dep is None else dep.to_dict(),
-            "learned_for": b.manifest["learned_for"]["routing_sha256"]}
-    rec = root / RECORD
-    old = rec.read_text(encoding="utf-8") if rec.is_file() else ""
-    artifacts.write_text(rec, old + json.dumps(line) + "\n")
+    text = env_file_text(env, b.id)
+    with artifacts.exclusive(root, LOCK_NAME):
+        now = deployed_from or datetime.now(timezone.utc)
+        if _whole(version, b.id):
+            _write_env(version, text)
+        else:
+            with artifacts.atomic_dir(version) as tmp:
+                real = Path(os.path.realpath(b.folder))
+                for name, (rel, kind) in PARTS.items():
+                    if b.part(name) is not None:
+                        _copy_files(real, rel, _part_files(real, rel, kind), tmp / rel)
+                artifacts.write_json(tmp / MANIFEST, b.manifest)
+                try:
+                    got = read(tmp).id
+                except BundleError as exc:
+                    got = f"none: {exc}"
+                if got != b.id:
+                    raise BundleError(f"{b.folder}: its parts changed while they were copied (read as {b.id}, the "
+                                      f"copy's id {got}): nothing was switched; deploy it again")
+                artifacts.write_text(tmp / ENV_FILE, text)
+        # again on the copy, whose every byte was checked: the bundle's folder may have changed since
+        _check_target(b, RoutingTable.load(version / MODELS_YAML), target)
+        _link_env(root)
+        _switch(root / CURRENT, f"{VERSIONS_DIR}/{b.id}")
+        installed = []
+        for ws, dest in dests:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            _bandit_dest(ws)  # again, now that its folders exist
+            artifacts.write_bytes(dest, (version / BANDIT_FILE).read_bytes())
+            installed.append(str(dest))
+        dep = None
+        if data_dir is not None:
+            cp = b.manifest["parts"].get("checkpoint")
+            dep = explore.record_deployment(data_dir, None if cp is None else version / CHECKPOINT_DIR, now,
+                                            None if cp is None else cp["min_confidence"])
+        line = {"bundle": b.id, "deployed_from": now.isoformat(), "version": str(version), "env": env,
+                "bandit_state_written_to": installed, "routing_record": None if dep is None else dep.to_dict(),
+                "learned_for": b.manifest["learned_for"]["routing_sha256"]}
+        _append_line(root / RECORD, line)
     return line
 
 
@@ -304,8 +788,8 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("root", help="where deployed versions, sage.env and the record live")
     d.add_argument("--sage-python", default=os.environ.get("SAGE_PYTHON"),
                    help="the target SAGE's interpreter: its own code reads the table it runs (default: SAGE_PYTHON)")
-    d.add_argument("--target-env", default=None, help="an env file the target SAGE runs with (default: ROOT/sage.env "
-                   "when it exists, else this process's environment)")
+    d.add_argument("--target-env", default=None, help="an env file the target SAGE runs with, in the grammar "
+                   "sage.env is written in (default: ROOT/sage.env when it exists, else this process's environment)")
     d.add_argument("--workspace", action="append", default=[], help="a SAGE workspace to write the bandit state into")
     d.add_argument("--data-dir", default=os.environ.get("SAGE_DATA_DIR"),
                    help="the pipeline's artifact root, to record the checkpoint for the routing dataset")
@@ -326,9 +810,10 @@ def main(argv: list[str] | None = None) -> int:
     except (BundleError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"deployed bundle {line['bundle'][:12]} under {args.root}; start SAGE with: . {Path(args.root) / ENV_FILE}")
+    print(f"deployed bundle {line['bundle'][:12]} under {shlex.quote(args.root)}; start SAGE with: "
+          f". {shlex.quote(str(Path(args.root) / ENV_FILE))}")
     for k, v in line["env"].items():
-        print(f"export {k}={v}")
+        print(f"export {k}={shlex.quote(v)}")
     return 0
 
 
