@@ -38,7 +38,25 @@ Dagster asset does: harvest, the online check of the deployed versions (:mod:`.s
    on tasks that drop significantly, ``cannot_tell`` with the val tasks it would need). Each edit (or all
    of them: ``granularity``) is tried on top of what was accepted so far; an accepted candidate is
    committed as a new live version (:meth:`SageSkillsRoot.commit`, parent = the version the night
-   started from, with the night's reason); a skills root changed meanwhile is a ``conflict``.
+   started from, with the night's reason); a skills root changed meanwhile is a ``conflict``. This is
+   ``decisions="per_night"``: a test valid **for one night only** (each night decides from scratch at its own
+   level, so over a month of nights useless edits pile up and a rule that could not be told apart is
+   forgotten); kept for comparison.
+
+   **The ledger** (``decisions="ledger"``, the default) decides instead, on evidence carried across nights
+   (:mod:`sage_pipeline.decisions.skills`, the ledger at ``<data>/decisions/ledger.json``): each rule reflect
+   proposes is a candidate keyed by its skill and normalised text (proposed again, it continues), selected on
+   the train tasks reflect saw; every night the pending candidates with the most evidence (``candidates_per_night``)
+   are replayed on tonight's val tasks beside the live tree, each task one paired observation of the hard
+   pass; the most recently accepted rules (``probation_replays``) are replayed without their rule; the
+   online check has fed the randomised runs; then the ledger decides each candidate. An accept commits a new
+   live version with the rule, a revert a new version without it (never an edit of the old one); a night
+   that cannot resolve says how much more evidence is needed (``pending``), which is not a verdict. The
+   next night's plan is written beside the ledger (``decisions/skills/``: the launcher ``sage-run`` that
+   draws each ``sage run``'s arm: the pending candidate's version, committed but not live, on
+   ``pending_share`` of the runs, the tree without the last accepted rule on ``probation_share`` while it is
+   on probation). The ledger is saved atomically after the commit; a commit refused (a conflict) saves
+   nothing, so the ledger never says a rule is live that is not.
 5. **Diagnostics** (``<skills root>/nights/<date>/<role>/diagnostics.json``, written atomically: "running"
    first, the result at the end): versions and per-skill shas before and after, the per-skill diff, the
    trials, every edit with its status, the val and test scores, the task counts and the harvest's reasons.
@@ -72,23 +90,40 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from sage_pipeline import artifacts
+from sage_pipeline.decisions import skills as lever_skills
+from sage_pipeline.decisions.ledger import Candidate, Ledger, LedgerError
 from sage_pipeline.sage import skills as sk
 from sage_pipeline.sleep.backends import BackendError, CallLog, OpenAIBackend, OpenAIConfig, Reply
-from sage_pipeline.sleep.block import DocumentError, Edit, EditLimits, LearnedDoc, apply_edit, parse_document
+from sage_pipeline.sleep.block import (
+    DocumentError,
+    Edit,
+    EditLimits,
+    LearnedDoc,
+    apply_edit,
+    normalise_rule,
+    parse_document,
+)
 from sage_pipeline.sleep.cycle import ERROR_STATUSES
 from sage_pipeline.sleep.gate import GateConfig, Trial, changes, compare, summary
 from sage_pipeline.sleep.judges import JudgeError, UnitTestJudge, extract_code
 from sage_pipeline.sleep.prompts import ReplyFormatError, extract_json, parse_reflect_reply, reflect_messages
 from sage_pipeline.sleep.records import DEFAULT_SPLIT, ReflectRequest, SplitSpec, TaskRecord, TaskResult
 from sage_pipeline.sleep.replay import map_workers
-from sage_pipeline.sleep.sage_online import OnlineCheckConfig, OnlineReport, check, runs_from_journals
-from sage_pipeline.sleep.sage_skills import SageSkillsConfig, SageSkillsRoot, SkillsRootChanged, SkillsRootError
+from sage_pipeline.sleep.sage_online import OnlineCheckConfig, OnlineReport, check, check_ledger, runs_from_journals
+from sage_pipeline.sleep.sage_skills import (
+    SageSkillsConfig,
+    SageSkillsRoot,
+    SkillsRootChanged,
+    SkillsRootError,
+    version_id,
+)
 
 ROLES = ("coder",)  # the roles whose answer is the code the harvested tests judge
 SKILLS_ROOT_DIR = ("sleep", "sage_skills")  # the project's SAGE skills root, under the artifact root
 NIGHTS_DIR = "nights"
 NIGHT_LOCK = ".night.lock"
-HEALTHY = ("accepted", "rejected", "no_edits", "no_tasks", "reject_unverified")
+HEALTHY = ("accepted", "rejected", "no_edits", "no_tasks", "reject_unverified", "pending")
+# "pending" (ledger mode): tonight's evidence was added to the candidates' and none resolved; not a verdict
 HEAD = 160
 # SAGE's universal prefix (prompt_engine/universal_prefix.py build_universal_prefix) for a fresh workspace:
 # its labels, every section empty; TOOL PERMISSIONS the coder's (prefix_builder.allowed_tools_for_role)
@@ -123,7 +158,13 @@ class SageNightConfig(BaseModel):
     role: Literal["coder"] = Field("coder", description="the role whose skills the night edits: the coder, whose "
                                    "answer is the code the harvested tests judge")
     limits: EditLimits = Field(default_factory=EditLimits, description="how much one night may change")
-    gate: GateConfig = Field(default_factory=GateConfig, description="when a candidate survives")
+    gate: GateConfig = Field(default_factory=GateConfig, description="when a candidate survives ('per_night': "
+                             "its test; 'ledger': its replays per val task)")
+    decisions: Literal["ledger", "per_night"] = Field(
+        "ledger", description="'ledger': every rule is a candidate in the decision ledger, its evidence carried "
+                              "across nights, accepted and reverted at a level that holds over every night and "
+                              "every rule; 'per_night': the paired gate decides each night from scratch (valid for "
+                              "one night only: over a month useless edits pile up), kept for comparison")
     split: SplitSpec = Field(DEFAULT_SPLIT, description="shares: test (1 - train - val) is held out by a stable "
                              "hash of the task's id; the rest is split into train and a val slice drawn afresh "
                              "each night in the ratio train : val")
@@ -229,6 +270,7 @@ class SageNightResult:
     gate: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)
     candidate: dict = field(default_factory=dict)  # skill id -> text, when accepted but not committed
+    ledger: dict = field(default_factory=dict)  # ledger mode: every candidate's standing, tonight's transitions, plan
     diagnostics: str = ""
     traceback: str = ""
 
@@ -408,12 +450,13 @@ class _Night:
                    "val_drawn": f"afresh for {r.date}: a hash of (date, task id) < val / (train + val) = "
                                 f"{cfg.split.val / (cfg.split.train + cfg.split.val):.3f}"}
         r.gate = {**cfg.gate.model_dump(), "replays_per_val_task": self.samples,
-                  "backend_draws_fresh": self.backend.draws_fresh}
+                  "backend_draws_fresh": self.backend.draws_fresh, "decisions": cfg.decisions}
         if not train or not val:
             which = "val" if not val else "train"
             self._stop("no_tasks", f"{r.tasks['total']} usable task(s) but none in tonight's {which} slice, so the "
                        f"night can {'verify no edit' if which == 'val' else 'learn nothing'}; harvest more of SAGE's "
                        "runs (the val slice is drawn afresh each night)")
+            self._nothing_to_replay()
             return
         live = self.root.texts(r.versions["before"])
         editable: list[str] = []
@@ -441,6 +484,9 @@ class _Night:
         except JudgeError as e:
             r.status, r.cause = "judge_error", str(e)
             r.reason = f"the unit-test judge failed during {r.phase}: nothing after this point was scored"
+
+    def _nothing_to_replay(self) -> None:
+        """A night without val or train tasks: the per-night gate has nothing to do."""
 
     def _run(self, live: dict[str, str], overlap: list[str]) -> None:
         r, cfg = self.r, self.cfg
@@ -603,6 +649,371 @@ class _Night:
         r.per_task += _rows("test after", after, self.samples)
 
 
+# ---------------------------------------------------------------------------------------------- the ledger's night
+def _change(c: Candidate) -> lever_skills.RuleChange:
+    return lever_skills.RuleChange.from_payload(c.payload)
+
+
+def _edit(ch: lever_skills.RuleChange) -> Edit:
+    return Edit(ch.op, ch.skill, ch.rule, ch.anchor, ch.rationale)
+
+
+def _rule_diff(before: LearnedDoc, after: LearnedDoc) -> tuple[list[str], list[str]]:
+    """(rules added, rules removed) from ``before``'s block to ``after``'s, by normalised text."""
+    b, a = {normalise_rule(x) for x in before.rules}, {normalise_rule(x) for x in after.rules}
+    return ([x for x in after.rules if normalise_rule(x) not in b],
+            [x for x in before.rules if normalise_rule(x) not in a])
+
+
+def _undo(docs: dict[str, LearnedDoc], c: Candidate) -> dict[str, LearnedDoc] | None:
+    """``docs`` without accepted candidate ``c``'s change: the rules it added taken out, the rules it removed put
+    back at the block's end; None when its rule is no longer in the block (removed outside the ledger)."""
+    ch = _change(c)
+    doc = docs.get(ch.skill)
+    if doc is None:
+        return None
+    added = c.payload.get("added") or ([ch.rule] if ch.op != "delete" else [])
+    removed = c.payload.get("removed") or []
+    gone = {normalise_rule(x) for x in added}
+    kept = tuple(x for x in doc.rules if normalise_rule(x) not in gone)
+    if gone and len(kept) == len(doc.rules):
+        return None
+    have = {normalise_rule(x) for x in kept}
+    kept += tuple(x for x in removed if normalise_rule(x) not in have)
+    return {**docs, ch.skill: doc.with_rules(kept)}
+
+
+def _stage(root: SageSkillsRoot, edits: dict[str, str], reason: str) -> str:
+    """A version of ``root``'s live tree with ``edits``, written whole under ``versions/`` but not made live (what
+    the launcher's arm points ``SAGE_SKILLS_ROOT`` at); its id. Checked as a commit is checked."""
+    stage = getattr(root, "stage", None)
+    if callable(stage):  # SageSkillsRoot.stage, when the skills root has it
+        out = stage(edits, reason)
+        return out if isinstance(out, str) else out.version
+    base = root.files(root.live())
+    for sid, text in edits.items():
+        sk.check_text(sid, text)
+    new = {**base, **{sid: text.encode("utf-8") for sid, text in edits.items()}}
+    root._check_total_cap(base, new, [sid for sid in sk.SKILL_IDS if new[sid] != base[sid]])
+    vid = version_id(new)
+    root._save(vid, new)  # immutable and whole, as a commit's folder; history and live.json untouched
+    return vid
+
+
+class _LedgerNight(_Night):
+    """The night in ledger mode (the module doc, step 4): evidence added to the ledger's candidates, the ledger
+    decides, accepts and reverts committed, the next night's plan written, the ledger saved."""
+
+    def __init__(self, root: SageSkillsRoot, tasks: Sequence[TaskRecord], backend: ChatBackend, unit: UnitTestJudge,
+                 config: SageNightConfig, r: SageNightResult, log: Callable[[str], None], ledger: Path,
+                 lever: lever_skills.SkillsLeverConfig) -> None:
+        super().__init__(root, tasks, backend, unit, config, r, log)
+        self.path, self.lever = ledger, lever
+        self.led: Ledger | None = None
+        self.docs: _Edits | None = None  # the live blocks of every skill a candidate or tonight's goals touch
+        self.tonight: dict[str, dict] = {}  # candidate id -> what tonight added or why it was not replayed
+        self.transitions: list[dict] = []
+        self.closed = False
+        self.final: dict[str, str] | None = None
+        self.quiet = ""  # why tonight proposed nothing new
+        self.reflect_stop: tuple[str, str] | None = None
+
+    def run(self) -> None:
+        r = self.r
+        try:
+            self.led = Ledger.load(self.path)
+        except LedgerError as e:
+            r.status, r.phase, r.cause = "input_error", "read the ledger", str(e)
+            r.reason = "the decision ledger cannot be read; nothing was changed"
+            return
+        r.ledger = {"mode": "ledger", "path": str(self.path), "guarantee": lever_skills.guarantee(self.led)}
+        super().run()
+
+    # ---- the live blocks the ledger's candidates touch
+    def _prepare(self, live: dict[str, str]) -> None:
+        want = list(self.r.editable)
+        for c in self.led.of(lever_skills.LEVER, "pending", "accepted"):
+            sid = _change(c).skill
+            if sid in sk.SKILL_IDS and sid not in sk.NEVER_READ and sid not in want:
+                want.append(sid)
+        self.docs = _Edits(self.cfg.role, live, want, self.cfg.limits, self.total_cap)
+
+    def _nothing_to_replay(self) -> None:
+        live = self.root.texts(self.r.versions["before"])
+        try:
+            self._prepare(live)
+        except DocumentError as e:
+            self.r.status, self.r.cause = "input_error", str(e)
+            self.r.reason = "a live skill's learned block is broken; nothing was changed"
+            return
+        self._close(live)
+
+    def _run(self, live: dict[str, str], overlap: list[str]) -> None:
+        r, cfg = self.r, self.cfg
+        try:
+            self._prepare(live)
+        except DocumentError as e:
+            r.status, r.phase, r.cause = "input_error", "read the live skills", str(e)
+            r.reason = "a live skill a candidate of the ledger edits has a broken learned block; nothing was changed"
+            return
+        r.phase = "baseline_val"
+        base_val = self._replay("val", live, "val (baseline)", self.samples)
+        r.scores["baseline_val"] = summary(base_val, cfg.gate)
+        r.per_task += _rows("val baseline", base_val, self.samples)
+        r.phase = "train"
+        train_samples = cfg.train_samples if self.backend.draws_fresh else 1
+        train_res = self._replay("train", live, "train", train_samples)
+        r.scores["train"] = summary(train_res, cfg.gate)
+        r.per_task += _rows("train", train_res, train_samples)
+        try:
+            self._propose(train_res)
+            self._evidence(live, base_val)
+        except (BackendError, JudgeError):
+            self._close(live)  # the evidence of every candidate replayed whole so far is valid: decided and kept
+            raise
+        self._close(live)
+        self._test(live, self.final)
+
+    # ---- tonight's proposals
+    def _propose(self, train_res: list[TaskResult]) -> None:
+        r, cfg = self.r, self.cfg
+        by_id = {t.id: t for t in self.split["train"]}
+        order = lambda x: hashlib.sha256(f"{r.date}:{x.task_id}".encode()).hexdigest()  # noqa: E731
+        failed = {x.task_id: x for x in sorted((x for x in train_res if x.hard < 1.0), key=order)}
+        if not failed:
+            self.quiet = f"all {len(train_res)} train replays pass: nothing new to propose tonight"
+            r.notes.append(self.quiet)
+            return
+        passed = {x.task_id: x for x in sorted((x for x in train_res if x.hard >= 1.0), key=order)}
+        failures = [(by_id[i], x) for i, x in failed.items()]
+        successes = [(by_id[i], x) for i, x in passed.items() if i not in failed]
+        edits = self._reflect(failures, successes)
+        if edits is None:  # reflect_invalid: recorded; the pending candidates are still replayed
+            r.notes.append(f"{r.status}: {r.reason}")
+            self.reflect_stop = (r.status, r.reason)
+            r.status, r.reason = "running", ""
+            return
+        shown = failures[:cfg.reflect_examples] + successes[:max(1, cfg.reflect_examples // 2)]
+        selected = lever_skills.selected_units((t.id, t.content_key()) for t, _ in shown)
+        candidates, dropped = self.edits.screen(dict(self.edits.orig), edits)
+        for e in candidates:
+            ch = lever_skills.RuleChange(e.op, e.target, " ".join(e.content.split()), e.anchor, e.rationale)
+            p = lever_skills.propose(self.led, ch, night=r.date, normalise=normalise_rule, selected_on=selected)
+            e.status = "already_decided" if p.status == "final" else "pending"
+            e.reason = p.reason
+            self.tonight.setdefault(p.candidate.id, {})["proposed"] = p.status
+        r.edits = [{**e.to_dict(), "candidate": self._cid(e)} for e in candidates] + [e.to_dict() for e in dropped]
+        if not candidates:
+            counts = Counter(e.status for e in dropped)
+            self.quiet = (f"reflect proposed {len(edits)} edit(s), none applicable ("
+                          + (", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "none proposed") + ")")
+            r.notes.append(self.quiet)
+
+    def _cid(self, e: Edit) -> str | None:
+        ch = lever_skills.RuleChange(e.op, e.target, " ".join(e.content.split()), e.anchor, e.rationale)
+        c = self.led.find(lever_skills.LEVER, ch.key(normalise_rule))
+        return c.id if c else None
+
+    # ---- tonight's evidence
+    def _pairs(self, with_rule: list[TaskResult], without: list[TaskResult]) -> list[lever_skills.Replay]:
+        content = {t.id: t.content_key() for t in self.split["val"]}
+        a: dict[str, list[float]] = {}
+        b: dict[str, list[float]] = {}
+        for x in with_rule:
+            a.setdefault(x.task_id, []).append(float(x.hard))
+        for x in without:
+            b.setdefault(x.task_id, []).append(float(x.hard))
+        return [lever_skills.Replay(t, content.get(t, ""), tuple(a[t]), tuple(b.get(t, ()))) for t in a]
+
+    def _drop(self, c: Candidate, reason: str) -> None:
+        before = c.state
+        self.led.transition(c.id, "dropped" if before == "pending" else "reverted", night=self.r.date, reason=reason)
+        self.transitions.append({"id": c.id, "from": before, "to": c.state, "reason": reason})
+
+    def _evidence(self, live: dict[str, str], base_val: list[TaskResult]) -> None:
+        r, led = self.r, self.led
+        r.phase = "gate"
+        fresh = self.backend.draws_fresh
+        pending = led.of(lever_skills.LEVER, "pending")
+        pending.sort(key=lambda c: (-led.standing(c.id)["evidence"], c.id not in self.tonight, c.index))
+        for c in pending[self.lever.candidates_per_night:]:
+            self.tonight.setdefault(c.id, {})["replay"] = (f"not replayed tonight: {self.lever.candidates_per_night} "
+                                                           "candidates with more evidence were (candidates_per_night)")
+        for c in pending[:self.lever.candidates_per_night]:
+            res = self.docs.apply(dict(self.docs.orig), _edit(_change(c)))
+            if res.docs is None:
+                self._drop(c, f"its change no longer applies to the live version ({res.status}: {res.reason})")
+                continue
+            tree = _texts(res.docs, self.docs.orig, self.docs.live)
+            cand = self._replay("val", tree, f"val ({c.id})", self.samples)
+            r.per_task += _rows(f"val {c.id}", cand, self.samples)
+            self.tonight.setdefault(c.id, {})["replay"] = lever_skills.add_replays(
+                led, c.id, r.date, self._pairs(cand, base_val), fresh=fresh)
+        accepted = sorted(led.of(lever_skills.LEVER, "accepted"),
+                          key=lambda c: next(t.at for t in reversed(c.history) if t.state == "accepted"), reverse=True)
+        for c in accepted[:self.lever.probation_replays]:
+            docs = _undo(dict(self.docs.orig), c)
+            if docs is None:
+                self._drop(c, "its rule is no longer in the live version (removed outside the ledger)")
+                continue
+            tree = _texts(docs, self.docs.orig, self.docs.live)
+            without = self._replay("val", tree, f"val (without {c.id})", self.samples)
+            r.per_task += _rows(f"val without {c.id}", without, self.samples)
+            self.tonight.setdefault(c.id, {})["probation_replay"] = lever_skills.add_replays(
+                led, c.id, r.date, self._pairs(base_val, without), fresh=fresh)
+
+    # ---- the decisions, the commit, the plan, the ledger saved
+    def _close(self, live: dict[str, str]) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        r, led = self.r, self.led
+        prior = (r.status, r.reason)
+        done = {t["id"] for t in self.transitions}
+        self.transitions += lever_skills.decide_night(led, r.date, skip=done)
+        r.phase = "commit"
+        docs, accepted, reverted = dict(self.docs.orig), [], []
+        for t in self.transitions:
+            c = led.get(t["id"])
+            if t["to"] == "reverted" and c.payload.get("version"):
+                out = _undo(docs, c)
+                if out is None:
+                    r.notes.append(f"{c.id} reverted; its rule was no longer in the live version")
+                    continue
+                docs = out
+                reverted.append(c)
+        for t in self.transitions:
+            c = led.get(t["id"])
+            if t["to"] != "accepted":
+                continue
+            ch = _change(c)
+            res = self.docs.apply(docs, _edit(ch))
+            if res.docs is None:
+                why = (f"accepted, but its change cannot be applied with the others accepted tonight ({res.status}: "
+                       f"{res.reason}); never deployed")
+                led.transition(c.id, "reverted", night=r.date, reason=why)
+                t["note"] = why
+                continue
+            c.payload["added"], c.payload["removed"] = _rule_diff(docs[ch.skill], res.docs[ch.skill])
+            docs = res.docs
+            accepted.append(c)
+        tree = _texts(docs, self.docs.orig, self.docs.live)
+        new = {sid: tree[sid] for sid in sk.SKILL_IDS if tree[sid] != self.docs.live[sid]}
+        if new and not self._commit_ledger(new, accepted, reverted):
+            return  # refused or failed: the ledger is not saved, so it never says a rule is live that is not
+        self.final = tree if new else None
+        self._plan()
+        try:
+            saved = lever_skills.save_merged(led, self.path)
+        except (LedgerError, OSError, filelock.Timeout) as e:
+            r.status, r.cause = "store_error", str(e)
+            r.reason = (f"the ledger could not be saved to {self.path}" + (
+                f"; version {r.versions['after']} was committed: restore the ledger from the last bundle" if new else
+                ""))
+            return
+        r.ledger["seq"] = led.data.seq
+        r.ledger["saved"] = str(saved)
+        self._report(prior, bool(new), accepted, reverted)
+
+    def _commit_ledger(self, new: dict[str, str], accepted: list[Candidate], reverted: list[Candidate]) -> bool:
+        r = self.r
+        what = ([f"accepted {c.id} ({c.description}; {c.history[-1].reason})" for c in accepted]
+                + [f"reverted {c.id} ({c.description}; {c.history[-1].reason})" for c in reverted])
+        why = f"sage night {r.date} ({r.role}), the decision ledger: " + "; ".join(what)
+        try:
+            entry = self.root.commit(new, why[:4000], parent=r.versions["before"],
+                                     action="commit" if accepted else "rollback")
+        except SkillsRootChanged as e:
+            r.candidate = new
+            self._stop("conflict", f"the ledger decided ({'; '.join(what)}) but {e}; the ledger was not saved")
+            return False
+        except (SkillsRootError, sk.SkillsError, OSError) as e:
+            r.candidate, r.cause = new, str(e)
+            self._stop("store_error", f"the ledger decided ({'; '.join(what)}) but the skills root refused or failed "
+                       f"the commit: {e}; the ledger was not saved")
+            return False
+        r.versions["after"], r.versions["after_seq"] = entry.version, entry.seq
+        for c in accepted:
+            c.payload.update(version=entry.version, previous=r.versions["before"])
+        for c in reverted:
+            c.payload["reverted_in"] = entry.version
+        return True
+
+    def _plan(self) -> None:
+        """The next night's arms for the skills lever, their versions staged (committed, not live), the launcher."""
+        r, led = self.r, self.led
+        try:
+            live_v = self.root.live()
+            live = self.root.texts(live_v)
+            want = lever_skills.arms_wanted(led, self.lever)
+            skills = [s for s in dict.fromkeys(_change(led.get(cid)).skill for _, cid in want)
+                      if s in sk.SKILL_IDS and s not in sk.NEVER_READ]
+            docs = _Edits(self.cfg.role, live, skills, self.cfg.limits, self.total_cap)
+            versions = {}
+            for kind, cid in want:
+                c = led.get(cid)
+                if kind == "cand":
+                    res = docs.apply(dict(docs.orig), _edit(_change(c)))
+                    d = res.docs
+                else:
+                    d = _undo(dict(docs.orig), c)
+                if d is None:
+                    r.notes.append(f"no online arm for {c.id}: its change does not apply to the live version")
+                    continue
+                tree = _texts(d, docs.orig, docs.live)
+                vid = _stage(self.root, {s: tree[s] for s in sk.SKILL_IDS if tree[s] != live[s]},
+                             f"the ledger's {kind} arm for {c.id} ({c.description})")
+                c.payload["staged"] = {"kind": kind, "version": vid, "night": r.date}
+                versions[(kind, cid)] = self.root.versions_dir / vid
+            p = lever_skills.plan(str(self.root.versions_dir / live_v), versions, self.lever,
+                                  note=f"sage night {r.date}: the skills lever's arms")
+            r.ledger["plan"] = lever_skills.save_plan(lever_skills.lever_dir(self.path), p)
+        except (SkillsRootError, sk.SkillsError, DocumentError, OSError, ValueError) as e:
+            r.notes.append(f"the next night's plan could not be written ({e}); the launcher keeps its last plan")
+
+    def _report(self, prior: tuple[str, str], committed: bool, accepted: list[Candidate],
+                reverted: list[Candidate]) -> None:
+        r, led = self.r, self.led
+        touched = set(self.tonight) | {t["id"] for t in self.transitions}
+        rows = []
+        for c in led.of(lever_skills.LEVER):
+            if c.state in ("pending", "accepted") or c.id in touched:
+                rows.append({**lever_skills.row(led, c), "tonight": self.tonight.get(c.id, {}),
+                             "transition": next((t for t in self.transitions if t["id"] == c.id), None)})
+        r.ledger.update(candidates=rows, transitions=self.transitions)
+        for e in r.edits:
+            cid = e.get("candidate")
+            if cid:
+                c = led.get(cid)
+                e["status"], e["reason"] = c.state, lever_skills.standing_line(led, c)
+        pending = [x for x in rows if x["state"] == "pending"]
+        ahead = "; ".join(f"{x['id']} {x['standing']}" for x in pending[:3]) + (
+            f"; and {len(pending) - 3} more" if len(pending) > 3 else "")
+        if committed:
+            r.gate_action = "+".join(a for a, xs in (("accept", accepted), ("revert", reverted)) if xs)
+            self._stop("accepted", "; ".join(
+                [f"{c.id} accepted ({c.description}): {c.history[-1].reason}" for c in accepted]
+                + [f"{c.id} reverted ({c.description}): {c.history[-1].reason}" for c in reverted])
+                + f"; committed as version {r.versions['after']} (v{r.versions['after_seq']})"
+                + (f"; still pending: {ahead}" if pending else ""))
+        elif prior[0] == "no_tasks":
+            r.reason = prior[1] + "".join(f"; the ledger: {t['id']} {t['to']} ({t['reason']})"
+                                          for t in self.transitions)
+            r.reason += (f"; the ledger carries {len(pending)} pending candidate(s) to the next night: {ahead}"
+                         if pending else "")
+        elif pending:
+            r.gate_action = "pending"
+            self._stop("pending", f"{len(pending)} candidate(s) pending, tonight's evidence added to what earlier "
+                       f"nights gathered (not a verdict): {ahead}")
+        elif self.reflect_stop:
+            self._stop(*self.reflect_stop)
+        elif self.transitions:
+            r.gate_action = "drop"
+            self._stop("rejected", "; ".join(f"{t['id']} {t['to']}: {t['reason']}" for t in self.transitions))
+        else:
+            self._stop("no_edits", (self.quiet or "nothing proposed tonight") + "; nothing pending in the ledger")
+
+
 def _cannot_tell(trials: list[Trial]) -> str:
     unsure = [t for t in trials if t.verdict == "cannot_tell" and t.needed_tasks]
     if not unsure:
@@ -629,11 +1040,14 @@ def _stopped_by(r: SageNightResult, e: BaseException, status: str) -> None:
 
 def run_sage_night(root: SageSkillsRoot, tasks: Sequence[TaskRecord], backend: ChatBackend, unit: UnitTestJudge,
                    config: SageNightConfig | None = None, *, date: str, harvest: dict | None = None,
-                   log: Callable[[str], None] = lambda m: None) -> SageNightResult:
+                   log: Callable[[str], None] = lambda m: None, ledger: str | os.PathLike[str] | None = None,
+                   lever: lever_skills.SkillsLeverConfig | None = None) -> SageNightResult:
     """One night on ``root`` (see the module doc) for ``config.role`` on ``tasks`` (the harvest's records;
     ``harvest``: its summary, kept in the diagnostics), the night of ``date`` (YYYY-MM-DD: it seeds the val
-    slice). Never raises for a night that went wrong in a way the result can explain (its status and cause
-    say it); an interrupt is recorded, then raised again. ``diagnostics.json`` is written under
+    slice). ``ledger`` (``decisions="ledger"``): the decision ledger's file (``run_sage_skills`` passes
+    ``<data>/decisions/ledger.json``; None: ``<root>/decisions/ledger.json``); ``lever``: how the skills lever
+    spends its nights and runs. Never raises for a night that went wrong in a way the result can explain (its
+    status and cause say it); an interrupt is recorded, then raised again. ``diagnostics.json`` is written under
     ``<root>/nights/<date>/<role>/`` before the night starts (``running``) and when it ends."""
     cfg = config or SageNightConfig()
     r = SageNightResult(role=cfg.role, date=date, root=str(root.folder), started_at=_now(), harvest=harvest or {})
@@ -660,7 +1074,7 @@ def run_sage_night(root: SageSkillsRoot, tasks: Sequence[TaskRecord], backend: C
         artifacts.write_json(diag, {**r.to_dict(), "reason": "started, not finished: if this is still here, the "
                                     "night was killed before its end"})
         try:
-            _setup_and_run(root, tasks, backend, unit, cfg, r, log)
+            _setup_and_run(root, tasks, backend, unit, cfg, r, log, ledger, lever)
         except Exception as e:  # noqa: BLE001 - a bug still leaves a record that says the night failed
             _stopped_by(r, e, "internal_error")
             log(f"sage night {date}: internal_error: {r.cause}\n{r.traceback}")
@@ -680,7 +1094,9 @@ def run_sage_night(root: SageSkillsRoot, tasks: Sequence[TaskRecord], backend: C
 
 
 def _setup_and_run(root: SageSkillsRoot, tasks: Sequence[TaskRecord], backend: ChatBackend, unit: UnitTestJudge,
-                   cfg: SageNightConfig, r: SageNightResult, log: Callable[[str], None]) -> None:
+                   cfg: SageNightConfig, r: SageNightResult, log: Callable[[str], None],
+                   ledger: str | os.PathLike[str] | None = None,
+                   lever: lever_skills.SkillsLeverConfig | None = None) -> None:
     r.phase = "setup"
     missing = [m for m in ("complete", "calls", "describe") if not hasattr(backend, m)]
     if missing:
@@ -707,7 +1123,11 @@ def _setup_and_run(root: SageSkillsRoot, tasks: Sequence[TaskRecord], backend: C
         r.reason = "the skills root cannot be read as it is; nothing was changed"
         return
     r.notes = [n for n in r.notes if n]
-    _Night(root, tasks, backend, unit, cfg, r, log).run()
+    if cfg.decisions == "per_night":
+        _Night(root, tasks, backend, unit, cfg, r, log).run()
+        return
+    path = Path(ledger) if ledger is not None else root.folder / "decisions" / "ledger.json"
+    _LedgerNight(root, tasks, backend, unit, cfg, r, log, path, lever or lever_skills.SkillsLeverConfig()).run()
 
 
 def _finish(root: SageSkillsRoot, r: SageNightResult, backend: ChatBackend, unit: UnitTestJudge) -> None:
@@ -837,9 +1257,13 @@ def run_sage_skills(data_root: str | os.PathLike[str], date: str, window: tuple[
     root = SageSkillsRoot(folder, SageSkillsConfig(total_cap=s.total_cap))
     dirs = list(s.journals) or [str(Path(w) / "memory" / "sessions") for w in s.workspaces]
     out = SageSkillsOutcome(True, "", str(folder))
+    ledger = lever_skills.ledger_path(data_root)  # ledger mode: every lever's ledger, under the artifact root
     try:
-        out.online = check(root, runs_from_journals(dirs, s.night.role, s.clock_scale, log), s.online, date=date,
-                           role=s.night.role, log=log)
+        runs = runs_from_journals(dirs, s.night.role, s.clock_scale, log)
+        if s.night.decisions == "ledger":  # the randomised runs feed the ledger (the day-vs-day check without them)
+            out.online = check_ledger(root, runs, ledger, s.online, date=date, role=s.night.role, log=log)
+        else:
+            out.online = check(root, runs, s.online, date=date, role=s.night.role, log=log)
     except Exception as e:  # noqa: BLE001 - recorded and shown; the night still runs on the live version
         out.online_error = f"{type(e).__name__}: {e}"[:1000]
         log(f"online check failed: {out.online_error}")
@@ -864,7 +1288,7 @@ def run_sage_skills(data_root: str | os.PathLike[str], date: str, window: tuple[
                 except BackendError as e:
                     backend = _NoBackend(f"the backend could not be set up: {e.cause}")
             out.night = run_sage_night(root, h.tasks, backend, unit, s.night, date=date, harvest=out.harvest,
-                                       log=log)
+                                       log=log, ledger=ledger)
     finally:
         unit.close()
     out.live = _live(root)

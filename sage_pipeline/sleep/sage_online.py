@@ -34,7 +34,17 @@ check rolls back anything with probability at most ``alpha``). Decisions:
 
 Limits, stated: the arms are different days (a before/after comparison, not a randomised one: a day of
 harder goals reads as harm); checking again every day looks at the same edit many times, so the level
-holds per check, not over all the days of an edit's life.
+holds per check, not over all the days of an edit's life. That is :func:`check`, the ``per_night`` check.
+
+**Ledger mode** (:func:`check_ledger`, the night's ``decisions="ledger"``): the runs that the launcher
+assigned at random (``decisions/skills/sage-run``: a recorded draw with its exact probability per ``sage
+run``, joined to the run by its ``trace_id``) are fed to the decision ledger as each pending or accepted
+candidate's ``online`` evidence (:func:`sage_pipeline.decisions.skills.add_online`: the randomised contrast
+of the arms with and without the rule), and the night decides on it with its replays: no day is compared
+with another and nothing is rolled back here. A run without a recorded draw is not evidence, and is
+counted; a run whose logged shas are not its arm's version's is counted (it still counts as drawn). When no
+assignment record exists yet (no launcher deployed), the day-vs-day check above is the fallback, labelled
+"compares days, not randomised" in the report; a rollback it makes reverts the ledger's candidate.
 """
 
 from __future__ import annotations
@@ -53,6 +63,8 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
 from sage_pipeline import artifacts
+from sage_pipeline.decisions import assign, skills as lever_skills
+from sage_pipeline.decisions.ledger import Ledger
 from sage_pipeline.sage import skills as sk
 from sage_pipeline.sleep.sage_skills import SageSkillsRoot, SkillsRootError, journal_injections
 
@@ -81,6 +93,7 @@ class Run:
     verified: float | None
     shas: dict[str, str]
     where: str = ""
+    trace_id: str = ""  # SAGE_TRACE_ID as SAGE logged it: the launcher's draw id, when the run was assigned
 
 
 @dataclass
@@ -110,6 +123,7 @@ def runs_from_events(events: Iterable[sk.InjectionEvent], verdicts: dict[str, fl
     out = RunsRead()
     by_session: dict[str, dict[str, set[str]]] = {}
     where: dict[str, str] = {}
+    traces: dict[str, str] = {}
     for e in events:
         if e.agent_role != role:
             continue
@@ -118,6 +132,8 @@ def runs_from_events(events: Iterable[sk.InjectionEvent], verdicts: dict[str, fl
             continue
         shas = by_session.setdefault(e.session_id, {})
         where.setdefault(e.session_id, f"{e.source}:{e.line}")
+        if e.trace_id:
+            traces.setdefault(e.session_id, e.trace_id)
         for sid, h in e.shas.items():
             shas.setdefault(sid, set()).add(h)
     for sid_, shas in by_session.items():
@@ -131,7 +147,7 @@ def runs_from_events(events: Iterable[sk.InjectionEvent], verdicts: dict[str, fl
         if mixed:
             out.counts["skills seen with two texts in one session (left out of that run)"] += len(mixed)
         out.runs.append(Run(sid_, verdicts[sid_], {s: next(iter(hs)) for s, hs in shas.items() if len(hs) == 1},
-                            where[sid_]))
+                            where[sid_], traces.get(sid_, "")))
     return out
 
 
@@ -215,11 +231,23 @@ class OnlineReport:
     rollbacks: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     path: str = ""
+    mode: str = "per_night"  # per_night | ledger | per_night fallback: compares days, not randomised
+    randomised: dict = field(default_factory=dict)  # ledger mode: the runs fed to the ledger and what was left out
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     def summary(self) -> str:
+        if self.mode == "ledger":
+            x = self.randomised
+            added = ", ".join(f"{cid} +{v['added']}" for cid, v in x.get("candidates", {}).items() if v["added"])
+            return (f"{self.runs} run(s) read, {x.get('with_draw', 0)} with a recorded random draw (the rest are not "
+                    f"evidence); fed to the ledger: {added or 'nothing new'}")
+        if self.mode != "per_night":
+            return f"{self.mode}: " + self._per_night_summary()
+        return self._per_night_summary()
+
+    def _per_night_summary(self) -> str:
         if not self.edits:
             return f"{self.runs} run(s) read; no edit of the skills root to check yet"
         c = Counter(e["decision"] for e in self.edits)
@@ -227,6 +255,25 @@ class OnlineReport:
         if self.rollbacks:
             s += "; rolled back: " + ", ".join(f"{r['skill']} to {r['to_version']}" for r in self.rollbacks)
         return s
+
+
+def _texts(root: SageSkillsRoot, runs: RunsRead, cfg: OnlineCheckConfig, rep: OnlineReport, seq: dict[str, int]
+           ) -> dict[tuple[str, str], list[float]]:
+    """Per skill text (skill id, sha) its runs' verdicts; the report's ``texts`` table."""
+    index = root.sha_index()
+    counts: dict[tuple[str, str], list[float]] = {}
+    for r in runs.runs:
+        for sid, h in r.shas.items():
+            counts.setdefault((sid, h), []).append(float(r.verified))
+    keys = sorted(counts, key=lambda k: (k[0], -len(counts[k])))
+    k = np.array([sum(counts[x]) for x in keys])
+    n = np.array([len(counts[x]) for x in keys])
+    low, high = wilson(k, n, 1 - cfg.alpha)
+    for i, (sid, h) in enumerate(keys):
+        rep.texts.append({"skill": sid, "sha16": h, "versions": _label(seq, index.get(sid, {}).get(h, [])),
+                          "runs": int(n[i]), "verified": int(k[i]), "share": float(k[i] / n[i]),
+                          "low": float(low[i]), "high": float(high[i])})
+    return counts
 
 
 def _label(root_seq: dict[str, int], versions: Sequence[str]) -> str:
@@ -245,19 +292,7 @@ def check(root: SageSkillsRoot, runs: RunsRead, config: OnlineCheckConfig | None
     seq = {}
     for e in history:
         seq.setdefault(e.version, e.seq)
-    index = root.sha_index()
-    counts: dict[tuple[str, str], list[float]] = {}
-    for r in runs.runs:
-        for sid, h in r.shas.items():
-            counts.setdefault((sid, h), []).append(float(r.verified))
-    keys = sorted(counts, key=lambda k: (k[0], -len(counts[k])))
-    k = np.array([sum(counts[x]) for x in keys])
-    n = np.array([len(counts[x]) for x in keys])
-    low, high = wilson(k, n, 1 - cfg.alpha)
-    for i, (sid, h) in enumerate(keys):
-        rep.texts.append({"skill": sid, "sha16": h, "versions": _label(seq, index.get(sid, {}).get(h, [])),
-                          "runs": int(n[i]), "verified": int(k[i]), "share": float(k[i] / n[i]),
-                          "low": float(low[i]), "high": float(high[i])})
+    counts = _texts(root, runs, cfg, rep, seq)
     live = root.shas()
     pairs = [(e, sid) for e in history if e.action == "commit" and e.parent for sid in e.changed
              if sid in sk.INJECTED_IDS]
@@ -321,3 +356,97 @@ def _written(root: SageSkillsRoot, rep: OnlineReport, write: bool) -> OnlineRepo
     if write:
         rep.path = str(artifacts.write_json(root.folder / ONLINE_DIR / f"{rep.date}.json", rep.to_dict()))
     return rep
+
+
+# ---------------------------------------------------------------------------------------------- ledger mode
+FALLBACK = "per_night fallback: compares days, not randomised"
+
+
+def _arm_shas(root: SageSkillsRoot, plans: dict[str, assign.Plan]) -> dict[str, dict[str, str]]:
+    """Each arm's version id (the folder its SAGE_SKILLS_ROOT names) -> the shas SAGE logs for its skills."""
+    out: dict[str, dict[str, str]] = {}
+    for p in plans.values():
+        for a in p.levers.get(lever_skills.LEVER, ()):
+            vid = Path(a.env.get("SAGE_SKILLS_ROOT", "")).name
+            if vid and vid not in out:
+                try:
+                    files = root.files(vid)
+                except (SkillsRootError, OSError):
+                    continue
+                out[vid] = {s: sk.sha16(sk.sage_text(files[s])) for s in sk.INJECTED_IDS}
+    return out
+
+
+def _arm_version(plan: assign.Plan, arm: str) -> str:
+    a = next((x for x in plan.levers.get(lever_skills.LEVER, ()) if x.name == arm), None)
+    return Path(a.env.get("SAGE_SKILLS_ROOT", "")).name if a is not None else ""
+
+
+def check_ledger(root: SageSkillsRoot, runs: RunsRead, ledger: str | os.PathLike[str],
+                 config: OnlineCheckConfig | None = None, *, date: str, role: str = "coder",
+                 log: Callable[[str], None] = lambda m: None, write: bool = True,
+                 lever: lever_skills.SkillsLeverConfig | None = None) -> OnlineReport:
+    """The online check in ledger mode (see the module doc): the randomised runs fed to the ledger at ``ledger``
+    (saved), or, with no assignment record yet, :func:`check` as the fallback (labelled so). The report is
+    written to ``<root>/online/<date>.json``."""
+    cfg = config or OnlineCheckConfig()
+    folder = lever_skills.lever_dir(ledger)
+    records = folder / assign.RECORDS_NAME
+    plans, bad_plans = lever_skills.load_plans(folder)
+    draws, bad = assign.read_records(records, plans)
+    if not draws:
+        rep = check(root, runs, cfg, date=date, role=role, log=log, write=False)
+        rep.mode = FALLBACK
+        rep.notes.insert(0, f"no recorded random assignment in {records}: the day-vs-day check decides instead "
+                         "(it compares days, not randomised arms: a harder day reads as harm); start `sage run` "
+                         f"through {folder / assign.LAUNCHER_NAME} so the ledger judges on randomised runs")
+        if bad or bad_plans:
+            rep.notes.append(f"{len(bad)} assignment line(s) and {len(bad_plans)} plan(s) could not be read: "
+                             + "; ".join((bad + bad_plans)[:3]))
+        if rep.rollbacks:
+            _revert_rolled_back(ledger, rep, date)
+        return _written(root, rep, write)
+    rep = OnlineReport(role, date, cfg.alpha, runs=len(runs.runs), left_out=dict(runs.counts), mode="ledger")
+    seq = {}
+    for e in root.versions():
+        seq.setdefault(e.version, e.seq)
+    _texts(root, runs, cfg, rep, seq)
+    shas = _arm_shas(root, plans)
+    live_runs = []
+    for r in runs.runs:
+        d = draws.get(r.trace_id) if r.trace_id else None
+        saw = None
+        arm = (d or {}).get("levers", {}).get(lever_skills.LEVER)
+        if arm is not None and d["plan"] in plans:
+            expected = shas.get(_arm_version(plans[d["plan"]], arm["arm"]))
+            if expected is not None:
+                saw = all(expected.get(s) == h for s, h in r.shas.items() if s in expected)
+        live_runs.append(lever_skills.LiveRun(r.trace_id, float(r.verified), saw))
+    led = Ledger.load(ledger)
+    out = lever_skills.add_online(led, live_runs, draws, plans, lever)
+    lever_skills.save_merged(led, ledger)
+    rep.randomised = {**out, "records": str(records), "plans": len(plans), "unreadable": (bad + bad_plans)[:20],
+                      "standing": [lever_skills.row(led, c) for c in led.of(lever_skills.LEVER, "pending", "accepted")]}
+    rep.notes.append("randomised: each run's arm is its recorded draw (exact probability), joined by trace_id; the "
+                     "ledger decides at the night, on these runs and its replays")
+    log(f"online check (ledger): {out['with_draw']} of {len(runs.runs)} runs with a recorded draw; "
+        + ", ".join(f"{cid} +{v['added']}" for cid, v in out["candidates"].items()))
+    return _written(root, rep, write)
+
+
+def _revert_rolled_back(ledger: str | os.PathLike[str], rep: OnlineReport, date: str) -> None:
+    """A rollback of the fallback check takes the rule out of the live tree: the ledger's candidate that
+    committed it is reverted, with the check's reason."""
+    led = Ledger.load(ledger)
+    changed = False
+    for rb in rep.rollbacks:
+        for c in led.of(lever_skills.LEVER, "accepted"):
+            ch = lever_skills.RuleChange.from_payload(c.payload)
+            if c.payload.get("version") == rb["from_version"] and ch.skill == rb["skill"]:
+                led.transition(c.id, "reverted", night=date, reason=f"rolled back by the online check's fallback "
+                               f"({FALLBACK}) as version {rb['to_version']}: {rb['reason']}")
+                c.payload["reverted_in"] = rb["to_version"]
+                rb["ledger"] = c.id
+                changed = True
+    if changed:
+        lever_skills.save_merged(led, ledger)

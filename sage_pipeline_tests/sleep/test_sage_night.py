@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import threading
 from pathlib import Path
@@ -21,6 +22,7 @@ from pydantic import ValidationError
 
 from sage_pipeline.sage import skills as sk
 from sage_pipeline.sleep.backends import BackendError, CallLog, Reply
+from sage_pipeline.sleep.block import normalise_rule
 from sage_pipeline.sleep.cycle import ERROR_STATUSES, STATUSES
 from sage_pipeline.sleep.gate import GateConfig
 from sage_pipeline.sleep.judges import JudgeError, Judgement, UnitTestJudge
@@ -124,7 +126,10 @@ def root(tmp_path) -> SageSkillsRoot:
 
 
 def _night(root, backend=None, judge=None, tasks=TASKS, **cfg):
+    """A night of the per-night gate (decisions='per_night', its old behaviour) unless ``decisions`` says otherwise:
+    the ledger's nights are tested below, under "the ledger"."""
     cfg.setdefault("gate", GateConfig(samples=4))
+    cfg.setdefault("decisions", "per_night")
     return run_sage_night(root, tasks, backend or Chat(), judge or Judge(), SageNightConfig(**cfg), date=DATE,
                           harvest={"sessions": len(tasks), "reasons": {"goal_not_found": 2}})
 
@@ -481,6 +486,141 @@ def test_the_override_runs_them_locally_and_the_diagnostics_say_so(tmp_path):
         "sandbox"]
 
 
+# ------------------------------------------------------------------ the ledger (decisions="ledger", the default)
+NEXT = "2026-11-29"
+
+
+def _ledger_path(root) -> Path:
+    return root.folder.parent / "decisions" / "ledger.json"
+
+
+def _ledger_night(root, date=DATE, backend=None, judge=None, tasks=TASKS, **cfg):
+    cfg.setdefault("gate", GateConfig(samples=4))
+    return run_sage_night(root, tasks, backend or Chat(), judge or Judge(), SageNightConfig(**cfg), date=date,
+                          ledger=_ledger_path(root))
+
+
+def _arms(r) -> dict:
+    return {a["arm"]: a for a in r.ledger["plan"]["arms"]}
+
+
+def test_ledger_a_night_with_too_little_data_adds_its_evidence_and_says_how_much_more_is_needed(root):
+    assert SageNightConfig().decisions == "ledger"
+    before = root.live()
+    r = _ledger_night(root)
+    assert r.status == "pending" and r.gate_action == "pending" and root.live() == before, r.reason
+    (row,) = r.ledger["candidates"]
+    assert row["state"] == "pending" and row["tonight"]["proposed"] == "new"
+    assert row["tonight"]["replay"] == {"added": r.tasks["val"], "left_out": {}}
+    assert re.fullmatch(r"pending: evidence \d+\.\d of the 40 needed, about \d+ more val tasks \(\d+ so far\) at the "
+                        r"current effect \(estimate \+0\.\d{3}\)", row["standing"]), row["standing"]
+    assert row["standing"] in r.reason and "not a verdict" in r.reason
+    assert r.edits[0]["status"] == "pending" and r.edits[0]["candidate"] == row["id"]
+    assert _diag(r)["ledger"]["candidates"][0]["standing"] == row["standing"]
+    # the next night's plan: the candidate's version (committed, not live) on half the runs, through the launcher
+    arms = _arms(r)
+    assert {k: a["probability"] for k, a in arms.items()} == {"live": 0.5, f"cand-{row['id']}": 0.5}
+    staged = Path(arms[f"cand-{row['id']}"]["SAGE_SKILLS_ROOT"])
+    assert staged.parent == root.versions_dir and f"- {RULE}\n" in (staged / TDD).read_text()
+    assert staged.name not in {e.version for e in root.versions()} and root.live() == before
+    assert Path(arms["live"]["SAGE_SKILLS_ROOT"]) == root.live_path() and Path(r.ledger["plan"]["launcher"]).is_file()
+    assert r.scores["test_after"] == r.scores["test_before"]  # nothing changed: the test split says the same
+
+
+def test_ledger_the_same_rule_the_next_night_continues_its_candidate_until_its_level_is_reached(root):
+    from sage_pipeline.decisions.ledger import Ledger
+
+    before = root.live()
+    first = _ledger_night(root)
+    assert first.status == "pending"
+    n1 = first.ledger["candidates"][0]["observations"]["replay"]
+    r = _ledger_night(root, NEXT)
+    (row,) = [x for x in r.ledger["candidates"] if x["id"] == first.ledger["candidates"][0]["id"]]
+    assert row["tonight"]["proposed"] == "continued" and len(Ledger.load(_ledger_path(root)).of("skills")) == 1
+    tonight = row["tonight"]["replay"]
+    assert row["observations"]["replay"] == n1 + tonight["added"] and tonight["added"] > 0
+    # tonight's val slice is drawn afresh: the tasks reflect saw last night, in it now, are not the rule's evidence
+    assert tonight["added"] + sum(tonight["left_out"].values()) == r.tasks["val"]
+    assert set(tonight["left_out"]) <= {"selected on (reflect saw it, or a task asking the same)"}
+    assert r.status == "accepted" and r.gate_action == "accept", r.reason
+    live = root.live()
+    assert live != before and r.versions["after"] == live and f"- {RULE}\n<!-- sage:learned:end -->" in root.text(
+        live, TDD)
+    entry = root.versions()[-1]
+    assert entry.action == "commit" and entry.parent == before and "the decision ledger: accepted skills-0001" in \
+        entry.reason
+    c = Ledger.load(_ledger_path(root)).get(row["id"])
+    assert c.state == "accepted" and c.payload["version"] == live and c.payload["added"] == [RULE]
+    assert "reached the 40" in c.history[-1].reason
+    arms = _arms(r)  # on probation: a tenth of the runs keep the tree without the rule
+    assert arms[f"prev-{c.id}"]["probability"] == pytest.approx(0.1) and arms["live"]["probability"] == pytest.approx(
+        0.9)
+    assert RULE not in (Path(arms[f"prev-{c.id}"]["SAGE_SKILLS_ROOT"]) / TDD).read_text()
+    assert r.scores["test_after"]["hard"] > r.scores["test_before"]["hard"]
+
+
+def test_ledger_a_useless_rule_is_never_made_live(root):
+    from sage_pipeline.decisions.ledger import Ledger
+
+    before = root.live()
+    for date in (DATE, NEXT, "2026-11-30"):
+        r = _ledger_night(root, date, backend=Chat(p0=0.5, p1=0.5, seed=hash(date) % 1000))
+        assert r.status in ("pending", "rejected") and root.live() == before, r.reason
+    (c,) = Ledger.load(_ledger_path(root)).of("skills")
+    assert c.state in ("pending", "dropped") and len({n.night for n in c.nights}) == 3
+    assert len(root.versions()) == 1
+
+
+def test_ledger_a_reverted_rule_is_a_new_version_without_it_even_on_a_night_without_tasks(root):
+    """An accepted rule whose probation evidence excludes a gain of min_useful_gain (here: it hurts) is reverted on
+    the next night, though that night has no task to replay: a new version without the rule, the old one intact."""
+    from sage_pipeline.decisions import skills as ls
+    from sage_pipeline.decisions.ledger import Ledger
+    from sage_pipeline.sleep.block import parse_document
+
+    with_rule = root.commit({TDD: parse_document(root.text("live", TDD)).with_rules((RULE,)).render()},
+                            "the rule, as the ledger committed it")
+    led = Ledger.load(_ledger_path(root))
+    c = ls.propose(led, ls.RuleChange("add", TDD, RULE), night="2026-11-20", normalise=normalise_rule).candidate
+    led.transition(c.id, "accepted", night="2026-11-20", reason="test")
+    c.payload.update(version=with_rule.version, added=[RULE])
+    led.add_evidence(c.id, ls.REPLAY, [-0.5] * 20, -1, 1, [f"2026-11-21/t{i}" for i in range(20)])
+    led.save()
+    r = _ledger_night(root, tasks=[])
+    assert r.gate_action == "revert" and r.status == "accepted" and "skills-0001 reverted" in r.reason, r.reason
+    assert "no usable task" not in r.reason and RULE not in root.text("live", TDD)
+    last = root.versions()[-1]
+    assert last.action == "rollback" and last.parent == with_rule.version and root.live() == last.version
+    assert RULE in root.text(with_rule.version, TDD)  # a revert is a new version, never an edit of the old
+    back = Ledger.load(_ledger_path(root)).get(c.id)
+    assert back.state == "reverted" and back.payload["reverted_in"] == last.version
+
+
+def test_ledger_a_commit_refused_saves_nothing_so_the_ledger_never_says_a_rule_is_live_that_is_not(root):
+    from sage_pipeline.decisions.ledger import Ledger
+
+    other = "discipline/systematic-debugging/SKILL.md"
+    _ledger_night(root)
+    seq = Ledger.load(_ledger_path(root)).data.seq
+
+    def meanwhile(n: int) -> None:
+        if n == 3:  # baseline, train, then the candidate's replay
+            root.commit({other: root.text("live", other) + "\n- Read the traceback first.\n"}, "another change")
+    r = _ledger_night(root, NEXT, judge=Judge(on_run=meanwhile))
+    assert r.status == "conflict" and "another change went live" in r.reason and "not saved" in r.reason
+    assert RULE in r.candidate[TDD] and RULE not in root.text("live", TDD)
+    led = Ledger.load(_ledger_path(root))
+    assert led.data.seq == seq and led.of("skills")[0].state == "pending"
+
+
+@pytest.mark.parametrize("decisions", ["ledger", "per_night"])
+def test_both_modes_stop_the_same_way_on_a_failing_judge(root, decisions):
+    before = root.live()
+    r = _night(root, judge=Judge(fail=JudgeError("unit-test judge: the docker sandbox did not start")),
+               decisions=decisions)
+    assert r.status == "judge_error" and root.live() == before and r.gate["decisions"] == decisions
+
+
 # ------------------------------------------------------------------ end to end: SAGE's real `sage run` (sage_contract)
 WORLD_RUNS = 16  # 16 runs -> about 10 val tasks tonight: the paired test at 0.05 needs 5 changed val tasks
 
@@ -520,7 +660,7 @@ def _world_night(root, h, url: str, model: str, alpha: float = 0.05):
     backend = OpenAIBackend(OpenAIConfig(base_url=url + "/v1", model=model, temperature=0.7, max_retries=1))
     unit = untrusted_judge("local", allow_untrusted_local=True)  # the model world's code: the override is safe here
     cfg = SageNightConfig(gate=GateConfig(samples=16, alpha=alpha), split=SplitSpec(train=0.25, val=0.65),
-                          train_samples=4)
+                          train_samples=4, decisions="per_night")
     try:
         return run_sage_night(root, h.tasks, backend, unit, cfg, date=DATE, harvest=h.summary())
     finally:

@@ -15,6 +15,7 @@ import pytest
 from sage_pipeline.sage import skills as sk
 from sage_pipeline.sleep.sage_online import (
     OnlineCheckConfig,
+    Run,
     RunsRead,
     check,
     harm_p_value,
@@ -150,3 +151,84 @@ def test_sages_own_journals_are_read_end_to_end(tmp_path):
     rep = check(root, runs, date="2026-11-28")
     assert {r["versions"] for r in rep.texts} == {f"v1={root.live()}"}
     assert {r["runs"] for r in rep.texts} == {len(runs.runs)} and all(r["verified"] <= r["runs"] for r in rep.texts)
+
+
+# ------------------------------------------------------------------ ledger mode: randomised runs feed the ledger
+def _ledger_with(tmp_path, root: SageSkillsRoot, state: str = "pending"):
+    from sage_pipeline.decisions import skills as ls
+    from sage_pipeline.decisions.ledger import Ledger
+    from sage_pipeline.sleep.block import normalise_rule
+
+    path = tmp_path / "decisions" / "ledger.json"
+    led = Ledger.load(path)
+    c = ls.propose(led, ls.RuleChange("add", TDD, "Write the tests first, always."), night="2026-11-27",
+                   normalise=normalise_rule).candidate
+    if state == "accepted":
+        led.transition(c.id, "accepted", night="2026-11-27", reason="test")
+        c.payload.update(version=root.live(), previous=root.versions()[0].version)
+    led.save()
+    return path, c.id
+
+
+def _assigned(tmp_path, root: SageSkillsRoot, ledger, cid: str, per_arm: dict[str, tuple[int, int]]) -> RunsRead:
+    """A plan (live: v2, cand: v1's folder) archived and its recorded draws; ``verified`` of ``n`` runs per arm, each
+    logged with its arm's shas and the draw id as its trace id."""
+    from sage_pipeline.decisions import assign, skills as ls
+
+    v1, v2 = (e.version for e in root.versions())
+    plan = ls.plan(str(root.versions_dir / v2), {("cand", cid): root.versions_dir / v1})
+    folder = ls.lever_dir(ledger)
+    ls.save_plan(folder, plan)
+    arms = {a.name: a for a in plan.levers[ls.LEVER]}
+    events, verdicts = [], {}
+    for name, (verified, n) in per_arm.items():
+        ref = v2 if name == "live" else v1
+        shas = {s: h for s, h in root.shas(ref).items() if s in sk.injection(root.texts(ref), "coder").shas}
+        for i in range(n):
+            did = f"{name}-{i:03d}"
+            assign.record(folder, plan, {ls.LEVER: arms[name]}, did, f"2026-11-28T01:{i:02d}:00Z")
+            ids = tuple(shas)
+            events.append(sk.InjectionEvent("j.log", 1, "2026-11-28T00:00:00Z", f"s-{did}", did, "coder", ids,
+                                            tuple(shas[x] for x in ids), tuple(100 for _ in ids), 100, 25))
+            verdicts[f"s-{did}"] = 1.0 if i < verified else 0.0
+    return runs_from_events(events, verdicts, "coder")
+
+
+def test_in_ledger_mode_randomised_runs_feed_the_ledger_and_no_day_comparison_rolls_back(root, tmp_path):
+    from sage_pipeline.decisions import skills as ls
+    from sage_pipeline.decisions.ledger import Ledger
+    from sage_pipeline.sleep.sage_online import check_ledger
+
+    ledger, cid = _ledger_with(tmp_path, root)
+    cand = f"cand-{cid}"
+    runs = _assigned(tmp_path, root, ledger, cid, {"live": (12, 40), cand: (36, 40)})
+    runs.runs.append(Run("unassigned", 1.0, {}, "j.log:9"))  # a run started without the launcher
+    live = root.live()
+    rep = check_ledger(root, runs, ledger, date="2026-11-29")
+    assert rep.mode == "ledger" and rep.edits == [] and rep.rollbacks == [] and root.live() == live
+    x = rep.randomised
+    assert x["with_draw"] == 80 and x["candidates"][cid]["added"] == 80
+    assert x["left_out"] == {"no recorded draw (not randomised: not evidence)": 1}
+    led = Ledger.load(ledger)
+    st = led.standing(cid)
+    assert st["n"] == 80 and st["estimate"] > 0.3 and len(set(led.get(cid).judged_on[ls.ONLINE])) == 80
+    assert led.get(cid).judged_on[ls.ONLINE][:2] == [f"{cand}-000", "live-000"]  # in the order of their draws
+    assert "80 with a recorded random draw" in rep.summary() and f"{cid} +80" in rep.summary()
+    again = check_ledger(root, runs, ledger, date="2026-11-30")  # the same journals read the next day
+    assert again.randomised["candidates"][cid]["added"] == 0 and Ledger.load(ledger).standing(cid)["n"] == 80
+
+
+def test_without_assignment_records_the_day_comparison_is_the_fallback_and_its_rollback_reverts_the_ledger(
+        root, tmp_path):
+    from sage_pipeline.decisions.ledger import Ledger
+    from sage_pipeline.sleep.sage_online import FALLBACK, check_ledger
+
+    ledger, cid = _ledger_with(tmp_path, root, state="accepted")
+    v1 = root.versions()[0].version
+    rep = check_ledger(root, _runs(root, {"v1": (30, 40), "v2": (12, 40)}), ledger, date="2026-11-29")
+    assert rep.mode == FALLBACK == "per_night fallback: compares days, not randomised"
+    assert rep.summary().startswith(FALLBACK) and "no recorded random assignment" in rep.notes[0]
+    assert rep.edits[0]["decision"] == "harmful" and root.live() == v1 and rep.rollbacks[0]["ledger"] == cid
+    c = Ledger.load(ledger).get(cid)
+    assert c.state == "reverted" and "compares days, not randomised" in c.history[-1].reason
+    assert json.loads(Path(rep.path).read_text())["mode"] == FALLBACK
