@@ -187,6 +187,30 @@ class Ledger:
         self.path = p
         return p
 
+    def save_lever(self, lever: str, path: str | os.PathLike[str] | None = None) -> Path:
+        """Save with ``lever``'s candidates and next index as this ledger has them and every other lever's as
+        the file has them now (another lever's night may have saved meanwhile), under ``<ledger>.lock``: the
+        way every lever saves, so two levers deciding at once never lose each other's decisions."""
+        import filelock
+
+        if lever not in LEVERS:
+            raise LedgerError(f"unknown lever {lever!r}: one of {', '.join(LEVERS)}")
+        p = Path(path) if path is not None else self.path
+        if p is None:
+            raise LedgerError("the ledger has no path to be saved to")
+        p.parent.mkdir(parents=True, exist_ok=True)
+        with filelock.FileLock(str(p) + ".lock"):
+            self._flush()
+            if p.exists():
+                disk = Ledger.load(p)
+                mine = {c.id for c in self.data.candidates if c.lever == lever}
+                self._live = {k: v for k, v in self._live.items() if k[0] in mine}
+                self.data.candidates = ([c for c in disk.data.candidates if c.lever != lever]
+                                        + [c for c in self.data.candidates if c.lever == lever])
+                self.data.next_index = {**disk.data.next_index, lever: self.data.next_index.get(lever, 1)}
+                self.data.seq = max(self.data.seq, disk.data.seq)
+            return self.save(p)
+
     @property
     def config(self) -> LedgerConfig:
         return self.data.config
@@ -253,14 +277,22 @@ class Ledger:
         for (cid, store, name), s in self._live.items():
             getattr(self.get(cid), store)[name] = s.to_dict()
 
+    def stream(self, c: Candidate, store: str, name: str) -> ev.Stream:
+        """The candidate's evidence stream ``name`` (``store``: "streams", or "probation" since the accept)."""
+        if store not in ("streams", "probation"):
+            raise LedgerError(f"no evidence store {store!r}: 'streams' or 'probation'")
+        return self._stream(c, store, name)
+
     def streams(self, c: Candidate, store: str = "streams") -> list[ev.Stream]:
         return [self._stream(c, store, name) for name in list(getattr(c, store))]
 
-    def add_evidence(self, cid: str, stream: str, x, lo, hi, units: Sequence[str]) -> int:
+    def add_evidence(self, cid: str, stream: str, x, lo, hi, units: Sequence[str],
+                     subjects: Sequence[str] | None = None) -> int:
         """Feed observations ``x`` (bounds ``lo``/``hi``, fixed before each was seen) from ``units``
         (one id each: a run, a replayed task and night) to the candidate's ``stream``, and to its
-        probation stream when accepted. Refuses a unit the candidate was selected on or was already
-        judged on in this stream. Returns how many were added."""
+        probation stream when accepted. ``subjects``: what each unit is about (the task of a replay),
+        when it differs from the unit. Refuses a unit or subject the candidate was selected on, or a
+        unit already judged on in this stream. Returns how many were added."""
         c = self.get(cid)
         if c.state in ("reverted", "dropped"):
             raise LedgerError(f"candidate {cid} is {c.state}: it takes no more evidence")
@@ -268,7 +300,9 @@ class Ledger:
         units = [str(u) for u in units]
         if len(units) != len(x):
             raise LedgerError(f"candidate {cid}: {len(x)} observations but {len(units)} unit ids")
-        bad = sorted(set(units) & set(c.selected_on))
+        if subjects is not None and len(subjects) != len(units):
+            raise LedgerError(f"candidate {cid}: {len(units)} units but {len(subjects)} subjects")
+        bad = sorted((set(units) | set(map(str, subjects or ()))) & set(c.selected_on))
         if bad:
             raise LedgerError(f"candidate {cid}: {len(bad)} unit(s) its proposal was selected on (e.g. {bad[0]!r}) "
                               "cannot be its evidence; judge it on tasks or runs its proposal never looked at")

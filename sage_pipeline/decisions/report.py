@@ -25,7 +25,7 @@ def to_go(led: Ledger, c: Candidate) -> str:
         return c.state
     parts = []
     for name in c.streams:
-        s = led._stream(c, "streams", name)
+        s = led.stream(c, "streams", name)
         need = ev.observations_needed(np.array([math.log(max(st["evidence"], 1e-300))]), st["needed"],
                                       ev.growth_per_observation(s, 0.0))[0]
         more = f"about {int(need)} more" if np.isfinite(need) else "no end in sight at the current effect"

@@ -63,7 +63,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
-import filelock
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -345,7 +344,7 @@ def standing_line(led: Ledger, c: Candidate) -> str:
         log_now = np.array([math.log(max(st["evidence"], 1e-300))])
         parts = []
         for name in c.streams:
-            s = led._stream(c, "streams", name)
+            s = led.stream(c, "streams", name)
             need = ev.observations_needed(log_now, st["needed"], ev.growth_per_observation(s, 0.0))[0]
             parts.append(f"{_more(need)} {UNITS.get(name, name)} ({int(s.n[0])} so far)")
         est = "" if st["estimate"] is None else f" (estimate {st['estimate']:+.3f})"
@@ -358,7 +357,7 @@ def standing_line(led: Ledger, c: Candidate) -> str:
         log_now = np.array([math.log(max(st["revert_evidence"], 1e-300))])
         parts = []
         for name in c.probation:
-            s = led._stream(c, "probation", name)
+            s = led.stream(c, "probation", name)
             need = ev.observations_needed(log_now, st["revert_needed"],
                                           ev.growth_per_observation(s, cfg.min_useful_gain, side="minus"))[0]
             parts.append(f"{_more(need)} {UNITS.get(name, name)} ({int(s.n[0])} so far)")
@@ -376,7 +375,7 @@ def row(led: Ledger, c: Candidate) -> dict:
     return {"id": c.id, "change": c.description, "key": c.key, "state": c.state, "index": c.index,
             "alpha": c.alpha, "estimate": st["estimate"], "interval": [lo, hi], "evidence": st["evidence"],
             "needed": st["needed"], "revert_evidence": st["revert_evidence"], "observations": {
-                name: int(led._stream(c, "streams", name).n[0]) for name in c.streams},
+                name: int(led.stream(c, "streams", name).n[0]) for name in c.streams},
             "standing": standing_line(led, c), "nights": len({r.night for r in c.nights}),
             "history": [{"night": t.night, "state": t.state, "reason": t.reason} for t in c.history],
             "version": c.payload.get("version"), "staged": c.payload.get("staged")}
@@ -464,20 +463,7 @@ def load_plans(folder: str | Path) -> tuple[dict[str, assign.Plan], list[str]]:
 def save_merged(led: Ledger, path: str | Path | None = None) -> Path:
     """Save the ledger with this lever's candidates as ``led`` has them and every other lever's as the file
     has them now (another lever may have saved meanwhile), under ``<ledger>.lock``."""
-    p = Path(path) if path is not None else led.path
-    if p is None:
-        raise ValueError("the ledger has no path to be saved to")
-    p.parent.mkdir(parents=True, exist_ok=True)
-    with filelock.FileLock(str(p) + ".lock"):
-        led._flush()
-        led._live = {k: v for k, v in led._live.items() if led.get(k[0]).lever == LEVER}
-        if p.exists():
-            disk = Ledger.load(p)
-            led.data.candidates = ([c for c in disk.data.candidates if c.lever != LEVER]
-                                   + [c for c in led.data.candidates if c.lever == LEVER])
-            led.data.next_index = {**disk.data.next_index, LEVER: led.data.next_index.get(LEVER, 1)}
-            led.data.seq = max(led.data.seq, disk.data.seq)
-        return led.save(p)
+    return led.save_lever(LEVER, path)
 
 
 def ledger_path(data_root: str | Path) -> Path:
