@@ -113,6 +113,15 @@ def sage_skills_metadata(o: SageSkillsOutcome) -> dict:
         "sandbox": _sandbox(n.sandbox),
         "diagnostics": dg.MetadataValue.path(n.diagnostics),
     })
+    if n.ledger:  # ledger mode: every skill candidate's standing (the decisions/decision_ledger asset shows all levers)
+        meta["ledger"] = _md([{"candidate": c["id"], "change": (c.get("change") or c["key"])[:90], "state": c["state"],
+                               "estimate": c["estimate"], "interval": "—" if c["interval"][0] is None else
+                               f"[{c['interval'][0]:+.3f}, {c['interval'][1]:+.3f}]", "standing": c["standing"],
+                               "why": c["history"][-1]["reason"][:140] if c["history"] else ""}
+                              for c in n.ledger.get("candidates", [])], "no candidate yet")
+        meta["ledger_guarantee"] = n.ledger.get("guarantee", "-")
+        plan = n.ledger.get("plan")
+        meta["next_plan"] = dg.MetadataValue.json(plan if isinstance(plan, dict) else {"plan": str(plan or "-")})
     return meta
 
 
