@@ -11,7 +11,10 @@ into ``prefix`` (up to and including the begin line), the block's rules, and ``s
 (from the end line on), and rendered back as ``prefix + rules + suffix``. A document
 without the block gets one appended at its end (the original text stays a byte-exact
 prefix). The block has a size cap; an ``add`` that would pass it is refused, so the
-block only grows by replacing or deleting.
+block only grows by replacing or deleting. A rule that must not reach a prompt (a control
+character, a chat-template token, a fake role line, a line that mimics SAGE's own prompt
+sections: :mod:`sage_pipeline.sleep.skill_text`) is refused as ``invalid``, its reason naming
+the document, the line it would be on, what was found and what to do.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import re
 from dataclasses import asdict, dataclass, field, replace
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from sage_pipeline.sleep import skill_text
 
 BEGIN_MARK = "<!-- sage:learned:begin"
 END_MARK = "<!-- sage:learned:end"
@@ -198,6 +203,11 @@ def apply_edit(docs: dict[str, LearnedDoc], edit: Edit, limits: EditLimits,
         if problem:
             return ApplyOutcome(None, "invalid", problem)
     content = " ".join(edit.content.split())
+    unsafe = skill_text.rule_problem(content) if edit.op in ("add", "replace") else ""
+    if unsafe:  # refused before the gate spends a call on it (what reaches a prompt: sleep/skill_text.py)
+        index = len(rules) if edit.op == "add" else _find_anchor(edit.anchor, norms, others, outside)[0]
+        return ApplyOutcome(None, "invalid", f"{doc.path}{_rule_line(doc, index)}, the rule this edit writes: "
+                            f"{unsafe}")
     n = normalise_rule(content)
     dup_elsewhere = [t for t, ns in others.items() if n in ns]
     if edit.op == "add":
@@ -225,6 +235,11 @@ def apply_edit(docs: dict[str, LearnedDoc], edit: Edit, limits: EditLimits,
         return ApplyOutcome(None, "over_cap", f"the block would hold {size} characters, over its cap of "
                             f"{limits.block_max_chars}: replace or delete a rule instead")
     return ApplyOutcome({**docs, edit.target: doc.with_rules(new)}, "candidate")
+
+
+def _rule_line(doc: LearnedDoc, index: int | None) -> str:
+    """``:<line>`` of the document where rule ``index`` of its block is (or goes); "" when not known."""
+    return "" if index is None else f":{doc.prefix.count(chr(10)) + index + 1}"
 
 
 def _content_problem(content: object, limits: EditLimits) -> str:
