@@ -9,6 +9,7 @@ Layout of a root (``SageSkillsRoot(folder)``)::
                               rollback), created_at, parent, reason, changed (the skill ids edited)
     versions/<id>/            one whole tree, never rewritten: {discipline,workflow,planning}/<skill>/SKILL.md
                               (the nine files) with SAGE's LICENSE and a NOTICE
+    versions/.<id>.tmp-XXXXXXXX  a version being written (artifacts.atomic_dir), or one a killed commit left
     .lock                     held while the history and the pointer change
 
 A version's id is the first 12 hex digits of the SHA-256 of its nine files (paths and bytes), so the same
@@ -21,7 +22,11 @@ for all its calls and one started after reads the new one: never a mix, whatever
 caches each file's text by its absolute path for the life of its process: a new version is a new path,
 so no cache can serve an old text for it.) A commit writes the version folder (atomically, whole), then
 the history line, then ``live.json``; a run killed between the last two leaves the history one ahead of
-the pointer, and the next change (or :meth:`SageSkillsRoot.recover`) finishes the switch.
+the pointer, and the next change (or :meth:`SageSkillsRoot.recover`) finishes the switch. A commit killed
+while it wrote its version folder leaves that folder's staging copy (``versions/.<id>.tmp-XXXXXXXX``); the
+next change (or ``recover()``, whose note names them) removes every such copy, under ``.lock`` (so while no
+commit runs) and only when no live writer still holds it (:func:`sage_pipeline.artifacts.folder_in_use`).
+Nothing else is ever removed: not a version folder, referenced by the history or not.
 
 **Edits stay inside what SAGE injects** (:meth:`SageSkillsRoot.commit`): an edit is refused when SAGE
 would not inject it as written: past SAGE's per-skill cap (naming the skill file and how many characters
@@ -29,6 +34,12 @@ over), blank, an unknown skill id, or the tdd-workflow skill, which SAGE's code 
 (:data:`sage_pipeline.sage.skills.NEVER_READ`); and, by default, when SAGE's total cap would then cut more
 of some role's injection than it cuts of the live version's (``SageSkillsConfig.check_total_cap``). So the
 ``content_sha256_16`` SAGE logs for a skill of a version is :meth:`SageSkillsRoot.sha16`.
+
+**Skill text is checked before it can reach a prompt** (:func:`check_edit`, on every commit and rollback):
+refused, naming the skill file, the line, what was found and what to do, are control characters,
+chat-template control tokens, fake role lines and lines that mimic SAGE's own prompt sections or permission
+lines (:mod:`sage_pipeline.sleep.skill_text`, which lists each marker and the SAGE file it comes from), and a
+learned block the next night could not parse (a second marker: :func:`sage_pipeline.sleep.block.parse_document`).
 """
 
 from __future__ import annotations
@@ -38,6 +49,8 @@ import difflib
 import hashlib
 import json
 import os
+import re
+import shutil
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
@@ -48,6 +61,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sage_pipeline import artifacts
 from sage_pipeline.sage import skills as sk
+from sage_pipeline.sleep import skill_text
+from sage_pipeline.sleep.block import DocumentError, parse_document
 
 FORMAT = 1
 LIVE_FILE = "live.json"
@@ -55,6 +70,7 @@ HISTORY_FILE = "history.jsonl"
 VERSIONS_DIR = "versions"
 LOCK_FILE = ".lock"
 ACTIONS = ("initial", "commit", "rollback")
+STAGING = re.compile(r"\.[0-9a-f]{12}\.tmp-[a-z0-9_]{8}")  # a version folder being written (atomic_dir's name)
 SAGE_LICENSE = sk.SKILL_TREE.parent / "LICENSE"
 VERSION_NOTICE = (
     "These SKILL.md files are SAGE's skills (the public repository Sris945/SAGE, commit "
@@ -118,6 +134,24 @@ def version_id(files: Mapping[str, bytes]) -> str:
             h.update(len(part).to_bytes(8, "big"))
             h.update(part)
     return h.hexdigest()[:12]
+
+
+def check_edit(skill_id: str, text: str, where: str = "") -> str:
+    """``text`` as SAGE will read it, when it may become ``skill_id``'s text; else a :class:`sk.SkillsError`
+    naming ``where`` (default the skill file), the line and what to do: what SAGE would not inject as written
+    (:func:`sage_pipeline.sage.skills.check_text`), what must not reach a prompt
+    (:func:`sage_pipeline.sleep.skill_text.check_skill_text`, SAGE's own shipped lines of the skill exempt
+    from its marker class), or a learned block the next night could not parse."""
+    where = where or skill_id
+    seen = sk.check_text(skill_id, text, where)
+    skill_text.check_skill_text(where, seen, trusted=skill_text.shipped_lines(skill_id))
+    try:
+        parse_document(seen, where)
+    except DocumentError as e:
+        raise skill_text.SkillTextError(where, [skill_text.Finding(
+            e.line or 1, "learned_marker", e.problem, f"The next night could not parse the learned block: {e.fix}")]
+        ) from e
+    return seen
 
 
 def _now() -> str:
@@ -306,7 +340,7 @@ class SageSkillsRoot:
         if not isinstance(edits, Mapping):
             raise SkillsRootError(f"edits must map skill ids to their new text, got {type(edits).__name__}")
         for sid, text in edits.items():
-            sk.check_text(sid, text)
+            check_edit(sid, text)
         with self._lock():
             self._recover()
             entries = self.versions()
@@ -336,7 +370,8 @@ class SageSkillsRoot:
 
     def recover(self) -> str:
         """Finish a switch a killed change left half done (the history one ahead of ``live.json``), or
-        restore a lost ``live.json`` from the history; a note saying what was done ("" when nothing)."""
+        restore a lost ``live.json`` from the history, and remove the staging folders killed commits left
+        (see the module doc); a note saying what was done ("" when nothing)."""
         with self._lock():
             return self._recover()
 
@@ -386,6 +421,33 @@ class SageSkillsRoot:
         self._write_pointer(entry)
 
     def _recover(self) -> str:
+        swept = self._sweep()
+        note = self._finish_switch()
+        if swept:
+            note = "; ".join(n for n in (note, f"removed {len(swept)} staging folder(s) that killed commits left in "
+                                         f"{self.versions_dir}: {', '.join(swept)}") if n)
+        return note
+
+    def _sweep(self) -> list[str]:
+        """Remove the staging folders of killed commits; call under the root's lock (no commit of this root
+        runs then), and a folder a live writer still holds (flock) is kept."""
+        try:
+            names = sorted(os.listdir(self.versions_dir))
+        except FileNotFoundError:
+            return []
+        swept = []
+        for name in names:
+            path = self.versions_dir / name
+            if not STAGING.fullmatch(name) or path.is_symlink() or not path.is_dir():
+                continue
+            if artifacts.folder_in_use(path):
+                continue
+            shutil.rmtree(path, ignore_errors=True)
+            if not os.path.lexists(path):
+                swept.append(name)
+        return swept
+
+    def _finish_switch(self) -> str:
         entries = self.versions()
         if not entries:
             raise SkillsRootError(f"{self.history_file} is missing or empty while {self.live_file} exists: the "
