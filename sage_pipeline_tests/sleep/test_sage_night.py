@@ -21,6 +21,7 @@ import pytest
 from pydantic import ValidationError
 
 from sage_pipeline.sage import skills as sk
+from sage_pipeline.sleep import sage_skills as sage_skills_mod
 from sage_pipeline.sleep.backends import BackendError, CallLog, Reply
 from sage_pipeline.sleep.block import normalise_rule
 from sage_pipeline.sleep.cycle import ERROR_STATUSES, STATUSES
@@ -306,7 +307,7 @@ def test_a_root_changed_during_the_night_is_a_conflict_and_nothing_is_overwritte
     assert root.versions()[-1].reason == "another change"
 
 
-def test_bad_settings_and_backends_are_refused_with_what_to_do(root):
+def test_bad_settings_and_backends_are_refused_with_what_to_do(root, monkeypatch):
     with pytest.raises(ValidationError, match="role"):
         SageNightConfig(role="reviewer")
     with pytest.raises(ValidationError, match="train \\+ val < 1"):
@@ -316,7 +317,9 @@ def test_bad_settings_and_backends_are_refused_with_what_to_do(root):
     r = run_sage_night(root, TASKS, object(), Judge(), date=DATE)
     assert r.status == "input_error" and "complete(messages, purpose, max_tokens)" in r.reason
     broken = root.text("live", TDD) + "\n<!-- sage:learned:begin -->\n<!-- sage:learned:begin -->\n"
-    root.commit({TDD: broken}, "an edit by hand that broke the block")
+    with monkeypatch.context() as m:  # a root written before commits checked the block (sage_skills.check_edit)
+        m.setattr(sage_skills_mod, "check_edit", lambda sid, text, where="": text)
+        root.commit({TDD: broken}, "an edit by hand that broke the block")
     r = _night(root)
     assert r.status == "input_error" and "2 learned-block begin markers" in r.cause and root.text("live", TDD) == broken
     shutil.rmtree(root.folder / "nights")
