@@ -14,7 +14,8 @@ the same key again continues the same candidate and its evidence, never a fresh 
 
 - *pending*: its evidence accumulates night after night (:mod:`.evidence`). Accepted when the
   e-process against "no gain" reaches ``1 / alpha_j``; dropped when its confidence sequence lies
-  below the minimum useful gain (it cannot be worth keeping) or it stayed pending ``max_pending_nights``.
+  below the minimum useful gain (its e-process against "gain >= min_useful_gain" reaches
+  ``1 / drop_alpha``: it cannot be worth keeping) or it stayed pending ``max_pending_nights``.
 - *accepted* (on probation): deployed, and still tested on new runs with a probation stream
   started at the acceptance. Reverted when that stream's e-process against "gain >= min_useful_gain"
   reaches ``1 / revert_alpha`` (its gain is excluded: harmful, or useless).
@@ -79,6 +80,10 @@ class LedgerConfig(BaseModel):
                                    "gain is shown below it is reverted, a pending one dropped")
     probation_half_life: float = Field(60.0, gt=0.0, description="the probation bets' half-life in observations: "
                                        "short, so a gain that turns is followed within a night or two of runs")
+    drop_alpha: float = Field(0.1, gt=0.0, lt=0.5, description="a pending candidate is dropped when its e-process "
+                              "against 'gain >= min_useful_gain' reaches 1/drop_alpha: a drop spends no false-accept "
+                              "level, so it has a level of its own (the chance a candidate worth min_useful_gain is "
+                              "ever dropped that way)")
     max_pending_nights: int = Field(30, ge=1, description="nights a candidate may stay pending before it is dropped "
                                     "as unresolvable (its evidence is kept in the ledger)")
     evidence: ev.EvidenceConfig = Field(default_factory=ev.EvidenceConfig)
@@ -338,6 +343,8 @@ class Ledger:
             out.update(evidence=float(math.exp(min(lp[0, ev.at(nulls, 0.0)], 700))), estimate=float(centre[0]),
                        ci=(None if math.isnan(lo[0]) else float(lo[0]), None if math.isnan(hi[0]) else float(hi[0])),
                        n=int(sum(s.n[0] for s in streams)), upper_below_min=bool(hi[0] < cfg.min_useful_gain))
+            out["drop_evidence"] = float(math.exp(min(lm[0, ev.at(nulls, cfg.min_useful_gain)], 700)))
+            out["drop_needed"] = 1.0 / cfg.drop_alpha
             kept = lp[0] < math.log(1.0 / c.alpha)
             out["lower_one_sided"] = float(nulls[kept].min()) if kept.any() else None
         if c.state == "accepted" and c.probation:
@@ -360,10 +367,10 @@ class Ledger:
             if st["evidence"] >= st["needed"]:
                 new, reason = "accepted", (f"evidence {st['evidence']:.1f} reached the {st['needed']:.0f} its level "
                                            f"alpha_{c.index} = {c.alpha:.3g} needs (estimate {st['estimate']:+.3f})")
-            elif st.get("upper_below_min"):
-                new, reason = "dropped", (f"its confidence sequence lies below the minimum useful gain "
-                                          f"{cfg.min_useful_gain} (upper end {st['ci'][1]:+.3f}): it cannot be worth "
-                                          "it")
+            elif st.get("drop_evidence", 1.0) >= st.get("drop_needed", math.inf):
+                new, reason = "dropped", (f"its gain is shown below the minimum useful gain {cfg.min_useful_gain} "
+                                          f"(evidence {st['drop_evidence']:.1f} of the {st['drop_needed']:.0f} a drop "
+                                          f"needs; estimate {st['estimate']:+.3f}): it cannot be worth it")
             elif nights >= cfg.max_pending_nights:
                 new, reason = "dropped", (f"pending {nights} nights without resolving (evidence {st['evidence']:.1f} "
                                           f"of {st['needed']:.0f}); its evidence stays in the ledger")

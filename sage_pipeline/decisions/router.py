@@ -519,6 +519,8 @@ def row(ledger: Ledger, c: Candidate, feed: Feed | None = None) -> dict:
     if feed is not None and feed.unsupported and c.state == "accepted":
         why = f"{why}. No evidence tonight: {feed.unsupported}"
     lo, hi = st["ci"]
+    if c.state == "accepted" and st.get("lower_one_sided") is not None:
+        lo = st["lower_one_sided"]  # the one-sided bound the accept read (K+ at 1/alpha_j), not the two-sided CS's
     return {"candidate": c.id, "key": c.key, "name": c.payload.get("name") or c.description, "state": c.state,
             "deployed": deployed, "against": _short(c.payload.get("incumbent", TABLE)),
             "estimate": st["estimate"], "ci": [lo, hi], "evidence": st["evidence"], "needed": st["needed"],
