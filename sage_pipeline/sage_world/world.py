@@ -20,7 +20,13 @@ What each agent gets back (SAGE's parsers accept exactly these shapes):
   assumption: a model that would write the solution recognises a right or wrong one; otherwise
   it guesses). PASS scores ``review_pass_score``, FAIL ``review_fail_score``.
 * **test_engineer**: the task's own verified tests as ``tests/test_<module>.py`` (guarded by a
-  time and memory limit), so SAGE's verification command really runs the candidate.
+  time and memory limit), so SAGE's verification command really runs the candidate; written in one of
+  the styles models write (``WorldConfig.test_styles``, drawn per task by the seed: pytest fixtures,
+  raises, parametrize, a test class, tmp_path, monkeypatch, approx, unittest, plain asserts, and
+  FastAPI's ``TestClient`` on an app the test builds around the function when asked:
+  :data:`DEFAULT_TEST_STYLES` says why not by default; :func:`verified_tests`), each checking every
+  case exactly as the plain one does. The world has no web-app task family: the ``TestClient`` style
+  serves the task's function over HTTP.
 * **debugger**: a wrong file is repaired with the calibrated chance of that model for that wrong
   candidate (``SageLoopSim.p_debug``: its outcome kind and share of tests passed); a failed
   repair leaves it as it was. A right file (a reviewer's false FAIL) stays right.
@@ -59,6 +65,7 @@ of the role's row in SAGE's table. From these chances and SAGE's control flow,
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import math
@@ -123,6 +130,20 @@ class WorldConfig(BaseModel):
     clock_scale: float = Field(0.1, ge=0.0, le=10.0,
                                description="wall seconds the server sleeps per calibrated GPU-second of a call "
                                            "(ModelWorld.call_seconds) before it answers; 0 answers at once")
+    test_styles: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_TEST_STYLES), min_length=1,
+        description="the styles the test engineer writes a task's verified cases in, one drawn per task by the seed "
+                    "(style_for; TEST_STYLES): pytest fixtures, raises, parametrize, classes, tmp_path, "
+                    "monkeypatch, approx, unittest, plain asserts; 'testclient' (FastAPI's TestClient) only when "
+                    "SAGE's gate runs a Python with FastAPI (DEFAULT_TEST_STYLES says why it is not by default)")
+
+    @field_validator("test_styles")
+    @classmethod
+    def _known_styles(cls, v: list[str]) -> list[str]:
+        unknown = [x for x in v if x not in TEST_STYLES]
+        if unknown:
+            raise ValueError(f"unknown test styles {unknown}: the world writes {', '.join(TEST_STYLES)}")
+        return v
 
 
 DEFAULT_MODEL_TIME = DEFAULT_CONFIG.with_name("model_time.yaml")
@@ -290,30 +311,134 @@ class _Run:
     calls: dict[str, int] = field(default_factory=dict)
 
 
-def verified_tests(task: TaskRecord) -> str:
-    """The task's verified tests as a pytest module that cannot hang or exhaust the machine: the
-    candidate gets the task's time limit per test and 2 GiB of address space."""
-    mod = module_of(task)
+# The styles the world's test engineer writes the task's verified cases in: what models write when SAGE's
+# template asks for pytest tests (sage_world.world.verified_tests). Every style checks every case with the
+# same comparison (``_same``; ``approx`` uses pytest.approx exactly where ``_same`` compares a float, within
+# the same tolerance), so a right file passes and every verified wrong candidate fails whatever the style.
+TEST_STYLES = ("plain", "fixtures", "raises", "parametrize", "classes", "tmp_path", "monkeypatch", "approx",
+               "testclient", "unittest")
+# What the world writes by default: every style but FastAPI's TestClient, which SAGE's gate in the harness cannot
+# run yet: harness.sage_env puts a *symlink* to SAGE's Python on PATH, and a symlinked virtualenv interpreter
+# runs as its base interpreter (no pyvenv.cfg beside the link), which has pytest but not FastAPI or httpx, so the
+# gate would fail a right file. WorldConfig(test_styles=TEST_STYLES) writes it too (the sandbox runs it: the
+# image has FastAPI); make it the default once the harness runs SAGE's virtualenv.
+DEFAULT_TEST_STYLES = tuple(s for s in TEST_STYLES if s != "testclient")
+# names the styles define beside the entry point: a task whose function is named so gets the plain style
+_STYLE_NAMES = {"cases", "call", "client", "app", "run_case", "json", "resource", "signal", "pytest", "unittest",
+                "FastAPI", "JSONResponse", "TestClient", "CASES"}
+
+_SAME = ("def _same(got, want):\n"
+         "    if isinstance(want, float) or isinstance(got, float):\n"
+         "        return isinstance(got, (int, float)) and abs(got - want) <= 1e-9 * max(1.0, abs(want))\n"
+         "    if isinstance(want, list):\n"
+         "        return isinstance(got, list) and len(got) == len(want) and all(map(_same, got, want))\n"
+         "    if isinstance(want, dict):\n"
+         "        return (isinstance(got, dict) and got.keys() == want.keys()\n"
+         "                and all(_same(got[k], want[k]) for k in want))\n"
+         "    return type(got) is type(want) and got == want\n")
+# pytest.approx where _same compares numbers with a float among them (the same tolerance: 1e-9 relative,
+# 1e-9 absolute), _same for the rest
+_CLOSE = ("def _close(got, want):\n"
+          "    if type(want) is float or (type(want) is int and isinstance(got, float)):\n"
+          "        return isinstance(got, (int, float)) and got == pytest.approx(want, rel=1e-9, abs=1e-9)\n"
+          "    return _same(got, want)\n")
+
+
+def _needs_arguments(signature: str) -> bool:
+    """Whether calling the task's function with no arguments raises TypeError (a required parameter, no *args)."""
+    try:
+        fn = ast.parse(signature.strip().rstrip(":") + ": pass").body[0]
+    except SyntaxError:
+        return False
+    if not isinstance(fn, ast.FunctionDef):
+        return False
+    a = fn.args
+    positional = a.posonlyargs + a.args
+    return a.vararg is None and (len(positional) > len(a.defaults)
+                                 or any(d is None for d in a.kw_defaults))
+
+
+def style_for(seed: int, task: TaskRecord, styles: Sequence[str] = TEST_STYLES) -> str:
+    """The style the world's test engineer writes ``task``'s tests in: drawn by (seed, task), so the same seed
+    gives every run of a task the same file; ``plain`` where a style cannot apply (``raises`` needs a function
+    that takes arguments; no style may shadow the function's name)."""
+    style = styles[int(_draw(seed, "test_style", task.task_id).integers(len(styles)))]
+    if task.entry_point in _STYLE_NAMES or (style == "raises" and not _needs_arguments(task.signature)):
+        return "plain"
+    return style
+
+
+def verified_tests(task: TaskRecord, style: str = "plain") -> str:
+    """The task's verified tests as a pytest module in ``style`` (one of TEST_STYLES), unchanged by the judge:
+    SAGE's gate runs it with ``python -m pytest -q``. The module cannot hang or exhaust the machine: the code
+    under test gets at most 2 GiB of address space (a lower limit, the sandbox's, is left alone) and an alarm
+    of the task's time limit per case (set after the imports, so pytest's and FastAPI's do not count)."""
+    if style not in TEST_STYLES:
+        raise WorldError(f"no test style {style!r}: the world writes {', '.join(TEST_STYLES)}")
+    mod, ep = module_of(task), task.entry_point
     seconds = max(2, math.ceil(task.timeout_s * max(1, len(task.tests)) + 1))
-    return (f'"""Tests of {task.entry_point} ({task.task_id}): the task\'s verified cases."""\n'
-            "import json\nimport resource\nimport signal\n\n"
-            "resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))\n"
+    imports = ["import json", "import resource", "import signal"]
+    if style == "unittest":
+        imports.append("import unittest")
+    extra = []
+    if style not in ("plain", "unittest", "classes"):
+        extra.append("import pytest")
+    if style == "testclient":
+        extra += ["from fastapi import FastAPI", "from fastapi.responses import JSONResponse",
+                  "from fastapi.testclient import TestClient"]
+    head = (f'"""Tests of {ep} ({task.task_id}): the task\'s verified cases ({style} style)."""\n'
+            + "\n".join(imports) + "\n\n" + ("\n".join(extra) + "\n\n" if extra else "")
+            + "# the code under test gets at most 2 GiB and the task's time (a lower limit is left as it is)\n"
+            "_soft, _hard = resource.getrlimit(resource.RLIMIT_AS)\n"
+            "if _hard == resource.RLIM_INFINITY or _hard > 2 << 30:\n"
+            "    resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))\n"
             f"signal.alarm({seconds})\n\n"
-            f"from {mod} import {task.entry_point}\n\n"
-            f"CASES = json.loads({json.dumps(json.dumps(task.tests))})\n\n\n"
-            "def _same(got, want):\n"
-            "    if isinstance(want, float) or isinstance(got, float):\n"
-            "        return isinstance(got, (int, float)) and abs(got - want) <= 1e-9 * max(1.0, abs(want))\n"
-            "    if isinstance(want, list):\n"
-            "        return isinstance(got, list) and len(got) == len(want) and all(map(_same, got, want))\n"
-            "    if isinstance(want, dict):\n"
-            "        return (isinstance(got, dict) and got.keys() == want.keys()\n"
-            "                and all(_same(got[k], want[k]) for k in want))\n"
-            "    return type(got) is type(want) and got == want\n\n\n"
-            f"def test_{task.entry_point}():\n"
-            "    for case in CASES:\n"
-            f"        got = json.loads(json.dumps({task.entry_point}(*case['args'])))\n"
-            "        assert _same(got, case['expected']), (case['args'], got, case['expected'])\n")
+            f"from {mod} import {ep}  # noqa: E402\n\n"
+            f"CASES = json.loads({json.dumps(json.dumps(task.tests))})\n\n\n" + _SAME + "\n\n")
+    got = f'json.loads(json.dumps({ep}(*case["args"])))'
+    check = 'assert _same(got, case["expected"]), (case["args"], got, case["expected"])'
+    loop = f"    for case in CASES:\n        got = {got}\n        {check}\n"
+    body = {
+        "plain": f"def test_{ep}():\n{loop}",
+        "fixtures": ('@pytest.fixture(scope="module")\ndef cases():\n    return [dict(case) for case in CASES]\n\n\n'
+                     f"@pytest.fixture\ndef call():\n    def run(args):\n"
+                     f"        return json.loads(json.dumps({ep}(*args)))\n    return run\n\n\n"
+                     f"def test_{ep}_on_every_case(cases, call):\n    for case in cases:\n"
+                     f'        got = call(case["args"])\n        {check}\n'),
+        "raises": (f"def test_{ep}_needs_its_arguments():\n    with pytest.raises(TypeError):\n        {ep}()\n\n\n"
+                   f"def test_{ep}():\n{loop}"),
+        "parametrize": ('@pytest.mark.parametrize("case", CASES, ids=[f"case{i}" for i in range(len(CASES))])\n'
+                        f"def test_{ep}(case):\n    got = {got}\n    {check}\n"),
+        "classes": (f"class Test{ep.title().replace('_', '')}:\n"
+                    "    def setup_method(self):\n        self.cases = [dict(case) for case in CASES]\n\n"
+                    f"    def test_is_a_function(self):\n        assert callable({ep})\n\n"
+                    "    def test_every_case(self):\n        for case in self.cases:\n"
+                    f"            got = {got}\n            {check}\n"),
+        "tmp_path": (f"def test_{ep}_on_cases_read_from_a_file(tmp_path):\n"
+                     '    path = tmp_path / "cases.json"\n    path.write_text(json.dumps(CASES), encoding="utf-8")\n'
+                     '    for case in json.loads(path.read_text(encoding="utf-8")):\n'
+                     f"        got = {got}\n        {check}\n"),
+        "monkeypatch": (f"def test_{ep}_ignores_the_working_folder(tmp_path, monkeypatch):\n"
+                        '    monkeypatch.chdir(tmp_path)\n    monkeypatch.setenv("LC_ALL", "C")\n' + loop),
+        "approx": (_CLOSE + f"\n\ndef test_{ep}():\n    for case in CASES:\n        got = {got}\n"
+                   '        assert _close(got, case["expected"]), (case["args"], got, case["expected"])\n'),
+        "testclient": ("app = FastAPI()\n\n\n"
+                       '@app.get("/cases/{i}")\n'
+                       f'def run_case(i: int):\n    return JSONResponse({{"result": {ep}(*CASES[i]["args"])}})\n\n\n'
+                       "@pytest.fixture\ndef client():\n    return TestClient(app)\n\n\n"
+                       f"def test_{ep}_over_http(client):\n    for i, case in enumerate(CASES):\n"
+                       '        response = client.get(f"/cases/{i}")\n'
+                       "        assert response.status_code == 200, response.text\n"
+                       '        got = response.json()["result"]\n'
+                       f"        {check}\n"),
+        "unittest": (f"class Test{ep.title().replace('_', '')}(unittest.TestCase):\n"
+                     "    def setUp(self):\n        self.cases = [dict(case) for case in CASES]\n\n"
+                     "    def test_every_case(self):\n        for case in self.cases:\n"
+                     f"            got = {got}\n"
+                     '            self.assertTrue(_same(got, case["expected"]),\n'
+                     '                            (case["args"], got, case["expected"]))\n'),
+    }[style]
+    return head + body
 
 
 class ModelWorld:
@@ -537,8 +662,10 @@ class ModelWorld:
         if r.workspace is not None:
             self._tests_in.add((r.workspace, r.task))
         rec = self._base(r, "test_engineer", model, n)
+        style = style_for(self.config.seed, task, self.config.test_styles)
+        rec["test_style"] = style
         return json.dumps({"file": f"tests/test_{module_of(task)}.py", "operation": "create",
-                           "patch": verified_tests(task), "reason": "the task's verified cases"}), rec
+                           "patch": verified_tests(task, style), "reason": f"the task's verified cases ({style})"}), rec
 
     def _debugger(self, r: _Run, model: str, n: int, rng: np.random.Generator, live: bool) -> tuple[str, dict]:
         task = self.tasks[r.task]

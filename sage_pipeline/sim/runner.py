@@ -8,7 +8,10 @@ needs nothing but python3. Protocol with the host: JSON lines. The runner first 
 answer line ``{"id", "outcome", "tests_passed", "tests_total", "runtime_s", "output"}``.
 Tests of the form ``[{"check", "setup"}]`` are an external suite's (HumanEval, MBPP): their
 trusted test code runs in a judge process, the candidate in its own (see "external suites"
-below).
+below). A test of the form ``[{"command", "code_file", "files"}]`` is a **workspace job**
+(SAGE's tests, see "workspace jobs" below): the candidate's code is written to ``code_file``
+and every file of ``files`` beside it, and the command runs there as SAGE's gate runs it; the
+verdict is its exit status.
 
 Processes, per container:
 
@@ -157,11 +160,15 @@ def run_child(cfg, msg, res_w, out_w, setup_w):
         os.environ.update({"PATH": "/usr/bin:/bin", "HOME": work, "TMPDIR": work, "LANG": "C.UTF-8"})
         sys.stdout = os.fdopen(1, "w", buffering=1)
         sys.stderr = os.fdopen(2, "w", buffering=1)
+        if "workspace" in msg:
+            argv = workspace_argv(cfg, msg["workspace"]["command"])
     except BaseException as e:  # the sandbox could not be set up: an infrastructure error
         try:
             os.write(channel, (json.dumps({"setup_error": repr(e)[:EXCERPT]}) + "\n").encode())
         finally:
             os._exit(3)
+    if "workspace" in msg:
+        run_workspace(msg, argv, work)  # never returns
     os.close(SETUP_FD)
     out = os.fdopen(3, "w", buffering=1)
     try:
@@ -188,6 +195,195 @@ def run_child(cfg, msg, res_w, out_w, setup_w):
         out.write(line + "\n")
     out.flush()
     os._exit(0)
+
+
+# -- workspace jobs: SAGE's tests, run as SAGE's gate runs them ----------------------------------
+#
+# SAGE's gate (orchestrator/workflow.py verification_gate) runs the plan's verification command,
+# `python -m pytest -q tests/test_<module>.py`, in the workspace (execution/verifier.py
+# VerificationEngine.run: no shell, the command split as shlex does, PYTHONPATH=<workspace>/src when
+# that folder exists) and passes the task on exit status 0. A workspace job does the same in the
+# child's fresh working folder: the candidate's code is written to ``code_file``, the job's ``files``
+# (the test module) beside it, then the command replaces the child (execve), with the child's limits,
+# uid and environment. ``python``/``python3`` is this runner's interpreter (``cfg["python"]`` when
+# set), ``pytest`` is ``python -m pytest``. SAGE's import pre-check does not apply: VerificationEngine
+# takes a command ending in ``.py`` for the file to import, and no such file exists.
+#
+# The verdict: exit 0 with pytest's summary of passed tests (and none failed) is a pass; 0 without it
+# (the code ended the process before pytest reported, ``os._exit(0)`` at import) is an exception; 1
+# (tests failed) a wrong answer; 2-5 (interrupted by collection errors, internal error, usage error,
+# no tests collected) an exception naming pytest's code; a signal SIGXCPU or SIGALRM (the test's own
+# alarm) a timeout, any other signal killed. The output kept is the head and the tail (pytest's
+# summary is at the end).
+
+WORKSPACE_MAX_FILES = 64
+WORKSPACE_MAX_DEPTH = 8
+WORKSPACE_HEAD_BYTES, WORKSPACE_TAIL_BYTES = 1024, 6144
+PYTEST_EXIT = {2: "interrupted (errors during collection)", 3: "internal error", 4: "usage error",
+               5: "no tests collected"}
+_SUMMARY_WORDS = ("passed", "failed", "error", "errors", "skipped", "xfailed", "xpassed", "deselected",
+                  "warning", "warnings", "rerun")
+
+
+def workspace_path_problem(rel):
+    """Why ``rel`` cannot be a file of a workspace job (None when it can): a relative path, no ``..``,
+    no empty or hidden-dot parts, at most WORKSPACE_MAX_DEPTH deep."""
+    if not isinstance(rel, str) or not rel or "\\" in rel or "\x00" in rel:
+        return "not a plain relative path"
+    if rel.startswith("/"):
+        return "an absolute path"
+    parts = rel.split("/")
+    if any(x in ("", ".", "..") for x in parts):
+        return "a path with an empty, '.' or '..' part"
+    if len(parts) > WORKSPACE_MAX_DEPTH:
+        return "more than %d folders deep" % WORKSPACE_MAX_DEPTH
+    return None
+
+
+def workspace_problem(spec):
+    """Why ``spec`` (a workspace job's test: ``{"command", "code_file", "files"}``) is malformed, or None."""
+    if not isinstance(spec, dict) or set(spec) != {"command", "code_file", "files"}:
+        return "a workspace job's test is exactly {command, code_file, files}"
+    if not isinstance(spec["command"], str) or not spec["command"].strip():
+        return "its command is not a non-empty string"
+    files = spec["files"]
+    if not isinstance(files, dict) or len(files) + 1 > WORKSPACE_MAX_FILES:
+        return "its files are not a mapping of at most %d paths" % (WORKSPACE_MAX_FILES - 1)
+    for rel in [spec["code_file"], *files]:
+        why = workspace_path_problem(rel)
+        if why:
+            return "file %r: %s" % (rel, why)
+    if spec["code_file"] in files:
+        return "file %r is both the code file and one of its files" % spec["code_file"]
+    if not all(isinstance(v, str) for v in files.values()):
+        return "a file's content is not a string"
+    try:
+        workspace_argv({}, spec["command"])
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def workspace_argv(cfg, command):
+    """The argv of SAGE's verification ``command`` as its VerificationEngine runs it (shlex, no shell),
+    ``python``/``python3`` this runner's interpreter, ``pytest`` ``python -m pytest``; ValueError for a
+    chain (``&&``) or a program that is not Python's."""
+    import shlex
+
+    if " && " in command:
+        raise ValueError("a chained verification command (&&): the sandbox runs one command")
+    try:
+        argv = shlex.split(command)
+    except ValueError:
+        argv = command.split()
+    if not argv:
+        raise ValueError("an empty verification command")
+    python = cfg.get("python") or sys.executable
+    prog = argv[0].rsplit("/", 1)[-1]
+    if prog in ("python", "python3") or (prog.startswith("python3.") and prog[8:].isdigit()):
+        return [python] + argv[1:]
+    if prog in ("pytest", "py.test"):
+        return [python, "-m", "pytest"] + argv[1:]
+    raise ValueError("the verification command runs %r: the sandbox runs python and pytest only" % argv[0])
+
+
+def _place(work, rel, text):
+    """Write ``text`` to ``work/rel`` (the folders made), refusing to follow a link."""
+    parts = rel.split("/")
+    fd = os.open(work, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for part in parts[:-1]:
+            try:
+                os.mkdir(part, 0o700, dir_fd=fd)
+            except FileExistsError:
+                pass
+            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        out = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=fd)
+        view = memoryview(text.encode("utf-8", "surrogatepass"))
+        while view:
+            view = view[os.write(out, view):]
+        os.close(out)
+    finally:
+        os.close(fd)
+
+
+def run_workspace(msg, argv, work):
+    """In the isolated child: lay out the workspace, then become the verification command. Never returns.
+
+    A file that cannot be written is the task's (exit 126, its reason on stderr). The set-up channel
+    is close-on-exec, so the command cannot claim a sandbox failure; a command that cannot be executed
+    (the sandbox's own interpreter missing) is one."""
+    spec = msg["workspace"]
+    try:
+        _place(work, spec["code_file"], msg["code"])
+        for rel in sorted(spec["files"]):
+            _place(work, rel, spec["files"][rel])
+    except (OSError, UnicodeError) as e:
+        os.write(2, ("the workspace could not be laid out: %s: %s\n" % (type(e).__name__, e))[:EXCERPT].encode())
+        os._exit(126)
+    env = dict(os.environ)
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    if os.path.isdir(os.path.join(work, "src")):  # SAGE's verifier: PYTHONPATH=<workspace>/src
+        env["PYTHONPATH"] = os.path.join(work, "src")
+    os.close(3)
+    fcntl.fcntl(SETUP_FD, fcntl.F_SETFD, fcntl.FD_CLOEXEC)
+    try:
+        os.execve(argv[0], argv, env)
+    except BaseException as e:
+        try:
+            os.write(SETUP_FD, (json.dumps({"setup_error": "cannot run %s: %r" % (argv[0], e)})[:EXCERPT]
+                                + "\n").encode())
+        finally:
+            os._exit(3)
+
+
+def pytest_summary(output):
+    """pytest's counts from its last summary line (``3 passed, 1 failed in 0.12s``), {} when there is none."""
+    for line in reversed(output.splitlines()):
+        line = line.strip().strip("=").strip()
+        if " in " not in line:
+            continue
+        counts = {}
+        for part in line.rsplit(" in ", 1)[0].split(","):
+            bits = part.split()
+            if len(bits) != 2 or not bits[0].isdigit() or bits[1] not in _SUMMARY_WORDS:
+                counts = None
+                break
+            word = {"errors": "error", "warnings": "warning"}.get(bits[1], bits[1])
+            counts[word] = int(bits[0])
+        if counts:
+            return counts
+    return {}
+
+
+def _judge_workspace(output, status, timed_out):
+    """The verdict on a workspace job: its exit status (and pytest's summary for a pass)."""
+    counts = pytest_summary(output)
+    said = ", ".join("%d %s" % (n, w) for w, n in counts.items()) or "no pytest summary"
+    if timed_out:
+        return {"outcome": "timeout", "tests_passed": 0, "tests_total": 1, "first_fail": "timed out (%s)" % said}
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        outcome = "timeout" if sig in (signal.SIGXCPU, signal.SIGALRM) else "killed"
+        return {"outcome": outcome, "tests_passed": 0, "tests_total": 1, "first_fail": "killed by signal %d" % sig}
+    rc = os.WEXITSTATUS(status)
+    if rc == 0 and counts.get("passed", 0) > 0 and not counts.get("failed") and not counts.get("error"):
+        return {"outcome": "pass", "tests_passed": 1, "tests_total": 1, "first_fail": "exit 0: " + said}
+    if rc == 0:
+        why = "exit 0 without pytest's report of passed tests (%s): the process ended before pytest did" % said
+        return {"outcome": "exception", "tests_passed": 0, "tests_total": 1, "first_fail": why}
+    if rc == 1:
+        return {"outcome": "wrong_answer", "tests_passed": 0, "tests_total": 1, "first_fail": "exit 1: " + said}
+    why = "exit %d%s: %s" % (rc, " (pytest: %s)" % PYTEST_EXIT[rc] if rc in PYTEST_EXIT else "", said)
+    return {"outcome": "exception", "tests_passed": 0, "tests_total": 1, "first_fail": why}
+
+
+def _failure_lines(output):
+    """pytest's short summary lines (``FAILED ...``, ``ERROR ...``) and an ``E`` line, for the excerpt."""
+    keep = [ln.strip() for ln in output.splitlines() if ln.startswith(("FAILED ", "ERROR ", "E "))]
+    return " | ".join(keep[:3])
 
 
 # -- external suites: the codec, the candidate's server and the judge ---------------------------
@@ -636,7 +832,9 @@ def zygote(cfg, cmd_r, evt_w, fd_sock):
         for fd in (res_w, out_w, setup_w):
             os.close(fd)
         write_line(evt_w, {"pid": pid, "pids": [pid]})
-        bufs, statuses = _drain([pid], {"result": (res_r, MAX_RESULT_BYTES), "output": (out_r, MAX_CAPTURE_BYTES),
+        # a workspace job's output: its head and its tail (pytest's summary comes last)
+        keep = (WORKSPACE_HEAD_BYTES, WORKSPACE_TAIL_BYTES) if "workspace" in msg else MAX_CAPTURE_BYTES
+        bufs, statuses = _drain([pid], {"result": (res_r, MAX_RESULT_BYTES), "output": (out_r, keep),
                                         "setup": (setup_r, MAX_CAPTURE_BYTES)})
         write_line(evt_w, {"status": statuses[0], **{k: v.decode("utf-8", "replace") for k, v in bufs.items()}})
 
@@ -684,10 +882,12 @@ def _fork_judge(cfg, req, call_w, reply_r):
 def _drain(pids, pipes, deadline=None):
     """Read the children's pipes (name -> (fd, cap)) until every child has exited (a
     daemonised grandchild holding them open does not keep us waiting), or until
-    ``deadline`` (then the statuses of the children still running are None)."""
+    ``deadline`` (then the statuses of the children still running are None). ``cap`` is the
+    bytes kept from the start, or (head, tail): the first ``head`` and the last ``tail`` bytes."""
     names = {fd: name for name, (fd, _) in pipes.items()}
     bufs = {fd: bytearray() for fd in names}
-    caps = {fd: cap for fd, cap in pipes.values()}
+    caps = {fd: cap if isinstance(cap, int) else cap[0] for fd, cap in pipes.values()}
+    tails = {fd: (cap[1], bytearray(), [0]) for fd, cap in pipes.values() if not isinstance(cap, int)}
     sel = selectors.DefaultSelector()
     for fd in bufs:
         os.set_blocking(fd, False)
@@ -709,8 +909,15 @@ def _drain(pids, pipes, deadline=None):
                 open_fds.discard(key.fd)
                 continue
             buf = bufs[key.fd]
-            if len(buf) < caps[key.fd]:
-                buf += chunk[: caps[key.fd] - len(buf)]
+            room = caps[key.fd] - len(buf)
+            if room > 0:
+                buf += chunk[:room]
+            if key.fd in tails and len(chunk) > max(room, 0):
+                keep, tail, dropped = tails[key.fd]
+                tail += chunk[max(room, 0):]
+                if len(tail) > keep:
+                    dropped[0] += len(tail) - keep
+                    del tail[:len(tail) - keep]
         if not exited:
             for k, pid in enumerate(pids):
                 if statuses[k] is None:
@@ -725,6 +932,9 @@ def _drain(pids, pipes, deadline=None):
             _, statuses[k] = os.waitpid(pid, 0)
     for fd in bufs:
         os.close(fd)
+    for fd, (_, tail, dropped) in tails.items():
+        if tail:
+            bufs[fd] += (b"\n[... %d bytes ...]\n" % dropped[0] if dropped[0] else b"") + tail
     return {names[fd]: bytes(buf) for fd, buf in bufs.items()}, statuses
 
 
@@ -1042,6 +1252,8 @@ def _start_task(cfg, ch, req, suite, timeout_s):
             judge = _fork_judge(cfg, req, call_w, reply_r)
             os.close(call_w)
             os.close(reply_r)
+        elif suite is None:  # a workspace job: [{"command", "code_file", "files"}]
+            write_line(ch.cmd_w, {"code": req["code"], "workspace": req["tests"][0], "timeout_s": timeout_s})
         else:
             write_line(ch.cmd_w, {"code": req["code"], "entry_point": req["entry_point"],
                                   "args_list": [t["args"] for t in req["tests"]], "timeout_s": timeout_s})
@@ -1114,12 +1326,19 @@ def _reply(req, suite, done, judged, timed_out, runtime, dirty):
     if done.get("setup"):  # written before the candidate's code ran: the sandbox's failure
         return {"id": req.get("id"), "infra_error": "sandbox child set-up failed: " + done["setup"][:EXCERPT],
                 "dirty": "; ".join(dirty)}
-    if suite:
+    if suite is None:  # a workspace job: its exit status; its failures and the output's tail for humans
+        verdict = _judge_workspace(done["output"], done["status"], timed_out)
+        output = verdict.pop("first_fail")
+        failures = _failure_lines(done["output"])
+        tail = " ".join(done["output"].split())[-(EXCERPT // 2):]  # one line
+        output += (" | " + failures) if failures else (" | output: ..." + tail) if tail else ""
+    elif suite:
         verdict = _judge_suite(len(tests), done["result"], done["status"], done.get("judge_status"), timed_out)
+        output = verdict.pop("first_fail")
     else:
         verdict = _judge(tests, done["result"], done["status"], timed_out)
-    output = verdict.pop("first_fail")
-    if done["output"]:
+        output = verdict.pop("first_fail")
+    if done["output"] and suite is not None:
         output = (output + " | output: " if output else "output: ") + done["output"]
     verdict.update({"id": req.get("id"), "runtime_s": runtime, "output": output[:EXCERPT]})
     if dirty:
@@ -1131,6 +1350,11 @@ def _serve(cfg, ch, req):
     """One task, start to answer: (the answer, whether this runner can take another task)."""
     tests, timeout_s = req["tests"], float(req["timeout_s"])
     suite = bool(tests) and all(isinstance(t, dict) and "check" in t for t in tests)
+    if len(tests) == 1 and isinstance(tests[0], dict) and "command" in tests[0]:
+        suite = None  # a workspace job (SAGE's tests): None is neither a suite's nor a plain job
+        problem = workspace_problem(tests[0])
+        if problem or not isinstance(req.get("code"), str):
+            return {"id": req.get("id"), "infra_error": "a malformed workspace job: %s" % (problem or "no code")}, True
     t0 = time.monotonic()
     started, judge = _start_task(cfg, ch, req, suite, timeout_s)
     if started is None:  # the zygote is gone: nothing more can run in this runner

@@ -33,6 +33,14 @@ Host side:
 - ``untrusted=True`` (code the project did not write) refuses any backend but Docker, unless the
   caller sets ``allow_untrusted_local`` (said in :meth:`Sandbox.describe`).
 
+A job is a candidate's function run on each test's ``args`` (the runner compares with ``expected``),
+an external suite's checks (``[{"check", "setup"}]``), or a **workspace job** (``[{"command",
+"code_file", "files"}]``: SAGE's test module run by SAGE's verification command as its gate runs
+it, :func:`workspace_job`; one test, passed when the command exits 0 with pytest's report of passed
+tests, see runner.py "workspace jobs"). The image carries pytest and the packages SAGE's templates
+steer its agents to (sim/README.md); the local backend runs the pipeline's interpreter, or
+``local_python``.
+
 Usage::
 
     with open_sandbox("docker", workers=2) as sb:
@@ -75,7 +83,9 @@ INSTANCE_KEY = "sage.sandbox.instance"  # unique per Sandbox: what its close() r
 #   3 (issue 34): a task's processes are limited by its own container's pids cgroup, no longer by a
 #     per-uid RLIMIT_NPROC that every task of every container on the host shared (a fork storm in
 #     one task failed a correct task running beside it: verdicts cached before are not trusted).
-ISOLATION_VERSION = 3
+#   4 (issue 48): the image carries pytest, FastAPI, Starlette, httpx, pydantic, requests and uvicorn (sim/README.md):
+#     a candidate that imports one of them no longer fails on the import; workspace jobs (SAGE's tests) are new.
+ISOLATION_VERSION = 4
 # The runner must answer by a request's timeout plus answer_grace_s * (1 - ANSWER_MARGIN_SHARE)
 # (its clean-up is cut short there, and the worker replaced as dirty); the host's watchdog waits
 # the whole answer_grace_s. The margin, 30% of the grace (3 s of the default 10 s), is for
@@ -100,6 +110,19 @@ def _sweep_local_workroots() -> None:
         for path in tmp.glob(f"{LOCAL_PREFIX}*"):
             if path.is_dir() and not path.is_symlink() and not artifacts.folder_in_use(path):
                 shutil.rmtree(path, ignore_errors=True)
+
+
+def workspace_job(code: str, code_file: str, files: dict[str, str], command: str, timeout_s: float) -> ExecJob:
+    """A job that writes ``code`` to ``code_file`` and ``files`` beside it in a fresh working folder and runs
+    SAGE's verification ``command`` there (e.g. ``python -m pytest -q tests/test_app.py``); ValueError naming
+    what is malformed (a path out of the folder, a chained or non-Python command)."""
+    from sage_pipeline.sim.runner import workspace_problem
+
+    spec = {"command": command, "code_file": code_file, "files": dict(files)}
+    problem = workspace_problem(spec)
+    if problem:
+        raise ValueError(f"workspace job: {problem}")
+    return ExecJob(code=code, entry_point=code_file, tests=[spec], timeout_s=float(timeout_s))
 
 
 class SandboxError(RuntimeError):
@@ -135,9 +158,17 @@ class SandboxConfig(BaseModel):
                                         "in the UNISOLATED local backend anyway. RISK: it runs as you, with your "
                                         "files, keys and network (a hostile test can read or write anything you "
                                         "can); only for a throwaway machine or code you have read")
+    local_python: str | None = Field(None, min_length=1, description="the local backend only: the interpreter a "
+                                     "workspace job's `python` (SAGE's verification command) runs, e.g. SAGE's own "
+                                     "virtualenv's, which has the packages SAGE's tests import; null: the pipeline's "
+                                     "own interpreter. The Docker backend runs the image's python3 (sim/README.md)")
 
     @model_validator(mode="after")
     def _untrusted_code_runs_in_docker(self) -> SandboxConfig:
+        if self.local_python is not None and self.backend != "local":
+            raise SandboxError(f"local_python {self.local_python!r} is for the local backend; the {self.backend} "
+                               "backend runs the image's own python3 (sim/build_image.sh installs what SAGE's tests "
+                               "import there)")
         if self.untrusted and self.backend == "local" and not self.allow_untrusted_local:
             raise SandboxError(f"sandbox backend {self.backend!r} is UNISOLATED and this sandbox is for code the "
                                "project did not write (untrusted=True): it runs only in the Docker backend. "
@@ -435,6 +466,8 @@ class _Worker:
         self._workroot = tempfile.mkdtemp(prefix=LOCAL_PREFIX)
         self._workroot_lock = artifacts.hold_folder(Path(self._workroot))  # freed with this process
         runner_cfg = {"workroot": self._workroot, "memory_bytes": self.cfg.task_memory_mb << 20, "drop_uid": None}
+        if self.cfg.local_python:  # a workspace job's `python` (SAGE's verification command)
+            runner_cfg["python"] = self.cfg.local_python
         self.name = f"local-{os.getpid()}-{self.index}-{self.generation}"
         cmd = [sys.executable, "-I", "-u", "-c", RUNNER_SOURCE, json.dumps(runner_cfg)]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,

@@ -8,6 +8,10 @@
 - unit_tests: the code in the answer (a fenced block, else the whole answer) runs
   against the tests in the sandbox (``sage_pipeline.sim.sandbox``); soft is the share of
   tests passed. A sandbox failure raises :class:`JudgeError`: infrastructure, not a verdict.
+  A test module SAGE's test engineer wrote (a workspace test, :mod:`sage_pipeline.sleep.records`)
+  is run unchanged by SAGE's verification command in the sandbox, the answer's code in the
+  module's file: hard is the command's verdict (exit 0 with pytest's report of passed tests),
+  soft the share of pytest's tests that passed (below 1 unless hard is 1).
 """
 
 from __future__ import annotations
@@ -105,6 +109,18 @@ def extract_code(response: str) -> str:
     return m.group(1) if m else response
 
 
+def _is_workspace(tests: list) -> bool:
+    return len(tests) == 1 and isinstance(tests[0], dict) and "command" in tests[0]
+
+
+def _pytest_share(excerpt: str) -> float:
+    """The share of pytest's tests that passed, from the verdict's head (``exit 1: 3 passed, 1 failed``)."""
+    head = excerpt.split(" | ", 1)[0]
+    counts = {w: int(n) for n, w in re.findall(r"(\d+) (passed|failed|error)\b", head)}
+    total = sum(counts.values())
+    return counts.get("passed", 0) / total if total else 0.0
+
+
 @dataclass
 class UnitTestJudge:
     """Runs answers' code through the sandbox, opened on first use; results are cached by
@@ -119,11 +135,10 @@ class UnitTestJudge:
     _cm: object = None
     _sb: object = None
 
-    def run(self, items: list[tuple[TaskRecord, str]]) -> list[Judgement]:
-        from sage_pipeline.sim.schema import ExecJob
-
-        jobs = [ExecJob(code=extract_code(resp), entry_point=t.reference["entry_point"], tests=t.reference["tests"],
-                        timeout_s=float(t.reference["timeout_s"])) for t, resp in items]
+    def run(self, items: list[tuple[TaskRecord, str]], raw: bool = False) -> list[Judgement]:
+        """The verdicts on (task, answer) pairs; ``raw``: each answer is the code itself (a file's text),
+        never cut to its first fenced block."""
+        jobs = [self._job(t, resp if raw else extract_code(resp)) for t, resp in items]
         todo = {j.key: j for j in jobs if j.key not in self.cache}
         if todo:
             from sage_pipeline.sim.sandbox import SandboxError
@@ -137,10 +152,23 @@ class UnitTestJudge:
         out = []
         for j in jobs:
             r = self.cache[j.key]
-            soft = r.tests_passed / r.tests_total if r.tests_total else 0.0
-            why = "" if r.passed else f"{r.outcome}: {r.tests_passed}/{r.tests_total} tests; {r.output_excerpt[:120]}"
+            if _is_workspace(j.tests):  # one command: pytest's own counts give the partial credit
+                soft = 1.0 if r.passed else min(_pytest_share(r.output_excerpt), 0.999)
+                why = "" if r.passed else f"{r.outcome}: {j.tests[0]['command']}: {r.output_excerpt[:200]}"
+            else:
+                soft = r.tests_passed / r.tests_total if r.tests_total else 0.0
+                why = "" if r.passed else (f"{r.outcome}: {r.tests_passed}/{r.tests_total} tests; "
+                                           f"{r.output_excerpt[:120]}")
             out.append(Judgement(1.0 if r.passed else 0.0, soft, why))
         return out
+
+    @staticmethod
+    def _job(t: TaskRecord, code: str):
+        from sage_pipeline.sim.schema import ExecJob
+
+        tests = t.reference["tests"]
+        entry = tests[0]["code_file"] if _is_workspace(tests) else t.reference["entry_point"]
+        return ExecJob(code=code, entry_point=entry, tests=tests, timeout_s=float(t.reference["timeout_s"]))
 
     def _sandbox(self):
         if self._sb is None:

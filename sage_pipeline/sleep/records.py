@@ -18,7 +18,12 @@ Reference kinds and their ``reference``:
   (the tests SAGE's test engineer wrote, :mod:`sage_pipeline.sleep.sage_harvest`), ``"tests":
   [{"check": "<statement>", "setup": "<source>"}, ...]`` with one setup shared by every check: the
   sandbox's judge process runs the setup once, then each check, ``f`` there a proxy that calls the
-  candidate in a process of its own (:mod:`sage_pipeline.sim.runner`, "external suites").
+  candidate in a process of its own (:mod:`sage_pipeline.sim.runner`, "external suites"); or, for
+  a test module run as SAGE's gate runs it (what :mod:`~sage_pipeline.sleep.sage_harvest` harvests),
+  one test ``{"command": "python -m pytest -q tests/test_m.py", "code_file": "m.py", "files":
+  {"tests/test_m.py": "<source>"}}``: the answer's code is written to ``code_file``, the files beside
+  it, and the command run there in the sandbox (:mod:`sage_pipeline.sim.runner`, "workspace jobs");
+  ``f`` is then the name the tests import from the module (what the replay's prompt names).
 
 A task file is JSON lines, one task per line (``id``, ``intent``, ``reference_kind``,
 ``reference``; optional ``context``, ``tags``, ``skill``, ``date``, ``meta``). Malformed
@@ -164,6 +169,15 @@ def _normalise_unit_tests(reference: object) -> dict:
         raise TaskRecordError("reference.tests", "must be a non-empty list of {\"args\": [...], \"expected\": ...} "
                               "or of {\"check\": ..., \"setup\": ...}")
     checks = isinstance(tests[0], dict) and "check" in tests[0]
+    if isinstance(tests[0], dict) and "command" in tests[0]:  # a test module, run as SAGE's gate runs it
+        from sage_pipeline.sim.runner import workspace_problem
+
+        problem = "one test only: the command runs the whole module" if len(tests) != 1 else \
+            workspace_problem(tests[0])
+        if problem:
+            raise TaskRecordError("reference.tests[0]" if len(tests) == 1 else "reference.tests",
+                                  f"a workspace test ({{\"command\", \"code_file\", \"files\"}}): {problem}")
+        tests = []  # checked: nothing below applies
     for i, t in enumerate(tests):
         if checks:  # test code: the sandbox's judge runs the first test's setup once, then every check
             if (not isinstance(t, dict) or set(t) != {"check", "setup"} or not isinstance(t["check"], str)
@@ -181,7 +195,7 @@ def _normalise_unit_tests(reference: object) -> dict:
     extra = set(reference) - {"entry_point", "tests", "timeout_s"}
     if extra:
         raise TaskRecordError("reference", f"unknown keys {sorted(extra)}")
-    return {"entry_point": entry, "tests": tests, "timeout_s": float(timeout)}
+    return {"entry_point": entry, "tests": reference["tests"], "timeout_s": float(timeout)}
 
 
 def _opt_str(d: dict, key: str) -> str:

@@ -44,21 +44,27 @@ What ``sage run`` does **not** write, so the harvest cannot read it there:
   only in research mode or ``--plan-only``, never by ``sage run --auto``. What the journal shows is the
   gate's own rule: before it runs the command, ``tests/test_<artifact stem>.py`` must exist and be
   non-empty, else it asks the test engineer for it (workflow.py ~1895-1950). That file is the task's
-  reference; the record's ``verification_command`` is null with the reason.
+  reference, judged by the command a coder task's plan carries, ``python -m pytest -q
+  tests/test_<stem>.py`` (:func:`gate_command`; ``meta["sage"]["verification_command"]``, with why).
 
 **A task** is one session (one ``sage run``) with exactly one task whose source artifact is a Python
 module, that reached SAGE's gate: its ``intent`` is the goal; its reference (``unit_tests``) is the gate's
-test file, turned into the sandbox judge's checks (:func:`checks_from_pytest`: the module's code is the
-judge's setup, with the import of the module under test removed and the entry point a proxy that calls
-the candidate; each test function is one check); ``meta["sage"]`` holds the verdicts (verified or not,
+test file **unchanged**, run as SAGE's gate runs it: a workspace test (:mod:`sage_pipeline.sleep.records`)
+that writes the answer's code to SAGE's file (the artifact's path), the test file to
+``tests/test_<stem>.py`` beside it, and runs SAGE's verification command there in the sandbox (pytest,
+fixtures, ``TestClient`` and all: the image carries what SAGE's templates steer its agents to,
+``sim/README.md``), passing on exit 0; :func:`read_gate_tests` reads only the names the tests import
+(``entry_point``, the first), the tests and the asserts from it. ``meta["sage"]`` holds the verdicts (verified or not,
 reviews, verification failures, debugger calls and repairs), the skill versions each role call saw, the
 goal's source and the provenance (workspace, journal file and line of every fact, session id).
 
-**The reference is validated**: when SAGE's gate passed the task, the checks must pass the code SAGE
+**The reference is validated**: when SAGE's gate passed the task, its tests must pass the code SAGE
 ended with (the artifact as the journal last wrote it, still on disk), run in the same sandbox the
-unit-test judge uses (:class:`~sage_pipeline.sleep.judges.UnitTestJudge`); a task whose checks fail it is
-counted ``reference_not_reproducible`` (a conversion that lost something, a test that depended on the
-workspace). A task the gate never passed has no code its tests are known to accept: it is counted
+unit-test judge uses (:class:`~sage_pipeline.sleep.judges.UnitTestJudge`); a task whose test file pytest
+cannot collect there (an import the image lacks: pytest's exit 2-5) is counted ``tests_not_runnable``, one
+whose tests fail it ``reference_not_reproducible`` (a test that depended on the workspace, or on a version
+of a package the image has another of). A task the gate never passed has no code its tests are known to
+accept: it is counted
 ``gate_never_passed`` unless ``keep_unverified`` (then kept, marked unvalidated).
 
 **A workspace is hostile** (an LLM wrote it): every file the harvest reads from it goes through the guard
@@ -80,13 +86,14 @@ from __future__ import annotations
 import ast
 import bisect
 import hashlib
+import inspect
 import json
 import os
 import re
 import stat
 import sys
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -99,6 +106,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sage_pipeline import artifacts, untrusted as ut
 from sage_pipeline.routing.ingest import SAGE_TEXT_LINES, IngestConfig, discover_logs, iter_blocks, journal_order
 from sage_pipeline.sage.table import ROLES
+from sage_pipeline.sim.runner import workspace_problem
 from sage_pipeline.sleep.records import (
     DEFAULT_SPLIT,
     Quarantined,
@@ -132,7 +140,10 @@ REASONS: dict[str, str] = {
     "unsafe_tests_file": "the gate's test file is not a regular file inside the workspace within max_file_bytes (a "
                          "link out or dangling, a FIFO, a device, too large: the guard's reason in the detail); "
                          "never read",
-    "tests_not_convertible": "the test file cannot be run by the sandbox's judge (see the detail)",
+    "tests_not_runnable": "pytest cannot run the gate's test file: not valid Python, or, found when validation runs "
+                          "it on SAGE's verified code in the sandbox, pytest could not collect it there (an import "
+                          "the sandbox image lacks, a collection error, no test collected: pytest's exit code and "
+                          "words in the detail)",
     "tests_assert_nothing": "the tests assert nothing: any importable code would pass them",
     "code_overwritten_later": "a later write replaced the code SAGE ended with: the reference cannot be validated",
     "code_missing_on_disk": "the code SAGE ended with is not in the workspace any more",
@@ -145,14 +156,14 @@ REASONS: dict[str, str] = {
 TEST_ENGINEER_WROTE = re.compile(r"Generated test PatchRequest: file=(?P<file>.+)")  # agents/test_engineer.py:224
 DAG_READY = re.compile(r"Planner DAG ready with (?P<n>\d+) node\(s\)\.")  # agents/planner.py:756
 VERIFICATION_FAILED = "Verification failed"  # workflow.py ~1985, the verifier's risk insight
-NO_VERIFICATION_COMMAND = ("SAGE logs no verification command: its gate runs the planner's task.verification "
-                           "(orchestrator/workflow.py verification_gate), and `sage run --auto` writes the plan "
-                           "nowhere")
-# Calls a test module makes at import time to guard its own process (time and memory limits): the
-# sandbox gives each check its limits, and its judge process may not raise its own.
-PROCESS_GUARDS = {("resource", "setrlimit"), ("signal", "alarm"), ("signal", "setitimer"), ("signal", "signal"),
-                  ("faulthandler", "enable"), ("faulthandler", "dump_traceback_later")}
-PYTEST_HOOKS = {"setup_module", "teardown_module", "setup_function", "teardown_function"}
+VERIFICATION_COMMAND_WHY = ("SAGE logs no verification command: its gate runs the planner's task.verification "
+                            "(orchestrator/workflow.py verification_gate), and `sage run --auto` writes the plan "
+                            "nowhere; the judge runs the gate's test file as a coder task's plan does "
+                            "(`python -m pytest -q tests/test_<module>.py`, gate_command)")
+# pytest's exit codes 2, 4 and 5 (errors during collection, usage error, no tests collected), as the sandbox's
+# workspace job names them (sim/runner.py _judge_workspace): the file could not be run at all. Not 3 (pytest's
+# internal error): code that exhausts the memory takes pytest down with it, a verdict on the code.
+NOT_COLLECTED = re.compile(r"exit [245] \(pytest: ")
 
 
 class SageHarvestError(ValueError):
@@ -180,7 +191,11 @@ class SageHarvestConfig(BaseModel):
                                 "from a workspace; a larger one is counted unsafe_tests_file / unsafe_code_file "
                                 "(too_large) and never read")
     sandbox_workers: int = Field(1, ge=1, description="sandbox workers for validation")
-    timeout_s: float = Field(10.0, gt=0, le=120, description="the sandbox's limit for all of a task's checks, seconds")
+    local_python: str | None = Field(None, min_length=1, description="sandbox 'local' only: the interpreter that runs "
+                                     "SAGE's verification command (SAGE's own virtualenv's, which has what its tests "
+                                     "import: FastAPI, httpx); null: the pipeline's own. Docker runs the image's")
+    timeout_s: float = Field(10.0, gt=0, le=120, description="the sandbox's limit for a task's verification command "
+                             "(pytest's start included), seconds")
     keep_unverified: bool = Field(False, description="keep tasks SAGE's circuit breaker ended (their tests are "
                                   "unvalidated: no code is known to pass them)")
     since: datetime | None = Field(None, description="only runs that started at or after this time (UTC if naive)")
@@ -492,19 +507,20 @@ def _take(ws: _Workspace, s: _Session, typ: str, p, pos: int, where: str) -> Non
         s.steps.setdefault(p.task_id, []).append((pos, where, p))
 
 
-# ---------------------------------------------------------------- SAGE's tests as the sandbox judge's checks
-class NotConvertible(ValueError):
-    """A test module the sandbox's judge cannot run; the message names the line and why."""
+# ---------------------------------------------------------------- SAGE's tests, run as SAGE's gate runs them
+class NotRunnable(ValueError):
+    """A test module pytest cannot run (not valid Python, nested past what the parser takes); the message names
+    the line and why."""
 
 
 @dataclass(frozen=True)
-class ConvertedTests:
-    entry_point: str
-    setup: str
-    checks: tuple[str, ...]
-    names: tuple[str, ...]  # the test each check runs
-    asserts: int
-    guards_left_out: tuple[int, ...]  # lines of process guards left out of the setup
+class GateTests:
+    """What the harvest reads from the gate's test module before it is run unchanged (never rewritten)."""
+
+    entry_point: str  # the first name the tests take from the module under test (what the replay's prompt names)
+    imports: tuple[str, ...]  # every name they take from it, in source order
+    names: tuple[str, ...]  # the tests pytest would collect, as written (``test_a``, ``TestA.test_b``)
+    asserts: int  # assert statements, unittest's assert* and fail, pytest.raises / warns / fail, raise AssertionError
 
 
 def module_names(artifact: str) -> set[str]:
@@ -517,167 +533,67 @@ def module_names(artifact: str) -> set[str]:
     return {n for n in names if n}
 
 
-def _main_guard(node: ast.AST) -> bool:
-    t = node.test if isinstance(node, ast.If) else None
-    return (isinstance(t, ast.Compare) and isinstance(t.left, ast.Name) and t.left.id == "__name__"
-            and len(t.comparators) == 1 and isinstance(t.comparators[0], ast.Constant)
-            and t.comparators[0].value == "__main__")
+def gate_command(test_file: str) -> str:
+    """SAGE's verification command for the gate's test file: the plan's ``verification`` of a coder task
+    (the model world's planner writes exactly this; SAGE's planner template asks for pytest on the test file)."""
+    return f"python -m pytest -q {test_file}"
 
 
-def _nodes(tree: ast.Module):
-    """Every node but those under ``if __name__ == "__main__":`` (never run in the judge)."""
-    todo = deque(tree.body)  # breadth first, in source order: the first problem met is the first written
-    while todo:
-        n = todo.popleft()
-        if _main_guard(n):
-            continue
-        yield n
-        todo.extend(ast.iter_child_nodes(n))
+def _asserting(n: ast.AST) -> bool:
+    if isinstance(n, ast.Assert):
+        return True
+    if isinstance(n, ast.Raise) and isinstance(n.exc, ast.Call | ast.Name):
+        return "AssertionError" in ast.unparse(n.exc)
+    if not isinstance(n, ast.Call):
+        return False
+    f = n.func
+    name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+    return name.startswith("assert") or name in ("fail", "raises", "warns", "deprecated_call")
 
 
-def checks_from_pytest(source: str, artifact: str, where: str = "") -> ConvertedTests:
-    """SAGE's pytest module as checks the sandbox's judge runs: the module is the setup (the import of
-    the module under test blanked out, process guards left out), each ``test_*`` function (or method of
-    a ``Test*`` class) one check, the one name the tests import from the module the proxied entry point.
-    Raises :class:`NotConvertible` naming the line and why."""
+def read_gate_tests(source: str, artifact: str, where: str = "") -> GateTests:
+    """The gate's test module as SAGE's test engineer wrote it: the names it takes from the module under test
+    (``from m import f``, ``import m as x`` then ``x.f``), the tests pytest would collect and its asserts; it is
+    run unchanged. Raises :class:`NotRunnable` (line and why) for a module pytest could not even parse."""
     at = f"{where}:" if where else "line "
-    try:
-        return _checks_from_pytest(source, artifact, at)
-    except (RecursionError, MemoryError) as e:  # a hostile file nested past what the parser or a walk takes
-        raise NotConvertible(f"{at}1: nested too deeply to read ({type(e).__name__})") from None
-
-
-def _checks_from_pytest(source: str, artifact: str, at: str) -> ConvertedTests:
     try:
         tree = ast.parse(source)
     except SyntaxError as e:  # a NUL byte is one too, with no line
-        raise NotConvertible(f"{at}{e.lineno or 1}: not valid Python ({e.msg})") from e
-    except ValueError as e:  # a NUL byte (older Pythons)
-        raise NotConvertible(f"{at}1: not valid Python ({e})") from e
+        raise NotRunnable(f"{at}{e.lineno or 1}: not valid Python ({e.msg})") from e
+    except (ValueError, RecursionError, MemoryError) as e:  # a NUL byte (older Pythons); nested too deeply
+        raise NotRunnable(f"{at}1: not valid Python or nested too deeply to read ({type(e).__name__})") from None
+    try:
+        return _read_gate_tests(tree, artifact)
+    except (RecursionError, MemoryError) as e:  # a hostile file nested past what a walk takes
+        raise NotRunnable(f"{at}1: nested too deeply to read ({type(e).__name__})") from None
+
+
+def _read_gate_tests(tree: ast.Module, artifact: str) -> GateTests:
     mods = module_names(artifact)
-    lines = source.splitlines()
-    blank: dict[int, tuple[int, int, int]] = {}  # first line -> (last line, indent, end column): made `pass`
-    entries: dict[str, int] = {}  # name imported from the module -> line
-    aliases: dict[str, str] = {}  # local name -> entry point
-    module_aliases: dict[str, int] = {}  # `import mod as m` -> line
-    for n in _nodes(tree):
-        if isinstance(n, ast.ImportFrom) and n.level == 0 and n.module:
-            root = n.module.split(".")[0]
-            if n.module in mods:
-                for a in n.names:
-                    if a.name == "*":
-                        raise NotConvertible(f"{at}{n.lineno}: `from {n.module} import *`: the judge proxies one "
-                                             "named function")
-                    entries.setdefault(a.name, n.lineno)
-                    aliases[a.asname or a.name] = a.name
-                blank[n.lineno] = (n.end_lineno or n.lineno, n.col_offset, n.end_col_offset or 0)
-            elif root == "pytest" or root == "_pytest":
-                raise NotConvertible(f"{at}{n.lineno}: imports from pytest: the sandbox runs the standard library "
-                                     "only (pytest's fixtures, marks and raises are not there)")
-            elif root not in sys.stdlib_module_names:
-                raise NotConvertible(f"{at}{n.lineno}: imports {n.module}, which is not in the standard library "
-                                     "the sandbox has")
-        elif isinstance(n, ast.Import):
-            hit = [a for a in n.names if a.name in mods]
-            if hit and len(hit) != len(n.names):
-                raise NotConvertible(f"{at}{n.lineno}: imports the module under test with others in one statement")
+    imports: dict[str, int] = {}  # name taken from the module under test -> line
+    aliases: set[str] = set()  # `import mod as m`
+    nodes = list(ast.walk(tree))
+    for n in nodes:
+        if isinstance(n, ast.ImportFrom) and n.level == 0 and n.module in mods:
             for a in n.names:
-                root = a.name.split(".")[0]
-                if a.name in mods:
-                    module_aliases[a.asname or a.name] = n.lineno
-                elif root in ("pytest", "_pytest"):
-                    raise NotConvertible(f"{at}{n.lineno}: imports pytest: the sandbox runs the standard library "
-                                         "only (pytest's fixtures, marks and raises are not there)")
-                elif root not in sys.stdlib_module_names:
-                    raise NotConvertible(f"{at}{n.lineno}: imports {a.name}, which is not in the standard library "
-                                         "the sandbox has")
-            if hit:
-                blank[n.lineno] = (n.end_lineno or n.lineno, n.col_offset, n.end_col_offset or 0)
-    for alias in module_aliases:  # `import mod as m`: the functions the tests call on it
-        for n in _nodes(tree):
-            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == alias:
-                entries.setdefault(n.attr, n.lineno)
-    if not entries:
-        raise NotConvertible(f"{at}1: never imports the module under test ({' or '.join(sorted(mods))})")
-    if len(entries) > 1:
-        names = ", ".join(f"{k} (line {v})" for k, v in sorted(entries.items(), key=lambda kv: kv[1]))
-        raise NotConvertible(f"{at}{min(entries.values())}: uses {len(entries)} names of the module under test "
-                             f"({names}); the judge proxies one function")
-    entry = next(iter(entries))
-    guards = []
+                if a.name != "*":
+                    imports[a.name] = min(imports.get(a.name, n.lineno), n.lineno)
+        elif isinstance(n, ast.Import):
+            aliases.update(a.asname or a.name for a in n.names if a.name in mods)
+    for n in nodes:  # `import mod as m`: the names the tests use on it
+        if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id in aliases:
+            imports[n.attr] = min(imports.get(n.attr, n.lineno), n.lineno)
+    names = []
     for n in tree.body:
-        call = n.value if isinstance(n, ast.Expr) and isinstance(n.value, ast.Call) else None
-        f = call.func if call is not None else None
-        if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and (f.value.id, f.attr) in PROCESS_GUARDS:
-            blank[n.lineno] = (n.end_lineno or n.lineno, n.col_offset, n.end_col_offset or 0)
-            guards.append(n.lineno)
-    for first, (last, col, end) in blank.items():  # whole lines only, so the rest keeps its line numbers
-        head, tail = lines[first - 1][:col], lines[last - 1]
-        if head.strip() or tail[end:].split("#", 1)[0].strip():
-            raise NotConvertible(f"{at}{first}: the statement shares its line with other code")
-        lines[first - 1] = head + "pass"
-        for i in range(first, last):
-            lines[i] = ""
-    prelude = "".join(f"{local} = {entry}\n" for local, name in aliases.items() if local != name)
-    prelude += "".join(f"{m} = __import__('types').SimpleNamespace({entry}={entry})\n" for m in module_aliases)
-    checks, names = [], []
-    for n in tree.body:
-        if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and n.name in PYTEST_HOOKS:
-            raise NotConvertible(f"{at}{n.lineno}: defines pytest's {n.name} hook, which the judge does not run")
         if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and n.name.startswith("test"):
-            _plain_test(n, at)
-            checks.append(f"{prelude}{n.name}()\n")
             names.append(n.name)
-        elif isinstance(n, ast.ClassDef) and n.name.startswith("Test"):
-            checks_, names_ = _class_checks(n, prelude, at)
-            checks += checks_
-            names += names_
-    if not checks:
-        raise NotConvertible(f"{at}1: defines no test function (test_* or a Test* class's test_* methods)")
-    asserts = sum(isinstance(n, ast.Assert) or (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-                                                and (n.func.attr.startswith("assert") or n.func.attr == "fail"))
-                  or (isinstance(n, ast.Raise) and isinstance(n.exc, ast.Call | ast.Name)
-                      and "AssertionError" in ast.unparse(n.exc))
-                  for n in ast.walk(tree))
-    return ConvertedTests(entry, "\n".join(lines) + "\n", tuple(checks), tuple(names), asserts, tuple(guards))
-
-
-def _plain_test(n: ast.FunctionDef | ast.AsyncFunctionDef, at: str) -> None:
-    if isinstance(n, ast.AsyncFunctionDef):
-        raise NotConvertible(f"{at}{n.lineno}: {n.name} is async: pytest needs a plugin for it, the judge has none")
-    if n.decorator_list:
-        raise NotConvertible(f"{at}{n.lineno}: {n.name} is decorated (pytest marks or fixtures are not applied)")
-    args = n.args
-    if args.posonlyargs or args.args or args.kwonlyargs or args.vararg or args.kwarg:
-        raise NotConvertible(f"{at}{n.lineno}: {n.name} takes arguments (pytest fixtures are not run)")
-
-
-def _class_checks(c: ast.ClassDef, prelude: str, at: str) -> tuple[list[str], list[str]]:
-    methods = {n.name: n for n in c.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
-    if "__init__" in methods:
-        return [], []  # pytest collects no test from a class with __init__
-    unit = any((isinstance(b, ast.Name) and b.id == "TestCase")
-               or (isinstance(b, ast.Attribute) and b.attr == "TestCase") for b in c.bases)
-    if c.decorator_list or (not unit and c.bases):
-        raise NotConvertible(f"{at}{c.lineno}: class {c.name} is decorated or has bases other than unittest.TestCase")
-    hooks = {"setup_method", "teardown_method", "setup_class", "teardown_class", "setUpClass", "tearDownClass"}
-    if hooks & set(methods):
-        raise NotConvertible(f"{at}{c.lineno}: class {c.name} has set-up hooks "
-                             f"({', '.join(sorted(hooks & set(methods)))}) the judge does not run")
-    checks, names = [], []
-    for name, m in methods.items():
-        if not name.startswith("test"):
-            continue
-        if isinstance(m, ast.AsyncFunctionDef) or m.decorator_list or len(m.args.args) != 1 or m.args.kwonlyargs \
-                or m.args.vararg or m.args.kwarg or m.args.posonlyargs:
-            raise NotConvertible(f"{at}{m.lineno}: {c.name}.{name} is async, decorated or takes fixtures")
-        if unit:
-            checks.append(f"{prelude}_case = {c.name}({name!r})\n_case.setUp()\ntry:\n    _case.{name}()\n"
-                          "finally:\n    _case.tearDown()\n")
-        else:
-            checks.append(f"{prelude}{c.name}().{name}()\n")
-        names.append(f"{c.name}.{name}")
-    return checks, names
+        elif isinstance(n, ast.ClassDef):
+            names += [f"{n.name}.{m.name}" for m in n.body
+                      if isinstance(m, ast.FunctionDef | ast.AsyncFunctionDef) and m.name.startswith("test")]
+    ordered = tuple(sorted(imports, key=lambda k: imports[k]))
+    stem = re.sub(r"\W", "_", Path(artifact).stem) or "module"
+    entry = next((k for k in ordered if k.isidentifier()), stem if stem.isidentifier() else f"m_{stem}")
+    return GateTests(entry, ordered, tuple(names), sum(map(_asserting, nodes)))
 
 
 # ---------------------------------------------------------------- sessions to tasks
@@ -797,14 +713,19 @@ def _candidate(ws: _Workspace, s: _Session, role: str, goals: dict, cfg: SageHar
     if source is None:
         if unsafe:
             return None, "unsafe_tests_file", tw.where, why
-        reason = "tests_missing_on_disk" if why == "missing" else "tests_not_convertible"
+        reason = "tests_missing_on_disk" if why == "missing" else "tests_not_runnable"
         return None, reason, tw.where, f"{ws.path / gate_tests}: {why}"
     try:
-        conv = checks_from_pytest(source, artifact.file, str(ws.path / gate_tests))
-    except NotConvertible as e:
-        return None, "tests_not_convertible", tw.where, str(e)
+        conv = read_gate_tests(source, artifact.file, str(ws.path / gate_tests))
+    except NotRunnable as e:
+        return None, "tests_not_runnable", tw.where, str(e)
+    command = gate_command(gate_tests)
+    problem = workspace_problem({"command": command, "code_file": artifact.file, "files": {gate_tests: source}})
+    if problem:  # a path the sandbox cannot lay out as SAGE's workspace does (a backslash, too deep)
+        return None, "tests_not_runnable", tw.where, f"{ws.path / gate_tests}: {problem}"
     if conv.asserts == 0:
-        return None, "tests_assert_nothing", tw.where, f"{ws.path / gate_tests}: no assert in {', '.join(conv.names)}"
+        return None, "tests_assert_nothing", tw.where, (f"{ws.path / gate_tests}: no assert in "
+                                                        f"{', '.join(conv.names) or 'the module'}")
     code = None
     if verdicts["verified"] and cfg.validate_reference:
         later = _later_write(ws, artifact.file, end_pos)
@@ -815,17 +736,18 @@ def _candidate(ws: _Workspace, s: _Session, role: str, goals: dict, cfg: SageHar
             if unsafe:
                 return None, "unsafe_code_file", artifact.where, why
             return None, "code_missing_on_disk", artifact.where, f"{ws.path / artifact.file}: {why}"
+    # the gate's test file, unchanged, run by the gate's command with the answer's code in SAGE's file
     reference = {"entry_point": conv.entry_point, "timeout_s": cfg.timeout_s,
-                 "tests": [{"check": c, "setup": conv.setup} for c in conv.checks]}
+                 "tests": [{"command": command, "code_file": artifact.file, "files": {gate_tests: source}}]}
     tests_sha = hashlib.sha256(json.dumps(reference["tests"], sort_keys=True).encode()).hexdigest()
     by_role = _skills_by_role(s)
     meta = {"sage": {
         "session_id": s.sid, "trace_id": s.trace_id or None, "workspace": str(ws.path),
         "started": s.start.isoformat() if s.start else None, "goal_source": goal[1], "task_id": task,
         "dag_nodes": s.dag_nodes, "artifact": artifact.file, "entry_point": conv.entry_point,
-        "gate_test_file": gate_tests, "tests": list(conv.names), "asserts": conv.asserts,
-        "process_guards_left_out": [f"{ws.path / gate_tests}:{n}" for n in conv.guards_left_out],
-        "tests_sha256": tests_sha, "verification_command": None, "verification_command_why": NO_VERIFICATION_COMMAND,
+        "gate_test_file": gate_tests, "tests": list(conv.names), "asserts": conv.asserts, "imports": list(conv.imports),
+        "tests_sha256": tests_sha, "verification_command": command,
+        "verification_command_why": VERIFICATION_COMMAND_WHY,
         "verdicts": verdicts, "role": role, "role_skills": by_role.get(role, {}),
         "skills": {"calls": s.skills, "by_role": by_role},
         "reference_validated": False,
@@ -995,11 +917,15 @@ def _validate(candidates: list[_Candidate], cfg: SageHarvestConfig, out: SageHar
         return
     own = judge is None
     if own:
-        judge = untrusted_judge(cfg.sandbox, cfg.sandbox_workers, cfg.allow_untrusted_local, log)
+        judge = untrusted_judge(cfg.sandbox, cfg.sandbox_workers, cfg.allow_untrusted_local, log,
+                                **({"local_python": cfg.local_python} if cfg.local_python else {}))
     else:
         require_untrusted(judge, "harvest_sage")
     try:
-        verdicts = judge.run([(c.record, c.code) for c in todo])
+        items = [(c.record, c.code) for c in todo]
+        # the file as SAGE left it (never cut to a fenced block), where the judge can be told so
+        raw = "raw" in inspect.signature(judge.run).parameters
+        verdicts = judge.run(items, raw=True) if raw else judge.run(items)
     finally:
         if own:
             judge.close()
@@ -1007,9 +933,11 @@ def _validate(candidates: list[_Candidate], cfg: SageHarvestConfig, out: SageHar
         sage = c.record.meta["sage"]
         if v.hard == 1.0:
             sage["reference_validated"] = True
-            sage["validation"] = f"passed SAGE's verified code ({sage['artifact']}) in the {judge.sandbox} sandbox"
+            sage["validation"] = (f"`{sage['verification_command']}` passed SAGE's verified code ({sage['artifact']}) "
+                                  f"in the {judge.sandbox} sandbox")
             out.validated += 1
-        else:
-            out.count("reference_not_reproducible", c.session.sid, sage["provenance"]["tests_write"],
+        else:  # pytest could not collect the file there (an import the image lacks): not runnable, else failing
+            reason = "tests_not_runnable" if NOT_COLLECTED.search(v.why) else "reference_not_reproducible"
+            out.count(reason, c.session.sid, sage["provenance"]["tests_write"],
                       f"{sage['gate_test_file']} against {sage['artifact']}: {v.why}", cfg.max_listed)
             c.record = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -17,15 +18,19 @@ from sage_pipeline.sage_world import truth as T
 from sage_pipeline.sage_world.harness import SageInstall, SageNotFound, goal
 from sage_pipeline.sage_world.server import WorldServer, embedding
 from sage_pipeline.sage_world.world import (
+    DEFAULT_TEST_STYLES,
     MAX_RETRIES,
+    TEST_STYLES,
     ModelWorld,
     WorldConfig,
     WorldError,
     agent_of,
     build_world,
     module_of,
+    style_for,
     verified_tests,
 )
+from sage_pipeline_tests.sim.sandbox_fixtures import docker_ready  # noqa: F401 - the Docker sandbox's fixture
 
 SAGE_TABLE = Path(__file__).resolve().parents[1] / "routing" / "fixtures" / "sage_journal" / "models.yaml"
 
@@ -142,6 +147,77 @@ def test_the_test_file_passes_the_reference_and_fails_every_wrong_candidate(worl
             out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                                   f"tests/test_{mod}.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
             assert (out.returncode == 0) == (slot == -1), (t.task_id, slot, w.outcome_kind(0, slot), out.stdout[-500:])
+
+
+@pytest.mark.usefixtures("docker_ready")
+def test_every_test_style_passes_the_reference_and_fails_every_wrong_candidate_in_the_sandbox(world):
+    """Each style the world's test engineer writes, run unchanged by SAGE's verification command in the Docker
+    sandbox (pytest, FastAPI and httpx from the image): the right file passes, each verified wrong one fails."""
+    from sage_pipeline.sim.sandbox import open_sandbox, workspace_job
+
+    w, jobs, meta = _fresh(world), [], []
+    for k, style in enumerate(TEST_STYLES):
+        for t in (w.tasks[k],):
+            mod, source = module_of(t), verified_tests(t, style)
+            for slot in (-1, *range(len(t.wrong_candidates()))):
+                jobs.append(workspace_job(w._file(t, slot), f"{mod}.py", {f"tests/test_{mod}.py": source},
+                                          f"python -m pytest -q tests/test_{mod}.py", 30.0))
+                meta.append((style, t.task_id, slot, w.outcome_kind(w.by_id[t.task_id], slot)))
+    with open_sandbox("docker", workers=2, untrusted=True) as sb:
+        results = sb.run(jobs)
+    wrong = [(m, r.outcome, r.output_excerpt[:200]) for m, r in zip(meta, results, strict=True)
+             if r.passed != (m[2] == -1)]
+    assert not wrong, wrong
+    assert {m[0] for m in meta} == set(TEST_STYLES) and sum(m[2] == -1 for m in meta) == len(TEST_STYLES)
+    assert len({m[3] for m in meta if m[2] != -1}) >= 3  # wrong answers, exceptions, loops
+
+
+def test_approx_compares_exactly_as_the_plain_style_does():
+    """``_close`` (pytest.approx where a float is compared) and ``_same`` agree on every pair, bools and ints
+    included: the approx style tells right from wrong as the plain one does."""
+    ns: dict = {"pytest": pytest}
+    source = verified_tests(world_task(), "approx")
+    exec(source[source.index("def _same"):source.index("def test_")], ns)  # the module's two comparisons
+    values = [0, 1, -1, 3, 10**12, 10**12 + 1, 0.0, 1.0, 3.0, 3.0000000001, 1e12, 1e12 + 1, True, False, None, "3",
+              [1, 2], [1.0, 2.0], [1, 2.5], {"a": 1}, {"a": 1.0}, float("nan")]
+    for got in values:
+        for want in values:
+            try:
+                same = ns["_same"](got, want)
+            except TypeError:
+                same = False
+            try:
+                close = ns["_close"](got, want)
+            except TypeError:
+                close = False
+            assert same == close, (got, want, same, close)
+
+
+def world_task():
+    from sage_pipeline.sim.schema import TaskRecord
+
+    return TaskRecord("add-0000", "add", 0.1, "easy", "Add.", "def add(a: int, b: int) -> int", "add",
+                      "def add(a, b):\n    return a + b\n", [{"args": [1, 2], "expected": 3}], 1.0)
+
+
+def test_the_style_is_drawn_per_task_by_the_seed(world):
+    t = world.tasks[0]
+    assert style_for(0, t) == style_for(0, t) and tuple(WorldConfig().test_styles) == DEFAULT_TEST_STYLES
+    drawn = {style_for(seed, t) for seed in range(200)}
+    assert drawn == set(TEST_STYLES)  # every style is drawn for some seed
+    assert {style_for(0, t, DEFAULT_TEST_STYLES) for t in world.tasks} <= set(DEFAULT_TEST_STYLES)
+    assert style_for(0, t, ("plain",)) == "plain"
+    no_args = dataclasses.replace(world_task(), signature="def add(*xs) -> int")
+    assert style_for(0, no_args, ("raises",)) == "plain"  # raises needs a call that fails without arguments
+    with pytest.raises(WorldError, match="no test style 'doctest'"):
+        verified_tests(t, "doctest")
+    with pytest.raises(ValueError, match="unknown test styles"):
+        WorldConfig(test_styles=("doctest",))
+    # the test engineer writes the drawn style, and says so in its truth record
+    w = ModelWorld(world.sim, world.table, WorldConfig(seed=5, test_styles=TEST_STYLES))
+    w.assign("te", t.task_id)
+    reply, rec = w.answer("m", _msgs("Generate pytest tests for x.py.\nTASK: [sage-world run=te] x"))
+    assert rec["test_style"] == style_for(5, t) and json.loads(reply)["patch"] == verified_tests(t, rec["test_style"])
 
 
 def test_server_speaks_ollamas_api_and_counts_what_it_refuses(world):
