@@ -115,7 +115,6 @@ from sage_pipeline.sleep.sage_skills import (
     SageSkillsRoot,
     SkillsRootChanged,
     SkillsRootError,
-    version_id,
 )
 
 ROLES = ("coder",)  # the roles whose answer is the code the harvested tests judge
@@ -683,21 +682,11 @@ def _undo(docs: dict[str, LearnedDoc], c: Candidate) -> dict[str, LearnedDoc] | 
     return {**docs, ch.skill: doc.with_rules(kept)}
 
 
-def _stage(root: SageSkillsRoot, edits: dict[str, str], reason: str) -> str:
-    """A version of ``root``'s live tree with ``edits``, written whole under ``versions/`` but not made live (what
-    the launcher's arm points ``SAGE_SKILLS_ROOT`` at); its id. Checked as a commit is checked."""
-    stage = getattr(root, "stage", None)
-    if callable(stage):  # SageSkillsRoot.stage, when the skills root has it
-        out = stage(edits, reason)
-        return out if isinstance(out, str) else out.version
-    base = root.files(root.live())
-    for sid, text in edits.items():
-        sk.check_text(sid, text)
-    new = {**base, **{sid: text.encode("utf-8") for sid, text in edits.items()}}
-    root._check_total_cap(base, new, [sid for sid in sk.SKILL_IDS if new[sid] != base[sid]])
-    vid = version_id(new)
-    root._save(vid, new)  # immutable and whole, as a commit's folder; history and live.json untouched
-    return vid
+def _stage(root: SageSkillsRoot, edits: dict[str, str], reason: str, base: str) -> str:
+    """A version of ``root``'s tree ``base`` (the live version the edits were made from) with ``edits``, written
+    whole under ``versions/`` but not made live (what the launcher's arm points ``SAGE_SKILLS_ROOT`` at); its id.
+    Checked as a commit is checked (:meth:`SageSkillsRoot.stage`)."""
+    return root.stage(edits, reason, base=base).version
 
 
 class _LedgerNight(_Night):
@@ -962,7 +951,7 @@ class _LedgerNight(_Night):
                     continue
                 tree = _texts(d, docs.orig, docs.live)
                 vid = _stage(self.root, {s: tree[s] for s in sk.SKILL_IDS if tree[s] != live[s]},
-                             f"the ledger's {kind} arm for {c.id} ({c.description})")
+                             f"the ledger's {kind} arm for {c.id} ({c.description})", live_v)
                 c.payload["staged"] = {"kind": kind, "version": vid, "night": r.date}
                 versions[(kind, cid)] = self.root.versions_dir / vid
             p = lever_skills.plan(str(self.root.versions_dir / live_v), versions, self.lever,

@@ -7,10 +7,12 @@ Layout of a root (``SageSkillsRoot(folder)``)::
     live.json                 the live version: {"format", "version", "seq", "path"}; replaced in one rename
     history.jsonl             one line per version made live: seq, version, action (initial, commit,
                               rollback), created_at, parent, reason, changed (the skill ids edited)
+    staged.jsonl              one line per version staged but never made live (a candidate arm SAGE_SKILLS_ROOT
+                              may point a run at): version, base, reason, created_at, changed
     versions/<id>/            one whole tree, never rewritten: {discipline,workflow,planning}/<skill>/SKILL.md
                               (the nine files) with SAGE's LICENSE and a NOTICE
     versions/.<id>.tmp-XXXXXXXX  a version being written (artifacts.atomic_dir), or one a killed commit left
-    .lock                     held while the history and the pointer change
+    .lock                     held while the history, the pointer or staged.jsonl change
 
 A version's id is the first 12 hex digits of the SHA-256 of its nine files (paths and bytes), so the same
 tree is the same version. A new root starts as SAGE's tree as shipped (``initial``).
@@ -26,7 +28,17 @@ the pointer, and the next change (or :meth:`SageSkillsRoot.recover`) finishes th
 while it wrote its version folder leaves that folder's staging copy (``versions/.<id>.tmp-XXXXXXXX``); the
 next change (or ``recover()``, whose note names them) removes every such copy, under ``.lock`` (so while no
 commit runs) and only when no live writer still holds it (:func:`sage_pipeline.artifacts.folder_in_use`).
-Nothing else is ever removed: not a version folder, referenced by the history or not.
+Nothing else is ever removed: not a version folder, referenced by the history, by ``staged.jsonl`` or by
+neither (the sweep matches only the staging names, ``STAGING``).
+
+**Staged versions** (:meth:`SageSkillsRoot.stage`): a version checked and written exactly as a commit would
+write it, from the live tree or any other ``base``, but not made live: ``history.jsonl`` and ``live.json`` are
+left as they were and one line goes to ``staged.jsonl``. The ledger's skills lever points the candidate arm
+of a ``sage run`` at such a folder (:mod:`sage_pipeline.decisions.skills`). A staged id is a version like any
+other to :meth:`~SageSkillsRoot.find`, :meth:`~SageSkillsRoot.texts`, :meth:`~SageSkillsRoot.shas` and
+:meth:`~SageSkillsRoot.sha_index` (so the shas a candidate arm's runs log map to its version); ``v<seq>`` names
+only versions made live. A damaged line of ``staged.jsonl`` is named by file and line and skipped
+(:attr:`~SageSkillsRoot.staged_skipped`), never an error: the candidates are not what SAGE runs by default.
 
 **Edits stay inside what SAGE injects** (:meth:`SageSkillsRoot.commit`): an edit is refused when SAGE
 would not inject it as written: past SAGE's per-skill cap (naming the skill file and how many characters
@@ -67,6 +79,7 @@ from sage_pipeline.sleep.block import DocumentError, parse_document
 FORMAT = 1
 LIVE_FILE = "live.json"
 HISTORY_FILE = "history.jsonl"
+STAGED_FILE = "staged.jsonl"
 VERSIONS_DIR = "versions"
 LOCK_FILE = ".lock"
 ACTIONS = ("initial", "commit", "rollback")
@@ -103,7 +116,8 @@ class SkillsRootChanged(SkillsRootError):
 
 @dataclass(frozen=True)
 class RootVersion:
-    """One line of ``history.jsonl``: a version made live."""
+    """One line of ``history.jsonl``: a version made live; or of ``staged.jsonl``: a version staged, never made
+    live (``seq`` 0, ``action`` "staged", ``parent`` the version it was staged from)."""
 
     seq: int
     version: str
@@ -120,6 +134,8 @@ class RootVersion:
 _FIELDS = {"seq": int, "version": str, "action": str, "created_at": str, "parent": str, "reason": str,
            "changed": list}
 _REQUIRED = ("seq", "version", "action", "created_at")
+_STAGED_FIELDS = {"version": str, "base": str, "reason": str, "created_at": str, "changed": list}
+_STAGED_REQUIRED = ("version", "base", "created_at")
 
 
 def _is_id(v: object) -> bool:
@@ -195,6 +211,39 @@ def _entry(raw: bytes, where: str, prev_seq: int) -> RootVersion:
                        d.get("reason", ""), tuple(changed))
 
 
+def _staged_entry(raw: bytes, where: str) -> RootVersion:
+    """One line of ``staged.jsonl``; else a :class:`SkillsRootError` naming ``where`` (file:line) and the field."""
+    def bad(problem: str) -> SkillsRootError:
+        return SkillsRootError(f"{where}: {problem}; the line is skipped (its version is not known to this root "
+                               "until the line is fixed, or the version staged again)")
+
+    try:
+        d = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise bad(f"not UTF-8 (byte {e.start + 1})") from e
+    except json.JSONDecodeError as e:
+        raise bad(f"not JSON ({e.msg}, column {e.colno})") from e
+    if not isinstance(d, dict):
+        raise bad(f"expected a JSON object, got {json.dumps(d)[:60]}")
+    for name in _STAGED_REQUIRED:
+        if name not in d:
+            raise bad(f"field {name!r} is missing")
+    for name, value in d.items():
+        typ = _STAGED_FIELDS.get(name)
+        if typ is None:
+            raise bad(f"field {name!r} is unknown to a staged entry (known: {', '.join(_STAGED_FIELDS)})")
+        if not isinstance(value, typ) or isinstance(value, bool):
+            raise bad(f"field {name!r} is {json.dumps(value)[:60]}, expected {typ.__name__}")
+    for name in ("version", "base"):
+        if not _is_id(d[name]):
+            raise bad(f"field {name!r} is {d[name]!r}, expected a version id (12 hex digits)")
+    changed = d.get("changed", [])
+    unknown = [c for c in changed if not isinstance(c, str) or c not in sk.SKILL_IDS]
+    if unknown:
+        raise bad(f"field 'changed' names {unknown[0]!r}, which is not one of SAGE's skills")
+    return RootVersion(0, d["version"], "staged", d["created_at"], d["base"], d.get("reason", ""), tuple(changed))
+
+
 class SageSkillsRoot:
     """A versioned store of whole SAGE skills trees under ``folder`` (see the module doc); created on first
     use, starting from SAGE's tree as shipped (:data:`sage_pipeline.sage.skills.SKILL_TREE`)."""
@@ -204,6 +253,8 @@ class SageSkillsRoot:
         self.config = config or SageSkillsConfig()
         self.live_file = self.folder / LIVE_FILE
         self.history_file = self.folder / HISTORY_FILE
+        self.staged_file = self.folder / STAGED_FILE
+        self.staged_skipped: list[str] = []  # why each line of staged.jsonl the last staged() read was skipped
         self.versions_dir = self.folder / VERSIONS_DIR
         with self._lock():
             self._ensure()
@@ -219,6 +270,35 @@ class SageSkillsRoot:
             if raw.strip():
                 out.append(_entry(raw, f"{self.history_file}:{lineno}", out[-1].seq if out else 0))
         return out
+
+    def staged(self) -> list[RootVersion]:
+        """Every version staged and not (necessarily) made live, in the order staged: the lines of
+        ``staged.jsonl``, each checked; a bad line is skipped, its file, line and problem kept in
+        :attr:`staged_skipped` (one per line skipped), and a version's later lines are repeats, skipped too."""
+        self.staged_skipped = []
+        try:
+            data = self.staged_file.read_bytes()
+        except FileNotFoundError:
+            return []
+        except OSError as e:
+            self.staged_skipped.append(f"{self.staged_file}: cannot be read ({e.strerror or e}); no staged version "
+                                       "is known until it can")
+            return []
+        out: dict[str, RootVersion] = {}
+        for lineno, raw in enumerate(data.splitlines(), start=1):
+            if not raw.strip():
+                continue
+            try:
+                e = _staged_entry(raw, f"{self.staged_file}:{lineno}")
+            except SkillsRootError as err:
+                self.staged_skipped.append(str(err))
+                continue
+            if e.version in out:
+                self.staged_skipped.append(f"{self.staged_file}:{lineno}: version {e.version} is staged already "
+                                           "(an earlier line); the repeat is skipped")
+                continue
+            out[e.version] = e
+        return list(out.values())
 
     def _pointer(self) -> dict:
         path = self.live_file
@@ -253,7 +333,8 @@ class SageSkillsRoot:
         return self.versions_dir / vid
 
     def find(self, ref: str) -> str:
-        """A version id from its id, a unique prefix (4 or more digits), ``v<seq>`` or ``live``."""
+        """A version id from its id, a unique prefix (4 or more digits), ``v<seq>`` or ``live``; a staged
+        version (:meth:`stage`) by its id or a unique prefix."""
         ref = ref.strip()
         if ref == "live":
             return self.live()
@@ -262,11 +343,14 @@ class SageSkillsRoot:
             hit = [e.version for e in entries if e.seq == int(ref[1:])]
             if hit:
                 return hit[0]
-        ids = sorted({e.version for e in entries})
+        staged = self.staged()
+        ids = sorted({e.version for e in [*entries, *staged]})
         hits = [i for i in ids if i.startswith(ref.lower())] if len(ref) >= 4 else []
         if len(hits) == 1:
             return hits[0]
         known = ", ".join(f"v{e.seq}={e.version}" for e in entries[-8:]) or "none yet"
+        if staged:
+            known += f"; {len(staged)} staged, latest {staged[-1].version}"
         why = "matches several versions" if len(hits) > 1 else "is not a version of this root"
         raise SkillsRootError(f"version {ref!r} {why} ({self.folder}; latest: {known})")
 
@@ -312,12 +396,24 @@ class SageSkillsRoot:
         return {sid: sk.sha16(texts[sid]) for sid in sk.INJECTED_IDS}
 
     def sha_index(self) -> dict[str, dict[str, list[str]]]:
-        """Skill id -> sha16 -> the versions (oldest first) whose text of that skill has it: which version a
-        logged sha came from."""
+        """Skill id -> sha16 -> the versions whose text of that skill has it (those made live oldest first, then
+        the staged ones in the order staged): which version a logged sha came from. A staged version whose folder
+        cannot be read whole is left out, named in :attr:`staged_skipped`."""
         out: dict[str, dict[str, list[str]]] = {sid: {} for sid in sk.INJECTED_IDS}
-        for vid in dict.fromkeys(e.version for e in self.versions()):
-            for sid, h in self.shas(vid).items():
+        made_live = list(dict.fromkeys(e.version for e in self.versions()))
+        staged = [e.version for e in self.staged() if e.version not in made_live]
+        skipped, left_out = list(self.staged_skipped), []
+        for vid in [*made_live, *staged]:
+            try:
+                shas = self.shas(vid)
+            except SkillsRootError as e:
+                if vid not in staged:
+                    raise
+                left_out.append(f"{e}; staged version {vid} is left out of the sha index")
+                continue
+            for sid, h in shas.items():
                 out[sid].setdefault(h, []).append(vid)
+        self.staged_skipped = skipped + left_out
         return out
 
     def diff(self, a: str, b: str) -> dict[str, str]:
@@ -361,6 +457,43 @@ class SageSkillsRoot:
             self._switch(entries, entry)
             return entry
 
+    def stage(self, edits: Mapping[str, str], reason: str, *, base: str | None = None) -> RootVersion:
+        """A version that is not made live: ``base``'s tree (any ref :meth:`find` knows; default the live
+        version) with ``edits``, checked as :meth:`commit` checks it (:func:`check_edit` per edit, SAGE's total
+        cap against ``base``), written whole under ``versions/<id>`` (an existing folder is verified, never
+        rewritten), and one line appended to ``staged.jsonl`` under the root's lock. ``history.jsonl`` and
+        ``live.json`` are left as they are. A tree this root already knows (no change from ``base``, or staged
+        before, or made live before) adds no line: its existing entry is returned."""
+        if not isinstance(edits, Mapping):
+            raise SkillsRootError(f"edits must map skill ids to their new text, got {type(edits).__name__}")
+        for sid, text in edits.items():
+            check_edit(sid, text)
+        with self._lock():
+            self._sweep()
+            entries, staged = self.versions(), self.staged()
+            bid = self.live() if base is None else self.find(base)
+            old = self.files(bid)
+            new = {**old, **{sid: text.encode("utf-8") for sid, text in edits.items()}}
+            changed = tuple(sid for sid in sk.SKILL_IDS if new[sid] != old[sid])
+            vid = version_id(new)
+            known = self._known_entry(vid, entries, staged)
+            if known is not None:
+                self.files(vid)  # the folder whole, as an entry promises
+                return known
+            self._check_total_cap(old, new, changed)
+            self._save(vid, new)
+            entry = RootVersion(0, vid, "staged", _now(), bid, reason, changed)
+            line = json.dumps({"version": vid, "base": bid, "reason": reason, "created_at": entry.created_at,
+                               "changed": list(changed)}).encode("utf-8")
+            try:
+                prior = self.staged_file.read_bytes()
+            except FileNotFoundError:
+                prior = b""
+            if prior and not prior.endswith(b"\n"):
+                prior += b"\n"
+            artifacts.write_bytes(self.staged_file, prior + line + b"\n")  # whole or not at all
+            return entry
+
     def rollback(self, skill_id: str, to_version: str, reason: str = "") -> RootVersion:
         """A new version: the live tree with ``skill_id``'s text from ``to_version`` (a no-op when equal)."""
         self._known(skill_id)
@@ -376,6 +509,12 @@ class SageSkillsRoot:
             return self._recover()
 
     # ----------------------------------------------------------------------------------------- internals
+    @staticmethod
+    def _known_entry(vid: str, entries: Sequence[RootVersion], staged: Sequence[RootVersion]) -> RootVersion | None:
+        """The entry of a version the root knows: its last history line, else its staged line."""
+        return next((e for e in reversed(entries) if e.version == vid), None) or \
+            next((e for e in staged if e.version == vid), None)
+
     def _known(self, skill_id: str) -> None:
         if skill_id not in sk.SKILL_IDS:
             raise SkillsRootError(f"{skill_id!r} is not one of SAGE's skills ({', '.join(sk.SKILL_IDS)})")

@@ -225,3 +225,101 @@ def test_journal_injections_reads_a_sessions_folder_in_sages_order(root, tmp_pat
         ("2026-11-19.log.gz", 1), ("2026-11-20.1.log", 1), ("2026-11-20.log", 2)]
     assert all(e.shas == {s: root.sha16("live", s) for s in e.skill_ids} for e in log.events)
     assert ss.journal_injections([tmp_path / "ws" / "memory" / "sessions" / ".."]).lines == 4
+
+
+# ---------------------------------------------------------------------------------------------- staged versions
+def _files_state(root: SageSkillsRoot) -> tuple[bytes, bytes]:
+    return (root.folder / "live.json").read_bytes(), (root.folder / "history.jsonl").read_bytes()
+
+
+def test_a_staged_version_is_a_version_to_read_but_never_made_live(root):
+    v1, before = root.live(), _files_state(root)
+    e = root.stage({TDD: _appended(root, TDD)}, "the ledger's cand arm")
+    assert (e.seq, e.action, e.parent, e.changed, e.reason) == (0, "staged", v1, (TDD,), "the ledger's cand arm")
+    assert _files_state(root) == before and root.live() == v1 and len(root.versions()) == 1  # nothing made live
+    folder = root.versions_dir / e.version
+    assert ss.version_id({s: (folder / s).read_bytes() for s in sk.SKILL_IDS}) == e.version  # whole, by its id
+    assert (folder / "LICENSE").is_file() and (folder / "NOTICE").is_file()
+    assert root.staged() == [e] and root.staged_skipped == []
+    # readable by id and by prefix, as any version
+    assert root.find(e.version) == root.find(e.version[:5]) == e.version
+    assert root.text(e.version[:6], TDD) == _appended(root, TDD) and root.text(e.version, SD) == root.text(v1, SD)
+    assert root.sha16(e.version, TDD) != root.sha16(v1, TDD)
+    # what SAGE logs when a candidate arm's run points SAGE_SKILLS_ROOT at the folder maps to the staged version
+    inj = sk.injection(folder, "coder", "add a test")
+    assert inj.shas[TDD] == root.shas(e.version)[TDD]
+    index = root.sha_index()
+    assert index[TDD] == {root.sha16(v1, TDD): [v1], root.sha16(e.version, TDD): [e.version]}
+    assert index[SD] == {root.sha16(v1, SD): [v1, e.version]}
+    assert root.diff("live", e.version[:6]).keys() == {TDD}
+    with pytest.raises(SkillsRootError, match=r"'v2' is not a version of this root .*1 staged, latest"):
+        root.find("v2")  # v<seq> names only versions made live
+
+
+def test_staging_the_same_edits_twice_gives_one_version_and_one_line(root):
+    edits = {TDD: _appended(root, TDD), SD: _appended(root, SD)}
+    e = root.stage(edits, "first")
+    folder = root.versions_dir / e.version
+    mtime, lines = folder.stat().st_mtime_ns, (root.folder / ss.STAGED_FILE).read_bytes()
+    assert root.stage(dict(reversed(edits.items())), "again") == e  # the same tree: its entry, nothing written
+    assert folder.stat().st_mtime_ns == mtime and (root.folder / ss.STAGED_FILE).read_bytes() == lines
+    assert len(lines.splitlines()) == 1 and len(root.staged()) == 1
+    assert sorted(p.name for p in root.versions_dir.iterdir()) == sorted([root.live(), e.version])
+    # no change from the base: the base's entry (here the live history line), no line, no folder
+    assert root.stage({TDD: root.text("live", TDD)}, "unchanged") == root.versions()[-1]
+    assert (root.folder / ss.STAGED_FILE).read_bytes() == lines
+
+
+def test_a_staged_version_can_be_staged_from_made_live_and_stays_readable(root):
+    v1 = root.live()
+    a = root.stage({TDD: _appended(root, TDD)}, "arm a")
+    b = root.stage({SD: _appended(root, SD)}, "arm b on a", base=a.version[:6])
+    assert b.parent == a.version and b.changed == (SD,)
+    assert root.text(b.version, TDD) == root.text(a.version, TDD) != root.text(v1, TDD)
+    before = (root.versions_dir / a.version / TDD).read_bytes()
+    c = root.commit({TDD: root.text(a.version, TDD)}, "the ledger accepted arm a")  # the same tree goes live
+    assert c.version == a.version and root.live() == a.version
+    assert (root.versions_dir / a.version / TDD).read_bytes() == before  # verified, never rewritten
+    assert [s.version for s in root.staged()] == [a.version, b.version]
+    # made live first (listed once, as a version of the history), then b, staged with a's text of TDD
+    assert root.sha_index()[TDD][root.sha16(a.version, TDD)] == [a.version, b.version]
+    with pytest.raises(SkillsRootError, match="'ffffffffffff' is not a version"):
+        root.stage({SD: _appended(root, SD)}, "unknown base", base="ffffffffffff")
+
+
+def test_an_edit_the_total_cap_would_cut_is_refused_at_stage_too(tmp_path):
+    root = SageSkillsRoot(tmp_path / "skills", SageSkillsConfig(total_cap=7000))
+    before = _files_state(root)
+    with pytest.raises(sk.SkillsError, match=r"total cap of 7000 .* from the coder's prompt"):
+        root.stage({TDD: _appended(root, TDD, "y" * 600)}, "long")
+    assert _files_state(root) == before and not (root.folder / ss.STAGED_FILE).exists()
+    assert len(list(root.versions_dir.iterdir())) == 1
+
+
+def test_a_damaged_staged_line_is_named_and_skipped_never_a_crash(root):
+    a = root.stage({TDD: _appended(root, TDD)}, "arm a")
+    b = root.stage({SD: _appended(root, SD)}, "arm b")
+    f = root.folder / ss.STAGED_FILE
+    good = f.read_text().splitlines()
+    f.write_text("\n".join([good[0], "{not json", json.dumps({"version": "nothex", "base": a.version,
+                                                              "created_at": "t"}),
+                            json.loads(json.dumps(good[1])).replace('"reason"', '"why"'), good[0], ""]))
+    assert root.staged() == [a]
+    skipped = root.staged_skipped
+    assert len(skipped) == 4
+    assert skipped[0].startswith(f"{f}:2: not JSON") and "skipped" in skipped[0]
+    assert skipped[1].startswith(f"{f}:3: field 'version' is 'nothex'")
+    assert skipped[2].startswith(f"{f}:4: field 'why' is unknown")
+    assert skipped[3].startswith(f"{f}:5: version {a.version} is staged already")
+    # the rest of the root works: a is found, b is not (until staged again), the index has a
+    assert root.find(a.version[:6]) == a.version
+    with pytest.raises(SkillsRootError, match="is not a version of this root"):
+        root.find(b.version)
+    assert a.version in root.sha_index()[TDD][root.sha16(a.version, TDD)]
+    again = root.stage({SD: _appended(root, SD)}, "arm b again")
+    assert again.version == b.version and [s.version for s in root.staged()] == [a.version, b.version]
+    # a staged version whose folder was damaged is left out of the index, named
+    (root.versions_dir / a.version / TDD).write_text("edited in place")
+    index = root.sha_index()
+    assert all(a.version not in vs for by in index.values() for vs in by.values())
+    assert any("hash to" in s and f"staged version {a.version} is left out" in s for s in root.staged_skipped)

@@ -233,3 +233,87 @@ def test_the_sweep_keeps_a_folder_a_live_writer_holds_and_touches_nothing_but_st
         artifacts.release_folder(fd)
     assert f"{held.name}" in root.recover() and not os.path.lexists(held)  # once its writer is gone
     assert json.loads((root.folder / "live.json").read_text())["version"] == root.versions()[-1].version
+
+
+# ---------------------------------------------------------------------------------------------- staged versions
+@pytest.mark.parametrize("added, kind, found", HOSTILE[:6] + HOSTILE[12:14])
+def test_hostile_text_is_refused_at_stage_as_commit_refuses_it(root, added, kind, found):
+    live = root.text("live", TDD)
+    before = _state(root)
+    with pytest.raises(st.SkillTextError) as ei:
+        root.stage({TDD: live + "\n" + added + "\n"}, "hostile candidate")
+    assert ei.value.finding.kind == kind and str(ei.value).startswith(f"{TDD}:")
+    assert re.search(found, str(ei.value)) and "Nothing was written" in str(ei.value)
+    assert _state(root) == before and not (root.folder / ss.STAGED_FILE).exists()
+
+
+def test_a_second_learned_block_marker_is_refused_at_stage(root):
+    live = root.text("live", TDD)
+    two = f"{live}\n{BEGIN_LINE}\n- a\n{END_LINE}\n\n{BEGIN_LINE}\n- smuggled\n{END_LINE}\n"
+    with pytest.raises(st.SkillTextError, match="2 learned-block begin markers"):
+        root.stage({TDD: two}, "two blocks")
+    assert not (root.folder / ss.STAGED_FILE).exists()
+
+
+STALL_STAGE = r"""
+import pathlib, sys, time
+from sage_pipeline import artifacts
+from sage_pipeline.sleep.sage_skills import SageSkillsRoot
+TDD = "discipline/test-driven-development/SKILL.md"
+root = SageSkillsRoot(sys.argv[1])
+where = sys.argv[2]
+real_text, real_bytes = pathlib.Path.write_text, artifacts.write_bytes
+def stall_folder(self, *a, **k):
+    if where == "folder" and self.name == "NOTICE":  # the last file _save writes into the staging folder
+        print(self.parent, flush=True)
+        time.sleep(600)
+    return real_text(self, *a, **k)
+def stall_line(dest, data):
+    if where == "line" and pathlib.Path(dest).name == "staged.jsonl":  # the folder whole, the line not yet
+        print(dest, flush=True)
+        time.sleep(600)
+    return real_bytes(dest, data)
+pathlib.Path.write_text = stall_folder
+artifacts.write_bytes = stall_line
+root.stage({TDD: root.text("live", TDD) + "\n- a candidate the kill cuts off\n"}, "killed mid-stage")
+"""
+
+
+@pytest.mark.parametrize("where", ["folder", "line"])
+def test_a_stage_killed_midway_leaves_the_root_whole(root, where):
+    first = root.stage({PLAN: root.text("live", PLAN) + "\n- Plan the tests first.\n"}, "an earlier arm")
+    before, staged = _state(root), (root.folder / ss.STAGED_FILE).read_bytes()
+    p = subprocess.Popen([sys.executable, "-c", STALL_STAGE, str(root.folder), where], cwd=REPO,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        ready, _, _ = select.select([p.stdout], [], [], 120)
+        at = p.stdout.readline().strip() if ready else ""
+        assert at, f"the stage never reached its stall: {p.communicate(timeout=5)[1][-2000:] if not ready else ''}"
+        with pytest.raises(SkillsRootError, match=r"\.lock: another change of this skills root still runs"):
+            SageSkillsRoot(root.folder, SageSkillsConfig(lock_timeout_s=0.5)).stage({TDD: "x"}, "meanwhile")
+    finally:
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait()
+    # killed: live pointer, history and staged.jsonl as they were; every listed version whole
+    assert _state(root)[:2] == before[:2] and (root.folder / ss.STAGED_FILE).read_bytes() == staged
+    assert root.staged() == [first] and root.staged_skipped == []
+    for vid in {e.version for e in [*root.versions(), first]}:
+        root.files(vid)
+    note = root.recover()
+    if where == "folder":  # its staging copy is swept, as a killed commit's
+        assert Path(at).name in note and sorted(os.listdir(root.versions_dir)) == before[2]
+    else:  # its folder is a whole version no line names yet: kept, never swept
+        assert note == "" and len(os.listdir(root.versions_dir)) == len(before[2]) + 1
+    e = root.stage({TDD: root.text("live", TDD) + "\n- a candidate the kill cuts off\n"}, "again")
+    assert root.staged() == [first, e] and root.text(e.version, TDD).endswith("the kill cuts off\n")
+    assert _state(root)[:2] == before[:2]
+
+
+def test_the_sweep_never_removes_a_staged_version(root):
+    e = root.stage({TDD: root.text("live", TDD) + "\n- Run the whole suite.\n"}, "a candidate arm")
+    killed = Path(tempfile.mkdtemp(prefix=f".{e.version}.tmp-", dir=root.versions_dir))  # a kill's leftover
+    (killed / "half").write_text("half a version")
+    assert killed.name in root.recover() and not os.path.lexists(killed)
+    root.commit({PLAN: root.text("live", PLAN) + "\n- Plan the tests first.\n"}, "a commit sweeps at its start")
+    assert root.recover() == ""
+    assert root.files(e.version) and root.staged() == [e] and root.find(e.version[:6]) == e.version
