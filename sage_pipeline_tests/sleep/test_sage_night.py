@@ -499,6 +499,11 @@ def _ledger_path(root) -> Path:
 
 def _ledger_night(root, date=DATE, backend=None, judge=None, tasks=TASKS, **cfg):
     cfg.setdefault("gate", GateConfig(samples=4))
+    from sage_pipeline.decisions.evidence import EvidenceConfig
+    from sage_pipeline.decisions.ledger import Ledger, LedgerConfig
+
+    if not _ledger_path(root).exists():  # bets at half the safe one: one night of these few tasks cannot accept
+        Ledger.load(_ledger_path(root), LedgerConfig(evidence=EvidenceConfig(cap=0.5))).save()
     return run_sage_night(root, tasks, backend or Chat(), judge or Judge(), SageNightConfig(**cfg), date=date,
                           ledger=_ledger_path(root))
 
