@@ -34,6 +34,11 @@ Goals (issue 19), over 20 seeds:
 binary space on 20,000 logged episodes, then the promoted served policy against the table
 online, with offline_eval's estimates.
 
+The gate measured here is the per-night one (``offline_eval.run_sage_binary_eval(...,
+mode="per_night")``: tonight's paired verdict on tonight's report half, valid for one night only).
+The offline_eval asset decides SAGE's binary space through the decision ledger by default
+(``mode="ledger"``, issue 47), which issue 47's month benchmark measures.
+
 Results: printed (a markdown table for docs/benchmarks.md), every seed's days in
 ``benchmarks/.scratch/closed_loop.json`` (``--out``) and the value-by-day plot of the first seed
 beside it, ``closed_loop_<world>.png``.
@@ -134,7 +139,8 @@ def ab_seed(seed: int, episodes: int, ab_episodes: int) -> dict:
                               progress=quiet)
     report, served = oe.run_sage_binary_eval(df, oe.eval_part(df, "report"), space, tab,
                                              {"bc": bc_pol, "cql": sel.result.policy()},
-                                             ope.OPEConfig(n_boot=1000, seed=seed), sim, quiet)
+                                             ope.OPEConfig(n_boot=1000, seed=seed), sim, quiet,
+                                             mode="per_night")  # the one-night gate this benchmark measures
     out = {"seed": seed, "promoted": report.gate.promoted}
     prom = report.gate.promoted
     if prom is not None:

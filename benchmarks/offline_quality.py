@@ -21,6 +21,10 @@ report, the ground truth and the gate judge those served composites, against the
 binary policy (the simulator's exact optimum restricted to primary/fallback) as the
 oracle. Goals (issue 13): the served composite closes >= 0.6 of the regret; step-wise DR
 within 5% in >= 90% of seeds; no wrong promotion.
+The gate it counts promotions of is the per-night one (``run_sage_binary_eval(...,
+mode="per_night")``: one night's paired verdict against the table, valid for one night only), as
+it measured before issue 47; the asset decides through the decision ledger by default
+(``mode="ledger"``), which issue 47's month benchmark measures.
 
     .venv/bin/python benchmarks/offline_quality.py [--seeds 50] [--workers 2] [--episodes N]
         [--criterion fqe|estimate|lower_bound] [--support logged_pairs|behaviour] [--eval-fraction F]
@@ -93,7 +97,7 @@ def run_seed(seed: int, episodes: int, criterion: str = "fqe", eval_fraction: fl
         # exactly the offline_eval asset's path: served composites judged, networks beside them
         report, served = oe.run_sage_binary_eval(df, oe.eval_part(df, "report"), space, tab,
                                                  {"bc": bc_policy, "cql": sel.result.policy()}, report_cfg, sim,
-                                                 quiet, behaviour, floor_criterion)
+                                                 quiet, behaviour, floor_criterion, mode="per_night")
         policies, subject = report.evaluations, "cql_served"
         subject_policy = served[subject].policy
         extra = {"min_confidence": {n: s.policy.min_confidence for n, s in served.items()},

@@ -4,14 +4,21 @@ routing_dataset -> bc_policy, cql_policy -> offline_eval (with the promotion gat
 
 import json
 import os
+import shutil
+from dataclasses import replace
 from datetime import datetime, timezone
-from typing import Annotated
+from pathlib import Path
+from typing import Annotated, Literal
 
 import dagster as dg
+import filelock
 import pandas as pd
 from pydantic import Field, model_validator
 
 from sage_pipeline import artifacts, markdown
+from sage_pipeline.decisions import router as ledger_router
+from sage_pipeline.decisions.ledger import LEDGER_NAME, Ledger, LedgerError
+from sage_pipeline.defs.decision_assets import LEDGER_DIR
 from sage_pipeline.defs.resources import SageResource
 from sage_pipeline.defs.routing_assets import GROUP, reward_report, routing_dataset
 from sage_pipeline.defs.sections import to_core
@@ -173,21 +180,191 @@ class PromotionGateSection(dg.Config, oe.PromotionGateConfig):
     """``sage_pipeline.rl.offline_eval.PromotionGateConfig``: the gate's rule and its bar."""
 
 
+class RouterGateSection(dg.Config, ledger_router.RouterGateConfig):
+    """``sage_pipeline.decisions.router.RouterGateConfig``: the router contrast's stated bounds."""
+
+
+GATE_MODE_FIELD = Field(oe.GATE_MODE, description="how SAGE's binary space is decided: 'ledger' (default): through "
+                        "the decision ledger's router lever (<data>/decisions/ledger.json): each candidate against "
+                        "the policy SAGE runs now, on exploring logs written after it was proposed, evidence carried "
+                        "across nights, one false-accept level over every night and candidate, the deployed policy "
+                        "kept on probation and reverted when its advantage is excluded; 'per_night': tonight's "
+                        "verdict against the table on tonight's report half, valid for one night only (a test "
+                        "repeated every night on a growing log accepts wrongly most months: one-off comparisons "
+                        "and benchmarks only)")
+
+
 class OfflineEvalConfig(dg.Config, ope.OPESettings):
     """offline_eval's run config: OPE's settings (``sage_pipeline.rl.ope.OPESettings``: n_boot, alpha,
-    seed, clip_factor, ...), the promotion gate as the section ``gate: {rule, min_gain}``, and the
-    asset's own two."""
+    seed, clip_factor, ...), the promotion gate as the section ``gate: {rule, min_gain}``, the gate's
+    mode for SAGE's binary space, the router lever's bounds and the asset's own fields."""
 
     support: str = Field("logged_pairs", description="support rule: 'logged_pairs' or 'behaviour' (as cql_policy)")
     floor_selection: str = Field("fqe", description="how OPE on the eval split's select half picks SAGE's confidence "
                                  "floor for each served sage_binary policy: 'fqe', 'estimate' or 'lower_bound' (as "
                                  "cql_policy's selection; see docs/benchmarks.md)")
     gate: PromotionGateSection = Field(default_factory=PromotionGateSection,
-                                       description="the promotion gate (PromotionGateConfig): rule and min_gain")
+                                       description="the per-night promotion gate (PromotionGateConfig): rule and "
+                                       "min_gain; the multi-model space's gate, and sage_binary's in 'per_night' mode")
+    gate_mode: Literal["ledger", "per_night"] = GATE_MODE_FIELD
+    router_gate: RouterGateSection = Field(default_factory=RouterGateSection,
+                                           description="the ledger mode's router contrast (decisions.router."
+                                           "RouterGateConfig): objective bounds, the exploring checkpoint's rate "
+                                           "(min_propensity) and the randomised decisions re-weighted per task")
+    night: str | None = Field(None, description="the ledger night this run decides (default: the UTC date of the "
+                              "run); two runs with one night label count as one night of a pending candidate")
     objective: str = Field("task", description="what an episode's return is: 'task' (its `sage run` task's "
                            "objective from routing/task_outcomes.parquet, task_v1 by default; reward_v1 only on the "
                            "routing simulator's sessions or journals without SAGE's tasks, said in the metadata) or "
                            "'reward_v1' (SAGE's per-decision reward summed: comparison only)")
+
+
+# ------------------------------------------------------------------ the router lever's files
+CANDIDATES_DIR = ("checkpoints", "candidates")  # <sha256>/: each proposed checkpoint, written once, never rewritten
+LEDGER_DEPLOY = "sage_binary_ledger.json"  # in checkpoints/gate/: the ledger's deploy, staged with the decision
+DEPLOY_NOTE = "ledger_deploy.json"  # in checkpoints/promoted_sage/ (and checkpoints/sage/): what the ledger deploys
+
+
+def _ledger_path(sage: SageResource) -> Path:
+    """The one ledger of every lever (what decisions/decision_ledger reads)."""
+    return sage.path(LEDGER_DIR, LEDGER_NAME)
+
+
+def _trained_until(df: pd.DataFrame) -> tuple[pd.Timestamp | None, tuple[str, ...]]:
+    """(latest log time, episode ids) of what tonight's candidates were trained and selected on: the train
+    split (BC, CQL, the distilled classifiers) and the eval split's select part (CQL's alpha, the floor)."""
+    seen = pd.concat([df[df["split"] == "train"], oe.eval_part(df, "select")])
+    ts = pd.to_datetime(seen["timestamp"], utc=True, errors="coerce", format="ISO8601")
+    return (None if ts.isna().all() else ts.max()), tuple(sorted(seen["episode_id"].astype(str).unique()))
+
+
+def _keep_addressed(sage: SageResource, served: dict, evidence: dict) -> tuple[dict, dict, list[str]]:
+    """Each served candidate as the checkpoint SAGE would load, at checkpoints/candidates/<sha256>/ (the
+    sha256 of its policy.joblib: the ledger key), written once: a key already kept is never rewritten.
+    Returns (keys, paths) by served name, and a note per key kept at another floor (the key is the
+    classifiers alone: the ledger values the first one kept)."""
+    keys, paths, notes = {}, {}, []
+    for name, sel in served.items():
+        key = oe.served_key(sel.policy)
+        folder = sage.path(*CANDIDATES_DIR, key)
+        if not (folder / sage_router.JOBLIB_NAME).is_file():
+            sage_router.write_sage_checkpoint(folder, sel.policy, {
+                "policy": name, "source": sel.source, "min_confidence_selected_by": sel.how,
+                "agreement_eval": sel.agreement_eval, "ledger_key": key, **evidence})
+            got = artifacts.file_sha256(folder / sage_router.JOBLIB_NAME)
+            if got != key:
+                raise RuntimeError(f"{folder}: policy.joblib's sha256 {got[:12]} is not its ledger key {key[:12]} "
+                                   "(oe.served_key): the candidate could not be kept at its content address")
+        elif float(sage_router.read_manifest(folder)["min_confidence"]) != float(sel.policy.min_confidence):
+            notes.append(f"{name}: the classifiers of {key[:12]} were kept at floor "
+                         f"{sage_router.read_manifest(folder)['min_confidence']}, tonight's floor is "
+                         f"{sel.policy.min_confidence}: the ledger values the one kept")
+        keys[name], paths[name] = key, str(folder)
+    return keys, paths, notes
+
+
+def _kept_at(sage: SageResource, key: str, path: str | None) -> Path:
+    """Where candidate ``key`` is kept: checkpoints/candidates/<key>/ under this root, else the path its ledger
+    payload recorded (a root moved or copied keeps working: the folder is checked against the key)."""
+    here = sage.path(*CANDIDATES_DIR, key)
+    return here if (here / sage_router.JOBLIB_NAME).is_file() or not path else Path(path)
+
+
+def _candidate_loader(sage: SageResource):
+    """LedgerGateInputs.load: a candidate of an earlier night, read back from its content address
+    (:func:`_kept_at`) and checked against its key."""
+    table, binary = sage.table, _space(sage, "sage_binary")
+
+    def load(key: str, payload: dict):
+        folder = _kept_at(sage, key, payload.get("path"))
+        policy = sage_router.load_sage_checkpoint(folder, table, binary)
+        got = artifacts.file_sha256(folder / sage_router.JOBLIB_NAME)
+        if got != key:
+            raise ValueError(f"{folder}: policy.joblib's sha256 {got[:12]} is not the ledger's key {key[:12]}: the "
+                             "kept checkpoint changed; restore it from the bundle that deployed it")
+        return policy
+    return load
+
+
+def _save_router_lever(led: Ledger, path: Path) -> Path:
+    """Save the router lever's candidates as ``led`` has them and every other lever's as the file has them
+    now (another lever's night may have saved meanwhile), under ``<ledger>.lock`` (the lock
+    decisions.skills.save_merged takes)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with filelock.FileLock(str(path) + ".lock"):
+        if path.exists():
+            disk = Ledger.load(path)
+            led.data.candidates = ([c for c in disk.data.candidates if c.lever != ledger_router.LEVER]
+                                   + [c for c in led.data.candidates if c.lever == ledger_router.LEVER])
+            led.data.next_index = {**disk.data.next_index,
+                                   ledger_router.LEVER: led.data.next_index.get(ledger_router.LEVER, 1)}
+            led.data.seq = max(led.data.seq, disk.data.seq)
+        return led.save(path)
+
+
+def _stage_deployed(gate_dir: Path, sage: SageResource, deploy: dict, facts: dict) -> None:
+    """The ledger's deployed checkpoint staged as gate/sage_binary (its policy.joblib copied byte for byte, so
+    its sha256 stays the ledger key; the manifest names tonight's dataset and where SAGE will find it)."""
+    src = _kept_at(sage, deploy["key"], deploy["path"])
+    if artifacts.file_sha256(src / sage_router.JOBLIB_NAME) != deploy["key"]:
+        raise dg.Failure(f"offline_eval: {src / sage_router.JOBLIB_NAME} is not the checkpoint the ledger deploys "
+                         f"({deploy['key'][:12]}): restore it from the bundle that deployed it")
+    manifest = sage_router.read_manifest(src)
+    served_at = Path(os.path.abspath(sage.path("checkpoints", oe.GATE_SPACES["sage_binary"])))
+    env = {**manifest.get("sage_env", {}), "SAGE_RL_CHECKPOINT": str(served_at / sage_router.JOBLIB_NAME)}
+    with artifacts.atomic_dir(gate_dir / "sage_binary") as tmp:
+        shutil.copyfile(src / sage_router.JOBLIB_NAME, tmp / sage_router.JOBLIB_NAME)
+        artifacts.write_json(tmp / sage_router.MANIFEST_NAME, {**manifest, **facts, "sage_env": env})
+
+
+LEFT_OUT = {"before_proposal": "before its proposal", "selected_on": "selected on", "already_judged": "already judged",
+            "inexact": "inexact propensity", "below_bound": "explored below min_propensity"}
+
+
+def _tonight(feed: dict | None, proposed: str | None, night: str) -> str:
+    """What a candidate's evidence got tonight, and what was left out (decisions.router.Feed). A candidate
+    proposed again tonight (the same checkpoint) has its row rewritten by the proposal, without the feed."""
+    if feed is None:
+        return "proposed tonight" if proposed == night else "proposed again tonight (the same checkpoint)"
+    out = [f"+{feed['fed']} episodes"] + [f"{feed[k]} {v}" for k, v in LEFT_OUT.items() if feed.get(k)]
+    return "; ".join(out + (["unsupported"] if feed.get("unsupported") else []))
+
+
+def _ledger_rows(rows: dict, night: str) -> str:
+    """The router lever's rows as the UI shows them: state, estimate and interval, evidence of needed, why."""
+    def num(x, fmt="+.4f"):
+        return "-" if x is None else format(x, fmt)
+    out = [{"candidate": r.get("candidate", cid), "policy": r.get("name") or "", "state": r["state"]
+            + (" (deployed)" if r.get("deployed") else ""), "against": r.get("against"),
+            "estimate": num(r.get("estimate")), "interval": f"[{num(r['ci'][0])}, {num(r['ci'][1])}]",
+            "evidence": f"{r['evidence']:.2f} of {r['needed']:.0f}", "episodes": r.get("episodes", 0),
+            "tonight": _tonight(r.get("tonight"), r.get("proposed"), night), "why": r.get("why", "")}
+           for cid, r in rows.items()]
+    return markdown.table(out) if out else "_no router candidate yet_"
+
+
+def _ledger_gate(sage: SageResource, config: OfflineEvalConfig, rep, served: dict, df_seen: pd.DataFrame,
+                 df: pd.DataFrame, binary: ActionSpace, evidence: dict, decided_at: str, log):
+    """SAGE's binary space through the ledger's router lever (oe.ledger_gate): tonight's candidates kept at
+    their content addresses, the ledger loaded, judged, tonight's candidates proposed, the lever saved."""
+    keys, paths, notes = _keep_addressed(sage, served, evidence)
+    until, seen = _trained_until(df_seen)
+    if until is None:
+        log("no parsable log time in the train and select episodes: tonight's candidates are judged on episodes "
+            f"logged after {decided_at}")
+    path = _ledger_path(sage)
+    try:
+        led = Ledger.load(path)
+    except LedgerError as exc:
+        raise dg.Failure(f"offline_eval: {exc}") from exc
+    inputs = oe.LedgerGateInputs(led, config.night or decided_at[:10], until if until is not None else decided_at,
+                                 keys, paths, _candidate_loader(sage), seen,
+                                 to_core(config.router_gate, ledger_router.RouterGateConfig))
+    gate = oe.ledger_gate(rep.gate, {n: s.policy for n, s in served.items()}, df, binary, sage.table, inputs)
+    _save_router_lever(led, path)
+    log(f"ledger {path}: {gate.reason}")
+    per_night = f"tonight's per-night verdict (valid for one night only): {rep.gate.reason}"
+    return replace(rep, gate=gate), [*notes, per_night]
 
 
 @dg.asset(group_name=GROUP, deps=[bc_policy, cql_policy], kinds={"python", "json"},
@@ -201,19 +378,28 @@ class OfflineEvalConfig(dg.Config, ope.OPESettings):
                       "Per action space: multi_model judges the static table, BC and CQL; sage_binary judges "
                       "what SAGE's router would run (each policy distilled into per-role classifiers behind "
                       "SAGE's confidence floor, chosen by OPE, with the YAML fallback), the networks shown "
-                      "beside. Promotion gate: a policy passes (staged in checkpoints/gate/ with decision.json; "
-                      "promoted_policy publishes it) only if the lower bound of its gain over the table (clipped "
-                      "step-wise DR, paired on the same report sessions) exceeds gate.min_gain (0) of the table's "
-                      "estimate, and it changes no decision where the logs hold no other model (said per role)."
-                      f" Blocking check {GATE_CHECK}: the staged decision is for this dataset and its "
+                      "beside. multi_model's promotion gate (one night's test): a policy passes (staged in "
+                      "checkpoints/gate/ with decision.json; promoted_policy publishes it) only if the lower bound "
+                      "of its gain over the table (clipped step-wise DR, paired on the same report sessions) "
+                      "exceeds gate.min_gain (0) of the table's estimate, and it changes no decision where the logs "
+                      "hold no other model (said per role). sage_binary (gate_mode 'ledger', the default): the "
+                      "decision ledger's router lever (datasets/decisions/ledger.json) judges each earlier candidate "
+                      "against the policy SAGE runs now on the exploring episodes logged since it was proposed, "
+                      "accepts, keeps on probation or reverts, and proposes tonight's served candidates (kept at "
+                      "checkpoints/candidates/<sha256>/); the staged decision is what the ledger deploys (a "
+                      "checkpoint, or SAGE's YAML table); the metadata shows the lever's rows. "
+                      f"Blocking check {GATE_CHECK}: the staged decision is for this dataset and its "
                       "policies load.",
           check_specs=[dg.AssetCheckSpec(GATE_CHECK, asset="offline_eval", blocking=True,
                                          description="the staged gate decision is for the current dataset and "
-                                         "every promoted policy in it loads (promoted_policy runs only then)")])
+                                         "every promoted policy in it loads, and the checkpoint the ledger deploys "
+                                         "is staged with its ledger key (promoted_policy runs only then)")])
 def offline_eval(context: dg.AssetExecutionContext, config: OfflineEvalConfig,
                  sage: SageResource) -> dg.MaterializeResult:
     path = sage.path("routing", rd.PARQUET_NAME)
-    df = rd.read_routing_dataset(path, (*POLICY_COLUMNS, "policy_source"))  # who decided: the support sentences
+    # who decided (the support sentences), and when (the ledger judges episodes logged after a proposal)
+    df = rd.read_routing_dataset(path, (*POLICY_COLUMNS, "policy_source", "timestamp"))
+    df_seen = df  # what tonight's candidates were trained and selected on: every row, before the objective
     multi, table = _space(sage), sage.table
     spec = FeatureSpec(roles=multi.roles)
     bc_model = load_policy(sage.path("checkpoints", "bc"), spec, multi.actions)
@@ -231,7 +417,7 @@ def offline_eval(context: dg.AssetExecutionContext, config: OfflineEvalConfig,
     ope_cfg, gate = to_core(config, ope.OPEConfig), to_core(config.gate, oe.PromotionGateConfig)
     behaviour = _behaviour(config.support, bc_model)
     evidence = {"dataset_sha256": artifacts.file_sha256(path)}
-    reports, meta = {}, {}
+    reports, meta = {}, {"gate_mode": config.gate_mode}
     # the multi-model space: the static table, BC and CQL as trained
     ckpts = {"bc": sage.path("checkpoints", "bc"), "cql": sage.path("checkpoints", "cql")}
     policies = {"static_table": StaticTablePolicy(table, multi), "bc": bc_model,
@@ -254,14 +440,36 @@ def offline_eval(context: dg.AssetExecutionContext, config: OfflineEvalConfig,
             context.log.info("sage_binary: no BC and CQL checkpoints trained on this dataset (add 'sage_binary' to "
                              "bc_policy's and cql_policy's action_spaces); only the multi-model space is evaluated")
         else:
+            df_binary = oe.fill_missing_propensities(df, bc_model)[0]
             rep, served = oe.run_sage_binary_eval(
-                oe.fill_missing_propensities(df, bc_model)[0], df_eval, binary, table,
+                df_binary, df_eval, binary, table,
                 {k: load_policy(p, spec, binary.actions) for k, p in trained.items()}, ope_cfg, sim,
-                context.log.info, behaviour, config.floor_selection, gate, no_interval)
+                context.log.info, behaviour, config.floor_selection, gate, no_interval, mode="per_night")
+            if config.gate_mode == "ledger":
+                rep, notes = _ledger_gate(sage, config, rep, served, df_seen, df_binary, binary, evidence, decided_at,
+                                          context.log.info)
+                deploy = rep.gate.ledger["deploy"]
+                if deploy["key"] != ledger_router.TABLE:  # staged for promoted_policy, byte for byte
+                    _stage_deployed(gate_dir, sage, deploy, evidence | {
+                        "reason": rep.gate.reason, "ledger_candidate": deploy["candidate"],
+                        "summary": rep.summary()})
+                artifacts.write_json(gate_dir / LEDGER_DEPLOY, {
+                    "mode": "ledger", "night": rep.gate.ledger["night"], "decided_at": decided_at,
+                    "deploy": deploy, "ledger": str(_ledger_path(sage)), "reason": rep.gate.reason,
+                    "accepted": rep.gate.ledger["accepted"], "reverted": rep.gate.ledger["reverted"]})
+                meta |= {"ledger_path": dg.MetadataValue.path(str(_ledger_path(sage))),
+                         "ledger_deploy": ("SAGE's YAML table" if deploy["key"] == ledger_router.TABLE
+                                           else f"{deploy['candidate']} ({deploy['name']}, {deploy['key'][:12]})"),
+                         "ledger_router": dg.MetadataValue.md(_ledger_rows(rep.gate.candidates,
+                                                                          rep.gate.ledger["night"])),
+                         "promotion_sage_per_night": notes.pop(),
+                         "ledger_tonight": dg.MetadataValue.json({k: rep.gate.ledger[k] for k in (
+                             "night", "accepted", "reverted", "dropped", "episodes", "episodes_without_timestamp",
+                             "weight_bound")} | {"floor_notes": notes})}
+            else:  # staged with the path SAGE will be pointed at once promoted_policy publishes it
+                oe.promote_served(rep.gate, served, gate_dir / "sage_binary", evidence | {"summary": rep.summary()},
+                                  served_at=sage.path("checkpoints", oe.GATE_SPACES["sage_binary"]))
             reports["sage_binary"] = rep
-            # staged with the path SAGE will be pointed at once promoted_policy publishes it
-            oe.promote_served(rep.gate, served, gate_dir / "sage_binary", evidence | {"summary": rep.summary()},
-                              served_at=sage.path("checkpoints", oe.GATE_SPACES["sage_binary"]))
             oe.keep_candidates(served, gate_dir / oe.CANDIDATES_DIR, evidence,  # what the gate judged, for audit
                                served_at=sage.path("checkpoints", "gate", oe.CANDIDATES_DIR))
             meta |= {"promoted_sage": rep.gate.promoted or "none", "promotion_sage": rep.gate.reason,
@@ -284,7 +492,9 @@ def offline_eval(context: dg.AssetExecutionContext, config: OfflineEvalConfig,
                  f"sample_size_warning{sfx}": r.warning or "none",
                  f"sessions{sfx}": r.n_sessions, f"intervals{sfx}": r.interval_reason or "given",
                  f"support_by_role{sfx}": dg.MetadataValue.md(markdown.table(r.support_table()) or "no decisions")}
-    problems = oe.check_decision(sage.path("checkpoints", "gate"), evidence["dataset_sha256"], _staged_loaders(sage))
+    gate_dir = sage.path("checkpoints", "gate")
+    problems = (oe.check_decision(gate_dir, evidence["dataset_sha256"], _staged_loaders(sage))
+                + _ledger_stage_problems(gate_dir, _staged_loaders(sage)))
     return dg.MaterializeResult(metadata=meta | {
         "action_spaces": list(reports),
         "plot": dg.MetadataValue.md(markdown.image(png, "OPE estimates with 95% intervals; ground truth dashed")),
@@ -307,13 +517,72 @@ def _staged_loaders(sage: SageResource) -> dict:
             "sage_binary": lambda p: sage_router.load_sage_checkpoint(p, sage.table, _space(sage, "sage_binary"))}
 
 
+def _read_ledger_deploy(gate_dir: Path) -> dict | None:
+    """The ledger's deploy staged by offline_eval (None: the last offline_eval ran in 'per_night' mode, or
+    judged no sage_binary space)."""
+    p = gate_dir / LEDGER_DEPLOY
+    return json.loads(p.read_text(encoding="utf-8")) if p.is_file() else None
+
+
+def _ledger_stage_problems(gate_dir: Path, loaders: dict) -> list[str]:
+    """What is wrong with the ledger's staged deploy: a checkpoint it deploys must be staged, load, and be
+    the very file the ledger keys (its sha256)."""
+    try:
+        d = _read_ledger_deploy(gate_dir)
+    except (OSError, ValueError) as e:
+        return [f"{gate_dir / LEDGER_DEPLOY}: unreadable ({e}); re-materialize offline_eval"]
+    if d is None or d["deploy"]["key"] == ledger_router.TABLE:
+        return []
+    folder = gate_dir / "sage_binary"
+    try:
+        loaders["sage_binary"](folder)
+        got = artifacts.file_sha256(folder / sage_router.JOBLIB_NAME)
+    except Exception as e:  # noqa: BLE001 - any failure to load is the finding
+        return [f"sage_binary: the ledger's deployed {d['deploy']['candidate']} staged at {folder} does not load: {e}"]
+    if got != d["deploy"]["key"]:
+        return [f"sage_binary: the staged {folder / sage_router.JOBLIB_NAME} has sha256 {got[:12]}, the ledger deploys "
+                f"{d['deploy']['key'][:12]}; re-materialize offline_eval"]
+    return []
+
+
+def _publish_ledger_deploy(sage: SageResource, gate_dir: Path, dest: Path, loaders: dict) -> str:
+    """checkpoints/promoted_sage/ as the ledger deploys it: its checkpoint (copied from the staged
+    gate/sage_binary, the ledger key's bytes) or, for SAGE's YAML table, a folder holding only
+    ledger_deploy.json (no policy.joblib: SAGE, and sage_router_checkpoint, run the YAML). Refused when the
+    ledger deploys something else than offline_eval staged (it changed since: re-materialize offline_eval)."""
+    d = _read_ledger_deploy(gate_dir)
+    deploy = d["deploy"]
+    try:
+        now = ledger_router.deployed_key(Ledger.load(_ledger_path(sage)))
+    except LedgerError as exc:
+        raise dg.Failure(f"promoted_policy: {exc}") from exc
+    if now != deploy["key"]:
+        raise dg.Failure(f"promoted_policy: offline_eval staged {deploy['candidate'] or 'the YAML table'} "
+                         f"({deploy['key'][:12]}) on night {d['night']}, the ledger {_ledger_path(sage)} now deploys "
+                         f"{now[:12]}: re-materialize offline_eval, which stages what the ledger deploys")
+    note = d | {"published_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    with artifacts.atomic_dir(dest) as tmp:
+        if deploy["key"] != ledger_router.TABLE:
+            problems = _ledger_stage_problems(gate_dir, loaders)
+            if problems:
+                raise dg.Failure("promoted_policy: " + "; ".join(problems))
+            shutil.copytree(gate_dir / "sage_binary", tmp, dirs_exist_ok=True, symlinks=False)
+        artifacts.write_json(tmp / DEPLOY_NOTE, note)
+    if deploy["key"] == ledger_router.TABLE:
+        return f"none (the YAML table: the ledger deploys it, night {d['night']})"
+    return f"{deploy['candidate']} ({deploy['name']}, {deploy['key'][:12]}; the ledger deploys it, night {d['night']})"
+
+
 @dg.asset(group_name=GROUP, deps=[offline_eval], kinds={"python", "json"},
-          description="What passed offline_eval's promotion gate, published: checkpoints/promoted/ (the "
-                      "multi-model policy, with promotion.json) and checkpoints/promoted_sage/ (the served composite "
-                      "SAGE's router loads, with its manifest). Runs only when offline_eval's blocking check "
-                      f"{GATE_CHECK} passes (the staged decision is for the current dataset and its policies load). "
-                      "A space whose gate promoted nothing tonight keeps its last promotion; the metadata says which "
-                      "policy is promoted in each space, since when and why.")
+          description="What offline_eval decided, published: checkpoints/promoted/ (the multi-model policy that "
+                      "passed its gate, with promotion.json) and checkpoints/promoted_sage/ (the served composite "
+                      "SAGE's router loads, with its manifest). sage_binary in the ledger mode (the default) follows "
+                      "the ledger's deploy: the checkpoint on top of the deployed stack, or, when the ledger deploys "
+                      "SAGE's YAML table (nothing accepted yet, or a revert), a folder without policy.joblib "
+                      "(ledger_deploy.json says why). In the per-night mode a space whose gate promoted nothing "
+                      "tonight keeps its last promotion. Runs only when offline_eval's blocking check "
+                      f"{GATE_CHECK} passes; the metadata says which policy is published in each space, since when "
+                      "and why.")
 def promoted_policy(context: dg.AssetExecutionContext, sage: SageResource) -> dg.MaterializeResult:
     gate_dir = sage.path("checkpoints", "gate")
     decision = oe.read_decision(gate_dir)
@@ -323,11 +592,15 @@ def promoted_policy(context: dg.AssetExecutionContext, sage: SageResource) -> dg
     if problems:
         raise dg.Failure(f"promoted_policy: the gate decision staged in {gate_dir} cannot be published: "
                          + "; ".join(problems))
+    ledger = _read_ledger_deploy(gate_dir)
     with sage.writing("promoted_policy", list(PROMOTED_FILES), context.log.info) as stage:
         for space, folder in oe.GATE_SPACES.items():
             entry, public = decision["spaces"].get(space), sage.path("checkpoints", folder)
             if entry is None:
                 meta[space] = "not evaluated by the last offline_eval"
+            elif space == "sage_binary" and ledger is not None:
+                meta[space] = _publish_ledger_deploy(sage, gate_dir, stage.path("checkpoints", folder), loaders)
+                context.log.info(f"{space}: {meta[space]}")
             elif entry["promoted"]:
                 loaders[space](oe.publish(gate_dir, space, stage.path("checkpoints", folder)))
                 meta[space] = f"{entry['promoted']} (promoted {decision['decided_at']})"
@@ -358,34 +631,71 @@ class SageRouterCheckpointConfig(dg.Config):
                     "table). The checkpoint is written only if it routes as the table the policy was trained on")
     explore: bool = Field(False, description="write the exploring checkpoint (sage_explore): SAGE's router then "
                           "takes the other model with probability exploration_rate in every context, around the "
-                          "promoted policy, or around SAGE's YAML when nothing is promoted")
+                          "deployed policy (the top of the ledger's deployed stack, or the last promotion in the "
+                          "per-night mode), or around SAGE's YAML when none is. The ledger judges a router candidate "
+                          "only on episodes logged under an exploring checkpoint")
     exploration_rate: float | None = Field(None, ge=0.0, le=sage_explore.MAX_RATE,
                                            description="P(the model the target does not choose) per decision "
                                            "(unset: sage_explore.ExploreConfig's rate); it costs rate x the target's "
                                            "mean advantage over the other model in value")
 
 
+RECORD = ("Once SAGE runs it, record the deployment (`python -m sage_pipeline.sage.explore deploy {what}`, which "
+          "prints the exports{extra}) so each logged decision's probability can be reconstructed.")
+
+
+def _yaml_alone(context, sage: SageResource, dest: Path, note: dict | None) -> dg.MaterializeResult:
+    """SAGE runs its YAML alone. When the ledger deploys the table (a revert, or nothing accepted) and
+    checkpoints/sage holds a checkpoint, that folder is replaced by one without policy.joblib (SAGE's loader
+    then finds no file and routes by its YAML); nothing is written where no checkpoint was."""
+    by_ledger = note is not None and note["deploy"]["key"] == ledger_router.TABLE
+    record = RECORD.format(what="--yaml", extra="")
+    if by_ledger and (dest / sage_router.JOBLIB_NAME).is_file():
+        with artifacts.exclusive(sage.root(), "sage_router_checkpoint", context.log.info):
+            with artifacts.atomic_dir(dest) as tmp:
+                artifacts.write_json(tmp / DEPLOY_NOTE, note | {"sage_runs": "its YAML table (no policy.joblib "
+                                                                "here: SAGE_RL_POLICY may be unset)"})
+        context.log.warning(f"the ledger deploys SAGE's YAML table ({note['reason']}): {dest} no longer holds a "
+                            "checkpoint")
+        return dg.MaterializeResult(metadata={"written": False, "removed": True, "deploy": "SAGE's YAML table",
+                                              "reason": f"the ledger deploys SAGE's YAML table: {note['reason']}",
+                                              "record": record})
+    context.log.warning("no sage_binary policy is deployed: SAGE keeps its YAML table")
+    reason = (f"the ledger deploys SAGE's YAML table: {note['reason']}" if by_ledger
+              else "no sage_binary policy promoted (see offline_eval's promotion_sage)")
+    return dg.MaterializeResult(metadata={"written": False, "deploy": "SAGE's YAML table", "reason": reason})
+
+
+def _deployed_label(note: dict | None, manifest: dict, promoted: bool) -> str:
+    if not promoted:
+        return "SAGE's YAML table"
+    if note is not None:
+        return f"{note['deploy']['candidate']} ({note['deploy']['name']}, {note['deploy']['key'][:12]}: the ledger's)"
+    return f"{manifest.get('policy', 'the promoted policy')} (the last per-night promotion)"
+
+
 @dg.asset(group_name=GROUP, deps=[promoted_policy], kinds={"python", "sklearn"},
-          description="The promoted sage_binary policy as the file SAGE's router loads unchanged "
+          description="The deployed sage_binary policy (checkpoints/promoted_sage/: the top of the ledger's "
+                      "deployed stack, or the last per-night promotion) as the file SAGE's router loads unchanged "
                       "(checkpoints/sage/policy.joblib: {'models': {role: classifier}, 'feature_keys': [...]}) "
-                      "plus manifest.json (kind, versions, source, agreement per role, min_confidence, and the "
-                      "routing table it is bound to: its sha256, its routing section's sha256, its roles); the "
-                      "metadata shows the environment variables to set in SAGE. Written only for the table SAGE "
-                      "runs (sage_models_yaml); every role with a choice has a classifier, so no floor moves a "
-                      "role off its YAML. With explore: the exploring checkpoint (SAGE randomises with a known "
-                      "probability, around the promoted policy or the YAML). Nothing promoted and no exploring: "
-                      "SAGE keeps its table.")
+                      "plus manifest.json (kind, versions, source, agreement per role, min_confidence, the ledger "
+                      "candidate, and the routing table it is bound to: its sha256, its routing section's sha256, its "
+                      "roles); the metadata shows the environment variables to set in SAGE and the command that "
+                      "records the deployment. Written only for the table SAGE runs (sage_models_yaml); every role "
+                      "with a choice has a classifier, so no floor moves a role off its YAML. With explore: the "
+                      "exploring checkpoint (SAGE randomises with a known probability, around the deployed policy or "
+                      "the YAML). The ledger deploying SAGE's YAML and no exploring: checkpoints/sage holds no "
+                      "policy.joblib (SAGE runs its table alone).")
 def sage_router_checkpoint(context: dg.AssetExecutionContext, config: SageRouterCheckpointConfig,
                            sage: SageResource) -> dg.MaterializeResult:
     src, dest = sage.path("checkpoints", "promoted_sage"), sage.path("checkpoints", "sage")
     promoted = (src / sage_router.JOBLIB_NAME).is_file()
+    note = json.loads((src / DEPLOY_NOTE).read_text(encoding="utf-8")) if (src / DEPLOY_NOTE).is_file() else None
     # exploring around SAGE's YAML needs no logs yet (a first deployment): the table's own binary space
     binary = (_space(sage, "sage_binary") if promoted or sage.path("routing", ACTION_SPACE_FILE).is_file()
               else ActionSpace.build(sage.table).binary())
     if not promoted and not config.explore:
-        context.log.warning("no sage_binary policy has passed the promotion gate: SAGE keeps its YAML table")
-        return dg.MaterializeResult(metadata={"written": False, "reason": "no sage_binary policy promoted "
-                                              "(see offline_eval's promotion_sage)"})
+        return _yaml_alone(context, sage, dest, note)
     try:  # written only for the table SAGE runs
         sage_table = sage_router.check_table(sage.table, config.sage_models_yaml or os.environ.get("SAGE_MODELS_YAML")
                                              or sage.table_path())
@@ -397,9 +707,11 @@ def sage_router_checkpoint(context: dg.AssetExecutionContext, config: SageRouter
         explore = (sage_explore.ExploreConfig() if config.exploration_rate is None
                    else sage_explore.ExploreConfig(rate=config.exploration_rate))
         served = sage_explore.build_exploring(served, binary, explore, table=sage.table)
+    ledger = {} if note is None else {"ledger_candidate": note["deploy"]["candidate"],
+                                      "ledger_key": note["deploy"]["key"], "ledger_night": note["night"]}
     with artifacts.exclusive(sage.root(), "sage_router_checkpoint", context.log.info):  # both files: one run's
         paths = sage_router.write_sage_checkpoint(dest, served, {k: v for k, v in manifest.items()
-                                                                 if k in sage_router.CARRIED_MANIFEST_KEYS},
+                                                                 if k in sage_router.CARRIED_MANIFEST_KEYS} | ledger,
                                                   sage_table=sage_table)
         checked = (sage_explore.check_loads(paths[0], served, binary) if config.explore
                    else sage_router.check_loads_as_sage(paths[0], served, binary))
@@ -411,15 +723,15 @@ def sage_router_checkpoint(context: dg.AssetExecutionContext, config: SageRouter
         "manifest": dg.MetadataValue.path(str(paths[1])), "sha256": sha256,
         "min_confidence": served.min_confidence, "roles": sorted(served.models),
         "yaml_roles": list(written["yaml_roles"]), "source": manifest.get("source", "unknown"),
+        "deploy": (("explored around " if config.explore else "") + _deployed_label(note, manifest, promoted)),
         "sage_table": dg.MetadataValue.json({k: written["sage_table"][k] for k in ("path", "sha256", "routing_sha256",
                                                                                   "roles")}),
         "exploration": dg.MetadataValue.json(written.get("exploration", {})),
         "agreement_on_eval_states": dg.MetadataValue.json(manifest.get("agreement_eval", {})),
         "agreement_on_train_states": dg.MetadataValue.json(manifest.get("agreement", {})),
         "sage_env": dg.MetadataValue.md("Set in SAGE's environment:\n\n```bash\n" + "\n".join(
-            f"export {k}={v}" for k, v in written["sage_env"].items()) + "\n```\n\nOnce SAGE runs it, record the "
-            "deployment (`python -m sage_pipeline.sage.explore deploy <this folder>`, which prints the exports "
-            "for its kept copy) so each logged decision's probability can be reconstructed."),
+            f"export {k}={v}" for k, v in written["sage_env"].items()) + "\n```\n\n" + RECORD.format(
+            what="<this folder>", extra=" for its kept copy")),
         "decisions_checked_as_sage": checked,
         "roles_sage_never_consults": dg.MetadataValue.md(
             "none" if not written["roles_sage_never_consults"] else

@@ -83,11 +83,20 @@ def test_offline_eval_completes_and_gives_an_interval_or_says_why(tmp_path, case
         assert meta[f"intervals{sfx}"] == rep["sessions"]["intervals"]
         assert all(r.get("ci_low") is None for r in rep["summary"])
         assert f"{n} {unit}" in rep["sample_size_warning"]
-        assert rep["gate"]["promoted"] is None and decision["spaces"][space]["promoted"] is None
-        said = [c["why"] for c in rep["gate"]["candidates"].values()] or [rep["gate"]["reason"]]
+        gate = rep["gate"]
+        assert gate["promoted"] is None and decision["spaces"][space]["promoted"] is None
+        per_night, said = gate["reason"], [c["why"] for c in gate["candidates"].values()] or [gate["reason"]]
+        if gate["mode"] == "ledger":  # SAGE's binary space: tonight's candidates pending in the ledger, each with
+            # tonight's one-night verdict beside it (valid for one night only), which says what it lacks
+            assert gate["candidates"] and all(c["state"] == "pending" and "evidence 1.00 of the" in c["why"]
+                                              for c in gate["candidates"].values())
+            per_night = meta["promotion_sage_per_night"].split(": ", 1)[1]
+            # (a candidate the per-night gate had no row for reads 'None (valid ...)': its reason is the gate's)
+            said = [c["per_night"] for c in gate["candidates"].values() if not c["per_night"].startswith("None ")]
+            said = said or [per_night]
         # each candidate is refused for want of sessions, or of support, or the table itself has no estimate
         # (then the gate's reason says why, and every candidate that the baseline has none to compare with)
-        no_baseline = rep["gate"]["reason"].startswith("no promotion: the static table has no step_dr_clip estimate")
+        no_baseline = per_night.startswith("no promotion: the static table has no step_dr_clip estimate")
         assert all(f"{n} {unit}; a 95% interval needs" in w or "no support" in w
                    or (no_baseline and "the baseline static_table has no step_dr_clip estimate to compare with" in w)
                    for w in said), said

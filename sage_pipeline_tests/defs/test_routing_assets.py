@@ -16,7 +16,9 @@ from sage_pipeline.defs.resources import SageResource
 
 # 600 episodes leave about 40 in the report half: the default paired gate's interval is wider than
 # any gain there, so this chain uses the older 'value' rule, which promotes on it, and the
-# assets downstream of a promotion (sage_router_checkpoint) run. test_offline_eval tests both rules.
+# assets downstream of a promotion run. test_offline_eval tests both rules. SAGE's binary space is
+# decided by the ledger (gate_mode 'ledger', the default): one night proposes, never promotes;
+# test_per_night_mode_publishes_tonights_promotion_as_before runs the per-night mode on the same data.
 SMALL = {"ops": {"synthetic_sessions": {"config": {"episodes": 600, "seed": 3}},
                  "cql_policy": {"config": {"steps": 300, "n_boot": 50}},
                  "bc_policy": {"config": {"epochs": 10}},
@@ -189,16 +191,57 @@ def test_sage_binary_space_judges_what_sage_serves(chain):
     gt = rep["ground_truth"]["episode_value"]
     # the binary oracle: no better than the multi-model one, no worse than the table
     assert gt["static_table"] <= gt["oracle"] <= full["multi_model"]["ground_truth"]["episode_value"]["oracle"] + 1e-12
-    assert set(rep["gate"]["candidates"]) <= {"bc_served", "cql_served"}
     meta = _metadata(result, "offline_eval")
     assert "floor chosen by" in meta["served_floor_selection"]
+    # one night of logs: the ledger proposes tonight's served candidates, pending against SAGE's table with
+    # evidence 1 of the needed (judged from the next night on, on episodes logged after them); nothing deployed
+    gate = rep["gate"]
+    assert gate["mode"] == "ledger" and gate["promoted"] is None and meta["promoted_sage"] == "none"
+    assert {r["name"] for r in gate["candidates"].values()} <= {"bc_served", "cql_served"} and gate["candidates"]
+    for row in gate["candidates"].values():
+        assert row["state"] == "pending" and f"evidence 1.00 of the {row['needed']:.0f} needed" in row["why"]
+    assert meta["ledger_deploy"] == "SAGE's YAML table" and "| pending |" in meta["ledger_router"]
+    assert "valid for one night only" in meta["promotion_sage_per_night"]
+    published = _metadata(result, "promoted_policy")
+    assert published["sage_binary"].startswith("none (the YAML table: the ledger deploys it")
+    assert not (root / "checkpoints" / "promoted_sage" / "policy.joblib").exists()
+    sage = _metadata(result, "sage_router_checkpoint")
+    assert sage["written"] is False and not (root / "checkpoints" / "sage").exists()
+
+
+def _copy(chain, tmp_path) -> Path:
+    import shutil
+
+    copy = tmp_path / "root"
+    shutil.copytree(chain[0], copy, symlinks=True)  # the links are relative: they resolve in the copy
+    return copy
+
+
+def _rerun(root: Path, assets: list[str], ops: dict | None = None, raise_on_error: bool = True):
+    job = dg.Definitions(assets=ROUTING_ASSETS, resources={"sage": SageResource(data_dir=str(root))}) \
+        .resolve_implicit_global_asset_job_def().get_subset(asset_selection={dg.AssetKey(a) for a in assets})
+    run_config = {"ops": {k: {"config": v} for k, v in (ops or {}).items()}}
+    return job.execute_in_process(run_config=run_config, instance=dg.DagsterInstance.ephemeral(),
+                                  raise_on_error=raise_on_error)
+
+
+def test_per_night_mode_publishes_tonights_promotion_as_before(chain, tmp_path):
+    """gate_mode 'per_night' (one-off comparisons and the benchmarks that measure it; valid for one night
+    only): SAGE's binary space promoted on tonight's report half against the table, published as before."""
+    copy = _copy(chain, tmp_path)
+    ev_cfg = {**SMALL["ops"]["offline_eval"]["config"], "gate_mode": "per_night"}
+    result = _rerun(copy, ["offline_eval", "promoted_policy", "sage_router_checkpoint"], {"offline_eval": ev_cfg})
+    rep = json.loads((copy / "reports" / "offline_eval.json").read_text())["sage_binary"]
+    meta = _metadata(result, "offline_eval")
+    assert rep["gate"]["mode"] == "per_night" and meta["gate_mode"] == "per_night" and "ledger_router" not in meta
+    assert set(rep["gate"]["candidates"]) <= {"bc_served", "cql_served"}
     sage = _metadata(result, "sage_router_checkpoint")
     if rep["gate"]["promoted"]:
-        assert sage["written"] is True and (root / "checkpoints" / "sage" / "policy.joblib").is_file()
+        assert sage["written"] is True and (copy / "checkpoints" / "sage" / "policy.joblib").is_file()
         assert sage["decisions_checked_as_sage"] > 0
         assert "export SAGE_RL_POLICY=1" in sage["sage_env"]
         # the promoted copy names where SAGE finds it, not the staged version it was written into
-        promoted = root / "checkpoints" / "promoted_sage"
+        promoted = copy / "checkpoints" / "promoted_sage"
         manifest = json.loads((promoted / "manifest.json").read_text())
         env = manifest["sage_env"]
         assert env["SAGE_RL_CHECKPOINT"] == str(promoted / "policy.joblib") and promoted.is_symlink()
@@ -207,9 +250,61 @@ def test_sage_binary_space_judges_what_sage_serves(chain):
         assert g == {k: c.get(k) for k in ("difference", "difference_ci_low", "difference_ci_high")}
         assert set(g.values()) == {None}  # this chain's 'value' rule computes no paired difference
         # and reaches the copy SAGE loads, which online_ab reads
-        assert json.loads((root / "checkpoints" / "sage" / "manifest.json").read_text())["gain_over_table"] == g
+        assert json.loads((copy / "checkpoints" / "sage" / "manifest.json").read_text())["gain_over_table"] == g
     else:
-        assert sage["written"] is False and not (root / "checkpoints" / "sage").exists()
+        assert sage["written"] is False and not (copy / "checkpoints" / "sage").exists()
+
+
+def test_publishing_follows_the_ledgers_deploy(chain, tmp_path):
+    """promoted_policy and sage_router_checkpoint publish what the ledger deploys: a candidate once accepted
+    (its content-addressed checkpoint, byte for byte; the exploring checkpoint explores around it), and
+    SAGE's YAML table alone after its revert (no policy.joblib where SAGE looks). Here the ledger's states
+    are set by hand (one night's logs support no accept); decisions/ holds the ledger's own tests."""
+    from sage_pipeline import artifacts
+    from sage_pipeline.decisions.ledger import Ledger
+
+    copy = _copy(chain, tmp_path)
+    path = copy / "decisions" / "ledger.json"
+    led = Ledger.load(path)
+    cand, *others = led.of("router", "pending")
+    led.transition(cand.id, "accepted", night="2099-01-01", reason="accepted by hand (the test)")
+    led.save(path)
+    # what offline_eval staged is no longer what the ledger deploys: promoted_policy refuses
+    res = _rerun(copy, ["promoted_policy"], raise_on_error=False)
+    err = str(res.get_step_failure_events()[0].event_specific_data.error)
+    assert not res.success and f"now deploys {cand.key[:12]}" in err and "re-materialize offline_eval" in err
+    ev_cfg = SMALL["ops"]["offline_eval"]["config"]
+    result = _rerun(copy, ["offline_eval", "promoted_policy", "sage_router_checkpoint"], {"offline_eval": ev_cfg})
+    assert _checks(result)["gate_decision_is_consistent"].passed
+    ev = _metadata(result, "offline_eval")
+    assert ev["ledger_deploy"].startswith(cand.id) and f"| {cand.id} |" in ev["ledger_router"]
+    # a pending candidate proposed against the table is dropped: SAGE runs another policy now
+    led = Ledger.load(path)
+    assert led.get(cand.id).state == "accepted" and all(led.get(o.id).state == "dropped" for o in others)
+    promoted = copy / "checkpoints" / "promoted_sage"
+    assert artifacts.file_sha256(promoted / "policy.joblib") == cand.key
+    assert json.loads((promoted / "ledger_deploy.json").read_text())["deploy"]["candidate"] == cand.id
+    assert _metadata(result, "promoted_policy")["sage_binary"].startswith(cand.id)
+    sage = _metadata(result, "sage_router_checkpoint")
+    manifest = json.loads((copy / "checkpoints" / "sage" / "manifest.json").read_text())
+    assert sage["written"] is True and sage["kind"] == "deterministic" and cand.id in sage["deploy"]
+    assert manifest["ledger_candidate"] == cand.id and manifest["ledger_key"] == cand.key
+    assert "explore deploy <this folder>" in sage["sage_env"]
+    # the exploring checkpoint explores around the top of the deployed stack
+    result = _rerun(copy, ["sage_router_checkpoint"], {"sage_router_checkpoint": {"explore": True}})
+    sage = _metadata(result, "sage_router_checkpoint")
+    assert sage["kind"] == "exploring" and sage["exploration"]["target"] == cand.payload["name"]
+    # the accepted candidate reverted: SAGE goes back to its YAML table, alone
+    led = Ledger.load(path)
+    led.transition(cand.id, "reverted", night="2099-01-02", reason="reverted by hand (the test)")
+    led.save(path)
+    result = _rerun(copy, ["offline_eval", "promoted_policy", "sage_router_checkpoint"], {"offline_eval": ev_cfg})
+    assert _metadata(result, "offline_eval")["ledger_deploy"] == "SAGE's YAML table"
+    assert not (promoted / "policy.joblib").exists()
+    assert json.loads((promoted / "ledger_deploy.json").read_text())["deploy"]["key"] == "yaml_table"
+    sage = _metadata(result, "sage_router_checkpoint")
+    assert sage["written"] is False and sage["removed"] is True and "explore deploy --yaml" in sage["record"]
+    assert (copy / "checkpoints" / "sage").is_dir() and not (copy / "checkpoints" / "sage" / "policy.joblib").exists()
 
 
 def test_promoted_policy_refuses_a_stale_or_broken_gate_decision(chain, tmp_path):
@@ -361,6 +456,8 @@ def test_a_writer_asset_writes_only_while_it_holds_its_lock(chain, monkeypatch, 
     test_defs = dg.Definitions(assets=ROUTING_ASSETS, resources={"sage": SageResource(data_dir=str(root))})
     job = test_defs.resolve_implicit_global_asset_job_def().get_subset(asset_selection={dg.AssetKey(asset)})
     ops = {k: v for k, v in SMALL["ops"].items() if k == asset}
+    if asset == "sage_router_checkpoint":  # the ledger deploys nothing after one night: the exploring checkpoint
+        ops = {asset: {"config": {"explore": True}}}
     result = job.execute_in_process(run_config={"ops": ops}, instance=dg.DagsterInstance.ephemeral())
     assert result.success
     assert writes, f"{asset} wrote nothing"

@@ -10,6 +10,7 @@ import dagster as dg
 import joblib
 import pytest
 
+from sage_pipeline import artifacts
 from sage_pipeline.definitions import ROUTING_ASSETS
 from sage_pipeline.defs import bundle_assets, routing_checks
 from sage_pipeline.defs.resources import SageResource
@@ -145,16 +146,58 @@ def test_offline_eval_refuses_what_sages_logs_cannot_support_and_says_why(chain)
     assert {r["policy"] for r in binary["summary"]} == {"static_table", "bc_trained", "cql_trained", "bc_served",
                                                        "cql_served"}
     gate = binary["gate"]
-    assert gate["promoted"] is None and set(gate["candidates"]) == {"bc_served", "cql_served"}
-    assert "deterministic YAML table" in gate["reason"] and "deploy the exploring checkpoint" in gate["reason"]
+    # the ledger's answer on one night (gate_mode 'ledger'): tonight's served candidates are proposed, pending
+    # against SAGE's table with evidence 1 of the needed, to be judged on exploring episodes logged after them
+    assert gate["promoted"] is None and gate["mode"] == "ledger"
+    assert gate["ledger"]["deploy"]["key"] == "yaml_table" and ev["ledger_deploy"] == "SAGE's YAML table"
+    assert {r["name"] for r in gate["candidates"].values()} <= {"bc_served", "cql_served"} and gate["candidates"]
+    for cid, row in gate["candidates"].items():
+        assert cid.startswith("router-") and row["state"] == "pending" and row["against"] == "SAGE's YAML table"
+        assert f"evidence 1.00 of the {row['needed']:.0f} needed; no episode yet" in row["why"]
+        assert row["why"] in ev["ledger_router"] and "(valid for one night only)" in row["per_night"]
+    # tonight's one-night verdict stays beside, and says what the logs cannot support, in words a user can act on
+    per_night = ev["promotion_sage_per_night"]
+    assert "deterministic YAML table" in per_night and "deploy the exploring checkpoint" in per_night
     # the coder: its UCB bandit decides and no checkpoint reaches it, so every policy follows the log there
     # (ope.LoggedData.follows_log): no candidate is refused for, or credited with, a coder change
-    assert "coder" not in gate["reason"]
+    assert "coder" not in per_night
     assert binary["sessions"]["n_sessions"] == 3 and "needs at least 20" in binary["sessions"]["intervals"]
     roles = {r["role"]: r for r in binary["support_by_role"]["roles"]}
     assert roles["debugger"]["deterministic"] and roles["documentation"]["deterministic"]
     assert roles["debugger"]["policy_sources"] == {"yaml": roles["debugger"]["decisions"]}
     assert roles["coder"]["policy_sources"] == {"ucb_bandit": roles["coder"]["decisions"]}
+
+
+def test_the_ledger_keeps_each_candidate_at_its_content_address(chain):
+    """offline_eval loads and saves the one ledger (decisions/ledger.json, what decisions/decision_ledger
+    reads); each router candidate's key is the sha256 of the policy.joblib SAGE would load, kept at
+    checkpoints/candidates/<key>/, judged only on episodes logged after the latest one it was trained or
+    selected on, never on those."""
+    import pandas as pd
+
+    from sage_pipeline.decisions.ledger import Ledger
+    from sage_pipeline.routing.action_space import ActionSpace
+    from sage_pipeline.sage import checkpoint as sage_router
+    from sage_pipeline.sage.table import RoutingTable
+
+    root, _ = chain
+    led = Ledger.load(root / "decisions" / "ledger.json")
+    cands = led.of("router")
+    assert cands and all(c.state == "pending" for c in cands)
+    df = pd.read_parquet(root / "routing" / "routing_v1.parquet", columns=["episode_id", "split", "timestamp"])
+    ts = pd.to_datetime(df["timestamp"], utc=True, errors="coerce", format="ISO8601")
+    table = RoutingTable.load(FIXTURE / "models.yaml")
+    space = ActionSpace.load(root / "routing" / "action_space.json", "sage_binary")
+    for c in cands:
+        folder = root / "checkpoints" / "candidates" / c.key
+        assert c.payload["path"] == str(folder) and c.payload["incumbent"] == "yaml_table"
+        assert sage_router.load_sage_checkpoint(folder, table, space).models
+        assert artifacts.file_sha256(folder / "policy.joblib") == c.key
+        # trained on the train split, selected on the select part: its proposal time is their latest log time
+        assert pd.Timestamp(c.payload["proposed_at"]) <= ts.max()
+        assert set(df.loc[df["split"] == "train", "episode_id"].astype(str)) <= set(c.selected_on)
+        assert not set(df.loc[ts > pd.Timestamp(c.payload["proposed_at"]), "episode_id"].astype(str)) & set(
+            c.selected_on)
 
 
 def test_sage_router_checkpoint_says_what_it_did(chain):
