@@ -19,10 +19,18 @@ checked against the model world's exact truth in ``benchmarks/sage_loop_e2e.py``
 logs both of the coder's models from its first runs; once a pin is deployed, the other model gets no
 more data and the decision stands until the pin is lifted (a table that keeps both models).
 
-**The decision.** Pin the model whose objective beats every other logged model's with the lower end
-of the paired-bootstrap interval of the difference above 0, each model with at least ``min_tasks``
-tasks of known verdict; else keep the table, and say which condition failed and how many tasks it
-would take.
+**The decision** (:func:`decide`, the loop's ``coder_decisions="bootstrap"`` mode). Pin the model whose
+objective beats every other logged model's with the lower end of the paired-bootstrap interval of the
+difference above 0, each model with at least ``min_tasks`` tasks of known verdict; else keep the table, and
+say which condition failed and how many tasks it would take. **Valid for one night only**: re-decided every
+night on a growing log, it pins one of two equal models in about 28% of months within 30 nights, and a pin
+it made is never reverted (issue 47).
+
+**The ledger's coder lever** (``decisions/coder.py``, the loop's default ``coder_decisions="ledger"``)
+decides on randomised runs instead; :func:`ledger_runs` gives it one row per ``sage run`` from the same
+frames (the run's task_v1 over its tasks of known verdict, the coder's first logged model, and the run's
+draw id from :func:`traces_by_session`: SAGE's ``trace_id``, which ``trajectories.parquet`` keeps and the
+routing dataset and task outcomes do not).
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
+from sage_pipeline.decisions.coder import CoderRun
 from sage_pipeline.sage.objective import TaskObjective
 
 
@@ -85,7 +94,12 @@ def coder_tasks(dataset: pd.DataFrame, outcomes: pd.DataFrame) -> tuple[pd.DataF
 def decide(tasks: pd.DataFrame, objective: TaskObjective, config: CoderLeverConfig | None = None,
            current: str | None = None) -> CoderLeverDecision:
     """The coder lever's decision from :func:`coder_tasks`' rows (see the module doc). ``current``: the
-    model the table already pins (a pin to it again is no promotion)."""
+    model the table already pins (a pin to it again is no promotion).
+
+    **Valid for one night only.** The interval is a one-look interval on all logs so far, the logs are the
+    adaptive choices of SAGE's bandit, and a pin stops the other model's data: decided every night it pins
+    one of two equal models in about 28% of months within 30 nights and never reverts. Use the ledger's
+    coder lever (``sage_pipeline.decisions.coder``) for a decision that holds for a month."""
     cfg = config or CoderLeverConfig()
     known = tasks[tasks["verified"].notna()]
     score = objective.score(known["verified"].to_numpy(float), known["gpu_seconds"].to_numpy(float),
@@ -167,3 +181,43 @@ def decide(tasks: pd.DataFrame, objective: TaskObjective, config: CoderLeverConf
                    + f", the difference's {cfg.confidence:.0%} interval above 0 (lower end "
                    + ", ".join(f"{lo:.4f}" for lo in lows.values()) + ")")
     return base
+
+
+def traces_by_session(trajectories: pd.DataFrame) -> dict[str, str]:
+    """Session id -> SAGE's ``trace_id`` (the ``SAGE_TRACE_ID`` a run was started with: the draw id of the
+    launcher that assigned it) from ``trajectories.parquet``'s ``session_id`` and ``trace_id`` columns; sessions
+    without one are left out. A session logged with two trace ids is an error (one ``sage run``, one env)."""
+    if trajectories.empty or "trace_id" not in trajectories:
+        return {}
+    t = trajectories[["session_id", "trace_id"]].dropna()
+    t = t[t["trace_id"].astype(str).str.strip() != ""].astype(str).drop_duplicates()
+    dup = t[t["session_id"].duplicated(keep=False)]
+    if not dup.empty:
+        sid = dup["session_id"].iloc[0]
+        raise ValueError(f"session {sid} was logged with trace ids {sorted(dup[dup['session_id'] == sid]['trace_id'])}"
+                         ": one sage run has one SAGE_TRACE_ID; its journal mixes runs")
+    return dict(zip(t["session_id"], t["trace_id"]))
+
+
+def ledger_runs(dataset: pd.DataFrame, outcomes: pd.DataFrame, objective: TaskObjective,
+                traces: dict[str, str]) -> list[CoderRun]:
+    """One :class:`~sage_pipeline.decisions.coder.CoderRun` per session of ``outcomes`` (a ``sage run``): its
+    task_v1 (``objective.score``) averaged over its tasks of known verdict (None when none is known), the model
+    of its first coder task (:func:`coder_tasks`; None when SAGE never reached the coder), and its draw id
+    ``traces[session]`` (None: not randomised). Every task of the run counts, the coder's or not: the draw
+    assigned the run (intent to treat)."""
+    if outcomes.empty:
+        return []
+    tasks, _ = coder_tasks(dataset, outcomes)
+    first = {}
+    if not tasks.empty:
+        t = tasks.sort_values(["session_id", "episode"], kind="stable")
+        first = t.groupby("session_id", sort=False)["model"].first().astype(str).to_dict()
+    o = outcomes.assign(session_id=outcomes["session_id"].astype(str))
+    known = o[o["verified"].notna()]
+    score = objective.score(known["verified"].to_numpy(float), known["gpu_seconds"].to_numpy(float),
+                            known["usd"].to_numpy(float))
+    mean = pd.Series(score, index=known.index).groupby(known["session_id"]).mean().to_dict()
+    size = o.groupby("session_id").size().to_dict()
+    return [CoderRun(sid, traces.get(sid), mean.get(sid), first.get(sid), int(size[sid]))
+            for sid in dict.fromkeys(o["session_id"])]

@@ -23,7 +23,17 @@ workspace, with every piece of import-time state a fresh process would read diff
 what it would read (the launcher's module doc lists them); ``fresh_process=True`` starts SAGE's
 ``sage`` script as a process of its own for every run (SAGE's imports and the interpreter's exit
 again each time: ~3.5 s more CPU a run, ~5 s with a checkpoint deployed; ``benchmarks/sage_launcher.py``).
-Both write the same journals. A launcher that dies or stops
+Both write the same journals.
+
+**A run's own environment** (``run_day(run_env=...)``: the coder lever's recorded draw per run): a callable
+gives each run, before any run starts and in run order, the variables it sets on top of the day's
+(:data:`RUN_ENV_KEYS` only: ``SAGE_MODELS_YAML``, ``SAGE_SKILLS_ROOT``, ``SAGE_TRACE_ID``). With
+``fresh_process`` every variable reaches SAGE. With launchers, a launcher is started with the environment a
+fresh run would get, so each worker keeps one launcher per distinct environment of its runs *without*
+``SAGE_TRACE_ID`` (the models.yaml or skills tree of an arm; SAGE reads both at call time); a launcher's
+forked run has its launcher's environment, so ``SAGE_TRACE_ID`` cannot differ per run there: SAGE logs none,
+and the run is joined to its draw by the session ids the harness read from the lines the run wrote
+(``RunResult.sessions``, ``RunResult.trace_id``). A launcher that dies or stops
 answering is replaced and counted (``launcher_restarts``); the run it was serving is a failure, a
 run it never started goes to the new one.
 
@@ -43,7 +53,7 @@ import subprocess
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +65,11 @@ from sage_pipeline.sage_world.launcher import LauncherError, SageLauncher, conso
 from sage_pipeline.sage_world.world import ModelWorld
 
 log = logging.getLogger(__name__)
+
+
+# the variables a run's own environment may set on top of the day's (run_day's run_env)
+RUN_ENV_KEYS = ("SAGE_MODELS_YAML", "SAGE_SKILLS_ROOT", "SAGE_TRACE_ID")
+RunEnv = Callable[[str, str], Mapping[str, str]]  # (run id, task id) -> the run's variables
 
 
 class SageNotFound(RuntimeError):
@@ -125,6 +140,8 @@ class RunResult:
     journal_lines: int = 0
     tests_at_start: bool = False  # the workspace already held the task's tests (an earlier run of the same task)
     cpu_s: float | None = None  # CPU of the run and what it waited for (launcher path: wait4; fresh: not measured)
+    trace_id: str | None = None  # the run's own SAGE_TRACE_ID (its draw id), when run_env gave it one
+    env: dict = field(default_factory=dict)  # the run's own variables (run_env), SAGE_TRACE_ID included
 
     def to_dict(self) -> dict:
         return dict(vars(self))
@@ -194,13 +211,14 @@ def run_day(world: ModelWorld, ollama_host: str, install: SageInstall, day: int,
             checkpoint: str | os.PathLike[str] | None = None, min_confidence: float | None = None,
             progress: Callable[[str], None] = log.info,
             models_yaml: str | os.PathLike[str] | None = None,
-            skills_root: str | os.PathLike[str] | None = None) -> DayResult:
+            skills_root: str | os.PathLike[str] | None = None, run_env: RunEnv | None = None) -> DayResult:
     """Run ``sage run`` once per task of ``task_ids`` (run ids ``dNN-rMMM``) into ``root`` (a fresh
     folder: SAGE's workspaces are new each day), with ``checkpoint`` at ``min_confidence`` (default
     the config's) when given: the floor the deployment was recorded with, or the logged decisions'
     probabilities would not be the ones reconstructed; with ``models_yaml`` (``SAGE_MODELS_YAML``)
     when given, else SAGE's bundled table; with ``skills_root`` (``SAGE_SKILLS_ROOT``) when given, else SAGE's
-    packaged skills. Returns what each run did."""
+    packaged skills; with ``run_env``, each run's own variables on top of those (see the module doc: called
+    once per run, in run order, before any run starts). Returns what each run did."""
     cfg = config or HarnessConfig()
     root = Path(root)
     if root.exists() and any(root.iterdir()):
@@ -211,6 +229,7 @@ def run_day(world: ModelWorld, ollama_host: str, install: SageInstall, day: int,
     runs = [(f"d{day:02d}-r{i:03d}", t) for i, t in enumerate(task_ids)]
     for i, (run, t) in enumerate(runs):  # worker w runs runs[w::workers], in its own workspace ws-w
         world.assign(run, t, workspace=str(root / f"ws-{i % cfg.workers}"))
+    own = {run: _run_env(run, run_env(run, t)) for run, t in runs} if run_env is not None else {}
     result = DayResult(day, root, process="fresh" if cfg.fresh_process else "launcher")
     lock, t0 = threading.Lock(), time.perf_counter()
     offsets: dict[Path, int] = {}
@@ -221,17 +240,18 @@ def run_day(world: ModelWorld, ollama_host: str, install: SageInstall, day: int,
         ws.mkdir(exist_ok=True)
         argv = ["run", "--auto", "--no-clarify", "--fresh", goal(run, world.tasks[world.by_id[task_id]].prompt)]
         start = time.perf_counter()
+        mine = own.get(run, {})
         if cfg.fresh_process:
-            rc, stdout, stderr, failure, cpu = _run_fresh(install, env, ws, argv, cfg.run_timeout_s)
+            rc, stdout, stderr, failure, cpu = _run_fresh(install, {**env, **mine}, ws, argv, cfg.run_timeout_s)
         else:
-            rc, stdout, stderr, failure, cpu = launchers.run(worker, run, ws, argv, root / "runs")
+            rc, stdout, stderr, failure, cpu = launchers.run(worker, run, ws, argv, root / "runs", mine)
         secs = time.perf_counter() - start
         artifacts.write_text(root / "runs" / f"{run}.log",
                              f"$ sage run (cwd {ws}) rc={rc} {secs:.2f}s\n--- stdout\n{stdout}\n--- stderr\n{stderr}\n")
         lines = _new_lines(ws / "memory" / "sessions", offsets)
         r = RunResult(run, task_id, worker, rc, secs, failure, world.final_right(run), journal_lines=len(lines),
                       coder_model=world.coder_model(run), tests_at_start=world.tests_at_start(run), cpu_s=cpu,
-                      **_run_facts(lines))
+                      trace_id=mine.get("SAGE_TRACE_ID"), env=dict(mine), **_run_facts(lines))
         with lock:
             result.runs.append(r)
             n = len(result.runs)
@@ -258,6 +278,19 @@ def run_day(world: ModelWorld, ollama_host: str, install: SageInstall, day: int,
     result.runs.sort(key=lambda r: r.run)
     result.seconds = time.perf_counter() - t0
     return result
+
+
+def _run_env(run: str, extra: Mapping[str, str]) -> dict[str, str]:
+    """A run's own variables, checked: only :data:`RUN_ENV_KEYS`, strings without a NUL; paths resolved."""
+    out = {}
+    for k, v in dict(extra or {}).items():
+        if k not in RUN_ENV_KEYS:
+            raise ValueError(f"run {run}: run_env set {k!r}; a run's own environment may set only "
+                             f"{', '.join(RUN_ENV_KEYS)} (the day's environment holds the rest)")
+        if not isinstance(v, str) or not v or "\x00" in v:
+            raise ValueError(f"run {run}: run_env's {k} must be a non-empty string without a NUL byte")
+        out[k] = v if k == "SAGE_TRACE_ID" else str(Path(v).resolve())
+    return out
 
 
 def _outcome(rc: int | None, stdout: str, stderr: str) -> str | None:
@@ -290,16 +323,27 @@ class _Launchers:
         self.python = console_python(install.cli, install.python)
         self.install, self.env, self.home, self.cfg = install, env, home, cfg
         self.result, self.lock, self.progress = result, lock, progress
-        self.by_worker: dict[int, SageLauncher] = {}
+        self.by_worker: dict[tuple, SageLauncher] = {}  # (worker, a run's own variables but SAGE_TRACE_ID)
+        self.names: dict[tuple, str] = {}
         self.failed_starts = 0  # in a row, all workers together
 
-    def _launcher(self, worker: int) -> SageLauncher:
-        la = self.by_worker.get(worker)
+    @staticmethod
+    def _key(worker: int, extra: Mapping[str, str] | None) -> tuple:
+        """A launcher's key: its worker and a run's own variables but SAGE_TRACE_ID (a fork has its launcher's)."""
+        return worker, tuple(sorted((k, v) for k, v in (extra or {}).items() if k != "SAGE_TRACE_ID"))
+
+    def _launcher(self, worker: int, extra: Mapping[str, str] | None = None) -> SageLauncher:
+        k = self._key(worker, extra)
+        own = k[1]
+        la = self.by_worker.get(k)
         if la is not None and la.alive:
             return la
         if la is not None:  # died between two runs
-            self._replaced(worker, "it exited between runs")
-        la = SageLauncher(self.python, self.install.cli, self.env, self.home, name=f"launcher-{worker}")
+            self._replaced(k, "it exited between runs")
+        if k not in self.names:  # launcher-<w> for the day's environment, launcher-<w>-<n> for the n-th other one
+            n = sum(1 for key in self.names if key[0] == worker and key[1])
+            self.names[k] = f"launcher-{worker}" + (f"-{n + 1}" if own else "")
+        la = SageLauncher(self.python, self.install.cli, {**self.env, **dict(own)}, self.home, name=self.names[k])
         try:
             la.start()
         except LauncherError:
@@ -308,21 +352,22 @@ class _Launchers:
             raise
         with self.lock:
             self.failed_starts = 0
-        self.by_worker[worker] = la
+        self.by_worker[k] = la
         return la
 
-    def _replaced(self, worker: int, why: str) -> None:
-        self.by_worker.pop(worker, None)
+    def _replaced(self, key: tuple, why: str) -> None:
+        worker = key[0]
+        self.by_worker.pop(key, None)
         with self.lock:
             self.result.launcher_restarts += 1
         self.progress(f"day {self.result.day}: SAGE launcher of worker {worker} lost ({why}); starting another")
 
-    def run(self, worker: int, run: str, ws: Path, argv: list[str], out_dir: Path
-            ) -> tuple[int | None, str, str, str | None, float | None]:
+    def run(self, worker: int, run: str, ws: Path, argv: list[str], out_dir: Path,
+            extra: Mapping[str, str] | None = None) -> tuple[int | None, str, str, str | None, float | None]:
         out, err = out_dir / f"{run}.stdout", out_dir / f"{run}.stderr"
         for attempt in (1, 2):
             try:
-                la = self._launcher(worker)
+                la = self._launcher(worker, extra)
             except LauncherError as exc:
                 if self.failed_starts >= self.cfg.launcher_start_failures:
                     raise LauncherError(f"{self.failed_starts} SAGE launchers in a row did not start; the last: "
@@ -332,7 +377,7 @@ class _Launchers:
                 rc, cpu, killed = la.run(run, ws, argv, out, err, self.cfg.run_timeout_s)
             except LauncherError as exc:
                 started = la.current_pid is not None
-                self._replaced(worker, str(exc))
+                self._replaced(self._key(worker, extra), str(exc))
                 if not started and attempt == 1:
                     continue  # SAGE never ran: the run goes to the next launcher
                 stdout, stderr = _read_and_remove(out), _read_and_remove(err)
@@ -345,12 +390,11 @@ class _Launchers:
         raise AssertionError("unreachable: the second attempt returns")
 
     def close(self, worker: int) -> None:
-        la = self.by_worker.pop(worker, None)
-        if la is not None:
-            la.close()
+        for k in [k for k in self.by_worker if k[0] == worker]:
+            self.by_worker.pop(k).close()
 
     def close_all(self) -> None:
-        for w in list(self.by_worker):
+        for w in {k[0] for k in self.by_worker}:
             self.close(w)
 
 

@@ -16,6 +16,20 @@ the gate's decision and each candidate's OPE estimate (the headline estimator, w
 beside its true value on the same report episodes, and whether the gate was right (a promotion is
 wrong when the promoted policy's true value is below the table's).
 
+**The coder lever** (``LoopConfig.coder_decisions``). ``"ledger"`` (the default): the decision ledger's
+coder lever (:mod:`sage_pipeline.decisions.coder`) at ``<root>/data/decisions/ledger.json``. Before each
+day its plan is read from the ledger (a round pending: 50/50 between the two coder models, each a
+``models.yaml`` pinning the coder; a pin: the pinned model at 0.9, the other at 0.1; neither: SAGE's table and
+its bandit, no draws); each ``sage run`` gets its own recorded draw (``decisions.coder.draw``: exact integer
+thresholds, one line per draw in ``days/day-NN/assignments.jsonl`` before any run starts) and runs with its
+arm's ``SAGE_MODELS_YAML`` and ``SAGE_TRACE_ID`` = the draw id (``harness.run_day(run_env=...)``). After the
+chain, :func:`coder_night_ledger` joins every run to its draw (SAGE's logged ``trace_id`` from
+``routing/trajectories.parquet``, else the harness's record of the run's sessions), adds the randomised runs as
+evidence, decides, opens a new round when due and saves the ledger; its report stands each candidate's
+estimate and interval beside the world's exact gap between the two pinned tables on every run so far.
+``"bootstrap"``: the old per-night decision (``rl.coder_lever.decide``: valid for one night only), which pins
+the day-level models.yaml and never reverts.
+
 The offline chain is passed in (``chain``: the Dagster assets, run by ``sage_pipeline.defs``): this
 module imports no dagster.
 """
@@ -36,6 +50,9 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from sage_pipeline import artifacts
+from sage_pipeline.decisions import assign, coder as coder_ledger
+from sage_pipeline.decisions.coder import CoderDecisionsConfig
+from sage_pipeline.decisions.ledger import LEDGER_NAME, Ledger
 from sage_pipeline.rl import coder_lever, offline_eval as oe, ope
 from sage_pipeline.rl.coder_lever import CoderLeverConfig
 from sage_pipeline.sage import checkpoint as sage_router, explore as sage_explore
@@ -77,6 +94,22 @@ class LoopConfig(BaseModel):
                                     description="the coder lever's learner: when SAGE's logs pin the coder's model")
     learn_coder: bool = Field(True, description="each night, learn the coder's model from the logs and pin it in the "
                               "models.yaml SAGE runs the next day (the lever no checkpoint reaches)")
+    coder_decisions: Literal["ledger", "bootstrap"] = Field(
+        "ledger", description="how the coder lever decides: 'ledger' (randomised runs, one recorded draw per sage run, "
+        "evidence carried across nights, a pin on probation and reverted when its gain is excluded) or 'bootstrap' "
+        "(a session-bootstrap interval on all logs each night: valid for one night only, never reverted)")
+    # the ledger's coder lever's settings, flat (the Dagster section inherits these fields; its other settings are
+    # decisions.coder.CoderDecisionsConfig's defaults)
+    coder_explore_share: float = Field(CoderDecisionsConfig().explore_share, gt=0.0, lt=0.5,
+                                       description="ledger mode: after a pin, the share of runs kept on the other "
+                                       "coder model (probation: what finds a wrong pin out)")
+    coder_after_revert: Literal["randomise", "table"] = Field(
+        CoderDecisionsConfig().after_revert, description="ledger mode, after a revert: a new round at 50/50 the same "
+        "night ('randomise'), or SAGE's table and its bandit until the lever reopens a round ('table')")
+
+    def coder_decisions_config(self) -> CoderDecisionsConfig:
+        """The ledger's coder lever's settings."""
+        return CoderDecisionsConfig(explore_share=self.coder_explore_share, after_revert=self.coder_after_revert)
     sage_phase5: bool = Field(True, description="each night, run SAGE's own Phase-5 tools (`sage rl export`, "
                               "`train-bc`, `train-cql`, `eval-offline`, in SAGE's venv) on the same journals and put "
                               "their claim beside the exact truth (sage_world.phase5)")
@@ -179,6 +212,7 @@ def run_loop(install: SageInstall, root: str | Path, chain: Chain, config: LoopC
     if cfg.start == "explore":
         chain(data, None, cfg.exploration_rate)  # the exploring checkpoint around SAGE's YAML
     all_runs: list[dict] = []
+    ledger_mode = cfg.learn_coder and cfg.coder_decisions == "ledger"
     with WorldServer(world) as server:
         for day in range(1, cfg.days + 1):
             ckpt = data / "checkpoints" / "sage"
@@ -186,14 +220,21 @@ def run_loop(install: SageInstall, root: str | Path, chain: Chain, config: LoopC
             dep = sage_explore.record_deployment(data, ckpt if deployed else None)
             policy = (T.SagePolicy.load(table, dep.path, dep.min_confidence, name=_deployed_name(ckpt))
                       if deployed else T.SagePolicy(table))
+            run_env, coder_plan = None, None
+            if ledger_mode:  # the ledger's plan: the incumbent table, and each run's own drawn models.yaml
+                table, coder_plan, run_env = coder_day(data, root / "days" / f"day-{day:02d}", shipped, coder_models,
+                                                       day, cfg)
+                policy = (T.SagePolicy.load(table, dep.path, dep.min_confidence, name=_deployed_name(ckpt))
+                          if deployed else T.SagePolicy(table))
             models_yaml = None
             if table is not shipped:  # the bundle's models.yaml: SAGE reads it through SAGE_MODELS_YAML
                 models_yaml = table.write(root / "bundles" / f"day-{day:02d}" / "models.yaml",
                                           header=f"the loop's bundle for day {day}: the coder pinned by its lever")
-            progress(f"day {day}: SAGE runs {policy.name}, coder {_coder_of(table)}")
+            progress(f"day {day}: SAGE runs {policy.name}, coder {_coder_of(table)}"
+                     + (f"; coder arms {_arms_line(coder_plan)}" if coder_plan else ""))
             res = run_day(world, server.url, install, day, day_tasks(world, day, cfg.tasks_per_day, cfg.seed),
                           root / "days" / f"day-{day:02d}", cfg.harness, dep.path if deployed else None,
-                          dep.min_confidence, progress, models_yaml=models_yaml)
+                          dep.min_confidence, progress, models_yaml=models_yaml, run_env=run_env)
             write_truth([t for t in world.truth if str(t.get("run", "")).startswith(f"d{day:02d}-")],
                         root / "truth" / f"day-{day:02d}.jsonl")
             runs = [r.to_dict() for r in res.runs]
@@ -219,7 +260,10 @@ def run_loop(install: SageInstall, root: str | Path, chain: Chain, config: LoopC
                 entry["sage_phase5"] = phase5.judge(world, table, valued, tools, cfg.objective,
                                                     project_estimate={"candidate": entry["candidate"], **cand}
                                                     if cand else None, behaviour=policy)
-            if cfg.learn_coder:
+            if ledger_mode:
+                entry["coder_lever"] = coder_night_ledger(world, data, root, all_runs, shipped, coder_models, policy,
+                                                          day, cfg, coder_plan)
+            elif cfg.learn_coder:
                 lever = coder_night(world, data, all_runs, table, policy, cfg)
                 entry["coder_lever"] = lever
                 if lever.get("promoted"):
@@ -270,10 +314,10 @@ def bundle_truth(world: ModelWorld, runs: list[dict], deployed: T.SagePolicy, sh
 
 def coder_night(world: ModelWorld, data: Path, all_runs: list[dict], table: RoutingTable, deployed: T.SagePolicy,
                 cfg: LoopConfig) -> dict:
-    """The coder lever after a night's chain: its decision from the routing dataset and the task outcomes
-    (:mod:`sage_pipeline.rl.coder_lever`), the estimate of the bundle it would deploy beside that bundle's
-    exact value on every run so far, and whether a promotion was wrong (the new bundle truly below the
-    deployed one on those runs)."""
+    """The ``bootstrap`` coder lever (valid for one night only) after a night's chain: its decision from the
+    routing dataset and the task outcomes (:mod:`sage_pipeline.rl.coder_lever`), the estimate of the bundle it
+    would deploy beside that bundle's exact value on every run so far, and whether a promotion was wrong (the
+    new bundle truly below the deployed one on those runs)."""
     import pandas as pd
 
     from sage_pipeline.routing import routing_dataset as rd, task_outcomes as to
@@ -303,6 +347,114 @@ def coder_night(world: ModelWorld, data: Path, all_runs: list[dict], table: Rout
     if d.promote:
         now = T.bundle_value(world, runs, T.BundleSpec(deployed, None, "deployed"), cfg.objective, draws=32)
         out.update(true_value_deployed=now.objective, wrong=bool(true < now.objective - 2 * now.objective_se))
+    return out
+
+
+# ------------------------------------------------------------------------------------- the ledger's coder lever
+def _coder_paths(data: Path) -> tuple[Path, Path]:
+    ledger = data / "decisions" / LEDGER_NAME
+    return ledger, coder_ledger.lever_dir(ledger)
+
+
+def _arms_line(plan: assign.Plan) -> str:
+    return ", ".join(f"{a.name} {a.probability:.2f}" for a in plan.levers[coder_ledger.LEVER])
+
+
+def coder_day(data: Path, day_root: Path, shipped: RoutingTable, models: tuple[str, ...], day: int,
+              cfg: LoopConfig) -> tuple[RoutingTable, assign.Plan | None, Callable[[str, str], dict] | None]:
+    """Before day ``day``: the ledger's coder plan (the first round opened before day 1), the incumbent table
+    (the accepted pin, else SAGE's shipped table) and the harness's ``run_env``: each run's recorded draw into
+    ``day_root/assignments.jsonl`` (written by run_day, once its fresh folder exists), its arm's models.yaml
+    and ``SAGE_TRACE_ID``. The draws are seeded by (seed, day): the loop reproduces; their probabilities are
+    the plan's exact thresholds either way."""
+    path, folder = _coder_paths(data)
+    led = Ledger.load(path)
+    if len(models) != 2:
+        return shipped, None, None  # the coder's row names one model: nothing to compare
+    if not led.of(coder_ledger.LEVER):  # the first round, before day 1
+        coder_ledger.open_round(led, models, f"day-{day - 1:02d}")
+        coder_ledger.save_merged(led, path)
+    pins = coder_ledger.write_pins(shipped, folder / coder_ledger.PINS_DIR, models)
+    plan = coder_ledger.plan(led, pins, cfg.coder_decisions_config(), note=f"the loop's coder arms for day {day}")
+    p = coder_ledger.pinned(led)
+    table = pin(shipped, "coder", coder_ledger.model_of(p)) if p is not None else shipped
+    if plan is None:
+        return table, None, None
+    coder_ledger.save_plan(folder, plan)
+    rng = np.random.default_rng([cfg.seed, day, 47])
+
+    def run_env(run: str, task_id: str) -> dict:
+        return coder_ledger.draw(plan, rng, run, day_root)[2]
+
+    return table, plan, run_env
+
+
+def coder_night_ledger(world: ModelWorld, data: Path, root: Path, all_runs: list[dict], shipped: RoutingTable,
+                       models: tuple[str, ...], deployed: T.SagePolicy, day: int, cfg: LoopConfig,
+                       plan: assign.Plan | None) -> dict:
+    """The ledger's coder lever after a night's chain (see the module doc): every run so far joined to its draw,
+    the randomised ones added as evidence (each once: the ledger refuses a unit counted twice), the decision,
+    a new round when due, the ledger saved; the report's row: each candidate's state, estimate and interval
+    (rescaled task_v1 and task_v1), the exact gap between the two pinned tables on every run so far, the
+    runs left out by reason (a run SAGE's bandit chose is not evidence) and the next day's arms."""
+    import pandas as pd
+
+    from sage_pipeline.routing import routing_dataset as rd, task_outcomes as to
+
+    night = f"day-{day:02d}"
+    path, folder = _coder_paths(data)
+    led = Ledger.load(path)
+    out_path, traj = data / "routing" / to.TASK_OUTCOMES_NAME, data / "routing" / "trajectories.parquet"
+    if len(models) != 2 or not out_path.is_file():
+        return {"mode": "ledger", "promoted": False, "reason": "no task outcomes (or one coder model): nothing to add"}
+    ds = rd.read_routing_dataset(data / "routing" / rd.PARQUET_NAME,
+                                 ["role", "model", "session_id", "task_id", "episode_id", "step", "source_line"])
+    logged = coder_lever.traces_by_session(pd.read_parquet(traj, columns=["session_id", "trace_id"])
+                                           if traj.is_file() else pd.DataFrame())
+    by_harness = {s: r["trace_id"] for r in all_runs if r.get("trace_id") for s in r.get("sessions", ())}
+    traces = {**by_harness, **logged}  # SAGE's own trace_id first; the harness's record of the run's sessions else
+    runs = coder_lever.ledger_runs(ds, pd.read_parquet(out_path), cfg.objective, traces)
+    draws, bad = {}, []
+    plans, bad_plans = coder_ledger.load_plans(folder)
+    for d in range(1, day + 1):  # in the order recorded: day by day, each day's runs in run order
+        got, problems = assign.read_records(root / "days" / f"day-{d:02d}" / assign.RECORDS_NAME, plans)
+        draws.update(got)
+        bad += problems
+    added = coder_ledger.add_runs(led, runs, draws, plans, cfg.coder_decisions_config())
+    moves = coder_ledger.decide_night(led, night, models, cfg=cfg.coder_decisions_config())
+    coder_ledger.save_merged(led, path)
+    scale = 1.0 + cfg.coder_decisions_config().cost_max  # a gain in y times this is the gain in task_v1
+    rows = []
+    for c in led.of(coder_ledger.LEVER):
+        r = coder_ledger.row(led, c)
+        r["estimate_task_v1"] = None if r["estimate"] is None else r["estimate"] * scale
+        rows.append(r)
+    p = coder_ledger.pinned(led)
+    accepted = [m for m in moves if m["to"] == "accepted"]
+    sessions = {r.session_id for r in runs}
+    out = {"mode": "ledger", "night": night, "promoted": bool(accepted),
+           "model": coder_ledger.model_of(p) if p is not None else None,
+           "reverted": [m["id"] for m in moves if m["to"] == "reverted"],
+           "reason": "; ".join(f"{m['id']} {m['to']}: {m['reason']}" for m in moves) or "no change tonight",
+           "transitions": moves, "candidates": rows, "evidence": added,
+           "joined_by": {"sage_trace_id": sum(s in logged for s in sessions),
+                         "harness_sessions": sum(s in by_harness and s not in logged for s in sessions)},
+           "records_problems": (bad + bad_plans)[:20], "arms_today": None if plan is None else _arms_line(plan),
+           "guarantee": coder_ledger.guarantee(led, cfg.coder_decisions_config())}
+    truth_runs = _truth_runs(_runs_for_truth(all_runs))
+    if truth_runs:  # the world's exact value of each pinned table on every run so far: the gap the ledger estimates
+        def pinned_to(m: str) -> T.BundleSpec:
+            pol = T.SagePolicy(pin(shipped, "coder", m), deployed.models, deployed.min_confidence)
+            return T.BundleSpec(pol, None, m)
+
+        vals = {m: T.bundle_value(world, truth_runs, pinned_to(m), cfg.objective).objective for m in models}
+        out["true_value"] = vals
+        out["true_gap"] = {f"{a} - {b}": vals[a] - vals[b] for a in models for b in models if a != b}
+        if accepted:
+            m = accepted[0]
+            mod = coder_ledger.model_of(led.get(m["id"]))
+            other = next(x for x in models if x != mod)
+            out["wrong"] = bool(vals[mod] < vals[other])
     return out
 
 
@@ -430,7 +582,9 @@ def day_row(d: dict) -> dict:
             "GPU-s deployed/shipped/best": "/".join(str(_f(b.get(k, {}).get("gpu_seconds"), 2))
                                                     for k in ("deployed", "shipped", "best")),
             "objective gap closed": _f(b.get("gap_closed"), 2),
-            "coder lever": (f"pin {lever.get('model')}" if lever.get("promoted") else "keep") if lever else "off",
+            "coder lever": (f"pin {lever.get('model')}" if lever.get("promoted") else
+                            (f"ledger: pinned {lever['model']}" if lever.get("model") else "ledger: no pin")
+                            if lever.get("mode") == "ledger" else "keep") if lever else "off",
             "coder OPE": _f(lever.get("estimate")), "coder true": _f(lever.get("true_value")),
             "coder OPE error": _f(lever.get("ope_error"), 3),
             "failures": sum(d["runs"]["failures"].values()), "V deployed": _f(tv["deployed"]["ret"]),

@@ -83,3 +83,29 @@ def test_bad_settings():
         cl.CoderLeverConfig(confidence=1.2)
     with pytest.raises(ValueError):
         cl.CoderLeverConfig(min_tasks=1)
+
+
+def test_ledger_runs_one_row_per_run_with_its_draw_id_and_task_v1():
+    """The ledger's rows: one per sage run (session), task_v1 over its tasks of known verdict, the coder's first
+    model, and the run's draw id from SAGE's trace_id (trajectories.parquet keeps it; the routing dataset not)."""
+    ds, out = _frames(6, {A: 0.5, B: 0.5}, seed=4)
+    out.loc[out["session_id"] == "s5", "verified"] = np.nan  # a run cut short: no verdict known
+    traj = pd.DataFrame({"session_id": ["s0", "s0", "s1", "s2"], "trace_id": ["t0", "t0", "t1", None]})
+    traces = cl.traces_by_session(traj)
+    assert traces == {"s0": "t0", "s1": "t1"}
+    runs = cl.ledger_runs(ds, out, TaskObjective(), traces)
+    assert [r.session_id for r in runs] == [f"s{i}" for i in range(6)]
+    first = ds[ds["source_line"] == 1].set_index("session_id")["model"]
+    for r in runs:
+        assert r.logged_model == first[r.session_id] and r.trace_id == traces.get(r.session_id)
+        v = out.set_index("session_id").loc[r.session_id]
+        assert (r.objective is None) == bool(np.isnan(v["verified"]))
+        if r.objective is not None:
+            assert r.objective == pytest.approx(v["verified"] - v["gpu_seconds"] / 3600)
+    with pytest.raises(ValueError, match="one SAGE_TRACE_ID"):
+        cl.traces_by_session(pd.DataFrame({"session_id": ["s0", "s0"], "trace_id": ["a", "b"]}))
+    assert cl.traces_by_session(pd.DataFrame({"session_id": ["s0"]})) == {}
+
+
+def test_decide_says_it_is_valid_for_one_night_only():
+    assert "Valid for one night only" in cl.decide.__doc__ and "decisions.coder" in cl.decide.__doc__
