@@ -123,7 +123,7 @@ def test_non_json_reply_is_retried_then_reported(chat_server):
 
 
 def test_timeout_is_retried_then_reported(chat_server):
-    chat_server.script = [("sleep", 1.0, "late")]
+    chat_server.script = [("sleep", 5.0, "late")]  # far past the 0.2 s deadline, however slow the client
     with pytest.raises(BackendError, match="timed out after 0.2 s"):
         backend(chat_server, timeout_s=0.2, max_retries=1).solve(TASK, "s", "m")
     assert len(chat_server.requests) == 2
@@ -206,6 +206,11 @@ def test_simulated_backend_is_deterministic_and_fails_on_request():
 
 # deadlines: the whole request, not one socket read --------------------------------------------
 
+# The trickles below last 30 s (each attempt's); a call cut by its 1.5 s deadline ends well within this
+# bound even on a loaded machine, one without the deadline cannot.
+TRICKLE_BOUND_S = 12.0
+
+
 def _timed_failure(b: OpenAIBackend) -> tuple[BackendError, float]:
     t0 = time.monotonic()
     with pytest.raises(BackendError) as ei:
@@ -214,26 +219,30 @@ def _timed_failure(b: OpenAIBackend) -> tuple[BackendError, float]:
 
 
 def test_a_server_trickling_its_body_hits_the_deadline(chat_server):
-    chat_server.script = [("trickle", 0.5, 12)]  # one byte every 0.5 s: each read is quick, the reply never ends
+    chat_server.script = [("trickle", 0.5, 60)]  # one byte every 0.5 s: each read is quick, the reply never ends
     e, took = _timed_failure(backend(chat_server, timeout_s=1.5, max_retries=0))
-    assert took < 3.0 and e.kind == "transient" and e.purpose == "solve"
+    # the trickle would last 30 s: well under that is the deadline at work (the bound is no race
+    # with the machine's speed)
+    assert took < TRICKLE_BOUND_S and e.kind == "transient" and e.purpose == "solve"
     assert "timed out after 1.5 s" in e.cause and "headers received" in e.cause
 
 
 def test_a_server_that_never_finishes_its_headers_hits_the_deadline(chat_server):
-    chat_server.script = [("trickle_headers", 0.5, 12)]
+    chat_server.script = [("trickle_headers", 0.5, 60)]
     e, took = _timed_failure(backend(chat_server, timeout_s=1.5, max_retries=0))
-    assert took < 3.0 and e.kind == "transient"
+    assert took < TRICKLE_BOUND_S and e.kind == "transient"
     assert "timed out after 1.5 s" in e.cause and "no complete response headers" in e.cause
 
 
 def test_each_retry_gets_its_own_deadline_and_the_call_stays_bounded(chat_server):
-    chat_server.script = [("trickle", 0.2, 10)]
+    chat_server.script = [("trickle", 0.2, 150)]  # 30 s per attempt without its deadline
     delays: list[float] = []
     b = backend(chat_server, delays, timeout_s=0.5, max_retries=2)
     e, took = _timed_failure(b)
     assert e.attempts == 3 and len(chat_server.requests) == 3 and len(delays) == 2
-    assert took < 3 * 0.5 + 1.0  # (max_retries + 1) * timeout_s; the backoff waits are recorded, not slept
+    # (max_retries + 1) * timeout_s = 1.5 s, far under one attempt's 30 s of trickle; the backoff
+    # waits are recorded, not slept
+    assert took < TRICKLE_BOUND_S
     assert [x["final"] for x in b.calls.errors] == [False, False, True]
     assert all("timed out after 0.5 s" in x["error"] for x in b.calls.errors)
 
@@ -271,11 +280,11 @@ def test_the_deadline_holds_over_https_too(tmp_path, monkeypatch):
     server = ChatServer(tls=(str(cert), str(key)))
     try:
         assert server.base_url.startswith("https://")
-        server.script = [("ok", "4"), ("trickle", 0.5, 12)]
+        server.script = [("ok", "4"), ("trickle", 0.5, 60)]
         b = backend(server, timeout_s=1.5, max_retries=0)
         assert b.solve(TASK, "s", "m").text == "4"
         e, took = _timed_failure(b.__class__(b.config, sleep=lambda s: None))
-        assert took < 3.0 and "timed out after 1.5 s" in e.cause
+        assert took < TRICKLE_BOUND_S and "timed out after 1.5 s" in e.cause
     finally:
         server.close()
 
