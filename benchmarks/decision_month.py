@@ -300,7 +300,7 @@ class BatchEngine:
         self.lever, self.cfg = lever, config
         self.nulls = config.nulls()
         self.i0, self.imin = ev.at(self.nulls, 0.0), ev.at(self.nulls, config.min_useful_gain)
-        self.fast = config.evidence.model_copy(update={"half_life": config.probation_half_life})
+        self.fast = config.probation_evidence()
         self.main = {s: ev.Stream.start(self.nulls, capacity) for s in self.STREAMS}
         self.prob = {s: ev.Stream.start(self.nulls, capacity) for s in self.STREAMS}
         self.month: list[int] = []

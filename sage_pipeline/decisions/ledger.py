@@ -84,9 +84,16 @@ class LedgerConfig(BaseModel):
                               "against 'gain >= min_useful_gain' reaches 1/drop_alpha: a drop spends no false-accept "
                               "level, so it has a level of its own (the chance a candidate worth min_useful_gain is "
                               "ever dropped that way)")
+    probation_cap: float = Field(0.5, gt=0.0, lt=1.0, description="the probation bets' cap (a share of the largest "
+                                 "safe bet): its short half-life makes the plug-in noisy, and at 0.9 a pinned coder "
+                                 "gone bad was reverted within 7 nights in about half the months, not most")
     max_pending_nights: int = Field(30, ge=1, description="nights a candidate may stay pending before it is dropped "
                                     "as unresolvable (its evidence is kept in the ledger)")
     evidence: ev.EvidenceConfig = Field(default_factory=ev.EvidenceConfig)
+
+    def probation_evidence(self) -> ev.EvidenceConfig:
+        """The evidence settings of a probation stream: ``probation_half_life`` and ``probation_cap``."""
+        return self.evidence.model_copy(update={"half_life": self.probation_half_life, "cap": self.probation_cap})
 
     def alpha_for(self, index: int) -> float:
         """The accept level of a lever's ``index``-th candidate (1-based): ``alpha / (j (j + 1))``."""
@@ -320,8 +327,7 @@ class Ledger:
         cfg = self.config.evidence
         self._stream(c, "streams", stream).feed(x, lo, hi, cfg)
         if c.state == "accepted":
-            fast = cfg.model_copy(update={"half_life": self.config.probation_half_life})
-            self._stream(c, "probation", stream).feed(x, lo, hi, fast)
+            self._stream(c, "probation", stream).feed(x, lo, hi, self.config.probation_evidence())
         c.judged_on.setdefault(stream, []).extend(units)
         return len(x)
 

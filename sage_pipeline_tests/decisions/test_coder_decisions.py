@@ -1,7 +1,7 @@
 """The coder lever of the ledger (decisions/coder.py): equal coder models are pinned in few months (a batch of
 100 simulated months of 30 nights, vectorised, checked equal to the ledger's own path); a real +0.06 gap is
 pinned; a pin is reverted when the world turns, and a new round pins the other model; a run without a recorded
-draw is never evidence; a unit counted twice is refused; the plan runs 50/50, then the pin at 0.9 with 0.1 on
+draw is never evidence; a unit counted twice is refused; the plan runs 50/50, then the pin at 0.7 with 0.3 on
 the other model, through pinned models.yaml files SAGE reads; each run's draw is recorded and reaches SAGE as its
 own environment (the harness, with a stand-in `sage`)."""
 
@@ -163,7 +163,7 @@ def test_a_pin_is_reverted_when_the_world_turns_and_the_other_model_is_then_pinn
                 events.append((n, coder.model_of(led.get(t["id"])), t["to"]))
                 if t["to"] == "accepted" and turn is None:
                     turn = n
-                    assert coder.plan(led, PINS).levers[coder.LEVER][0].probability == pytest.approx(0.9)
+                    assert coder.plan(led, PINS).levers[coder.LEVER][0].probability == pytest.approx(0.7)
         pinned_b = next(n for n, m, to in events if to == "accepted" and m == B)
         reverted = next(n for n, m, to in events if to == "reverted")
         assert reverted - pinned_b <= 20
@@ -244,7 +244,7 @@ def test_the_plan_runs_both_models_then_the_pin_with_exploration_through_pinned_
     led.transition(a.id, "accepted", night="day-02", reason="test")
     led.transition(b.id, "dropped", night="day-02", reason="test")
     arms = {x.name: x.probability for x in coder.plan(led, pins).levers[coder.LEVER]}
-    assert arms == {f"pin-{a.id}": pytest.approx(0.9), f"pin-{b.id}": pytest.approx(0.1)}
+    assert arms == {f"pin-{a.id}": pytest.approx(0.7), f"pin-{b.id}": pytest.approx(0.3)}
     assert sum(x.threshold for x in coder.plan(led, pins).levers[coder.LEVER]) == assign.SCALE  # exact
     assert not coder.round_due(led, "day-03")
     led.transition(a.id, "reverted", night="day-05", reason="test")

@@ -157,7 +157,8 @@ def test_a_pinned_coder_reaches_sage_through_its_models_yaml(sage_python, tmp_pa
     monkeypatch.setattr(coder_lever, "decide", promote)
     install = SageInstall.find(sage_python)
     world = build_world(install.models_yaml, n_tasks=24, task_seed=2)
-    cfg = sl.LoopConfig(days=2, tasks_per_day=4, pool=24, seed=2, sage_bench=False, start="yaml")
+    cfg = sl.LoopConfig(days=2, tasks_per_day=4, pool=24, seed=2, sage_bench=False, start="yaml",
+                        coder_decisions="bootstrap")  # the one-night rule this test forces (the ledger's: decisions/)
     report = sl.run_loop(install, tmp_path / "loop", lambda d, dirs, rate: offline_chain(
         d, dirs, rate, install.models_yaml, FAST), cfg, world=world)
     assert report.days[0]["coder_lever"]["promoted"] is True
