@@ -8,8 +8,9 @@ reader). Modules are grouped into layers: the shared helpers, the pure domains `
 * no layer imports one that imports it back (no cycle), and the failure names the cycle with
   the file and line of every import on it;
 * dependencies point one way, down: ``definitions`` -> ``defs`` -> chains -> ``rl`` ->
-  ``sim`` and ``routing`` -> ``sage`` (SAGE's formats) -> shared helpers (``sim`` reuses
-  ``routing``'s reward and catalogue, never the reverse);
+  ``sim`` and ``routing`` -> the decision levers -> ``sage`` (SAGE's formats) -> the ledger's
+  core (``decisions``) -> shared helpers (``sim`` reuses ``routing``'s reward and catalogue, never
+  the reverse; a module may sit in another layer than its package: :data:`SUBLAYERS`);
 * nothing outside ``defs`` and the Definitions modules imports dagster.
 
 Imports by name at run time (``importlib.import_module`` with a string) are not statements and
@@ -31,12 +32,16 @@ ROOT = Path(__file__).resolve().parents[1] / PACKAGE
 RANKS = {
     "artifacts": 0, "markdown": 0, "errors": 0, PACKAGE: 0,  # the shared helpers (and the package's __init__)
     "untrusted": 0,  # the guard for files the project did not write: a shared helper, standard library only
+    # the decision ledger's core (anytime-valid evidence, the ledger, the recorded assignment, its report):
+    # numpy and the shared helpers only, so SAGE's deployment bundle can carry the ledger and write the
+    # launcher, and every lever's chain (sleep, rl, sage_world) can use it
+    "decisions": 0.4,
     # SAGE's contract: its formats, read from SAGE's code (table, checkpoint, exploration, bandit
     # state, the deployment bundle); below every domain that reads or writes them
     "sage": 0.5,
-    # the decision ledger's core (anytime-valid evidence, the ledger, the recorded assignment, its report):
-    # numpy and the shared helpers only, so every lever's chain (sleep, rl, sage_world) can use it
-    "decisions": 0.75,
+    # the levers of the ledger (decisions/coder.py, skills.py, router.py: SUBLAYERS): on the ledger's core
+    # and SAGE's contract (the coder lever writes pinned tables), below the chains that run them
+    "decision_levers": 0.75,
     "routing": 1,
     "sim": 2,
     "rl": 3,
@@ -49,6 +54,8 @@ RANKS = {
     "celery_definitions": 7,
 }
 DAGSTER_LAYERS = {"defs", "definitions", "celery_definitions"}
+# modules that sit in another layer than their package (each with what is under it)
+SUBLAYERS = {f"{PACKAGE}.decisions.{lever}": "decision_levers" for lever in ("coder", "skills", "router")}
 # Upward edges that exist today and are someone's to move (each must still exist: remove it here
 # when its import goes). None: keep it that way.
 KNOWN_UPWARD: set[tuple[str, str]] = set()
@@ -111,6 +118,9 @@ def import_edges(root: Path) -> list[Edge]:
 def layer_of(module: str) -> str:
     """``sage_pipeline.rl.bc`` -> ``rl``; ``sage_pipeline.artifacts`` -> ``artifacts``."""
     parts = module.split(".")
+    for name, layer in SUBLAYERS.items():
+        if module == name or module.startswith(name + "."):
+            return layer
     if parts[-1] == "celery_definitions":
         return "celery_definitions"
     return parts[1] if len(parts) > 1 else parts[0]
