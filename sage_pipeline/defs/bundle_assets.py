@@ -1,8 +1,10 @@
 """The deployment bundle SAGE runs unchanged: its models.yaml (the coder's model learned from SAGE's
-own logs), the router checkpoint, and how to deploy them as one (``sage_pipeline.sage.bundle``)."""
+own logs), the router checkpoint, the decision ledger and the randomised arms, and how to deploy them as
+one (``sage_pipeline.sage.bundle``)."""
 
 # No `from __future__ import annotations`: Dagster reads the real annotations.
 import os
+import shlex
 import tempfile
 from pathlib import Path
 
@@ -12,6 +14,8 @@ import pyarrow.parquet as pq
 from pydantic import Field
 
 from sage_pipeline import markdown
+from sage_pipeline.decisions import assign
+from sage_pipeline.decisions.ledger import LEDGER_NAME
 from sage_pipeline.defs.policy_assets import sage_router_checkpoint
 from sage_pipeline.defs.resources import SageResource
 from sage_pipeline.defs.routing_assets import GROUP, ObjectiveSection
@@ -25,6 +29,7 @@ from sage_pipeline.sage.table import pin
 from sage_pipeline.sleep.sage_night import SKILLS_ROOT_DIR, live_skills
 
 BUNDLE_DIR = ("checkpoints", "bundle")
+DECISIONS_DIR = "decisions"  # <data>/decisions/: the ledger and the arms file the levers' nights write
 
 
 class CoderLeverSection(dg.Config, coder_lever.CoderLeverConfig):
@@ -60,13 +65,32 @@ def _coder_decision(sage: SageResource, objective: TaskObjective, config: coder_
     return decision
 
 
+def _decisions(sage: SageResource) -> tuple[Path | None, dict | None]:
+    """The ledger (``<data>/decisions/ledger.json``) and the arms (``<data>/decisions/assignment_plan.json``,
+    ``assign.load_arms``: every part inside the data root), each None when its file does not exist."""
+    ledger = sage.path(DECISIONS_DIR, LEDGER_NAME)
+    arms_file = sage.path(DECISIONS_DIR, assign.ARMS_FILE)
+    try:
+        arms = assign.load_arms(arms_file, sage.root()) if os.path.lexists(arms_file) else None
+    except assign.AssignError as exc:
+        raise dg.Failure(f"sage_bundle: {exc}") from exc
+    return (ledger if os.path.lexists(ledger) else None), arms
+
+
+def _arms_table(b: bd.Bundle) -> list[dict]:
+    return [{"lever": lever, "arm": a["name"], "candidate": a["candidate"] or "incumbent",
+             "probability": a["threshold"] / assign.SCALE, "threshold (of 2**32)": a["threshold"],
+             "part": a["path"] or "the bundle's own"} for lever, arms in b.arms.items() for a in arms]
+
+
 @dg.asset(group_name=GROUP, deps=[sage_router_checkpoint], kinds={"python", "yaml"},
           description="Every lever SAGE runs unchanged, as one deployment bundle (checkpoints/bundle): a models.yaml "
                       "for SAGE_MODELS_YAML (the coder pinned to the model SAGE's own logs show best under the task_v1 "
                       "objective, when they separate it), the router checkpoint (the promoted one, else the exploring "
-                      "one around SAGE's YAML), bound to the table the logs were written with. Deploy it with "
-                      "`python -m sage_pipeline.sage.bundle deploy`: one switch, refused for a SAGE running another "
-                      "table.")
+                      "one around SAGE's YAML), the decision ledger (decisions/ledger.json) and the arms the levers' "
+                      "nights randomise (decisions/assignment_plan.json), bound to the table the logs were written "
+                      "with. Deploy it with `python -m sage_pipeline.sage.bundle deploy`: one switch, refused for a "
+                      "SAGE running another table; with arms, SAGE is started through <deploy root>/sage-run.")
 def sage_bundle(context: dg.AssetExecutionContext, config: SageBundleConfig,
                 sage: SageResource) -> dg.MaterializeResult:
     objective = to_core(config.objective, TaskObjective)
@@ -100,11 +124,18 @@ def sage_bundle(context: dg.AssetExecutionContext, config: SageBundleConfig,
         why += f"; router: {kind} checkpoint" if ck is not None else "; router: SAGE's YAML (no checkpoint)"
         skills = live_skills(sage.path(*SKILLS_ROOT_DIR))  # the sleep cycle's SAGE skills root, when it exists
         why += f"; skills: live version {skills.name} of {skills.parent.parent}" if skills else "; skills: SAGE's own"
-        b = bd.build(sage.path(*BUNDLE_DIR), table, learned_for, objective=objective, checkpoint=ck,
-                     exploration=exploration, skills=skills, why=why)
+        ledger, arms = _decisions(sage)
+        why += f"; arms of {', '.join(arms)} randomised" if arms else ""
+        try:
+            b = bd.build(sage.path(*BUNDLE_DIR), table, learned_for, objective=objective, checkpoint=ck,
+                         exploration=exploration, skills=skills, why=why, ledger=ledger, arms=arms)
+        except bd.BundleError as exc:
+            raise dg.Failure(f"sage_bundle: {exc}") from exc
     context.log.info(f"bundle {b.id[:12]} at {b.folder}: {why}")
-    deploy = (f"python -m sage_pipeline.sage.bundle deploy {b.folder} <deploy root> --sage-python <SAGE's python>"
-              " (then start SAGE with `. <deploy root>/sage.env`)")
+    start = ("`<deploy root>/sage-run \"<prompt>\"` instead of `sage run \"<prompt>\"` (each run's arms drawn and "
+             "recorded in <deploy root>/assignments.jsonl)" if b.arms else "`. <deploy root>/sage.env`")
+    deploy = (f"python -m sage_pipeline.sage.bundle deploy {shlex.quote(str(b.folder))} <deploy root> --sage-python "
+              f"<SAGE's python> (then start SAGE with {start})")
     per_model = [] if decision is None else [
         {"coder model": m, **{k: v for k, v in e.items() if k != "ci"}, "interval": e["ci"]}
         for m, e in decision.per_model.items()]
@@ -118,8 +149,12 @@ def sage_bundle(context: dg.AssetExecutionContext, config: SageBundleConfig,
         "exploration": dg.MetadataValue.json(exploration or {}),
         "learned_for": dg.MetadataValue.json({k: b.manifest["learned_for"][k] for k in ("path", "routing_sha256")}),
         "deploy_command": deploy,
-        "sage_env": dg.MetadataValue.md("```bash\n" + "\n".join(f"export {k}={v}" for k, v in b.env().items())
-                                        + "\n```"),
+        "sage_env": dg.MetadataValue.md("```bash\n" + "\n".join(f"export {k}={shlex.quote(v)}"
+                                                              for k, v in b.env().items()) + "\n```"),
+        "decisions": (dg.MetadataValue.path(str(b.folder / bd.LEDGER_FILE)) if b.part("decisions") is not None
+                      else "no ledger yet"),
+        "arms": dg.MetadataValue.md(markdown.table(_arms_table(b)) if b.arms else "no arms: nothing randomised"),
+        "plan": b.plan().id if b.arms else "",
     })
 
 

@@ -13,6 +13,20 @@ A **bundle** is a folder holding those parts and ``bundle.json``: each part's fi
 table the bundle was learned for (the one SAGE ran when its logs were written: a bundle is bound to
 it), the objective it was chosen under, its exploration, and why. Its id is the sha256 of its parts.
 
+It may also carry what decided it and the random assignment that keeps testing it (issue 47):
+
+* ``decisions``: the decision ledger (``ledger.json``, :mod:`sage_pipeline.decisions.ledger`), read with
+  ``Ledger.load``'s schema, so the ledger is stored atomically with the bundle it decided;
+* ``arms``: per lever under test (``coder``: a ``models.yaml``; ``skills``: a skills tree;
+  ``assign.LEVER_PARTS``), its arms as the plan draws them: a name, the ledger candidate it stands for,
+  its exact probability as an integer threshold out of ``2**32``, and its part at the fixed name
+  ``arms/<lever>/<arm>/models.yaml`` or ``arms/<lever>/<arm>/skills/`` (or none: the arm runs the bundle's
+  own part of that lever). A ``models.yaml`` arm must route every role but the coder as ``learned_for``
+  and the bundle's table do (an arm changes its lever only).
+
+Both enter the id (with their sha256s, and the arms' names, candidates and thresholds); a bundle with
+neither keeps the id it always had.
+
 **Reading** a bundle (:func:`read`; every deploy does it first) treats it as hostile: it may come from
 another machine or a manifest edited by hand. Nothing is taken on the manifest's word:
 
@@ -24,9 +38,10 @@ another machine or a manifest edited by hand. Nothing is taken on the manifest's
   bundle whose author thought it said more. An error names the file, the field (pydantic's ``loc``)
   and what to do;
 * each part sits at its own fixed name in the bundle (``models.yaml``, ``checkpoint/``,
-  ``ucb_bandit.json``, ``skills/``; an absolute or ``../`` path is refused by the schema) and is a
-  regular file or a folder with no link anywhere in it (not even to a file inside the bundle), nothing
-  but folders and regular files under it, every file read through the guard
+  ``ucb_bandit.json``, ``skills/``, ``ledger.json``, ``arms/<lever>/<arm>/...``; an absolute or ``../``
+  path is refused by the schema) and is a regular file or a folder with no link anywhere in it or on the
+  way to it (not even to a file inside the bundle), nothing but folders and regular files under it,
+  every file read through the guard
   (:data:`MAX_FILE_BYTES` each, :data:`MAX_PART_FILES` and :data:`MAX_BUNDLE_BYTES` in all);
 * every part's sha256 is recomputed from its contents and compared, and the **id is recomputed** from
   them: a manifest whose ``id`` differs is refused, naming both. Only the recomputed id is ever used
@@ -34,7 +49,10 @@ another machine or a manifest edited by hand. Nothing is taken on the manifest's
 * ``learned_for`` must hash to its ``routing_sha256`` and parse as a table; ``models.yaml`` must parse
   as SAGE's table; the checkpoint's ``policy.joblib`` must have the sha256 its ``manifest.json`` (and
   the bundle's manifest) says and be written for the bundle's table; the bandit state must read as
-  SAGE's; the skills must hold a ``SKILL.md``.
+  SAGE's; the skills (and every skills arm) must hold a ``SKILL.md``; the ledger must load as the
+  ledger (a :class:`~sage_pipeline.decisions.ledger.LedgerError` is a BundleError naming the file and
+  field); every ``models.yaml`` arm must parse as SAGE's table and be bound to ``learned_for`` as above;
+  every lever's thresholds must sum to exactly ``2**32``.
 
 The id is a content hash, not a signature: anyone can compute it. A bundle whose parts are all
 consistent still carries a pickle (``policy.joblib``) that SAGE loads with joblib: deploy bundles from
@@ -65,14 +83,25 @@ so deploys to one root run one at a time, whichever process or machine starts th
    The env file is generated shell text: comment lines of the project's own words, ``unset NAME`` and
    ``export NAME=VALUE``, NAME matching ``^[A-Z_][A-Z0-9_]*$`` and VALUE quoted by ``shlex.quote``, so a
    deploy root whose name holds a space, a quote, ``$(...)``, a backtick or a newline is exported as
-   it is and runs nothing. :func:`read_env_file` reads that grammar and refuses any other line;
+   it is and runs nothing. :func:`read_env_file` reads that grammar and refuses any other line.
+   **With arms**, the version also gets ``sage-run`` (``assign.write_launcher``) and the plan it draws
+   from (``assignment_plan.json``, its arms' variables naming the deployed copies in the version, never
+   the bundle's folder), and ``<root>/sage-run`` is the link ``current/sage-run``, so the launcher and
+   ``sage.env`` switch together. ``<root>/sage-run "<prompt>"`` replaces ``sage run "<prompt>"``: it sets
+   the version's whole environment (as ``sage.env``), draws each lever's arm, appends the draw to
+   ``<root>/assignments.jsonl`` (at the root, so the records of every version stay in one file across
+   deploys; each names its plan's id, and :func:`deployed_plans` gives every deployed plan by id), and
+   exports ``SAGE_TRACE_ID`` = the draw id. A root that once had a launcher keeps one: a version without
+   arms gets a launcher that draws nothing (its records have no arms), so ``<root>/sage-run`` never
+   dangles;
 4. the bandit state, when the bundle has one, is written into each workspace named (atomically per
    file; the workspace's ``memory/rl`` must resolve inside it, checked before anything is written). It
    is not part of the switch: SAGE reads it once when it starts and rewrites it after every verdict, so
    it is the workspace's own memory, and a SAGE already running in that workspace overwrites it;
    deploy to workspaces no SAGE is running in;
 5. the deployment is recorded: one JSON line appended to ``<root>/deployments.jsonl`` (bundle id, time,
-   parts) with one ``O_APPEND`` write and an fsync, never rewritten, and the checkpoint in the routing
+   parts; with a launcher, its path and the plan's id) with one ``O_APPEND`` write and an fsync, never
+   rewritten, and the checkpoint in the routing
    dataset's deployments record (``explore.record_deployment``), so every decision SAGE logs from then
    on gets its exact probability back.
 """
@@ -90,7 +119,7 @@ import shlex
 import stat
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -99,6 +128,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from sage_pipeline import artifacts, untrusted
+from sage_pipeline.decisions import assign
+from sage_pipeline.decisions.ledger import LEDGER_NAME, Ledger, LedgerError
 from sage_pipeline.sage import bandit_state, checkpoint as ck, explore
 from sage_pipeline.sage.objective import TaskObjective
 from sage_pipeline.sage.table import RoutingTable
@@ -109,6 +140,11 @@ MODELS_YAML = "models.yaml"
 CHECKPOINT_DIR = "checkpoint"
 BANDIT_FILE = "ucb_bandit.json"
 SKILLS_DIR = "skills"
+LEDGER_FILE = LEDGER_NAME  # ledger.json: the decisions part
+ARMS_DIR = "arms"  # arms/<lever>/<arm>/<models.yaml | skills>
+ARM_PART = {"coder": MODELS_YAML, "skills": SKILLS_DIR}  # each lever's part name (assign.LEVER_PARTS: its kind)
+LAUNCHER = assign.LAUNCHER_NAME  # sage-run, in each version with arms; <root>/sage-run -> current/sage-run
+ASSIGNMENTS = assign.RECORDS_NAME  # <root>/assignments.jsonl
 ENV_FILE = "sage.env"
 RECORD = "deployments.jsonl"
 CURRENT = "current"
@@ -116,7 +152,10 @@ VERSIONS_DIR = "versions"
 LOCK_NAME = "sage_deploy"  # <root>/.locks/sage_deploy.lock
 # each part: its fixed name in the bundle and whether it is a file or a folder
 PARTS = {"models_yaml": (MODELS_YAML, "file"), "checkpoint": (CHECKPOINT_DIR, "folder"),
-         "bandit_state": (BANDIT_FILE, "file"), "skills": (SKILLS_DIR, "folder")}
+         "bandit_state": (BANDIT_FILE, "file"), "skills": (SKILLS_DIR, "folder"),
+         "decisions": (LEDGER_FILE, "file")}
+_ID_PARTS = ("models_yaml", "checkpoint", "bandit_state", "skills")  # always in the id (None when absent)
+_OPTIONAL = ("decisions",)  # in the manifest and the id only when present: older bundles keep their id
 MAX_MANIFEST_BYTES = 1 << 20  # bundle.json, a checkpoint's manifest.json, an env file
 MAX_FILE_BYTES = 256 << 20  # one file of a part (a policy.joblib is a few MB)
 MAX_PART_FILES = 10_000
@@ -176,11 +215,32 @@ class SkillsPart(_Strict):
     sha256: Sha256
 
 
+class DecisionsPart(_Strict):
+    path: Literal["ledger.json"] = Field(description="always ledger.json: the decision ledger")
+    sha256: Sha256
+
+
 class Parts(_Strict):
     models_yaml: ModelsYamlPart
     checkpoint: CheckpointPart | None = None
     bandit_state: BanditPart | None = None
     skills: SkillsPart | None = None
+    decisions: DecisionsPart | None = None
+
+
+def arm_path(lever: str, arm: str) -> str:
+    """An arm's part's fixed name in the bundle: ``arms/<lever>/<arm>/<models.yaml | skills>``."""
+    return f"{ARMS_DIR}/{lever}/{arm}/{ARM_PART[lever]}"
+
+
+class ArmEntry(_Strict):
+    """One arm of a lever under test: ``threshold / 2**32`` is its exact probability."""
+
+    name: str = Field(pattern=r"^[a-z0-9_\-]{1,64}$")
+    candidate: str | None = Field(None, description="the ledger's candidate id; null for the incumbent")
+    threshold: int = Field(ge=1, le=assign.SCALE)
+    path: str | None = Field(None, description="arm_path(lever, name), or null: the bundle's own part")
+    sha256: Sha256 | None = None
 
 
 class LearnedFor(_Strict):
@@ -204,11 +264,40 @@ class Manifest(_Strict):
     objective: TaskObjective
     exploration: dict[str, Any] | None = None
     why: str = ""
+    arms: dict[str, list[ArmEntry]] | None = Field(None, description="per lever under test, its arms "
+                                                   "(checked whole by _check_arms)")
 
 
-def _ident(part_sha: dict[str, str | None]) -> str:
-    """The bundle's id: the sha256 of its parts' sha256s (None for a part it does not have)."""
-    return hashlib.sha256(json.dumps({k: part_sha.get(k) for k in PARTS}, sort_keys=True).encode()).hexdigest()
+def _check_arms(path: Path, arms: dict[str, list[ArmEntry]]) -> None:
+    """The manifest's arms as only :func:`build` writes them, each problem naming its field."""
+    for lever, entries in arms.items():
+        if lever not in ARM_PART:
+            raise BundleError(f"{path}: field 'arms.{_short(lever)}': a bundle carries arms of "
+                              f"{', '.join(ARM_PART)} only: {REBUILD}")
+        if not entries or len({a.name for a in entries}) != len(entries):
+            raise BundleError(f"{path}: field 'arms.{lever}': no arms, or two arms sharing a name: {REBUILD}")
+        total = sum(a.threshold for a in entries)
+        if total != assign.SCALE:
+            raise BundleError(f"{path}: field 'arms.{lever}': the thresholds sum to {total}, not 2**32 = "
+                              f"{assign.SCALE} (each arm's probability is its threshold / 2**32): {REBUILD}")
+        for i, a in enumerate(entries):
+            if a.path is not None and a.path != arm_path(lever, a.name):
+                raise BundleError(f"{path}: field 'arms.{lever}.{i}.path' is {_short(a.path)}, it must be "
+                                  f"{arm_path(lever, a.name)!r} (or null: the bundle's own part): {REBUILD}")
+            if (a.path is None) != (a.sha256 is None):
+                raise BundleError(f"{path}: field 'arms.{lever}.{i}.sha256': a path needs its sha256 and a sha256 "
+                                  f"its path: {REBUILD}")
+
+
+def _ident(part_sha: dict[str, str | None], arms: dict[str, list[dict]] | None = None) -> str:
+    """The bundle's id: the sha256 of its parts' sha256s (None for a part it does not have; the ledger only
+    when present) and, with arms, each lever's arms in draw order (name, candidate, threshold, sha256)."""
+    doc: dict[str, Any] = {k: part_sha.get(k) for k in _ID_PARTS}
+    doc |= {k: part_sha[k] for k in _OPTIONAL if part_sha.get(k) is not None}
+    if arms:
+        doc["arms"] = {lever: [[a["name"], a.get("candidate"), a["threshold"], a.get("sha256")] for a in entries]
+                       for lever, entries in arms.items()}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -243,6 +332,25 @@ class Bundle:
             out["SAGE_SKILLS_ROOT"] = str(base / SKILLS_DIR)
         return out
 
+    @property
+    def arms(self) -> dict[str, list[dict]]:
+        """Per lever under test, its arms as the manifest holds them (empty: none)."""
+        return self.manifest.get("arms") or {}
+
+    def plan(self, folder: Path | None = None) -> assign.Plan | None:
+        """The assignment plan of this bundle's arms run from ``folder`` (default: its own), None without
+        arms: each arm's variable names its part inside ``folder``; an arm without a part sets nothing (the
+        bundle's own part of that lever runs). The note names the bundle, so each bundle's plan has its id."""
+        if not self.arms:
+            return None
+        base = Path(os.path.abspath(folder or self.folder))
+        levers = {lever: tuple(assign.Arm(name=a["name"], candidate=a["candidate"], threshold=a["threshold"],
+                                          env={} if a["path"] is None else
+                                          {assign.LEVER_PARTS[lever][1]: str(base / a["path"])})
+                               for a in entries)
+                  for lever, entries in self.arms.items()}
+        return assign.Plan(levers=levers, note=f"bundle {self.id}")
+
 
 # --- a part's files, through the guard -----------------------------------------------------------------
 
@@ -254,6 +362,14 @@ def _part_files(root: Path, rel: str, kind: str) -> list[Path]:
     folders and regular files, BundleError past :data:`MAX_PART_FILES` files, FileNotFoundError when
     missing."""
     where = root / rel
+    on_the_way = root
+    for name in Path(rel).parts[:-1]:  # arms/<lever>/<arm>/...: every folder on the way is a folder, not a link
+        on_the_way = on_the_way / name
+        st = os.lstat(on_the_way)
+        if not stat.S_ISDIR(st.st_mode):
+            raise untrusted.Untrusted(on_the_way, root, "link" if stat.S_ISLNK(st.st_mode) else "not_regular",
+                                      f"it is {untrusted.kind_of(st.st_mode)} on the way to the part {rel}: "
+                                      "a folder on the way to a part is a folder")
     st = os.lstat(where)
     if stat.S_ISLNK(st.st_mode):
         raise untrusted.Untrusted(where, root, "link", f"it points at {os.readlink(where)!r}; a part is never a link")
@@ -336,6 +452,63 @@ def _copy_tree(src: str | Path, dest: Path, what: str) -> None:
         raise BundleError(f"{what} {src} not found: check the path") from None
 
 
+def _copy_source(src: str | Path, dest: Path, kind: str, what: str) -> Path:
+    """Copy the file or folder ``src`` given to :func:`build` (the ledger, an arm's part) to ``dest``
+    through the guard: ``src`` itself is never a link (nor anything in it), a FIFO is never opened.
+    Returns ``src`` made absolute (for messages)."""
+    src = Path(os.path.abspath(src))
+    try:
+        files = _part_files(src.parent, src.name, kind)
+        if kind == "folder":
+            dest.mkdir(parents=True, exist_ok=True)
+        _copy_files(src.parent, src.name, files, dest)
+    except untrusted.Untrusted as exc:
+        raise BundleError(f"{what} {src}: {exc}") from None
+    except FileNotFoundError:
+        raise BundleError(f"{what} {src} not found: check the path") from None
+    return src
+
+
+def _check_ledger(path: Path, shown: Path | str) -> None:
+    """The decisions part loads as the ledger (``Ledger.load``'s schema); a LedgerError is a BundleError
+    naming ``shown`` and the field."""
+    try:
+        Ledger.load(path)
+    except LedgerError as exc:
+        raise BundleError(f"part 'decisions' ({shown}) is not a ledger the project wrote: "
+                          f"{str(exc).replace(str(path), str(shown))}") from None
+
+
+def _not_coder(table: RoutingTable) -> RoutingTable:
+    return RoutingTable({r: v for r, v in table.routes.items() if r != "coder"}, source=table.source)
+
+
+def _check_arm(lever: str, arm: str, where: Path, shown: str, files: list[str], table: RoutingTable,
+               learned_for: RoutingTable) -> None:
+    """An arm's part is what its lever reads: a ``models.yaml`` that SAGE parses and that routes every role
+    but the coder as ``learned_for`` and the bundle's ``table`` do; a skills tree with a SKILL.md."""
+    name = f"arms.{lever}.{arm}"
+    if lever == "skills":
+        if not any(Path(k).name == "SKILL.md" and len(Path(k).parts) in (2, 3) for k in files):
+            raise BundleError(f"{shown}: arm {name!r} holds no <discipline>/<skill>/SKILL.md: SAGE_SKILLS_ROOT "
+                              "mirrors SAGE's assets/skills/{discipline,workflow,planning}/<skill>/SKILL.md")
+        return
+    try:
+        got = RoutingTable.load(where)
+    except ValueError as exc:
+        raise BundleError(f"{shown}: arm {name!r} is not a models.yaml SAGE reads: {exc}") from None
+    problems = [f"against the table it was learned for: {d}" for d in
+                ck.table_differences(_not_coder(learned_for), _not_coder(got))]
+    problems += [f"against the bundle's models.yaml: {d}" for d in
+                 ck.table_differences(_not_coder(table), _not_coder(got)) if not problems]
+    if "coder" not in got.routes:
+        problems.append("it routes no coder")
+    if problems:
+        raise BundleError(f"{shown}: arm {name!r} is a models.yaml for another table: " + "; ".join(problems)
+                          + ". A coder arm changes the coder's route only: write it from the bundle's table "
+                          "(sage.table.pin(learned_for, 'coder', model))")
+
+
 def _hook_roles(table: RoutingTable) -> RoutingTable:
     return RoutingTable({r: v for r, v in table.routes.items() if r in ck.SAGE_HOOK_ROLES}, source=table.source)
 
@@ -343,15 +516,32 @@ def _hook_roles(table: RoutingTable) -> RoutingTable:
 def build(out: str | Path, table: RoutingTable, learned_for: RoutingTable, *, objective: TaskObjective,
           checkpoint: str | Path | None = None, min_confidence: float | None = None,
           bandit: dict | None = None, skills: str | Path | None = None, exploration: dict | None = None,
-          why: str = "") -> Bundle:
+          why: str = "", ledger: str | Path | None = None,
+          arms: Mapping[str, Sequence[tuple[str, str | None, float, str | Path | None]]] | None = None) -> Bundle:
     """Write a bundle to ``out`` (atomically: a killed build leaves the old folder or none). ``table``:
     the models.yaml SAGE will run; ``learned_for``: the table SAGE ran when the logs it was learned
     from were written; ``checkpoint``: a SAGE checkpoint folder written for ``table``; ``bandit``: the
     coder's bandit stats (:func:`bandit_state.warm_start`); ``skills``: a skills root (SAGE's three
     folders of ``SKILL.md``); ``exploration``: what the bundle explores and what that costs. The
     checkpoint and skills folders are copied file by file through the guard: a link or a FIFO inside
-    either is refused, never followed. The bundle is read back (:func:`read`) before it is returned."""
+    either is refused, never followed. ``ledger``: the decision ledger (``<data>/decisions/ledger.json``);
+    ``arms``: ``{lever: [(arm name, candidate id or None, probability, part or None)]}`` with a part a
+    ``models.yaml`` (coder) or a skills tree (skills), or None for the bundle's own (the arms file's shape,
+    ``assign.load_arms``); the ledger and every part are copied through the guard (never a link, never a
+    FIFO opened) and checked as :func:`read` checks them, all before the bundle's folder is written. The
+    bundle is read back (:func:`read`) before it is returned."""
+    plan = None
+    if arms:
+        try:
+            plan = assign.make_plan({lv: [(a[0], a[1], a[2], {}) for a in entries] for lv, entries in arms.items()})
+        except (ValidationError, ValueError) as exc:
+            raise BundleError(f"the arms: {exc}") from None
+        unknown = sorted(set(plan.levers) - set(ARM_PART))
+        if unknown:
+            raise BundleError(f"the arms: lever(s) {', '.join(unknown)}: a bundle carries arms of "
+                              f"{', '.join(ARM_PART)} only")
     parts: dict[str, dict | None] = {name: None for name in PARTS}
+    arm_entries: dict[str, list[dict]] = {}
     with artifacts.atomic_dir(out) as tmp:
         table.write(tmp / MODELS_YAML, header="SAGE's models.yaml, written by sage_pipeline (a deployment bundle: "
                     "bundle.json beside this file says what it was learned for and why).")
@@ -376,15 +566,38 @@ def build(out: str | Path, table: RoutingTable, learned_for: RoutingTable, *, ob
                 raise BundleError(f"{skills}: no SKILL.md under it; SAGE_SKILLS_ROOT mirrors SAGE's "
                                   "assets/skills/{discipline,workflow,planning}/<skill>/SKILL.md")
             parts["skills"] = {"path": SKILLS_DIR}
+        if ledger is not None:
+            src = _copy_source(ledger, tmp / LEDGER_FILE, "file", "the ledger")
+            _check_ledger(tmp / LEDGER_FILE, src)
+            parts["decisions"] = {"path": LEDGER_FILE}
         real = Path(os.path.realpath(tmp))
+        for lever, entries in (plan.levers if plan is not None else {}).items():
+            arm_entries[lever] = []
+            for a, given in zip(entries, arms[lever]):
+                entry = {"name": a.name, "candidate": a.candidate, "threshold": a.threshold, "path": None,
+                         "sha256": None}
+                if given[3] is not None:
+                    rel, kind = arm_path(lever, a.name), assign.LEVER_PARTS[lever][0]
+                    src = _copy_source(given[3], tmp / rel, kind, f"arm {lever}/{a.name}'s part")
+                    files = _part_files(real, rel, kind)
+                    entry |= {"path": rel, "sha256": _hash_part(real, rel, files)[0]}
+                    _check_arm(lever, a.name, tmp / rel, str(src), [_rel(real / rel, f) for f in files], table,
+                               learned_for)
+                arm_entries[lever].append(entry)
         for name, p in parts.items():
             if p is not None:
                 rel, kind = PARTS[name]
                 p["sha256"] = _hash_part(real, rel, _part_files(real, rel, kind))[0]
-        manifest = {"format": FORMAT, "id": _ident({k: None if v is None else v["sha256"] for k, v in parts.items()}),
+        for name in _OPTIONAL:
+            if parts[name] is None:
+                del parts[name]
+        shas = {k: None if v is None else v["sha256"] for k, v in parts.items()}
+        manifest = {"format": FORMAT, "id": _ident(shas, arm_entries or None),
                     "created": datetime.now(timezone.utc).isoformat(), "parts": parts,
                     "learned_for": ck.table_digest(learned_for), "objective": objective.model_dump(),
                     "exploration": exploration, "why": why}
+        if arm_entries:
+            manifest["arms"] = arm_entries
         artifacts.write_json(tmp / MANIFEST, manifest)
     return read(out)
 
@@ -465,6 +678,7 @@ def read(folder: str | Path) -> Bundle:
     real = Path(os.path.realpath(folder))
     path = folder / MANIFEST
     m = _read_manifest(folder, real)
+    _check_arms(path, m.arms or {})
     sha: dict[str, str | None] = {name: None for name in PARTS}
     files: dict[str, dict[str, str]] = {}
     total = 0
@@ -484,7 +698,26 @@ def read(folder: str | Path) -> Bundle:
             raise BundleError(f"{path}: part {name!r} ({where}) changed since the bundle was built (sha256 differs): "
                               f"{REBUILD}")
         sha[name] = got
-    ident = _ident(sha)
+    arm_files: dict[tuple[str, str], list[str]] = {}
+    for lever, entries in (m.arms or {}).items():
+        for a in entries:
+            if a.path is None:
+                continue
+            where = folder / a.path
+            try:
+                got, shas, n = _hash_part(real, a.path, _part_files(real, a.path, assign.LEVER_PARTS[lever][0]),
+                                          MAX_BUNDLE_BYTES - total)
+            except FileNotFoundError:
+                raise BundleError(f"{path}: arm 'arms.{lever}.{a.name}' ({where}) is missing: {REBUILD}") from None
+            except untrusted.Untrusted as exc:
+                raise BundleError(f"{path}: arm 'arms.{lever}.{a.name}' is refused: {exc}") from None
+            total += n
+            if got != a.sha256:
+                raise BundleError(f"{path}: arm 'arms.{lever}.{a.name}' ({where}) changed since the bundle was built "
+                                  f"(sha256 differs): {REBUILD}")
+            arm_files[(lever, a.name)] = list(shas)
+    ident = _ident(sha, None if m.arms is None else
+                   {lv: [a.model_dump() for a in entries] for lv, entries in m.arms.items()})
     if m.id != ident:
         raise BundleError(f"{path}: field 'id' is {_short(m.id, 80)}, but the parts' contents give the id {ident}: "
                           f"the id is always recomputed from the parts, never taken as written: {REBUILD}")
@@ -511,7 +744,26 @@ def read(folder: str | Path) -> Bundle:
                                               for k in files["skills"]):
         raise BundleError(f"{path}: part 'skills' ({folder / SKILLS_DIR}) holds no <discipline>/<skill>/SKILL.md: "
                           f"{REBUILD}")
-    return Bundle(folder, m.model_dump(mode="json"), ident)
+    if m.parts.decisions is not None:
+        try:
+            _check_ledger(real / LEDGER_FILE, folder / LEDGER_FILE)
+        except BundleError as exc:
+            raise BundleError(f"{path}: {exc}: {REBUILD}") from None
+    if arm_files:
+        learned_for = RoutingTable.from_dict({"routing": m.learned_for.routing}, source=f"{path} field 'learned_for'")
+        for (lever, arm), names in arm_files.items():
+            rel = arm_path(lever, arm)
+            try:
+                _check_arm(lever, arm, real / rel, str(path), names, table, learned_for)
+            except BundleError as exc:
+                raise BundleError(f"{exc}: {REBUILD}") from None
+    manifest = m.model_dump(mode="json")
+    for name in _OPTIONAL:  # a bundle without them reads as it always did
+        if manifest["parts"].get(name) is None:
+            manifest["parts"].pop(name, None)
+    if manifest.get("arms") is None:
+        manifest.pop("arms", None)
+    return Bundle(folder, manifest, ident)
 
 
 def _check_checkpoint(path: Path, real: Path, part: CheckpointPart, shas: dict[str, str], table: RoutingTable) -> None:
@@ -686,6 +938,28 @@ def _link_env(root: Path) -> None:
     _switch(env, want)
 
 
+def _link_launcher(root: Path) -> None:
+    """``root/sage-run`` as the link ``current/sage-run`` (made once), like ``root/sage.env``."""
+    link = root / LAUNCHER
+    if not (link.is_symlink() and os.readlink(link) == f"{CURRENT}/{LAUNCHER}"):
+        _switch(link, f"{CURRENT}/{LAUNCHER}")
+
+
+def deployed_plans(root: str | Path) -> tuple[dict[str, assign.Plan], list[str]]:
+    """Every plan a launcher under ``root`` has drawn from, by id (``versions/*/assignment_plan.json``), and
+    the ones that could not be read (named): ``assign.read_records(root/assignments.jsonl, plans)`` joins
+    each recorded run to the plan that drew it."""
+    plans, bad = {}, []
+    for f in sorted((Path(root) / VERSIONS_DIR).glob(f"*/{assign.PLAN_NAME}")):
+        try:
+            p = assign.load_plan(f)
+        except assign.AssignError as exc:
+            bad.append(str(exc))
+            continue
+        plans[p.id] = p
+    return plans, bad
+
+
 def _append_line(path: Path, obj: dict) -> None:
     """One whole JSON line appended to ``path`` (O_APPEND, one write, fsync; the caller holds the lock).
     A line a killed writer left without its newline is closed first, so this one stays whole."""
@@ -723,10 +997,12 @@ def _check_target(b: Bundle, table: RoutingTable, target: RoutingTable) -> None:
 
 def deploy(bundle: str | Path | Bundle, root: str | Path, *, target: RoutingTable,
            workspaces: tuple[str | Path, ...] = (), data_dir: str | Path | None = None,
-           deployed_from: datetime | None = None) -> dict:
+           deployed_from: datetime | None = None, sage: str = "sage") -> dict:
     """Deploy ``bundle`` under ``root`` for a SAGE running ``target`` (see the module doc). The bundle
     is read from its folder and verified whole (a :class:`Bundle` given is read again), and the target and
-    the workspaces checked, before anything is written. Returns the deployment's record line."""
+    the workspaces checked, before anything is written. With arms, the version's launcher runs ``sage``
+    (an executable on PATH when the run starts, or a path). Returns the deployment's record line (with a
+    launcher: ``launcher``, ``plan``, ``assignments``)."""
     b = read(bundle.folder if isinstance(bundle, Bundle) else bundle)
     root = Path(os.path.abspath(root))
     _check_target(b, b.table, target)
@@ -737,6 +1013,10 @@ def deploy(bundle: str | Path | Bundle, root: str | Path, *, target: RoutingTabl
     version = root / VERSIONS_DIR / b.id
     env = b.env(version)
     text = env_file_text(env, b.id)
+    plan = b.plan(version)
+    unset = [k for k in ROUTER_VARS if k not in env]
+    if "\0" in sage or not sage:
+        raise BundleError(f"the sage executable {_short(sage)}: give a name on PATH or a path")
     with artifacts.exclusive(root, LOCK_NAME):
         now = deployed_from or datetime.now(timezone.utc)
         if _whole(version, b.id):
@@ -747,6 +1027,11 @@ def deploy(bundle: str | Path | Bundle, root: str | Path, *, target: RoutingTabl
                 for name, (rel, kind) in PARTS.items():
                     if b.part(name) is not None:
                         _copy_files(real, rel, _part_files(real, rel, kind), tmp / rel)
+                for lever, entries in b.arms.items():
+                    for a in entries:
+                        if a["path"] is not None:
+                            kind = assign.LEVER_PARTS[lever][0]
+                            _copy_files(real, a["path"], _part_files(real, a["path"], kind), tmp / a["path"])
                 artifacts.write_json(tmp / MANIFEST, b.manifest)
                 try:
                     got = read(tmp).id
@@ -759,6 +1044,11 @@ def deploy(bundle: str | Path | Bundle, root: str | Path, *, target: RoutingTabl
         # again on the copy, whose every byte was checked: the bundle's folder may have changed since
         _check_target(b, RoutingTable.load(version / MODELS_YAML), target)
         _link_env(root)
+        launched = None
+        if plan is not None or (root / LAUNCHER).is_symlink():  # a root that had a launcher keeps one
+            launched = plan or assign.Plan(levers={}, note=f"bundle {b.id}: no arms, nothing drawn")
+            assign.write_launcher(version, launched, sage, records_dir=root, base_env=env, unset=unset)
+            _link_launcher(root)
         _switch(root / CURRENT, f"{VERSIONS_DIR}/{b.id}")
         installed = []
         for ws, dest in dests:
@@ -774,6 +1064,10 @@ def deploy(bundle: str | Path | Bundle, root: str | Path, *, target: RoutingTabl
         line = {"bundle": b.id, "deployed_from": now.isoformat(), "version": str(version), "env": env,
                 "bandit_state_written_to": installed, "routing_record": None if dep is None else dep.to_dict(),
                 "learned_for": b.manifest["learned_for"]["routing_sha256"]}
+        if launched is not None:
+            line |= {"launcher": str(root / LAUNCHER), "plan": launched.id, "assignments": str(root / ASSIGNMENTS),
+                     "arms": {lv: [{"arm": a.name, "candidate": a.candidate, "threshold": a.threshold}
+                                   for a in arms] for lv, arms in launched.levers.items()}}
         _append_line(root / RECORD, line)
     return line
 
@@ -783,7 +1077,8 @@ def main(argv: list[str] | None = None) -> int:
                                  description="SAGE's deployment bundle: models.yaml, router checkpoint, coder "
                                              "bandit state and skills root, switched as one.")
     sub = ap.add_subparsers(dest="command", required=True)
-    d = sub.add_parser("deploy", help="deploy BUNDLE under ROOT (then start SAGE with `. ROOT/sage.env`)")
+    d = sub.add_parser("deploy", help="deploy BUNDLE under ROOT (then start SAGE with `. ROOT/sage.env`, or with "
+                       "`ROOT/sage-run \"<prompt>\"` when the bundle has arms)")
     d.add_argument("bundle", help="the bundle folder (make run writes datasets/checkpoints/bundle)")
     d.add_argument("root", help="where deployed versions, sage.env and the record live")
     d.add_argument("--sage-python", default=os.environ.get("SAGE_PYTHON"),
@@ -793,6 +1088,8 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--workspace", action="append", default=[], help="a SAGE workspace to write the bandit state into")
     d.add_argument("--data-dir", default=os.environ.get("SAGE_DATA_DIR"),
                    help="the pipeline's artifact root, to record the checkpoint for the routing dataset")
+    d.add_argument("--sage", default="sage", help="the sage executable a bundle's launcher (ROOT/sage-run) runs: "
+                   "a name found on PATH when each run starts, or a path (default: sage)")
     s = sub.add_parser("show", help="print a bundle's manifest")
     s.add_argument("bundle")
     args = ap.parse_args(argv)
@@ -806,7 +1103,7 @@ def main(argv: list[str] | None = None) -> int:
             env.update(read_env_file(env_file))
         target = target_table(args.sage_python, env)
         line = deploy(args.bundle, args.root, target=target, workspaces=tuple(args.workspace),
-                      data_dir=args.data_dir)
+                      data_dir=args.data_dir, sage=args.sage)
     except (BundleError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -814,6 +1111,13 @@ def main(argv: list[str] | None = None) -> int:
           f". {shlex.quote(str(Path(args.root) / ENV_FILE))}")
     for k, v in line["env"].items():
         print(f"export {k}={shlex.quote(v)}")
+    if "launcher" in line:
+        arms = "; ".join(f"{lv}: " + ", ".join(f"{a['arm']} {a['threshold'] / assign.SCALE:.4g}" for a in arms)
+                         for lv, arms in line["arms"].items()) or "no arms: nothing is drawn"
+        print(f"wrote the launcher {shlex.quote(line['launcher'])} (plan {line['plan']}; {arms}). Start SAGE "
+              f"through it: {shlex.quote(line['launcher'])} \"<prompt>\" instead of sage run \"<prompt>\": it sets the "
+              f"whole environment above, draws each run's arms and records the draw in "
+              f"{shlex.quote(line['assignments'])} (SAGE_TRACE_ID is the draw id)")
     return 0
 
 

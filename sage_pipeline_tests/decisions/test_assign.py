@@ -44,8 +44,48 @@ def test_draws_follow_the_thresholds():
 def test_a_plan_may_only_set_what_sage_reads_for_a_lever():
     with pytest.raises(ValueError, match="not a variable SAGE reads"):
         A.make_plan({"coder": [("a", None, 1.0, {"LD_PRELOAD": "/tmp/x.so"})]})
-    with pytest.raises(ValueError, match="newline"):
-        A.make_plan({"coder": [("a", None, 1.0, {"SAGE_MODELS_YAML": "/x\nexport LD_PRELOAD=/y"})]})
+    with pytest.raises(ValueError, match="NUL"):
+        A.make_plan({"coder": [("a", None, 1.0, {"SAGE_MODELS_YAML": "/x\0y"})]})
+    with pytest.raises(A.AssignError, match="not a variable SAGE reads"):
+        A.launcher_text(A.make_plan({"coder": [("a", None, 1.0, {})]}), "/r", base_env={"LD_PRELOAD": "/x.so"})
+
+
+def test_a_value_with_a_newline_is_exported_as_it_is_and_runs_nothing(tmp_path):
+    """(A lever of one arm, probability 1: the script draws without a test.)"""
+    value = "/x\nexport LD_PRELOAD=/y\n$(touch pwned)"
+    plan = A.make_plan({"coder": [("a", None, 1.0, {"SAGE_MODELS_YAML": value})]})
+    sage = tmp_path / "fake-sage"
+    sage.write_text('#!/bin/sh\nprintf "%s|%s" "$SAGE_MODELS_YAML" "${LD_PRELOAD:-}"\n')
+    sage.chmod(0o755)
+    out = subprocess.run([str(A.write_launcher(tmp_path, plan, sage=str(sage)))], capture_output=True, text=True,
+                         check=True, cwd=tmp_path, env={"PATH": os.environ["PATH"]}).stdout
+    assert out == value + "|" and not list(tmp_path.rglob("pwned*"))
+
+
+def test_the_launcher_sets_a_whole_environment_and_records_elsewhere(tmp_path):
+    """base_env and unset give every run the deployment's environment, the arm overriding its lever's
+    variable only; records_dir puts the records where they outlive the launcher's folder."""
+    here, records = tmp_path / "version", tmp_path / "root with 'q' $(x)"
+    here.mkdir()
+    records.mkdir()
+    plan = A.make_plan({"coder": [("pin", "coder-0001", 0.5, {"SAGE_MODELS_YAML": "/arm.yaml"}),
+                                  ("incumbent", None, 0.5, {})]})
+    launcher = A.write_launcher(here, plan, sage=str(_fake_sage(tmp_path)), records_dir=records,
+                                base_env={"SAGE_MODELS_YAML": "/base.yaml", "SAGE_SKILLS_ROOT": "/skills"},
+                                unset=["SAGE_RL_POLICY"])
+    seen = {}
+    for _ in range(40):
+        out = subprocess.run([str(launcher)], capture_output=True, text=True, check=True, cwd=tmp_path,
+                             env={"PATH": os.environ["PATH"], "SAGE_RL_POLICY": "1"}).stdout.rstrip("\n")
+        skills, models, trace, _ = out.split("|")
+        assert skills == "/skills" and models in ("/arm.yaml", "/base.yaml")
+        seen[trace] = models
+    assert set(seen.values()) == {"/arm.yaml", "/base.yaml"}
+    assert not (here / A.RECORDS_NAME).exists()
+    got, bad = A.read_records(records / A.RECORDS_NAME, {plan.id: plan})
+    assert bad == [] and {d: r["levers"]["coder"]["arm"] for d, r in got.items()} == {
+        d: "pin" if m == "/arm.yaml" else "incumbent" for d, m in seen.items()}
+    assert A.load_plan(here / A.PLAN_NAME) == plan
 
 
 def test_the_launcher_under_a_hostile_folder_name_draws_records_and_runs_sage(tmp_path):

@@ -12,6 +12,7 @@ import textwrap
 import threading
 import time
 from pathlib import Path
+from shlex import quote as shlex_quote
 
 import numpy as np
 
@@ -176,3 +177,43 @@ def test_sages_loaders_started_during_deploys_read_one_whole_bundle(sage_python,
     assert deploys >= 10 and len(seen) == 150
     assert set(seen) <= whole, f"mixed reads: {set(seen) - whole}"
     assert len(set(seen)) == 2  # both bundles were read while deploys ran
+
+
+def test_sage_started_through_the_launcher_reads_its_drawn_arm(sage_python, tmp_path):
+    """SAGE's own loaders, started by a deployed ``sage-run``: the coder SAGE's ModelRouter routes and the
+    skills root its injector reads are the drawn arm's (inside the deployed version), and the run's
+    trace id is the recorded draw."""
+    from sage_pipeline.decisions import assign
+    from sage_pipeline.sage.table import pin
+
+    sage_table = RoutingTable.load(SAGE_TABLE)
+    for name in ("live", "cand"):
+        (tmp_path / name / "discipline" / "tdd").mkdir(parents=True)
+        (tmp_path / name / "discipline" / "tdd" / "SKILL.md").write_text(f"# TDD\n{name}\n")
+    pinned = pin(sage_table, "coder", BIG).write(tmp_path / "pin.yaml")
+    b = bd.build(tmp_path / "bundle", sage_table, sage_table, objective=TaskObjective(), skills=tmp_path / "live",
+                 arms={"coder": [("incumbent", None, 0.5, None), ("pin", "coder-0001", 0.5, pinned)],
+                       "skills": [("live", None, 0.5, None), ("cand", "skills-0001", 0.5, tmp_path / "cand")]})
+    code = ("import json, os\nfrom sage.orchestrator.model_router import ModelRouter\n"
+            "from sage.prompt_engine.skill_injector import bundled_skills_root\n"
+            "print(json.dumps([ModelRouter().config['routing']['coder']['primary'], str(bundled_skills_root()), "
+            "os.environ['SAGE_TRACE_ID']]))\n")
+    fake = tmp_path / "sage"
+    fake.write_text(f"#!/bin/sh\nexec {sage_python} -c {shlex_quote(code)}\n")
+    fake.chmod(0o755)
+    root = tmp_path / "deploy 'x' $(y)"
+    bd.deploy(b, root, target=sage_table, sage=str(fake))
+    version = Path(os.path.abspath(root)) / "versions" / b.id
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SAGE_")}
+    seen = []
+    for _ in range(12):
+        out = subprocess.run([str(root / bd.LAUNCHER), "task"], cwd=tmp_path, env=env, capture_output=True,
+                             text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+        seen.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    records, bad = assign.read_records(root / bd.ASSIGNMENTS, bd.deployed_plans(root)[0])
+    assert bad == [] and len(records) == 12
+    for coder, skills, trace in seen:
+        arms = records[trace]["levers"]
+        assert coder == (BIG if arms["coder"]["arm"] == "pin" else sage_table.routes["coder"].primary)
+        assert skills == str(version / ("arms/skills/cand/skills" if arms["skills"]["arm"] == "cand" else "skills"))
