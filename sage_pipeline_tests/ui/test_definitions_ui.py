@@ -11,7 +11,8 @@ from sage_pipeline.definitions import defs
 
 # The asset groups, in lineage order (left to right in the UI): an asset may depend on its
 # own group and on groups to its left, never on one to its right.
-GROUP_ORDER = ("offline_routing", "routing_benchmark", "simulator", "sleep_cycle", "closed_loop", "sage_in_the_loop")
+GROUP_ORDER = ("offline_routing", "routing_benchmark", "simulator", "sleep_cycle", "closed_loop", "sage_in_the_loop",
+               "decisions")
 
 
 def _undefined_stub(node) -> bool:
