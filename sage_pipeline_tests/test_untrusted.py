@@ -5,32 +5,17 @@ read), every refusal naming the file, the root, the reason and what to do."""
 from __future__ import annotations
 
 import os
-import threading
 from pathlib import Path
 
 import pytest
 
 from sage_pipeline import untrusted as ut
 from sage_pipeline.untrusted import Untrusted
+from sage_pipeline_tests.hang_guard import finishes
 
 
 def _finishes(fn, timeout_s: float = 10.0):
-    """``fn()``'s result or error, run in a thread: the test fails (instead of hanging) if it blocks."""
-    box: dict = {}
-
-    def go() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as e:  # noqa: BLE001 - handed to the test
-            box["error"] = e
-
-    t = threading.Thread(target=go, daemon=True)
-    t.start()
-    t.join(timeout_s)
-    assert not t.is_alive(), f"{fn} still blocked after {timeout_s} s"
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
+    return finishes(fn, timeout_s)
 
 
 @pytest.fixture

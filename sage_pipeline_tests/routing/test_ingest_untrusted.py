@@ -6,31 +6,17 @@ from __future__ import annotations
 
 import os
 import shutil
-import threading
 from pathlib import Path
 
 from sage_pipeline.routing import ingest
 from sage_pipeline.routing.ingest import IngestConfig
+from sage_pipeline_tests.hang_guard import finishes
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "sage_world_run"
 
 
 def _finishes(fn, timeout_s: float = 30.0):
-    box: dict = {}
-
-    def go() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as e:  # noqa: BLE001 - handed to the test
-            box["error"] = e
-
-    t = threading.Thread(target=go, daemon=True)
-    t.start()
-    t.join(timeout_s)
-    assert not t.is_alive(), f"still blocked after {timeout_s} s (a FIFO opened?)"
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
+    return finishes(fn, timeout_s)
 
 
 def _logs(tmp_path) -> Path:

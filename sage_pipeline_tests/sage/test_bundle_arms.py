@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import subprocess
-import threading
 from collections import Counter
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from sage_pipeline.routing.action_space import ActionSpace
 from sage_pipeline.sage import bundle as bd, checkpoint as sr, explore as se
 from sage_pipeline.sage.objective import TaskObjective
 from sage_pipeline.sage.table import SAGE_TABLE, RoutingTable, pin
+from sage_pipeline_tests.hang_guard import finishes
 
 BIG = "qwen2.5-coder:14b-instruct-q4_K_M"
 HOSTILE = "dep loy 'q' \"dq\" $(touch canary) `touch canary2` ;touch canary3; $HOME"
@@ -167,21 +167,7 @@ def test_a_bad_ledger_is_refused_naming_the_file_and_field(src, sage_table, tmp_
 
 
 def _finishes(fn, timeout_s: float = 20.0):
-    box: dict = {}
-
-    def go() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as e:  # noqa: BLE001 - handed to the test
-            box["error"] = e
-
-    t = threading.Thread(target=go, daemon=True)
-    t.start()
-    t.join(timeout_s)
-    assert not t.is_alive(), f"{fn} still blocked after {timeout_s} s"
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
+    return finishes(fn, timeout_s)
 
 
 def _hostile_build(src, sage_table, tmp_path, arms, *needles):

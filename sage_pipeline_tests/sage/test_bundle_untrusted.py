@@ -13,7 +13,6 @@ import hashlib
 import json
 import os
 import shutil
-import threading
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ from sage_pipeline.routing.action_space import ActionSpace
 from sage_pipeline.sage import bandit_state, bundle as bd, checkpoint as sr, explore as se
 from sage_pipeline.sage.objective import TaskObjective
 from sage_pipeline.sage.table import NEVER, SAGE_TABLE, RoutingTable
+from sage_pipeline_tests.hang_guard import finishes
 
 BIG = "qwen2.5-coder:14b-instruct-q4_K_M"
 SECRET = "CANARY-SECRET-never-deployed\n"
@@ -99,22 +99,7 @@ def _refused(folder: Path, root: Path, target: RoutingTable, *needles: str) -> s
 
 
 def _finishes(fn, timeout_s: float = 20.0):
-    """``fn()``'s result or error, run in a thread: the test fails (instead of hanging) if it blocks."""
-    box: dict = {}
-
-    def go() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as e:  # noqa: BLE001 - handed to the test
-            box["error"] = e
-
-    t = threading.Thread(target=go, daemon=True)
-    t.start()
-    t.join(timeout_s)
-    assert not t.is_alive(), f"{fn} still blocked after {timeout_s} s"
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
+    return finishes(fn, timeout_s)
 
 
 def _nothing_of(secret: Path, under: Path) -> None:

@@ -17,7 +17,6 @@ import json
 import os
 import re
 import shutil
-import threading
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -38,6 +37,7 @@ from sage_pipeline.sleep.sage_harvest import (
     untrusted_judge,
     write_goal_ledger,
 )
+from sage_pipeline_tests.hang_guard import finishes
 from sage_pipeline_tests.sim.sandbox_fixtures import docker_ready  # noqa: F401 - the Docker sandbox's fixture
 
 FIXTURE = Path(__file__).resolve().parents[1] / "routing" / "fixtures" / "sage_world_run"
@@ -626,22 +626,7 @@ class RecordingJudge:
 
 
 def _within(fn, timeout_s: float = 60.0):
-    """``fn()`` in a thread: the test fails, instead of hanging, when it blocks (a FIFO opened)."""
-    box: dict = {}
-
-    def go() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as e:  # noqa: BLE001 - handed to the test
-            box["error"] = e
-
-    t = threading.Thread(target=go, daemon=True)
-    t.start()
-    t.join(timeout_s)
-    assert not t.is_alive(), f"still running after {timeout_s} s: something blocked (a FIFO opened?)"
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
+    return finishes(fn, timeout_s)
 
 
 def _retarget(ws: Path, file: str) -> None:

@@ -13,7 +13,6 @@ import json
 import os
 import re
 import shutil
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +38,7 @@ from sage_pipeline.sleep.sage_night import (
     split_tasks,
 )
 from sage_pipeline.sleep.sage_skills import SageSkillsRoot
+from sage_pipeline_tests.hang_guard import finishes
 
 TDD = "discipline/test-driven-development/SKILL.md"
 VBC = "discipline/verification-before-completion/SKILL.md"
@@ -383,21 +383,7 @@ def _ledger(tmp_path) -> str:
 
 
 def _within(fn, timeout_s: float = 120.0):
-    box: dict = {}
-
-    def go() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as e:  # noqa: BLE001 - handed to the test
-            box["error"] = e
-
-    t = threading.Thread(target=go, daemon=True)
-    t.start()
-    t.join(timeout_s)
-    assert not t.is_alive(), f"the night still runs after {timeout_s} s: something blocked (a FIFO opened?)"
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
+    return finishes(fn, timeout_s)
 
 
 def test_a_night_on_hostile_workspaces_never_hangs_and_counts_what_it_could_not_use(tmp_path):
