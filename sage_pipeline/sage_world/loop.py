@@ -567,6 +567,23 @@ def _f(x, nd: int = 4):
     return None if x is None or (isinstance(x, float) and math.isnan(x)) else round(float(x), nd)
 
 
+def _coder_columns(lever: dict) -> dict:
+    """The coder lever's estimate beside its truth: the bootstrap's leading model's objective and its exact value,
+    or (ledger mode) the leading candidate's estimated gain in task_v1 beside the world's exact gap."""
+    if lever.get("mode") != "ledger":
+        return {"coder OPE": _f(lever.get("estimate")), "coder true": _f(lever.get("true_value")),
+                "coder OPE error": _f(lever.get("ope_error"), 3)}
+    rows = [r for r in lever.get("candidates", []) if r.get("estimate_task_v1") is not None]
+    lead = max(rows, key=lambda r: r["estimate_task_v1"], default=None)
+    gap = None
+    if lead is not None:
+        m = str(lead.get("model") or "")
+        gap = next((v for k, v in (lever.get("true_gap") or {}).items() if k.startswith(f"{m} - ")), None)
+    est = None if lead is None else lead["estimate_task_v1"]
+    return {"coder OPE": _f(est), "coder true": _f(gap),
+            "coder OPE error": _f(abs(est - gap), 3) if est is not None and gap is not None else None}
+
+
 def day_row(d: dict) -> dict:
     """One day as a flat table row (the asset's metadata, the benchmark's print, docs/benchmarks.md)."""
     tv = d["true_value"]
@@ -585,8 +602,7 @@ def day_row(d: dict) -> dict:
             "coder lever": (f"pin {lever.get('model')}" if lever.get("promoted") else
                             (f"ledger: pinned {lever['model']}" if lever.get("model") else "ledger: no pin")
                             if lever.get("mode") == "ledger" else "keep") if lever else "off",
-            "coder OPE": _f(lever.get("estimate")), "coder true": _f(lever.get("true_value")),
-            "coder OPE error": _f(lever.get("ope_error"), 3),
+            **_coder_columns(lever),
             "failures": sum(d["runs"]["failures"].values()), "V deployed": _f(tv["deployed"]["ret"]),
             "V yaml": _f(tv["yaml"]["ret"]), "V best": _f(tv["best_expressible"]["ret"]),
             "verified deployed": _f(tv["deployed"]["p_verified"]), "gap closed": _f(d.get("gap_closed"), 2),
