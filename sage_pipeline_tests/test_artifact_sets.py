@@ -228,7 +228,10 @@ KNOWN_LOOSE = {
 
 # Not an asset's artifact: the sandbox's execution cache (sim/cache.py), segments named by their
 # content, each complete on its own and valid for any run; a mix of segments of two runs is its design.
-CACHES = ("sim/cache/",)
+# Also not one asset's: the router's candidate checkpoints (checkpoints/candidates/<sha256>/, written once
+# by content address, never rewritten: a kill leaves the folder whole or absent) and the decision ledger
+# (decisions/ledger.json, every lever's state across nights, one atomic file merged per lever under its lock).
+CACHES = ("sim/cache/", "checkpoints/candidates/", "decisions/ledger.json")
 
 
 def _is_set_or_nested(rel: Path) -> bool:
