@@ -206,6 +206,20 @@ def load_plan(path: str | os.PathLike[str]) -> Plan:
         raise AssignError(f"{p}: field {field!r}: {first['msg']}") from None
 
 
+def load_plans(folder: str | os.PathLike[str]) -> tuple[dict[str, Plan], list[str]]:
+    """Every plan saved one folder below ``folder`` (``<folder>/*/assignment_plan.json``: the archived plans
+    of a lever, the versions of a deploy root) by id, and the ones that could not be read (named)."""
+    plans, bad = {}, []
+    for f in sorted(Path(folder).glob(f"*/{PLAN_NAME}")):
+        try:
+            p = load_plan(f)
+        except AssignError as e:
+            bad.append(str(e))
+            continue
+        plans[p.id] = p
+    return plans, bad
+
+
 def read_records(path: str | os.PathLike[str], plans: dict[str, Plan]) -> tuple[dict[str, dict], list[str]]:
     """The draws in ``assignments.jsonl`` by draw id: ``{lever: (arm, exact probability, candidate)}``,
     each checked against its plan (``plans`` by id); and the problems, one per bad line, naming the

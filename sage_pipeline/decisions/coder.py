@@ -437,15 +437,7 @@ def save_plan(folder: str | Path, p: assign.Plan) -> dict:
 
 def load_plans(folder: str | Path) -> tuple[dict[str, assign.Plan], list[str]]:
     """Every archived plan by id, and the ones that could not be read (named)."""
-    plans, bad = {}, []
-    for f in sorted((Path(folder) / PLANS_DIR).glob(f"*/{assign.PLAN_NAME}")):
-        try:
-            p = assign.load_plan(f)
-        except assign.AssignError as e:
-            bad.append(str(e))
-            continue
-        plans[p.id] = p
-    return plans, bad
+    return assign.load_plans(Path(folder) / PLANS_DIR)
 
 
 def bundle_arms(led: Ledger, pins: Mapping[str, str | Path], cfg: CoderDecisionsConfig | None = None

@@ -949,15 +949,7 @@ def deployed_plans(root: str | Path) -> tuple[dict[str, assign.Plan], list[str]]
     """Every plan a launcher under ``root`` has drawn from, by id (``versions/*/assignment_plan.json``), and
     the ones that could not be read (named): ``assign.read_records(root/assignments.jsonl, plans)`` joins
     each recorded run to the plan that drew it."""
-    plans, bad = {}, []
-    for f in sorted((Path(root) / VERSIONS_DIR).glob(f"*/{assign.PLAN_NAME}")):
-        try:
-            p = assign.load_plan(f)
-        except assign.AssignError as exc:
-            bad.append(str(exc))
-            continue
-        plans[p.id] = p
-    return plans, bad
+    return assign.load_plans(Path(root) / VERSIONS_DIR)
 
 
 def _append_line(path: Path, obj: dict) -> None:
