@@ -174,11 +174,9 @@ def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
-def _entry(raw: bytes, where: str, prev_seq: int) -> RootVersion:
-    def bad(problem: str) -> SkillsRootError:
-        return SkillsRootError(f"{where}: {problem}. Nothing was changed; fix or remove the line (the version "
-                               "folders are intact), then run the command again")
-
+def _typed_line(raw: bytes, bad, required, fields: dict, kind: str) -> dict:
+    """One JSON object line with its ``required`` fields, every field known to ``fields`` and of its type; else
+    ``bad(problem)`` raised (the caller's error names the file and line)."""
     try:
         d = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as e:
@@ -187,15 +185,24 @@ def _entry(raw: bytes, where: str, prev_seq: int) -> RootVersion:
         raise bad(f"not JSON ({e.msg}, column {e.colno})") from e
     if not isinstance(d, dict):
         raise bad(f"expected a JSON object, got {json.dumps(d)[:60]}")
-    for name in _REQUIRED:
+    for name in required:
         if name not in d:
             raise bad(f"field {name!r} is missing")
     for name, value in d.items():
-        typ = _FIELDS.get(name)
+        typ = fields.get(name)
         if typ is None:
-            raise bad(f"field {name!r} is unknown to a history entry (known: {', '.join(_FIELDS)})")
+            raise bad(f"field {name!r} is unknown to {kind} (known: {', '.join(fields)})")
         if not isinstance(value, typ) or isinstance(value, bool):
             raise bad(f"field {name!r} is {json.dumps(value)[:60]}, expected {typ.__name__}")
+    return d
+
+
+def _entry(raw: bytes, where: str, prev_seq: int) -> RootVersion:
+    def bad(problem: str) -> SkillsRootError:
+        return SkillsRootError(f"{where}: {problem}. Nothing was changed; fix or remove the line (the version "
+                               "folders are intact), then run the command again")
+
+    d = _typed_line(raw, bad, _REQUIRED, _FIELDS, "a history entry")
     if d["seq"] != prev_seq + 1:
         raise bad(f"field 'seq' is {d['seq']}, expected {prev_seq + 1} (one more than the line before)")
     if not _is_id(d["version"]) or (d.get("parent") and not _is_id(d["parent"])):
@@ -217,23 +224,7 @@ def _staged_entry(raw: bytes, where: str) -> RootVersion:
         return SkillsRootError(f"{where}: {problem}; the line is skipped (its version is not known to this root "
                                "until the line is fixed, or the version staged again)")
 
-    try:
-        d = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as e:
-        raise bad(f"not UTF-8 (byte {e.start + 1})") from e
-    except json.JSONDecodeError as e:
-        raise bad(f"not JSON ({e.msg}, column {e.colno})") from e
-    if not isinstance(d, dict):
-        raise bad(f"expected a JSON object, got {json.dumps(d)[:60]}")
-    for name in _STAGED_REQUIRED:
-        if name not in d:
-            raise bad(f"field {name!r} is missing")
-    for name, value in d.items():
-        typ = _STAGED_FIELDS.get(name)
-        if typ is None:
-            raise bad(f"field {name!r} is unknown to a staged entry (known: {', '.join(_STAGED_FIELDS)})")
-        if not isinstance(value, typ) or isinstance(value, bool):
-            raise bad(f"field {name!r} is {json.dumps(value)[:60]}, expected {typ.__name__}")
+    d = _typed_line(raw, bad, _STAGED_REQUIRED, _STAGED_FIELDS, "a staged entry")
     for name in ("version", "base"):
         if not _is_id(d[name]):
             raise bad(f"field {name!r} is {d[name]!r}, expected a version id (12 hex digits)")
