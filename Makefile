@@ -3,6 +3,9 @@
 #   make test   run the test suite
 #   make test-fast  the tests that need no Docker, browser or database and take under a second each, 2 workers
 #   make dev    open the Dagster UI on the same instance
+#   dg ...      Dagster's dg CLI on the same code location (pyproject.toml [tool.dg]), on make's instance after
+#               `. .venv/bin/activate; export DAGSTER_HOME=$PWD/.dagster_home`: dg check defs, dg list defs,
+#               dg launch --assets <selection>, dg dev (the UI of make dev)
 #   make lint   ruff check (configured in pyproject.toml; CI runs it)
 #   make sage-contract SAGE_SRC=<a SAGE checkout>  the tests that run SAGE's own code against the project
 #   make sage-loop SAGE_SRC=<a SAGE checkout> [DAYS=7 TASKS=100]  SAGE's own `sage run` against the model world, in the loop
