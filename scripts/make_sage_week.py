@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import io
-import json
 import lzma
 import os
 import re
@@ -90,6 +89,8 @@ NOT_SAGES = {"__pycache__", ".pytest_cache"}
 
 def members(res, scratch: Path) -> list[tuple[str, Path]]:
     """(name in the archive, file) for everything the week ships, sorted by name."""
+    from sage_pipeline.sage_world import sage_week as SW
+
     out: list[tuple[str, Path]] = []
     for d in res.days:
         folder, day = Path(d["folder"]), f"day-{d['day']:02d}"
@@ -99,20 +100,15 @@ def members(res, scratch: Path) -> list[tuple[str, Path]]:
                     raise SystemExit(f"{f}: SAGE's workspace holds a link; the week ships regular files only")
                 if f.is_file() and not set(f.relative_to(ws).parts) & NOT_SAGES:
                     out.append((f"{W.WORKSPACES}/{day}/{f.relative_to(folder)}", f))
-        W_runs = scratch / "records" / day / "runs.jsonl"
-        from sage_pipeline.sage_world import sage_week as SW
-
-        SW.write_runs(W_runs, d["runs"], res.root)
-        out.append((f"{W.RECORDS}/{day}/runs.jsonl", W_runs))
+        runs = SW.write_runs(scratch / "records" / day / "runs.jsonl", d["runs"], res.root)
+        out.append((f"{W.RECORDS}/{day}/runs.jsonl", runs))
         if (folder / "assignments.jsonl").is_file():
             out.append((f"{W.RECORDS}/{day}/assignments.jsonl", folder / "assignments.jsonl"))
     for f in sorted((res.root / "data" / "decisions").rglob("pins/*.yaml")):
         out.append((f"{W.RECORDS}/pins/{f.name}", f))
     for name in ("policy.joblib", "manifest.json"):
         out.append((f"{W.CHECKPOINT}/{name}", res.checkpoint / name))
-    deps = scratch / "deployments.jsonl"
-    lines = [json.dumps({**d, "path": f"{W.CHECKPOINT}/policy.joblib"}) for d in res.deployments]
-    artifacts.write_text(deps, "".join(ln + "\n" for ln in lines))
+    deps = SW.write_deployments(res, scratch / "deployments.jsonl", res.root, f"{W.CHECKPOINT}/policy.joblib")
     out.append((W.DEPLOYMENTS, deps))
     return sorted(out)
 

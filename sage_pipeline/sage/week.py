@@ -25,7 +25,8 @@ step (a second extraction racing the first keeps the first). A later call finds 
 sha256 again (a few hundred ms) and returns it. Every refusal is a :class:`WeekError` naming the file.
 
 :func:`record_deployments` adds the week's deployment windows to an artifact root's record
-(``sage.explore``), so the routing dataset reconstructs each logged decision's probability.
+(``sage.explore``), so the routing dataset reconstructs each logged decision's probability (:func:`record_windows`
+does it for any days', e.g. a live day's).
 """
 
 from __future__ import annotations
@@ -261,18 +262,23 @@ def _safe_name(name) -> bool:
 
 
 def record_deployments(week: Week, data_root: str | os.PathLike[str]) -> list[sage_explore.Deployment]:
-    """Add the week's deployment windows to ``<data_root>/checkpoints/sage_deployments.jsonl`` (its checkpoint
-    copied to ``checkpoints/sage_deployed/<sha256>/`` as ``explore.record_deployment`` does), each once: a window
-    already there (same sha256 and start) is not added again; the record stays in time order (the week's windows
-    are in the past: they go before any later one), checked by ``explore.read_deployments`` before it is
-    written. Returns the whole record."""
-    root = Path(data_root)
-    src = week.root / DEPLOYMENTS
+    """Add the week's deployment windows to ``data_root``'s record (:func:`record_windows`)."""
+    return record_windows(week.root / DEPLOYMENTS, week.root, data_root)
+
+
+def record_windows(src: Path, base: Path, data_root: str | os.PathLike[str]) -> list[sage_explore.Deployment]:
+    """Add the deployment windows of ``src`` (one JSON object a line, as ``explore`` records them, each
+    checkpoint's ``path`` relative to ``base`` and inside it) to ``<data_root>/checkpoints/sage_deployments.jsonl``,
+    each checkpoint copied to ``checkpoints/sage_deployed/<sha256>/`` as ``explore.record_deployment`` does, each
+    window once (one already there, same sha256 and start, is not added again). The record stays in time order
+    (days of the past go before any later window) and is checked by ``explore.read_deployments`` before it is
+    written; a window that overlaps one there is a :class:`WeekError`. Returns the whole record."""
+    root, src, base = Path(data_root), Path(src), Path(base).resolve()
     lines = []
     for n, raw in enumerate(src.read_text(encoding="utf-8").splitlines(), 1):
         if raw.strip():
             try:
-                lines.append(json.loads(raw))
+                lines.append((n, json.loads(raw)))
             except json.JSONDecodeError as exc:
                 raise WeekError(f"{src}:{n}: not JSON ({exc.msg})") from exc
     path = sage_explore.deployments_path(root)
@@ -280,11 +286,13 @@ def record_deployments(week: Week, data_root: str | os.PathLike[str]) -> list[sa
         have = sage_explore.read_deployments(path)
         known = {(d.sha256, d.deployed_from) for d in have}
         new = []
-        for n, rec in enumerate(lines, 1):
-            ck = week.root / str(rec.get("path", ""))
+        for n, rec in lines:
+            if not isinstance(rec, dict):
+                raise WeekError(f"{src}:{n}: not a JSON object")
             if rec.get("sha256") is not None:
-                if ck.parent != week.checkpoint or artifacts.file_sha256(ck) != rec["sha256"]:
-                    raise WeekError(f"{src}:{n}: field 'path': {rec.get('path')!r} is not the week's checkpoint "
+                ck = (base / str(rec.get("path", ""))).resolve()
+                if not ck.is_relative_to(base) or not ck.is_file() or artifacts.file_sha256(ck) != rec["sha256"]:
+                    raise WeekError(f"{src}:{n}: field 'path': {rec.get('path')!r} is not a checkpoint inside {base} "
                                     f"with sha256 {rec['sha256']}")
                 home = root.joinpath(*sage_explore.DEPLOYED_DIR, rec["sha256"])
                 if not (home / sage_router.JOBLIB_NAME).is_file():
@@ -295,19 +303,20 @@ def record_deployments(week: Week, data_root: str | os.PathLike[str]) -> list[sa
             d = _one(rec, src, n)
             if (d.sha256, d.deployed_from) not in known:
                 new.append(d)
+                known.add((d.sha256, d.deployed_from))
         if not new:
             return have
         merged = sorted([*have, *new], key=lambda d: d.deployed_from)
         text = "".join(json.dumps(d.to_dict()) + "\n" for d in merged)
-        with tempfile.TemporaryDirectory(dir=root) as tmp:  # checked as the record it will be, before writing
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=path.parent) as tmp:  # checked as the record it will be, before writing
             check = Path(tmp) / path.name
             check.write_text(text, encoding="utf-8")
             try:
                 sage_explore.read_deployments(check)
             except sage_explore.DeploymentRecordError as exc:
-                raise WeekError(f"{path}: the week's windows ({src}) do not fit the record: {exc}; move the "
-                                "record aside to start a fresh one") from exc
-        path.parent.mkdir(parents=True, exist_ok=True)
+                raise WeekError(f"{path}: the windows of {src} do not fit the record: {exc}; move the record aside "
+                                "to start a fresh one") from exc
         artifacts.write_text(path, text)
     return sage_explore.read_deployments(path)
 

@@ -207,3 +207,14 @@ def write_runs(path: Path, runs: list[dict], strip: Path) -> Path:
     lines = [json.dumps({k: ({a: rel(b) for a, b in v.items()} if isinstance(v, dict) else rel(v))
                          for k, v in r.items()}, sort_keys=True) for r in runs]
     return artifacts.write_text(path, "".join(ln + "\n" for ln in lines))
+
+
+def write_deployments(res: DaysResult, path: Path, base: Path, checkpoint: str | None = None) -> Path:
+    """The days' deployment windows as a record file (``sage.week.record_windows`` reads it): each checkpoint's
+    path relative to ``base`` (``checkpoint``: that relative path instead, e.g. where the archive puts it)."""
+    lines = []
+    for d in res.deployments:
+        rel = checkpoint if checkpoint is not None else (
+            None if d["path"] is None else os.path.relpath(d["path"], base))
+        lines.append(json.dumps({**d, "path": rel}))
+    return artifacts.write_text(path, "".join(ln + "\n" for ln in lines))
