@@ -27,13 +27,13 @@ Both write the same journals.
 
 **A run's own environment** (``run_day(run_env=...)``: the coder lever's recorded draw per run): a callable
 gives each run, before any run starts and in run order, the variables it sets on top of the day's
-(:data:`RUN_ENV_KEYS` only: ``SAGE_MODELS_YAML``, ``SAGE_SKILLS_ROOT``, ``SAGE_TRACE_ID``). With
-``fresh_process`` every variable reaches SAGE. With launchers, a launcher is started with the environment a
-fresh run would get, so each worker keeps one launcher per distinct environment of its runs *without*
-``SAGE_TRACE_ID`` (the models.yaml or skills tree of an arm; SAGE reads both at call time); a launcher's
-forked run has its launcher's environment, so ``SAGE_TRACE_ID`` cannot differ per run there: SAGE logs none,
-and the run is joined to its draw by the session ids the harness read from the lines the run wrote
-(``RunResult.sessions``, ``RunResult.trace_id``). A launcher that dies or stops
+(:data:`RUN_ENV_KEYS` only: ``SAGE_MODELS_YAML``, ``SAGE_SKILLS_ROOT``, ``SAGE_TRACE_ID``: all three read by
+SAGE at call time, never at import). With ``fresh_process`` they are in the run's process environment; with
+launchers, the worker's one launcher (started with the day's environment) sets them in the forked child
+before SAGE's entry point (``SageLauncher.run(env=...)``), so the run has exactly the environment a fresh
+one would: SAGE logs the run's own ``trace_id`` on every journal line either way. The harness also keeps
+the session ids it read from the lines the run wrote (``RunResult.sessions``) beside the run's
+``RunResult.trace_id``, a second join of a run to its draw. A launcher that dies or stops
 answering is replaced and counted (``launcher_restarts``); the run it was serving is a failure, a
 run it never started goes to the new one.
 
@@ -323,27 +323,16 @@ class _Launchers:
         self.python = console_python(install.cli, install.python)
         self.install, self.env, self.home, self.cfg = install, env, home, cfg
         self.result, self.lock, self.progress = result, lock, progress
-        self.by_worker: dict[tuple, SageLauncher] = {}  # (worker, a run's own variables but SAGE_TRACE_ID)
-        self.names: dict[tuple, str] = {}
+        self.by_worker: dict[int, SageLauncher] = {}  # worker -> its launcher (the day's environment)
         self.failed_starts = 0  # in a row, all workers together
 
-    @staticmethod
-    def _key(worker: int, extra: Mapping[str, str] | None) -> tuple:
-        """A launcher's key: its worker and a run's own variables but SAGE_TRACE_ID (a fork has its launcher's)."""
-        return worker, tuple(sorted((k, v) for k, v in (extra or {}).items() if k != "SAGE_TRACE_ID"))
-
-    def _launcher(self, worker: int, extra: Mapping[str, str] | None = None) -> SageLauncher:
-        k = self._key(worker, extra)
-        own = k[1]
-        la = self.by_worker.get(k)
+    def _launcher(self, worker: int) -> SageLauncher:
+        la = self.by_worker.get(worker)
         if la is not None and la.alive:
             return la
         if la is not None:  # died between two runs
-            self._replaced(k, "it exited between runs")
-        if k not in self.names:  # launcher-<w> for the day's environment, launcher-<w>-<n> for the n-th other one
-            n = sum(1 for key in self.names if key[0] == worker and key[1])
-            self.names[k] = f"launcher-{worker}" + (f"-{n + 1}" if own else "")
-        la = SageLauncher(self.python, self.install.cli, {**self.env, **dict(own)}, self.home, name=self.names[k])
+            self._replaced(worker, "it exited between runs")
+        la = SageLauncher(self.python, self.install.cli, dict(self.env), self.home, name=f"launcher-{worker}")
         try:
             la.start()
         except LauncherError:
@@ -352,12 +341,11 @@ class _Launchers:
             raise
         with self.lock:
             self.failed_starts = 0
-        self.by_worker[k] = la
+        self.by_worker[worker] = la
         return la
 
-    def _replaced(self, key: tuple, why: str) -> None:
-        worker = key[0]
-        self.by_worker.pop(key, None)
+    def _replaced(self, worker: int, why: str) -> None:
+        self.by_worker.pop(worker, None)
         with self.lock:
             self.result.launcher_restarts += 1
         self.progress(f"day {self.result.day}: SAGE launcher of worker {worker} lost ({why}); starting another")
@@ -367,17 +355,17 @@ class _Launchers:
         out, err = out_dir / f"{run}.stdout", out_dir / f"{run}.stderr"
         for attempt in (1, 2):
             try:
-                la = self._launcher(worker, extra)
+                la = self._launcher(worker)
             except LauncherError as exc:
                 if self.failed_starts >= self.cfg.launcher_start_failures:
                     raise LauncherError(f"{self.failed_starts} SAGE launchers in a row did not start; the last: "
                                         f"{exc}") from exc
                 return None, "", str(exc), f"launcher did not start: {exc}", None
             try:
-                rc, cpu, killed = la.run(run, ws, argv, out, err, self.cfg.run_timeout_s)
+                rc, cpu, killed = la.run(run, ws, argv, out, err, self.cfg.run_timeout_s, env=dict(extra or {}))
             except LauncherError as exc:
                 started = la.current_pid is not None
-                self._replaced(self._key(worker, extra), str(exc))
+                self._replaced(worker, str(exc))
                 if not started and attempt == 1:
                     continue  # SAGE never ran: the run goes to the next launcher
                 stdout, stderr = _read_and_remove(out), _read_and_remove(err)
@@ -390,11 +378,12 @@ class _Launchers:
         raise AssertionError("unreachable: the second attempt returns")
 
     def close(self, worker: int) -> None:
-        for k in [k for k in self.by_worker if k[0] == worker]:
-            self.by_worker.pop(k).close()
+        la = self.by_worker.pop(worker, None)
+        if la is not None:
+            la.close()
 
     def close_all(self) -> None:
-        for w in {k[0] for k in self.by_worker}:
+        for w in list(self.by_worker):
             self.close(w)
 
 

@@ -11,12 +11,23 @@ SAGE's interpreter) it is the launcher; imported (by the harness) it gives :clas
 which starts one and talks to it over a Unix socket pair, one JSON object a line:
 
     launcher -> harness  {"ready": true, ...}            after the imports (or "ready": false, "error")
-    harness  -> launcher {"run", "cwd", "argv", "stdout", "stderr", "probe"}
+    harness  -> launcher {"run", "cwd", "argv", "stdout", "stderr", "env", "probe"}
     launcher -> harness  {"started": pid}                the child: its own session and process group
     launcher -> harness  {"exit": rc, "cpu_s": s}        rc as subprocess's returncode; cpu_s from wait4
 
 The harness closing its end stops the launcher. Each launcher serves one worker's runs in turn
 (one per worker and day: the environment is the day's).
+
+**A run's own variables** (``env`` of a request, :meth:`SageLauncher.run`'s ``env=``): set in the
+child's ``os.environ`` after the fork and before SAGE's entry point, on top of the launcher's (the
+day's). Only variables SAGE reads *at call time* can differ per run this way: a variable read at
+import would be the launcher's. The harness sets ``SAGE_TRACE_ID`` (read by
+``observability/structured_logger.py`` and ``run_metrics.py`` at every line), ``SAGE_MODELS_YAML``
+(``config/paths.py``'s ``resolved_models_yaml_path``, called each time a ``ModelRouter`` is built) and
+``SAGE_SKILLS_ROOT`` (``execution/policy_store.py``, read at each injection; the injector's
+``lru_cache`` of skill files is empty in each child, see below), and nothing else
+(``harness.RUN_ENV_KEYS``). The child has exactly the environment a fresh ``sage run`` started with
+the day's environment and those variables would have.
 
 **What a fork shares with its launcher that a fresh process would build itself**, found by reading
 every SAGE module a ``sage run`` imports (82 with a checkpoint deployed: ``sage.cli``,
@@ -194,6 +205,7 @@ def _enter_run(req: dict, sock: socket.socket, cli: str) -> None:
         os.dup2(f, fd)
         os.close(f)
     os.chdir(req["cwd"])
+    os.environ.update({str(k): str(v) for k, v in (req.get("env") or {}).items()})  # the run's own variables
     sys.argv = [cli, *req["argv"]]
     sys.orig_argv = [sys.executable, *sys.argv]
     if "numpy.random" in sys.modules:
@@ -348,14 +360,22 @@ class SageLauncher:
         return msg
 
     def run(self, run: str, cwd: Path, argv: list[str], stdout: Path, stderr: Path, timeout: float,
-            probe: bool = False) -> tuple[int | None, float | None, bool]:
-        """Fork ``sage <argv>`` in ``cwd``, its output into ``stdout``/``stderr``; kill its process
-        group past ``timeout`` seconds. Returns (exit status or None when killed, CPU seconds of the
+            probe: bool = False, env: dict[str, str] | None = None) -> tuple[int | None, float | None, bool]:
+        """Fork ``sage <argv>`` in ``cwd``, its output into ``stdout``/``stderr``, with ``env`` set on top of
+        the launcher's environment (variables SAGE reads at call time only: see the module doc); kill its
+        process group past ``timeout`` seconds. Returns (exit status or None when killed, CPU seconds of the
         run and the children it waited for, killed)."""
         if not self.alive or self.sock is None or self.lines is None:
             raise LauncherError(f"{self.name} is not running: start it first")
+        extra = dict(env or {})
+        for k, v in extra.items():
+            if not (isinstance(k, str) and re.fullmatch(r"[A-Z_][A-Z0-9_]*", k) and isinstance(v, str)
+                    and "\x00" not in v):
+                raise ValueError(f"run {run}: env {k!r}: a variable name (A-Z, 0-9, _) with a string value "
+                                 "without a NUL byte")
         self.current_pid = None
-        req = {"run": run, "cwd": str(cwd), "argv": argv, "stdout": str(stdout), "stderr": str(stderr), "probe": probe}
+        req = {"run": run, "cwd": str(cwd), "argv": argv, "stdout": str(stdout), "stderr": str(stderr), "env": extra,
+               "probe": probe}
         start = time.monotonic()
         try:
             _send(self.sock, req)

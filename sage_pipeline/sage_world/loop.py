@@ -16,17 +16,17 @@ the gate's decision and each candidate's OPE estimate (the headline estimator, w
 beside its true value on the same report episodes, and whether the gate was right (a promotion is
 wrong when the promoted policy's true value is below the table's).
 
-**The coder lever** (``LoopConfig.coder_decisions``). ``"ledger"`` (the default): the decision ledger's
-coder lever (:mod:`sage_pipeline.decisions.coder`) at ``<root>/data/decisions/ledger.json``. Before each
-day its plan is read from the ledger (a round pending: 50/50 between the two coder models, each a
-``models.yaml`` pinning the coder; a pin: the pinned model at 0.9, the other at 0.1; neither: SAGE's table and
-its bandit, no draws); each ``sage run`` gets its own recorded draw (``decisions.coder.draw``: exact integer
-thresholds, one line per draw in ``days/day-NN/assignments.jsonl`` before any run starts) and runs with its
-arm's ``SAGE_MODELS_YAML`` and ``SAGE_TRACE_ID`` = the draw id (``harness.run_day(run_env=...)``). After the
-chain, :func:`coder_night_ledger` joins every run to its draw (SAGE's logged ``trace_id`` from
-``routing/trajectories.parquet``, else the harness's record of the run's sessions), adds the randomised runs as
-evidence, decides, opens a new round when due and saves the ledger; its report stands each candidate's
-estimate and interval beside the world's exact gap between the two pinned tables on every run so far.
+**The coder lever** (``LoopConfig.coder_decisions``). ``"ledger"`` (the default): the decision ledger's coder lever
+(:mod:`sage_pipeline.decisions.coder`) at ``<root>/data/decisions/ledger.json``. Before each day its plan is read
+from the ledger (a round pending: 50/50 between the two coder models, each a ``models.yaml`` pinning the coder; a
+pin: the pinned model at 1 - explore_share, the other at explore_share; neither: SAGE's table and its bandit, no
+draws); each ``sage run`` gets its own recorded draw (``decisions.coder.draw``: exact integer thresholds, one line
+per draw in ``days/day-NN/assignments.jsonl`` before any run starts) and runs with its arm's ``SAGE_MODELS_YAML``
+and ``SAGE_TRACE_ID`` = the draw id (``harness.run_day(run_env=...)``). After the chain, :func:`coder_night_ledger`
+joins every run to its draw (SAGE's logged ``trace_id`` from ``routing/trajectories.parquet``, else the harness's
+record of the run's sessions), adds the randomised runs as evidence, decides, opens a new round when due and saves
+the ledger; its report stands each candidate's estimate and interval beside the world's exact gap between the two
+pinned tables on every run so far.
 ``"bootstrap"``: the old per-night decision (``rl.coder_lever.decide``: valid for one night only), which pins
 the day-level models.yaml and never reverts.
 

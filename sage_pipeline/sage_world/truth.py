@@ -136,7 +136,7 @@ class _Flow:
         self.world, self.table = world, table
         self.task, self.tests = np.asarray(task, dtype=np.int64), np.asarray(tests, dtype=bool)
         n = len(self.task)
-        self.p_code = np.array([world.p_code(int(t), m) for t, m in zip(self.task, coder, strict=True)])
+        self.p_code = np.array([world.p_coder(int(t), m) for t, m in zip(self.task, coder, strict=True)])
         self.n_wrong = np.array([len(world.tasks[int(t)].wrong_candidates()) for t in self.task], dtype=np.int64)
         if n and self.n_wrong.min() == 0:
             bad = world.tasks[int(self.task[int(np.argmin(self.n_wrong))])].task_id
@@ -490,7 +490,7 @@ def _draw(world: ModelWorld, table: RoutingTable, task: int, coder_model: str, q
     rev = (table.routes["reviewer"].primary, table.routes["reviewer"].fallback)
     dbg = (table.routes["debugger"].primary, table.routes["debugger"].fallback)
     n_wrong = len(world.tasks[task].wrong_candidates())
-    slot = -1 if rng.random() < world.p_code(task, coder_model) else int(rng.integers(n_wrong))
+    slot = -1 if rng.random() < world.p_coder(task, coder_model) else int(rng.integers(n_wrong))
     tests, k, rewards = bool(tests_at_start), 0, []
 
     def says_pass(k: int) -> bool:

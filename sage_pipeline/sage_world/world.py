@@ -14,8 +14,9 @@ What each agent gets back (SAGE's parsers accept exactly these shapes):
   calls its model) with ``verification: python -m pytest -q tests/test_<module>.py``. Its content
   does not depend on the planner's model (an assumption: no published planning figure).
 * **coder** (model chosen by SAGE's UCB bandit): the task's reference solution with the
-  calibrated first-attempt chance of that model (``SageLoopSim.p_code``), else one of the task's
-  verified wrong candidates, uniformly.
+  calibrated first-attempt chance of that model (``SageLoopSim.p_code``; moved by
+  ``WorldConfig.coder_shift`` where a test harness sets one: :meth:`ModelWorld.p_coder`), else one of
+  the task's verified wrong candidates, uniformly.
 * **reviewer**: the right verdict with probability ``0.5 + 0.5 * p_code(reviewer model)`` (an
   assumption: a model that would write the solution recognises a right or wrong one; otherwise
   it guesses). PASS scores ``review_pass_score``, FAIL ``review_fail_score``.
@@ -136,6 +137,22 @@ class WorldConfig(BaseModel):
                     "(style_for; TEST_STYLES): pytest fixtures, raises, parametrize, classes, tmp_path, "
                     "monkeypatch, approx, unittest, plain asserts; 'testclient' (FastAPI's TestClient) only when "
                     "SAGE's gate runs a Python with FastAPI (DEFAULT_TEST_STYLES says why it is not by default)")
+
+    coder_shift: dict[str, float] = Field(
+        default_factory=dict,
+        description="a test harness's knob, empty by default (the calibration as it is): model -> a number added to "
+                    "the coder's chance of a right first file with that model (ModelWorld.p_coder; clipped to [0, 1]), "
+                    "to set a coder gap or inject a drift (benchmarks/decision_e2e.py). A model is named as SAGE's "
+                    "table names it or by its calibrated name; the reviewer's accuracy and the debugger's repairs "
+                    "keep the calibration's figures")
+
+    @field_validator("coder_shift")
+    @classmethod
+    def _shifts(cls, v: dict[str, float]) -> dict[str, float]:
+        bad = {k: x for k, x in v.items() if not (-1.0 <= float(x) <= 1.0)}
+        if bad:
+            raise ValueError(f"coder_shift {bad}: a chance moves by at most 1 either way")
+        return v
 
     @field_validator("test_styles")
     @classmethod
@@ -502,6 +519,16 @@ class ModelWorld:
             got = self._p_code[task, model] = float(self.sim.p_code(np.array([task]), counts)[0, self._code[m]])
         return got
 
+    def p_coder(self, task: int, model: str) -> float:
+        """The chance that the coder's first attempt at ``task`` with ``model`` is right: :meth:`p_code` moved by
+        ``WorldConfig.coder_shift`` (its entry for ``model`` or for the calibrated name it is), clipped to [0, 1];
+        exactly :meth:`p_code` for a model without a shift. What the world draws the coder's answer from and what
+        the truth values it by (:mod:`.truth`)."""
+        p = self.p_code(task, model)
+        shift = self.config.coder_shift
+        d = shift.get(model, shift.get(self.calibrated(model)))
+        return p if d is None else min(1.0, max(0.0, p + float(d)))
+
     def p_fix(self, task: int, slot: int, model: str) -> float:
         """The chance that ``model``'s repair of the file in ``slot`` is right (1 for a right file)."""
         if slot == -1:
@@ -517,11 +544,11 @@ class ModelWorld:
     def chance(self, role: str, task: int, model: str, slot: int = -1, instruction_live: bool = False) -> float:
         """The exact chance of ``role``'s right answer with or without the planted instruction live in its
         prompt (``self.skills.config``; the same with and without unless the mode is planted and ``role`` is
-        the planted role): the coder's first attempt (:meth:`p_code`), the reviewer's right verdict
+        the planted role): the coder's first attempt (:meth:`p_coder`), the reviewer's right verdict
         (:meth:`review_accuracy`), the debugger's repair of the file in ``slot`` (:meth:`p_fix`; -1: a right
         file, which stays right, 1; -2: no file yet, its first attempt, :meth:`p_code`)."""
         if role == "coder":
-            p = self.p_code(task, model)
+            p = self.p_coder(task, model)
         elif role == "reviewer":
             p = self.review_accuracy(task, model)
         elif role == "debugger":

@@ -135,6 +135,35 @@ def test_the_coder_is_right_with_the_calibrated_chance(world):
     assert 0 < p < 1 and w.p_code(0, "qwen2.5-coder:14b-instruct-q4_K_M") > p  # the 14b (an alias) is better
 
 
+def test_a_coder_shift_moves_the_coders_first_file_and_its_truth_and_nothing_else(world):
+    """``WorldConfig.coder_shift`` (the end-to-end target's handicap and drift): the coder's first file is right
+    with the calibrated chance plus the shift, clipped to [0, 1], as drawn and as the truth values it; named by
+    SAGE's tag or the calibrated name; the reviewer's accuracy keeps the calibration's figure; no shift is the
+    calibration exactly; a shift past 1 either way is refused."""
+    from pydantic import ValidationError
+
+    from sage_pipeline.sage_world import truth as T
+
+    tag, small = "qwen2.5-coder:14b-instruct-q4_K_M", "qwen2.5-coder:1.5b"
+    base = _fresh(world)
+    p = base.p_code(0, small)
+    w = ModelWorld(world.sim, world.table, WorldConfig(coder_shift={small: -0.5, "qwen2.5-coder:14b": 0.9}))
+    assert w.p_coder(0, small) == max(0.0, p - 0.5) and w.p_coder(0, tag) == 1.0  # the alias's calibrated name
+    assert base.p_coder(0, small) == p and w.review_accuracy(0, small) == base.review_accuracy(0, small)
+    n, right = 400, 0
+    for i in range(n):
+        _run_task(w, f"s{i}", w.tasks[0].task_id)
+        right += w.final_right(f"s{i}")
+    q = w.p_coder(0, small)
+    assert abs(right / n - q) < 4 * np.sqrt(max(q * (1 - q), 1e-3) / n)
+    assert w.chance("coder", 0, small) == q and w.chance("reviewer", 0, small) == base.chance("reviewer", 0, small)
+    pol = T.SagePolicy(world.table)
+    v0, v1 = (T.run_value(x, 0, small, 0.5, pol) for x in (base, w))
+    assert v1.p_verified < v0.p_verified
+    with pytest.raises(ValidationError, match="at most 1"):
+        WorldConfig(coder_shift={small: -1.5})
+
+
 def test_the_test_file_passes_the_reference_and_fails_every_wrong_candidate(world, tmp_path):
     """What SAGE's verification command runs: the task's verified cases, against each candidate."""
     w = _fresh(world)

@@ -153,6 +153,34 @@ def test_a_forked_run_starts_from_what_a_fresh_sage_run_would_read(install, tmp_
     assert a["numpy_draw"] is not None and a["numpy_draw"] != b["numpy_draw"]
 
 
+def test_a_runs_own_variables_reach_that_run_only_and_bad_ones_are_refused(install, tmp_path):
+    """``env=``: the forked child has the launcher's environment with the run's own variables on top (a run's
+    SAGE_TRACE_ID and SAGE_MODELS_YAML), the next run without them has the launcher's again; a name that is not
+    a variable name or a value with a NUL is refused before anything is forked."""
+    env = sage_env(install, "http://127.0.0.1:9", tmp_path / "home", tmp_path / "bin")
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    other = tmp_path / "other.yaml"
+    other.write_text(install.models_yaml.read_text())
+    own = {"SAGE_TRACE_ID": "draw-1", "SAGE_MODELS_YAML": str(other)}
+    py = console_python(install.cli, install.python)
+    with SageLauncher(py, install.cli, env, tmp_path / "launchers") as la:
+        probes = []
+        for i, extra in enumerate((own, None)):
+            rc, _, _ = la.run(f"p{i}", ws, ["run", "x"], tmp_path / f"p{i}.out", tmp_path / f"p{i}.err", 60,
+                              probe=True, env=extra)
+            assert rc == 0, (tmp_path / f"p{i}.err").read_text()
+            probes.append(json.loads((tmp_path / f"p{i}.out").read_text())["env"])
+        for bad in ({"sage trace": "x"}, {"SAGE_TRACE_ID": "a\x00b"}, {"SAGE_TRACE_ID": 3}):
+            with pytest.raises(ValueError, match="variable name"):
+                la.run("bad", ws, ["run", "x"], tmp_path / "b.out", tmp_path / "b.err", 60, env=bad)
+        assert la.alive  # a refused request forks nothing and leaves the launcher serving
+    first, second = probes
+    assert {k: first[k] for k in own} == own and {k: first[k] for k in env if k not in own} == \
+        {k: v for k, v in env.items() if k not in own}
+    assert "SAGE_TRACE_ID" not in second and "SAGE_MODELS_YAML" not in second  # the day's environment again
+
+
 def test_both_ways_of_starting_sage_write_the_same_journals_and_the_bandit_carries_over(install, tmp_path):
     """The same world seed and tasks, SAGE's YAML: every workspace's journal has the same events (types,
     payload keys, routing and trajectory facts) whether each run is a fresh process or a fork; and the
