@@ -480,7 +480,7 @@ class SkillsWorld:
         from sage_pipeline.sage import skills as sk
         from sage_pipeline.sleep.block import parse_document
         from sage_pipeline.sleep.records import SplitSpec
-        from sage_pipeline.sleep.simulated_backend import SimWorld
+        from sage_pipeline.sleep.harness.sim_world import SimWorld
 
         world = SimWorld.load("coder")
         self.pool = [t for t in world.generate_tasks(2026, per_topic=S.per_topic, split=SplitSpec(train=0.5, val=0.25),
@@ -493,7 +493,7 @@ class SkillsMonth:
     """One month of the skills lever (see the module doc); ``i`` its row in the engine."""
 
     def __init__(self, S: Settings, scenario: str, m: int, i: int, world: SkillsWorld, code: int) -> None:
-        from sage_pipeline.sleep.standin import StandinConfig, StandinModel
+        from sage_pipeline.sleep.harness.standin import StandinConfig, StandinModel
 
         self.S, self.i, self.world = S, i, world
         _, self.kind, _ = scenario.split("/")
@@ -602,7 +602,7 @@ class SkillsMonth:
     def night(self, n: int, eng) -> None:
         from sage_pipeline.sage import skills as sk
         from sage_pipeline.sleep.block import normalise_rule
-        from sage_pipeline.sleep.standin import REFLECT_SYSTEM
+        from sage_pipeline.sleep.harness.standin import REFLECT_SYSTEM
 
         S, N = self.S, self.N
         tasks = self.tasks[(n - 1) * N:n * N]

@@ -55,7 +55,6 @@ from pathlib import Path
 import numpy as np
 from _cli import count  # benchmarks/ is the script's folder: first on sys.path
 from pydantic import ValidationError
-from sleep_gate import clopper_pearson
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -89,6 +88,17 @@ SCRATCH = ROOT / "benchmarks" / ".scratch"
 NULL_START = date(2026, 12, 1)
 PLANTED_START = date(2027, 3, 1)
 GOALS = {"false_accept": 0.05, "kept_share": 0.8, "useless": 1.0, "nights": 5}
+
+
+def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    """The exact binomial interval of k successes in n (was benchmarks/sleep_gate.py's, deleted with the generic
+    cycle it measured)."""
+    from scipy.stats import beta
+
+    a = 1.0 - level
+    lo = 0.0 if k == 0 else float(beta.ppf(a / 2, k, n - k + 1))
+    hi = 1.0 if k == n else float(beta.ppf(1 - a / 2, k + 1, n - k))
+    return lo, hi
 
 
 class WorldBackend(OpenAIBackend):

@@ -23,7 +23,6 @@ from sage_pipeline.defs import (
     routing_checks,
     run_reaper,
     sage_loop_assets,
-    sage_skills_assets,
     sim_assets,
     sim_policy_assets,
     sleep_assets,
@@ -75,8 +74,7 @@ executor = run_reaper.reaping(dg.multiprocess_executor.configured(
 # else) and what they share. A deployment module (e.g. defs/celery_definitions.py) merges these
 # with its own executor: the project's `defs` already carries one, and Definitions.merge refuses two.
 FRAGMENTS: list[dg.Definitions] = [
-    sleep_assets.sleep_defs,
-    sage_skills_assets.sage_skills_defs,  # the night on SAGE's own skills (group sleep_cycle: nightly_sleep)
+    sleep_assets.sleep_defs,  # the nights on SAGE's own skills root (group sleep_cycle: nightly_sleep)
     dg.Definitions(  # the offline routing chain
         assets=ROUTING_ASSETS,
         asset_checks=[routing_checks.routing_dataset_contract, routing_checks.routing_dataset_volume],

@@ -220,9 +220,6 @@ NOT_MEASURED = {
 # Measured, and known to write several files one by one: each entry must still do so (remove it
 # when its asset writes one set), and names whose it is to change.
 KNOWN_LOOSE = {
-    "sleep_cycle/reviewer": "issue 35: the sleep store (sleep/store.py, sleep/report.py: SKILL.md, index.jsonl, "
-                            "store.json, nights/<date>/*) keeps its own switch (pending.json); the sleep "
-                            "store's owner to move a night's files into one set",
 }
 
 
@@ -274,7 +271,6 @@ def _recording(monkeypatch, root: Path):
 
 def _runs(tmp_path: Path):
     """(root, assets, checks, run_config, partition, resources) of every materialization measured."""
-    import dagster as dg
 
     from sage_pipeline.definitions import ROUTING_ASSETS
     from sage_pipeline.defs import (
@@ -306,8 +302,8 @@ def _runs(tmp_path: Path):
            None, {})
     yield (month, [policy_iteration.policy_iteration], [],
            {"ops": {"policy_iteration": {"config": {**tpi.TINY, "days": 2}}}}, None, {})
-    night = [a for a in sa.SLEEP_ASSETS if dg.AssetKey(["sleep_cycle", "reviewer"]) in a.keys]
-    yield sleep, night, [], None, "2026-11-03", {}
+    yield sleep, [sa.sage_skills], [], {"ops": {"sleep_cycle__sage_skills": {"config": {"embedded": False}}}}, \
+        "2026-11-03", {}
 
 
 @pytest.mark.slow
@@ -340,8 +336,7 @@ def test_every_asset_writes_at_most_one_file_or_folder_outside_an_atomic_set(tmp
         all_sets |= sets
 
     everything = {k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys()}
-    unaccounted = sorted(a for a in everything - set(measured) - set(NOT_MEASURED)
-                         if not (a.startswith("sleep_cycle/") and "sleep_cycle/reviewer" in measured))
+    unaccounted = sorted(everything - set(measured) - set(NOT_MEASURED))
     assert not unaccounted, f"assets neither measured here nor listed in NOT_MEASURED with a reason: {unaccounted}"
     several = {a: sorted(files) for a, files in measured.items() if len(files) > 1 and a not in KNOWN_LOOSE}
     assert not several, ("these assets write several files or folders one by one, outside an artifacts.atomic_set "

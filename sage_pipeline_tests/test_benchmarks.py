@@ -62,8 +62,7 @@ def test_offline_quality_on_exploring_sage_logs_values_what_the_logs_support(tmp
 
 @pytest.mark.slow
 @pytest.mark.parametrize("script, flag", [("ppo_vs_sb3.py", "--seeds"), ("closed_loop.py", "--seeds"),
-                                          ("closed_loop.py", "--workers"), ("offline_quality.py", "--workers"),
-                                          ("sleep_cycle.py", "--seeds")])
+                                          ("closed_loop.py", "--workers"), ("offline_quality.py", "--workers")])
 def test_a_count_below_one_is_a_usage_error_naming_the_flag(script, flag):
     out = subprocess.run([sys.executable, f"benchmarks/{script}", flag, "0"], cwd=ROOT, capture_output=True,
                          text=True, timeout=120)

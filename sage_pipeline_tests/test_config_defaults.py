@@ -129,7 +129,7 @@ def test_no_default_is_declared_twice_outside_the_listed_classes(tree):
 def test_the_sleep_configs_repeat_nothing(tree):
     dagster, core = tree
     sleep = [c for c in dagster if c.__module__ == "sage_pipeline.defs.sleep_assets"]
-    assert {c.__name__ for c in sleep} >= {"SleepNightConfig", "OpenAISection", "CycleSection", "GateSection",
+    assert {c.__name__ for c in sleep} >= {"SageSkillsAssetConfig", "OllamaSection", "OpenAISection", "GateSection",
                                            "EditLimitsSection", "SplitSection", "RollbackConfig"}
     assert repeated_defaults(sleep, core) == {}
     # stronger than "no repeat": the night config's classes declare no default of their own at all

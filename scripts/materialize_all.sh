@@ -6,7 +6,8 @@
 #      routing-benchmark import, sim_tasks), with their checks;
 #   2. sandbox_rollouts, all shards in one run (single-run backfill policy);
 #   3. what depends on the rollouts (ppo_policy);
-#   4. the sleep cycle, one night per partition, oldest first (SLEEP_NIGHTS, default 3);
+#   4. the sleep cycle on SAGE's skills root, one night per day of the embedded SAGE week (oldest first,
+#      SLEEP_NIGHTS of them, default 3; the first partitions when the week is not there);
 #   5. the decision ledger every lever's nights wrote (group decisions);
 # The simulated month (group closed_loop, job simulated_month) and SAGE in the loop (group
 # sage_in_the_loop, job sage_in_the_loop: needs SAGE_PYTHON) are not part of it: minutes of CPU,

@@ -1,31 +1,29 @@
-"""The nightly sleep cycle in Dagster: one daily-partitioned asset per skill (``sleep_cycle/<skill>``),
-the ``nightly_sleep`` job and its schedule, and the ``sleep_rollback`` job.
+"""The sleep cycle in Dagster: ``sleep_cycle/sage_skills``, one night per day partition on the project's SAGE
+skills root, the ``nightly_sleep`` job and its schedule, and the ``sleep_rollback`` job.
 
-Thin: the night is ``sage_pipeline.sleep.nightly.run_night``; this module maps config in
-and the night's result out as metadata. The asset's config is the core's ``NightSettings``,
-section by section (``openai``, ``cycle: {limits, gate}``, ``split``): each field, default,
-description and check is declared once, in the core model, and inherited here.
+Thin: the work is ``sage_pipeline.sleep.sage_night.run_sage_skills`` (the online check of the deployed edits on
+SAGE's journals, the harvest of SAGE's runs, one night on the root SAGE reads through ``SAGE_SKILLS_ROOT``); this
+module maps config in and the outcome out as metadata. The config is the core's ``SageSkillsSettings``, section
+by section, each default declared once there. With no SAGE workspaces, journals or goal ledgers given (run
+config, or ``$SAGE_WORKSPACES`` / ``$SAGE_JOURNALS`` / ``$SAGE_GOAL_LEDGERS``) the nights read the shipped week
+of SAGE's own runs (``sage_pipeline.sage.week.embedded_week``); with no model configured (``$SAGE_SLEEP_MODEL``)
+a night harvests and ends ``no_model``: the root's live version (SAGE's tree as shipped on a new root) stays,
+and the check passes.
 
-The partitions and the schedule are built from :class:`SleepSchedule` (first night, time zone,
-time of day), fixed in code, never read from the environment; a deployment that wants
-another schedule builds its own with :func:`build_sleep_defs`, and stops or starts it in the UI
-or with ``dagster schedule stop|start nightly_sleep_schedule``. Which skills have a night
-asset is the one thing read when the code loads (it decides which assets exist):
-``SAGE_SLEEP_SKILLS`` (comma-separated; default: the packaged skills).
+The partitions and the schedule are built from :class:`SleepSchedule` (first night, time zone, time of day),
+fixed in code, never read from the environment; a deployment that wants another schedule builds its own with
+:func:`build_sleep_defs`, and stops or starts it in the UI or with ``dagster schedule stop|start
+nightly_sleep_schedule``. :func:`default_nights` names the nights ``make run`` materializes: the days of the
+embedded week's runs (oldest first), else the first partitions.
 
-A night that fails (``backend_error``, ``store_error``, ``input_error``, ...) fails its blocking
-check ``night_completed`` and so its step and the run, after its metadata and diagnostics are
-recorded; every skill is its own asset, so the other skills' nights in the same run still run
-and keep what they wrote.
-
-Two nights never run at once: every night asset is in the ``sleep_cycle`` pool (give the
-pool a limit of 1: ``dagster instance concurrency set sleep_cycle 1``), the job's runs
-carry the tag ``sage/sleep_cycle`` (for a run tag concurrency limit), and the core holds
-a per-skill lock for the whole night whatever the instance says.
+A night that fails (``backend_error``, ``store_error``, ``input_error``, ...) fails its blocking check
+``sage_skills_night_completed`` and so its step and the run, after its metadata and diagnostics are recorded.
+Two nights never run at once: the asset is in the ``sleep_cycle`` pool (give the pool a limit of 1: ``dagster
+instance concurrency set sleep_cycle 1``), the jobs' runs carry the tag ``sage/sleep_cycle`` (for a run tag
+concurrency limit), and the core holds the root's night lock for the whole night whatever the instance says.
 """
 # No `from __future__ import annotations`: Dagster reads the real annotations.
 
-import os
 from datetime import date
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -34,22 +32,25 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sage_pipeline import markdown
 from sage_pipeline.defs.resources import SageResource
-from sage_pipeline.sleep import report as sr
-from sage_pipeline.sleep.backends import OpenAIConfig
+from sage_pipeline.defs.sections import section
+from sage_pipeline.sleep.backends import OllamaConfig, OpenAIConfig
 from sage_pipeline.sleep.block import EditLimits
-from sage_pipeline.sleep.cycle import ERROR_STATUSES, CycleConfig, NightResult
 from sage_pipeline.sleep.gate import GateConfig
-from sage_pipeline.sleep.nightly import NightSettings, run_night
 from sage_pipeline.sleep.records import SplitSpec
-from sage_pipeline.sleep.store import PACKAGED_SKILLS, SkillStore
+from sage_pipeline.sleep.sage_night import (
+    ERROR_STATUSES,
+    SageNightConfig,
+    SageSkillsOutcome,
+    SageSkillsSettings,
+    run_sage_skills,
+)
+from sage_pipeline.sleep.sage_online import OnlineCheckConfig
+from sage_pipeline.sleep.sage_skills import SageSkillsRoot
 
 GROUP = POOL = "sleep_cycle"
 RUN_TAG = {"sage/sleep_cycle": "night"}
-HEALTHY = ("accepted", "rejected", "no_edits", "no_tasks")
-
-
-def packaged_skills() -> list[str]:
-    return sorted(p.stem for p in PACKAGED_SKILLS.glob("*.md") if not p.stem.endswith(".memory"))
+KEY = dg.AssetKey([GROUP, "sage_skills"])
+CHECK = "sage_skills_night_completed"
 
 
 class SleepSchedule(BaseModel):
@@ -57,10 +58,7 @@ class SleepSchedule(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    skills: list[str] = Field(default_factory=packaged_skills, min_length=1,
-                              description="one night asset per skill (default: the packaged skills)")
-    start_date: date = Field(date(2026, 11, 1), description="the first night (partition): the day the synthetic "
-                             "session logs start on")
+    start_date: date = Field(date(2026, 11, 1), description="the first night (partition)")
     timezone: str = Field("UTC", description="time zone of the days (partitions) and of the schedule")
     at: str = Field("03:17", pattern=r"^([01][0-9]|2[0-3]):[0-5][0-9]$",
                     description="HH:MM: when the schedule starts the night of the day that just ended")
@@ -79,19 +77,12 @@ class SleepSchedule(BaseModel):
         return dg.DailyPartitionsDefinition(start_date=self.start_date.isoformat(), timezone=self.timezone)
 
 
-def _skills_from_env() -> SleepSchedule:
-    """The default schedule, for the skills ``SAGE_SLEEP_SKILLS`` names (if set)."""
-    env = [s.strip() for s in os.environ.get("SAGE_SLEEP_SKILLS", "").split(",") if s.strip()]
-    return SleepSchedule(skills=list(dict.fromkeys(env))) if env else SleepSchedule()
-
-
-def _section(core: type[BaseModel], name: str, section: type) -> object:
-    """A nested Dagster config section standing for ``core``'s field ``name`` (its description kept)."""
-    return Field(default_factory=section, description=core.model_fields[name].description)
+class OllamaSection(dg.Config, OllamaConfig):
+    """the ollama client: ``sage_pipeline.sleep.backends.OllamaConfig``."""
 
 
 class OpenAISection(dg.Config, OpenAIConfig):
-    """openai backend: ``sage_pipeline.sleep.backends.OpenAIConfig``."""
+    """the openai client: ``sage_pipeline.sleep.backends.OpenAIConfig``."""
 
 
 class EditLimitsSection(dg.Config, EditLimits):
@@ -102,121 +93,184 @@ class GateSection(dg.Config, GateConfig):
     """``sage_pipeline.sleep.gate.GateConfig``."""
 
 
-class CycleSection(dg.Config, CycleConfig):
-    """``sage_pipeline.sleep.cycle.CycleConfig``."""
-
-    limits: EditLimitsSection = _section(CycleConfig, "limits", EditLimitsSection)
-    gate: GateSection = _section(CycleConfig, "gate", GateSection)
-
-
 class SplitSection(dg.Config, SplitSpec):
     """``sage_pipeline.sleep.records.SplitSpec``."""
 
 
-class SleepNightConfig(dg.Config, NightSettings):
-    """A night's run config: ``sage_pipeline.sleep.nightly.NightSettings``, nested sections included."""
+class SageNightSection(dg.Config, SageNightConfig):
+    """``sage_pipeline.sleep.sage_night.SageNightConfig``."""
 
-    openai: OpenAISection = _section(NightSettings, "openai", OpenAISection)
-    cycle: CycleSection = _section(NightSettings, "cycle", CycleSection)
-    split: SplitSection = _section(NightSettings, "split", SplitSection)
-
-    def settings(self) -> NightSettings:
-        return NightSettings.model_validate(self.model_dump())
+    limits: EditLimitsSection = section(SageNightConfig, "limits", EditLimitsSection)
+    gate: GateSection = section(SageNightConfig, "gate", GateSection)
+    split: SplitSection = section(SageNightConfig, "split", SplitSection)
 
 
-def _score(r: NightResult, key: str) -> dg.MetadataValue:
-    s = r.scores.get(key) or {}
-    return dg.MetadataValue.float(float(s["score"])) if s.get("score") is not None else dg.MetadataValue.text("-")
+class OnlineCheckSection(dg.Config, OnlineCheckConfig):
+    """``sage_pipeline.sleep.sage_online.OnlineCheckConfig``."""
 
 
-def night_metadata(r: NightResult, files: sr.NightFiles) -> dict:
-    groups = sr.edit_groups(r)
-    errors = [{k: e.get(k) for k in ("purpose", "attempt", "final", "error")} for e in r.call_errors[:30]]
-    return {
-        "status": r.status, "gate_action": r.gate_action, "reason": r.reason, "cause": r.cause or "-",
-        "baseline_val_score": _score(r, "baseline_val"), "candidate_val_score": _score(r, "candidate_val"),
-        "test_before_score": _score(r, "test_before"), "test_after_score": _score(r, "test_after"),
-        "scores": dg.MetadataValue.md(markdown.table(sr.score_rows(r))),
-        **{f"{k}_edits": len(v) for k, v in groups.items()},
-        **{f"{k}_edits_table": dg.MetadataValue.md(markdown.table(sr.edit_rows(v))) for k, v in groups.items()},
-        "per_task": dg.MetadataValue.md(markdown.table(sr.task_rows(r))),
-        "reflect_reply_head": dg.MetadataValue.md(f"```\n{(r.reflect.get('reply_head') or '(no reply)')[:600]}\n```"),
-        "backend_call_errors": dg.MetadataValue.md(markdown.table(errors)),
-        "token_use": dg.MetadataValue.json(r.calls or {}),
-        "tasks": dg.MetadataValue.json(r.tasks), "harvest": dg.MetadataValue.json(r.harvest),
-        "quarantined": len(r.quarantined),
-        "versions": dg.MetadataValue.json(r.versions),
-        "report": dg.MetadataValue.md(sr.report_markdown(r, markdown.image(files.png, "scores per night"))),
-        "diagnostics": dg.MetadataValue.path(str(files.diagnostics)),
-        "report_path": dg.MetadataValue.path(str(files.report)),
-        "live_skill": dg.MetadataValue.path(r.live.get("skill", "")),
-        "seconds": r.seconds,
+class SageSkillsAssetConfig(dg.Config, SageSkillsSettings):
+    """The run config of ``sleep_cycle/sage_skills``: ``sage_pipeline.sleep.sage_night.SageSkillsSettings``."""
+
+    ollama: OllamaSection = section(SageSkillsSettings, "ollama", OllamaSection)
+    openai: OpenAISection = section(SageSkillsSettings, "openai", OpenAISection)
+    night: SageNightSection = section(SageSkillsSettings, "night", SageNightSection)
+    online: OnlineCheckSection = section(SageSkillsSettings, "online", OnlineCheckSection)
+
+    def settings(self) -> SageSkillsSettings:
+        return SageSkillsSettings.model_validate(self.model_dump())
+
+
+def _md(rows: list[dict], empty: str) -> dg.MetadataValue:
+    return dg.MetadataValue.md(markdown.table(rows) if rows else empty)
+
+
+def _sandbox(d: dict) -> str:
+    """Which backend ran SAGE's tests, and whether unisolated by the override."""
+    if not d:
+        return "-"
+    if d.get("sandbox") == "local":
+        return ("local: UNISOLATED, SAGE's model-written tests run by the override allow_untrusted_local"
+                if d.get("allow_untrusted_local") else "local (unisolated)")
+    return f"{d.get('sandbox')} (isolated{', untrusted code' if d.get('untrusted') else ''})"
+
+
+def sage_skills_metadata(o: SageSkillsOutcome) -> dict:
+    """What the UI shows at a glance: the live version and its per-skill shas, the night's decision, the
+    online check's table."""
+    n, live = o.night, o.live
+    changed = set((n.diff if n else {}) or {})
+    meta = {
+        "status": n.status if n else "not_configured", "message": o.message, "reason": o.message,
+        "live_version": f"v{live['seq']}={live['version']}" if live else "-",
+        "live_path": dg.MetadataValue.path(live.get("path", "")) if live else "-",
+        "skills": _md([{"skill": s, "sha16": h, "changed tonight": s in changed}
+                       for s, h in (live.get("shas") or {}).items()], "no skills root yet"),
+        "skills_root": dg.MetadataValue.path(o.root),
+        "deploy": (f"export SAGE_SKILLS_ROOT={live['path']}" if live else "-"),
+        "inputs": o.inputs or "-",
     }
+    if o.online is not None:
+        meta.update({
+            "online_check": o.online.summary(),
+            "online_versions": _md(o.online.texts, "no run of SAGE's with the role's skills yet"),
+            "online_edits": _md([{k: e[k] for k in ("version", "skill", "runs_new", "verified_new", "runs_parent",
+                                                    "verified_parent", "p_value", "decision", "action")}
+                                 for e in o.online.edits], "no edit to check"),
+            "rollbacks": len(o.online.rollbacks),
+        })
+    if o.online_error:
+        meta["online_error"] = o.online_error
+    if n is None:
+        return meta
+    s = n.scores
+    meta.update({
+        "decision": n.gate_action, "reason": n.reason, "cause": n.cause or "-",
+        "versions": dg.MetadataValue.json(n.versions),
+        "scores": _md([{"split": k, **{f: (s.get(k) or {}).get(f) for f in ("score", "hard", "tasks", "samples")}}
+                       for k in ("baseline_val", "candidate_val", "train", "test_before", "test_after")], "-"),
+        "trials": _md([{"edits": "; ".join(t["edits"])[:140], "baseline": t["baseline"], "candidate": t["candidate"],
+                        "verdict": t["verdict"], "p_value": t.get("p_value")} for t in n.trials], "no trial"),
+        "edits": _md([{"target": e["target"], "content": e["content"][:120], "status": e["status"],
+                       "why": e["reason"][:140]} for e in n.edits], "no edit proposed"),
+        "diff": dg.MetadataValue.md("\n".join(f"```diff\n{d}```" for d in n.diff.values()) or "no change"),
+        "tasks": dg.MetadataValue.json({k: v for k, v in n.tasks.items() if not k.endswith("_ids")}),
+        "harvest": dg.MetadataValue.json({k: o.harvest.get(k) for k in ("sessions", "outside_window", "tasks",
+                                                                          "validated", "reasons", "missing",
+                                                                          "unsafe")}),
+        "sandbox": _sandbox(n.sandbox),
+        "diagnostics": dg.MetadataValue.path(n.diagnostics),
+    })
+    if n.ledger:  # ledger mode: every skill candidate's standing (the decisions/decision_ledger asset shows all levers)
+        meta["ledger"] = _md([{"candidate": c["id"], "change": (c.get("change") or c["key"])[:90], "state": c["state"],
+                               "estimate": c["estimate"], "interval": "—" if c["interval"][0] is None else
+                               f"[{c['interval'][0]:+.3f}, {c['interval'][1]:+.3f}]", "standing": c["standing"],
+                               "why": c["history"][-1]["reason"][:140] if c["history"] else ""}
+                              for c in n.ledger.get("candidates", [])], "no candidate yet")
+        meta["ledger_guarantee"] = n.ledger.get("guarantee", "-")
+        plan = n.ledger.get("plan")
+        meta["next_plan"] = dg.MetadataValue.json(plan if isinstance(plan, dict) else {"plan": str(plan or "-")})
+    return meta
 
 
-def _health(r: NightResult, key: dg.AssetKey) -> dg.AssetCheckResult:
+def _check(o: SageSkillsOutcome) -> dg.AssetCheckResult:
+    status = o.night.status if o.night else "not_configured"
     return dg.AssetCheckResult(
-        check_name="night_completed", asset_key=key, passed=r.status in HEALTHY,
-        severity=dg.AssetCheckSeverity.ERROR if r.status in ERROR_STATUSES else dg.AssetCheckSeverity.WARN,
-        description=f"{r.status}: {r.reason}" + (f" Cause: {r.cause}" if r.cause else ""),
-        metadata={"status": r.status, "cause": r.cause or "-"})
+        check_name=CHECK, asset_key=KEY, passed=o.healthy,
+        severity=dg.AssetCheckSeverity.ERROR if status in ERROR_STATUSES else dg.AssetCheckSeverity.WARN,
+        description=o.message + (f" Cause: {o.night.cause}" if o.night and o.night.cause else ""),
+        metadata={"status": status})
 
 
-def sleep_cycle_asset(skill: str, nights: dg.PartitionsDefinition) -> dg.AssetsDefinition:
-    """The night asset of one skill: partition = the day whose tasks are harvested."""
-    key = dg.AssetKey([GROUP, skill])
-
-    @dg.asset(key=key, group_name=GROUP, partitions_def=nights, pool=POOL, kinds={"python", "markdown"},
-              description=f"One night of the sleep cycle for the {skill!r} skill: harvest the day's tasks, replay, "
-                          "reflect, edit the protected learned block, keep an edit only if a paired test on val "
-                          "says it helps at the night's stated false-accept level, then score test. Writes "
-                          "sleep/" + skill + "/ (live SKILL.md and MEMORY.md, "
-                          "versions/, nights/<date>/diagnostics.json and report.md).",
-              check_specs=[dg.AssetCheckSpec("night_completed", asset=key, blocking=True,
-                                             description="Fails when the night could not do its job. Blocking: "
-                                                         "a backend, judge, store or input error or a bug (ERROR) "
-                                                         "fails the night's step and so the run, after its "
-                                                         "diagnostics are recorded; a conflict, an unusable reflect "
-                                                         "reply or an unverified gate (WARN) does not.")])
-    def _night(context: dg.AssetExecutionContext, config: SleepNightConfig, sage: SageResource) -> dg.MaterializeResult:
+def sage_skills_asset(nights: dg.PartitionsDefinition) -> dg.AssetsDefinition:
+    @dg.asset(key=KEY, group_name=GROUP, partitions_def=nights, pool=POOL, kinds={"python", "markdown"},
+              description="One night of the sleep cycle on SAGE's own skills: the online check of the deployed edits "
+                          "on SAGE's journals (an edit that hurt beyond chance is rolled back), the harvest of SAGE's "
+                          "runs (the configured ones, else the shipped week of SAGE's runs; tasks judged by the tests "
+                          "SAGE's test engineer wrote, run as SAGE's gate runs them), the coder replayed as SAGE would "
+                          "with the candidate skills injected, the decision ledger (or the per-night gate), an "
+                          "accepted rule committed as the live version of sleep/sage_skills (SAGE_SKILLS_ROOT). With "
+                          "no model configured: harvested, nothing replayed ('no_model').",
+              check_specs=[dg.AssetCheckSpec(CHECK, asset=KEY, blocking=True,
+                                             description="Fails when the night on SAGE's skills could not do its job: "
+                                                         "a backend, judge, store or input error or a bug (ERROR, "
+                                                         "blocking) or a conflict or unusable reflect reply (WARN). "
+                                                         "Passes for no_model and when nothing is configured.")])
+    def sage_skills(context: dg.AssetExecutionContext, config: SageSkillsAssetConfig,
+                    sage: SageResource) -> dg.MaterializeResult:
         window = context.partition_time_window
-        r, files = run_night(sage.root(), skill, context.partition_key, (window.start, window.end),
-                             config.settings(), log=context.log.info)
-        if r.status in ERROR_STATUSES:
-            context.log.error(f"night {r.date} of {skill}: {r.status}: {r.cause}")
-        return dg.MaterializeResult(metadata=night_metadata(r, files), check_results=[_health(r, key)])
+        o = run_sage_skills(sage.root(), context.partition_key, (window.start, window.end), config.settings(),
+                            log=context.log.info)
+        if not o.configured:
+            context.log.info(o.message)
+        elif not o.healthy:
+            context.log.error(f"sage_skills {context.partition_key}: {o.message}")
+        return dg.MaterializeResult(metadata=sage_skills_metadata(o), check_results=[_check(o)])
 
-    return _night
+    return sage_skills
 
 
 class RollbackConfig(dg.Config):
-    skill: str = Field(description="the skill to roll back")
-    version: str = Field(description="a stored version: its id, a unique prefix (>= 4 characters) or v<seq>; "
-                         "list them with `python -m sage_pipeline.sleep versions --skill <skill>`")
-    note: str = Field("", description="why (recorded in the version history)")
+    skill: str = Field(description="the skill to roll back: its id (discipline/test-driven-development/SKILL.md) or "
+                                   "its folder name (test-driven-development)")
+    to: str = Field("", description="the version to take its text from: an id, a unique prefix (>= 4 characters), "
+                    "v<seq>; empty: the skill as it was before its last change. List them with "
+                    "`python -m sage_pipeline.sleep versions`")
+    note: str = Field("", description="why (recorded in the root's history)")
 
 
-@dg.op(description="Make a stored version of a skill's documents live again (atomically; the current live "
-                   "documents are stored first, so the rollback can itself be undone).")
+@dg.op(description="Roll one skill of the project's SAGE skills root back: a new live version with the skill's text "
+                   "from an earlier version (a rollback is itself a version, so it can be undone).")
 def rollback_skill(context: dg.OpExecutionContext, config: RollbackConfig, sage: SageResource) -> None:
-    store = SkillStore(sage.path("sleep"), config.skill)
-    before = store.current()
-    v = store.restore(config.version, note=config.note)
-    context.log.info(f"{config.skill}: live documents at {v.version} (v{v.seq}), were {before}")
-    context.log_event(dg.AssetObservation(asset_key=dg.AssetKey([GROUP, config.skill]), metadata={
-        "rollback_to": v.version, "rolled_back_from": before, "seq": v.seq, "note": v.note,
-        "live_skill": dg.MetadataValue.path(str(store.skill_path))}))
+    from sage_pipeline.sleep.__main__ import CliError, previous_text_version, skill_id
+    from sage_pipeline.sleep.sage_skills import LIVE_FILE
+
+    folder = SageSkillsSettings().root_path(sage.root())
+    if not (folder / LIVE_FILE).is_file():
+        raise dg.Failure(f"{folder} is not a SAGE skills root (no {LIVE_FILE}): no night has run yet")
+    root = SageSkillsRoot(folder)
+    try:
+        sid = skill_id(config.skill)
+        before = root.live()
+        to = root.find(config.to) if config.to else previous_text_version(root, sid)
+    except CliError as e:
+        raise dg.Failure(str(e)) from None
+    v = root.rollback(sid, to, config.note)
+    context.log.info(f"{sid}: rolled back to its text in {to}; live v{v.seq}={v.version}, was {before}")
+    context.log_event(dg.AssetObservation(asset_key=KEY, metadata={
+        "rollback_skill": sid, "rollback_to": to, "rolled_back_from": before, "live_version": f"v{v.seq}={v.version}",
+        "note": config.note, "live_path": dg.MetadataValue.path(str(root.live_path()))}))
 
 
 @dg.job(name="sleep_rollback", tags=RUN_TAG,
-        description="Roll a skill back to a named version (config: skill, version).")
+        description="Roll one skill of the SAGE skills root back (config: skill, to, note).")
 def sleep_rollback_job():
     rollback_skill()
 
 
 nightly_sleep_job = dg.define_asset_job(
     "nightly_sleep", selection=dg.AssetSelection.groups(GROUP), tags=RUN_TAG,
-    description="The nightly sleep cycle of every skill for one day (a partition).")
+    description="The nightly sleep cycle on SAGE's skills root for one day (a partition).")
 
 
 def nightly_schedule(schedule: SleepSchedule) -> dg.ScheduleDefinition:
@@ -228,22 +282,46 @@ def nightly_schedule(schedule: SleepSchedule) -> dg.ScheduleDefinition:
 
 
 def build_sleep_defs(schedule: SleepSchedule) -> dg.Definitions:
-    """The sleep cycle's assets, jobs and schedule for ``schedule``."""
-    nights = schedule.nights()
-    return dg.Definitions(assets=[sleep_cycle_asset(s, nights) for s in schedule.skills],
-                          jobs=[nightly_sleep_job, sleep_rollback_job], schedules=[nightly_schedule(schedule)])
+    """The sleep cycle's asset, jobs and schedule for ``schedule``."""
+    return dg.Definitions(assets=[sage_skills_asset(schedule.nights())], jobs=[nightly_sleep_job, sleep_rollback_job],
+                          schedules=[nightly_schedule(schedule)])
 
 
-SCHEDULE = _skills_from_env()
+SCHEDULE = SleepSchedule()
 NIGHTS = SCHEDULE.nights()
 sleep_defs = build_sleep_defs(SCHEDULE)
 SLEEP_ASSETS = list(sleep_defs.assets)
+sage_skills = SLEEP_ASSETS[0]
 nightly_sleep_schedule = next(iter(sleep_defs.schedules))
 
 
-def default_nights(n: int = 3) -> list[str]:
-    """The first ``n`` nights (partition keys, oldest first): the days the synthetic session
-    logs start on; what ``make run`` materializes one after the other."""
+def default_nights(n: int = 3, data_dir: str | None = None) -> list[str]:
+    """The nights ``make run`` materializes (partition keys, oldest first, at most ``n``): the UTC days of the
+    embedded week's runs when it is there (``data_dir``: the artifact root, default ``$SAGE_DATA_DIR``), else the
+    first ``n`` partitions."""
     if n < 0:
         raise ValueError(f"number of nights must be >= 0, got {n}")
-    return NIGHTS.get_partition_keys()[:n]
+    days = _week_days(data_dir)
+    keys = set(NIGHTS.get_partition_keys())
+    days = [d for d in days if d in keys]
+    return (days or NIGHTS.get_partition_keys())[:n]
+
+
+def _week_days(data_dir: str | None) -> list[str]:
+    """The UTC dates of the embedded week's journals (``<date>.log`` is the day SAGE rotates on), oldest first."""
+    import re
+    from pathlib import Path
+
+    from sage_pipeline import artifacts
+
+    try:
+        from sage_pipeline.sage.week import WeekError, embedded_week
+    except ImportError:
+        return []
+    try:
+        week = embedded_week(Path(artifacts.data_dir(data_dir)))
+    except (WeekError, OSError, ValueError):
+        return []
+    names = {m.group(1) for p in Path(week.journals).rglob("*.log")
+             if (m := re.match(r"(\d{4}-\d{2}-\d{2})(?:\.\d+)?\.log$", p.name))}
+    return sorted(names)

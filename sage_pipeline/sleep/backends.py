@@ -1,41 +1,43 @@
-"""Backends: what answers tasks, grades rubrics and reflects.
+"""The sleep night's one backend interface, a chat completion, and its two clients.
 
-Two implementations share one interface (``solve``, ``grade``, ``reflect``, each returning a
-:class:`Reply`):
+Every call the night makes is ``complete(messages, purpose, max_tokens) -> Reply``: the chat messages
+SAGE's role would send (``sage_night.role_messages``) or reflect's (``prompts.reflect_messages``), a
+purpose for the accounting (``solve``, ``reflect``), and a completion budget. Two clients:
 
-- :class:`~sage_pipeline.sleep.simulated_backend.SimulatedBackend`, the deterministic embedded default;
-- :class:`OpenAIBackend`, any OpenAI-compatible ``/chat/completions`` server (vLLM,
-  llama.cpp server, Ollama, hosted APIs), through the ``openai`` SDK.
+- :class:`OllamaBackend`, Ollama's native ``POST /api/chat``: what SAGE itself calls
+  (``src/sage/llm/ollama_safe.py`` ``chat_with_timeout`` -> ``ollama.chat(model, messages, options)``,
+  every agent passing ``options={"temperature": t}``). The body is the one the ``ollama`` client sends
+  for that call: ``{"model", "stream": false, "options": {"temperature": t}, "messages", "tools": []}``,
+  at the host ``$OLLAMA_HOST`` names (parsed as the client parses it: default ``http://127.0.0.1:11434``,
+  port 11434 when none is given); the reply is read as SAGE reads it, ``message.content``, with Ollama's
+  ``prompt_eval_count`` and ``eval_count`` as the token counts. Like SAGE, it sends no ``num_predict``:
+  ``max_tokens`` is not a field SAGE sets, so the reply is bounded by ``max_reply_bytes`` and the deadline.
+- :class:`OpenAIBackend`, any OpenAI-compatible ``/chat/completions`` server (vLLM, llama.cpp server,
+  Ollama's ``/v1``, hosted APIs), through the ``openai`` SDK.
 
-A call that fails raises :class:`BackendError` with its cause. The night stops there and
-ends ``backend_error``: a failed call is never cached and never scored as a wrong answer.
-Transient failures (timeouts, connection errors, 408/409/425/429, 5xx, empty, non-JSON or
-malformed replies) are retried with exponential backoff and jitter, honouring
-``Retry-After``; authentication (401/403), not-found (404: model or URL) and other request
-errors fail at once.
+A call that fails raises :class:`BackendError` with its cause. The night stops there and ends
+``backend_error``: a failed call is never cached and never scored as a wrong answer. Transient
+failures (timeouts, connection errors, 408/409/425/429, 5xx, empty, non-JSON or malformed replies) are
+retried with exponential backoff and jitter, honouring ``Retry-After``; authentication (401/403),
+not-found (404: model or URL) and other request errors fail at once.
 
-The SDK sends the request (HTTP and TLS, proxies from the environment, the API key,
-status codes as typed errors); the retries are this module's, with the SDK's own turned
-off, because a night needs what the SDK's loop does not give: every failed attempt in the
-night's report, a malformed 200 reply retried like a 5xx, and a seeded, injectable clock.
+The retries are this module's (the SDK's own are turned off), because a night needs every failed attempt
+in its report, a malformed 200 reply retried like a 5xx, and a seeded, injectable clock.
 
-Deadlines: ``timeout_s`` is the wall-clock deadline of one attempt, the whole request
-(connect, TLS, send, headers, body), not of one socket read, which is all the SDK's timeout
-bounds (a server trickling a byte at a time would hold it for ever): a timer shuts the
-attempt's connection down when the deadline passes. Each retry gets a fresh deadline after
-its backoff wait, so one call lasts at most ``(max_retries + 1) * timeout_s + max_retries *
+Deadlines: ``timeout_s`` is the wall-clock deadline of one attempt, the whole request (connect, TLS,
+send, headers, body), not of one socket read (a server trickling a byte at a time would hold that for
+ever): a timer shuts the attempt's connection down when the deadline passes. Each retry gets a fresh
+deadline after its backoff wait, so one call lasts at most ``(max_retries + 1) * timeout_s + max_retries *
 max(backoff_max_s, max_retry_after_s)`` (plus name resolution, which nothing here can bound).
 
-Reply size: ``max_reply_bytes`` (default 4 MiB) caps every reply, success or error. The body is
-read as a stream and the read stops at the cap (a ``Content-Length`` over it is refused before
-any of the body is read), so a server answering 50 MB costs at most the cap in memory; the call
-then fails at once (retrying would get the same reply) with a :class:`BackendError` of kind
-``too_large`` naming the cap, and the night ends ``backend_error``.
+Reply size: ``max_reply_bytes`` (default 4 MiB) caps every reply, success or error. The body is read as
+a stream and the read stops at the cap (a ``Content-Length`` over it is refused before any of the body is
+read), so a server answering 50 MB costs at most the cap in memory; the call then fails at once
+(retrying would get the same reply) with a :class:`BackendError` of kind ``too_large`` naming the cap.
 """
 
 from __future__ import annotations
 
-import abc
 import hashlib
 import json
 import math
@@ -44,6 +46,7 @@ import random
 import socket
 import threading
 import time
+import urllib.parse
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -52,11 +55,9 @@ import httpx2
 import openai
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from sage_pipeline.sleep import prompts
-from sage_pipeline.sleep.records import ReflectRequest, TaskRecord
-
 TRANSIENT_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"
+OLLAMA_DEFAULT_PORT = 11434  # the ollama client's (ollama/_client.py _parse_host)
 DEFAULT_MAX_REPLY_BYTES = 4 << 20  # 4 MiB: a chat completion of a few thousand tokens is a few KiB
 
 class BackendError(RuntimeError):
@@ -118,53 +119,16 @@ class CallLog:
                     "errors": len(self.errors), "by_purpose": by}
 
 
-class Backend(abc.ABC):
-    """The interface of every backend (simulated, OpenAI-compatible). ``calls`` records what
-    they cost."""
-
-    name = "backend"
-
-    def __init__(self) -> None:
-        self.calls = CallLog()
-
-    @abc.abstractmethod
-    def solve(self, task: TaskRecord, skill: str, memory: str) -> Reply:
-        """The backend's answer to ``task`` under the skill document and memory."""
-
-    @abc.abstractmethod
-    def grade(self, task: TaskRecord, response: str) -> Reply:
-        """A rubric grade of ``response`` (reply text: JSON with a score in [0, 1])."""
-
-    @abc.abstractmethod
-    def reflect(self, request: ReflectRequest) -> Reply:
-        """Proposed edits to the learned blocks (reply text: JSON)."""
-
-    def describe(self) -> dict:
-        return {"name": self.name}
-
-    @property
-    def draws_fresh(self) -> bool:
-        """Whether asking the same prompt again draws a fresh answer (sampling above temperature 0),
-        so the gate's repeated replays carry new evidence; deterministic backends answer the same."""
-        return False
-
-
-class OpenAIConfig(BaseModel):
-    """An OpenAI-compatible chat-completions server and how to call it. ``base_url`` and
-    ``model`` default to ``$SAGE_SLEEP_BASE_URL`` and ``$SAGE_SLEEP_MODEL`` as they are when
-    the config is made (at run time in Dagster, never at import)."""
+class ChatConfig(BaseModel):
+    """What both clients share: the model, how to call it, how long to wait, how much to read. ``model``
+    defaults to ``$SAGE_SLEEP_MODEL`` as it is when the config is made (at run time in Dagster, never at
+    import)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    base_url: str = Field(default_factory=lambda: os.environ.get("SAGE_SLEEP_BASE_URL") or DEFAULT_BASE_URL,
-                          validate_default=True,
-                          description="base URL ending in /v1 (default: $SAGE_SLEEP_BASE_URL when the config is "
-                                      f"made, else {DEFAULT_BASE_URL})")
     model: str = Field(default_factory=lambda: os.environ.get("SAGE_SLEEP_MODEL", ""),
                        description="model name on the server (default: $SAGE_SLEEP_MODEL when the config is made; "
-                                   "the openai backend refuses to start without one)")
-    api_key_env: str = Field("SAGE_SLEEP_API_KEY", description="the environment variable holding the API key, read "
-                             "at each request; unset or empty: no key is sent (local servers)")
+                                   "the backend refuses to start without one)")
     timeout_s: float = Field(60.0, description="wall-clock deadline of one attempt: connect, send, headers and "
                              "body; each retry gets its own")
     max_retries: int = Field(4, ge=0, description="retries of a transient failure (timeout, connection error, "
@@ -173,12 +137,25 @@ class OpenAIConfig(BaseModel):
     backoff_max_s: float = Field(30.0, ge=0, description="the longest backoff wait")
     max_retry_after_s: float = Field(60.0, ge=0, description="a server's Retry-After is honoured up to this")
     temperature: float = Field(0.0, ge=0, description="sampling temperature of every call")
-    max_tokens: int = Field(1024, ge=1, description="completion tokens of an answer")
-    reflect_max_tokens: int = Field(2048, ge=1, description="completion tokens of reflect's reply")
+    max_tokens: int = Field(1024, ge=1, description="completion tokens of an answer (the openai client sends it; "
+                            "the ollama client, like SAGE, does not)")
+    reflect_max_tokens: int = Field(2048, ge=1, description="completion tokens of reflect's reply (as max_tokens)")
     seed: int = Field(0, description="seed of the backoff jitter")
     max_reply_bytes: int = Field(DEFAULT_MAX_REPLY_BYTES, ge=1024, description="the largest reply read from the "
                                  "server, in bytes (default 4 MiB): the read stops there and the call fails, "
                                  "naming this cap, so a runaway server cannot fill the memory")
+
+
+class OpenAIConfig(ChatConfig):
+    """An OpenAI-compatible chat-completions server and how to call it. ``base_url`` defaults to
+    ``$SAGE_SLEEP_BASE_URL`` as it is when the config is made."""
+
+    base_url: str = Field(default_factory=lambda: os.environ.get("SAGE_SLEEP_BASE_URL") or DEFAULT_BASE_URL,
+                          validate_default=True,
+                          description="base URL ending in /v1 (default: $SAGE_SLEEP_BASE_URL when the config is "
+                                      f"made, else {DEFAULT_BASE_URL})")
+    api_key_env: str = Field("SAGE_SLEEP_API_KEY", description="the environment variable holding the API key, read "
+                             "at each request; unset or empty: no key is sent (local servers)")
 
     @field_validator("base_url")
     @classmethod
@@ -186,61 +163,89 @@ class OpenAIConfig(BaseModel):
         return v.rstrip("/")
 
 
-class OpenAIBackend(Backend):
-    """An OpenAI-compatible chat-completions server, through the ``openai`` SDK.
+def ollama_host(host: str | None) -> str:
+    """``host`` as the ``ollama`` client SAGE uses reads ``$OLLAMA_HOST`` (``ollama/_client.py``
+    ``_parse_host``): empty is ``http://127.0.0.1:11434``; no scheme is http; no port is 11434 (80 or 443
+    with an explicit http:// or https://); a path is kept, without a trailing slash."""
+    host, port = (host or "").strip(), OLLAMA_DEFAULT_PORT
+    scheme, _, hostport = host.partition("://")
+    if not hostport:
+        scheme, hostport = "http", host
+    elif scheme == "http":
+        port = 80
+    elif scheme == "https":
+        port = 443
+    split = urllib.parse.urlsplit(f"{scheme}://{hostport}")
+    name = split.hostname or "127.0.0.1"
+    try:
+        port = split.port or port
+    except ValueError:
+        raise BackendError(f"OLLAMA_HOST {host!r}: the port is not a number from 0 to 65535", kind="config") from None
+    if ":" in name:
+        name = f"[{name}]"
+    path = split.path.rstrip("/")
+    return f"{scheme}://{name}:{port}{path}"
 
-    Successful replies are cached by request (model, messages, sampling) at temperature 0, so
-    replaying an unchanged document costs nothing; above 0 every call draws afresh (a cached
-    sample would make the gate's repeated replays one draw); failed calls are never cached.
+
+class OllamaConfig(ChatConfig):
+    """Ollama's native chat API, as SAGE calls it. ``host`` defaults to ``$OLLAMA_HOST`` (SAGE's own
+    variable) as it is when the config is made."""
+
+    host: str = Field(default_factory=lambda: os.environ.get("OLLAMA_HOST", ""),
+                      description="Ollama's host as $OLLAMA_HOST writes it (default: $OLLAMA_HOST when the config "
+                                  "is made; empty: http://127.0.0.1:11434, as SAGE's ollama client)")
+
+
+class ChatClient:
+    """A chat-completions client: :meth:`complete` with its cache, retries and accounting; a subclass sends
+    one attempt (:meth:`_post`) and names its URL.
+
+    Successful replies are cached by request (model, messages, sampling) at temperature 0, so replaying an
+    unchanged prompt costs nothing; above 0 every call draws afresh (a cached sample would make the gate's
+    repeated replays one draw); failed calls are never cached.
     """
 
-    name = "openai"
+    name = "chat"
+    url = ""
 
-    def __init__(self, config: OpenAIConfig | None = None, sleep: Callable[[float], None] = time.sleep) -> None:
-        super().__init__()
-        self.config = config = config if config is not None else OpenAIConfig()
+    def __init__(self, config: ChatConfig, sleep: Callable[[float], None]) -> None:
+        self.calls = CallLog()
+        self.config = config
         if not config.model:
-            raise BackendError("no model set for the OpenAI-compatible backend: set $SAGE_SLEEP_MODEL or the "
-                               "config field model", kind="config")
-        if not config.base_url.startswith(("http://", "https://")):
-            raise BackendError(f"base URL {config.base_url!r} must start with http:// or https://", kind="config")
+            raise BackendError(f"no model set for the {self.name} backend: set $SAGE_SLEEP_MODEL or the config "
+                               "field model", kind="config")
         t = config.timeout_s
         if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t) or t <= 0:
             raise BackendError(f"timeout_s {t!r}: the deadline of one request must be a positive number of seconds",
                                kind="config")
-        self.url = f"{config.base_url}/chat/completions"
         self._sleep = sleep
         self._rng = random.Random(config.seed)
         self._cache: dict[str, Reply] = {}
         self._lock = threading.Lock()
         self._attempt = threading.local()  # the deadline of the attempt this thread is making
-        self._client = _client(config, self._on_request, self._on_response)
 
     @property
     def draws_fresh(self) -> bool:
+        """Whether asking the same prompt again draws a fresh answer (sampling above temperature 0), so the
+        gate's repeated replays carry new evidence; at 0 the same answer comes back."""
         return self.config.temperature > 0
 
     def describe(self) -> dict:
         c = self.config
         return {"name": self.name, "url": self.url, "model": c.model, "temperature": c.temperature,
-                "api_key_env": c.api_key_env,
-                "api_key_set": bool(self._api_key()), "timeout_s": c.timeout_s, "max_retries": c.max_retries,
-                "max_reply_bytes": c.max_reply_bytes}
+                "timeout_s": c.timeout_s, "max_retries": c.max_retries, "max_reply_bytes": c.max_reply_bytes}
 
-    # the three uses ------------------------------------------------------------------
-    def solve(self, task: TaskRecord, skill: str, memory: str) -> Reply:
-        return self.complete(prompts.solve_messages(task, skill, memory), "solve", self.config.max_tokens)
+    def body(self, messages: list[dict], max_tokens: int) -> dict:
+        """The request body of one call."""
+        raise NotImplementedError
 
-    def grade(self, task: TaskRecord, response: str) -> Reply:
-        return self.complete(prompts.grade_messages(task, response), "grade", 256)
-
-    def reflect(self, request: ReflectRequest) -> Reply:
-        return self.complete(prompts.reflect_messages(request), "reflect", self.config.reflect_max_tokens)
+    def _post(self, body: dict) -> Reply:
+        raise NotImplementedError
 
     # the call, its retries and its cache -------------------------------------------------
     def complete(self, messages: list[dict], purpose: str, max_tokens: int) -> Reply:
-        body = {"model": self.config.model, "messages": messages, "temperature": self.config.temperature,
-                "max_tokens": max_tokens}
+        """The model's reply to ``messages`` (``purpose``: what the call is for, in the accounting)."""
+        body = self.body(messages, max_tokens)
         key = hashlib.sha256(json.dumps(body, sort_keys=True).encode("utf-8")).hexdigest()
         with self._lock:
             hit = self._cache.get(key)
@@ -279,20 +284,6 @@ class OpenAIBackend(Backend):
         with self._lock:
             return base * (0.5 + 0.5 * self._rng.random())
 
-    def _api_key(self) -> str:
-        env = self.config.api_key_env
-        return os.environ.get(env, "") if env else ""
-
-    def _on_request(self, request) -> None:
-        """The HTTP client's request hook: this attempt's deadline watches the connection (httpcore's
-        ``trace`` extension), and the API key is the one in the environment now, or none at all."""
-        request.extensions["trace"] = self._attempt.deadline.trace
-        key = self._api_key()
-        if key:
-            request.headers["Authorization"] = f"Bearer {key}"
-        else:
-            request.headers.pop("Authorization", None)
-
     def _on_response(self, response) -> None:
         """The HTTP client's response hook (headers in, body not yet read): the body is read through
         a stream that stops at ``max_reply_bytes``, whoever reads it (this backend, or the SDK reading
@@ -306,6 +297,94 @@ class OpenAIBackend(Backend):
             response.stream = _CappedStream(iter(()), response.stream, cap, deadline)
         else:
             response.stream = _CappedStream(response.stream, response.stream, cap, deadline)
+
+    def _too_large(self, deadline: _Deadline, what: str = "") -> BackendError:
+        cap = self.config.max_reply_bytes
+        return BackendError(f"the {what}reply from {self.url} is larger than max_reply_bytes={cap} ({cap / 2**20:g} "
+                            f"MiB; {deadline.cut}): the read stopped at the cap and the call failed without "
+                            f"retrying. Check the server and model (a runaway generation?), or raise the {self.name} "
+                            "backend's max_reply_bytes if such replies are real", kind="too_large")
+
+    def _timed_out(self, deadline: _Deadline) -> _Retry:
+        return _Retry(f"request timed out after {deadline.seconds:g} s (the deadline of one attempt: connect, send, "
+                      f"headers and body; {deadline.progress()}; if the model is only slow, raise timeout_s or "
+                      "--timeout)")
+
+    def _auth_note(self) -> str:
+        return "check the API key"
+
+    def _not_found_note(self) -> str:
+        return f"model {self.config.model!r} not found on the server, or the URL is wrong"
+
+    def _raise_for_status(self, status: int, raw: bytes, headers) -> None:
+        msg = _server_message(raw)
+        if status in TRANSIENT_STATUS or status >= 500:
+            retry_after = _retry_after(headers.get("Retry-After") if headers else None)
+            raise _Retry(f"HTTP {status} from the server: {msg}", retry_after)
+        if status in (401, 403):
+            raise BackendError(f"HTTP {status} from {self.url}: {msg} (authentication failed: {self._auth_note()})",
+                               kind="auth")
+        if status == 404:
+            raise BackendError(f"HTTP 404 from {self.url}: {msg} ({self._not_found_note()})", kind="not_found")
+        raise BackendError(f"HTTP {status} from {self.url}: {msg} (the server refused the request; "
+                           "retrying would not help)", kind="bad_request")
+
+    def _decode(self, raw: bytes, headers) -> object:
+        try:
+            return json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            raise _Retry(f"the server's reply is not JSON: not UTF-8 at byte {e.start}{_ctype(headers)}: "
+                         f"{raw[:120]!r}") from None
+        except json.JSONDecodeError as e:
+            raise _Retry(f"the server's reply is not JSON: {e.msg} at line {e.lineno} column {e.colno}"
+                         f"{_ctype(headers)}: {raw[:120]!r}") from None
+        except RecursionError:
+            raise _Retry(f"the server's reply is not usable JSON: nested too deeply to decode{_ctype(headers)}: "
+                         f"{raw[:60]!r}") from None
+
+
+class OpenAIBackend(ChatClient):
+    """An OpenAI-compatible chat-completions server, through the ``openai`` SDK."""
+
+    name = "openai"
+
+    def __init__(self, config: OpenAIConfig | None = None, sleep: Callable[[float], None] = time.sleep) -> None:
+        config = config if config is not None else OpenAIConfig()
+        super().__init__(config, sleep)
+        if not config.base_url.startswith(("http://", "https://")):
+            raise BackendError(f"base URL {config.base_url!r} must start with http:// or https://", kind="config")
+        self.url = f"{config.base_url}/chat/completions"
+        self._client = _client(config, self._on_request, self._on_response)
+
+    def describe(self) -> dict:
+        return {**super().describe(), "api_key_env": self.config.api_key_env, "api_key_set": bool(self._api_key())}
+
+    def body(self, messages: list[dict], max_tokens: int) -> dict:
+        return {"model": self.config.model, "messages": messages, "temperature": self.config.temperature,
+                "max_tokens": max_tokens}
+
+    def _api_key(self) -> str:
+        env = self.config.api_key_env
+        return os.environ.get(env, "") if env else ""
+
+    def _auth_note(self) -> str:
+        env = self.config.api_key_env
+        key_note = (f"${env} is {'set' if os.environ.get(env) else 'not set'}" if env else "no API key is sent")
+        return f"check the API key; {key_note}"
+
+    def _not_found_note(self) -> str:
+        return (f"model {self.config.model!r} not found on the server, or the base URL is wrong: it should end "
+                "in /v1")
+
+    def _on_request(self, request) -> None:
+        """The HTTP client's request hook: this attempt's deadline watches the connection (httpcore's
+        ``trace`` extension), and the API key is the one in the environment now, or none at all."""
+        request.extensions["trace"] = self._attempt.deadline.trace
+        key = self._api_key()
+        if key:
+            request.headers["Authorization"] = f"Bearer {key}"
+        else:
+            request.headers.pop("Authorization", None)
 
     def _post(self, body: dict) -> Reply:
         """One attempt: the SDK sends the request, its body is read here under the deadline, and
@@ -331,48 +410,95 @@ class OpenAIBackend(Backend):
             raise self._too_large(deadline)
         return self._parse(raw, headers)
 
-    def _too_large(self, deadline: _Deadline, what: str = "") -> BackendError:
-        cap = self.config.max_reply_bytes
-        return BackendError(f"the {what}reply from {self.url} is larger than max_reply_bytes={cap} ({cap / 2**20:g} "
-                            f"MiB; {deadline.cut}): the read stopped at the cap and the call failed without "
-                            "retrying. Check the server and model (a runaway generation?), or raise the openai "
-                            "backend's max_reply_bytes if such replies are real", kind="too_large")
+    def _parse(self, raw: bytes, headers=None) -> Reply:
+        text, pt, ct = _reply_fields(self._decode(raw, headers))
+        return Reply(text, pt if pt is not None else 0, ct if ct is not None else len(text) // 4)
 
-    def _timed_out(self, deadline: _Deadline) -> _Retry:
-        return _Retry(f"request timed out after {deadline.seconds:g} s (the deadline of one attempt: connect, send, "
-                      f"headers and body; {deadline.progress()}; if the model is only slow, raise timeout_s or "
-                      "--timeout)")
 
-    def _raise_for_status(self, status: int, raw: bytes, headers) -> None:
-        msg = _server_message(raw)
-        if status in TRANSIENT_STATUS or status >= 500:
-            retry_after = _retry_after(headers.get("Retry-After") if headers else None)
-            raise _Retry(f"HTTP {status} from the server: {msg}", retry_after)
-        env = self.config.api_key_env
-        if status in (401, 403):
-            key_note = (f"${env} is {'set' if os.environ.get(env) else 'not set'}" if env else "no API key is sent")
-            raise BackendError(f"HTTP {status} from {self.url}: {msg} (authentication failed: check the API key; "
-                               f"{key_note})", kind="auth")
-        if status == 404:
-            raise BackendError(f"HTTP 404 from {self.url}: {msg} (model {self.config.model!r} not found on the "
-                               "server, or the base URL is wrong: it should end in /v1)", kind="not_found")
-        raise BackendError(f"HTTP {status} from {self.url}: {msg} (the server refused the request; "
-                           "retrying would not help)", kind="bad_request")
+class OllamaBackend(ChatClient):
+    """Ollama's native ``POST /api/chat``, the request SAGE's agents send (see the module doc)."""
+
+    name = "ollama"
+
+    def __init__(self, config: OllamaConfig | None = None, sleep: Callable[[float], None] = time.sleep) -> None:
+        config = config if config is not None else OllamaConfig()
+        super().__init__(config, sleep)
+        self.base = ollama_host(config.host)
+        self.url = f"{self.base}/api/chat"
+        self._client = httpx2.Client(event_hooks={"request": [self._on_request], "response": [self._on_response]},
+                                     limits=httpx2.Limits(max_keepalive_connections=0),
+                                     timeout=httpx2.Timeout(config.timeout_s), follow_redirects=True,
+                                     headers={"Content-Type": "application/json", "Accept": "application/json"})
+
+    def body(self, messages: list[dict], max_tokens: int) -> dict:
+        """SAGE's ``ollama.chat(model=..., messages=..., options={"temperature": t})`` as the ``ollama`` client
+        sends it (``ChatRequest(...).model_dump(exclude_none=True)``); ``max_tokens`` is not sent, as SAGE
+        sends no ``num_predict``."""
+        return {"model": self.config.model, "stream": False, "options": {"temperature": self.config.temperature},
+                "messages": [{"role": m["role"], "content": m["content"]} for m in messages], "tools": []}
+
+    def _not_found_note(self) -> str:
+        return f"model {self.config.model!r} is not pulled on this Ollama (ollama pull it), or the host is wrong"
+
+    def _auth_note(self) -> str:
+        return "the server in front of Ollama refused the request"
+
+    def _on_request(self, request) -> None:
+        request.extensions["trace"] = self._attempt.deadline.trace
+
+    def _post(self, body: dict) -> Reply:
+        deadline = self._attempt.deadline = _Deadline(self.config.timeout_s, self.config.max_reply_bytes)
+        try:
+            with deadline, self._client.stream("POST", self.url, json=body) as resp:
+                raw = deadline.read(resp.iter_bytes())
+                status, headers = resp.status_code, resp.headers
+        except (httpx2.TransportError, OSError) as e:
+            if deadline.expired or isinstance(e, httpx2.TimeoutException | TimeoutError):
+                raise self._timed_out(deadline) from None
+            raise _Retry(f"connection to {self.url} failed ({type(e).__name__}: {e}): is Ollama running there? "
+                         "(SAGE reads the host from $OLLAMA_HOST)") from None
+        if deadline.cut:
+            raise self._too_large(deadline, "" if status < 400 else f"HTTP {status} ")
+        if status >= 400:
+            self._raise_for_status(status, raw, headers)
+        return self._parse(raw, headers)
 
     def _parse(self, raw: bytes, headers=None) -> Reply:
-        try:
-            obj = json.loads(raw.decode("utf-8"))
-        except UnicodeDecodeError as e:
-            raise _Retry(f"the server's reply is not JSON: not UTF-8 at byte {e.start}{_ctype(headers)}: "
-                         f"{raw[:120]!r}") from None
-        except json.JSONDecodeError as e:
-            raise _Retry(f"the server's reply is not JSON: {e.msg} at line {e.lineno} column {e.colno}"
-                         f"{_ctype(headers)}: {raw[:120]!r}") from None
-        except RecursionError:
-            raise _Retry(f"the server's reply is not usable JSON: nested too deeply to decode{_ctype(headers)}: "
-                         f"{raw[:60]!r}") from None
-        text, pt, ct = _reply_fields(obj)
-        return Reply(text, pt if pt is not None else 0, ct if ct is not None else len(text) // 4)
+        return _ollama_fields(self._decode(raw, headers))
+
+
+def _ollama_fields(obj) -> Reply:
+    """The reply of ``/api/chat`` (``stream: false``): ``message.content`` as SAGE reads it
+    (``response["message"]["content"]``), ``prompt_eval_count`` and ``eval_count`` as the token counts; any
+    other shape is a :class:`_Retry` naming the field that was wrong."""
+    def bad(what: str) -> _Retry:
+        return _Retry(f"the server's reply is malformed: {what} (expected Ollama's /api/chat reply: message.content "
+                      f"a string): {str(obj)[:160]}")
+
+    if not isinstance(obj, dict):
+        raise bad(f"the reply is {_kind(obj)}, not an object")
+    if "message" not in obj:
+        err = obj.get("error")
+        raise bad(f"no 'message' field{'; its error field says: ' + str(err)[:200] if err else ''}")
+    message = obj["message"]
+    if not isinstance(message, dict):
+        raise bad(f"'message' is {_kind(message)}, expected an object")
+    text = message.get("content")
+    if text is not None and not isinstance(text, str):
+        raise bad(f"message.content is {_kind(text)}, expected a string")
+    if text is None or not text.strip():
+        raise _Retry(f"empty reply (content {'null' if text is None else repr(text[:20])}, "
+                     f"done_reason={obj.get('done_reason')!r})")
+    counts = []
+    for k in ("prompt_eval_count", "eval_count"):
+        v = obj.get(k)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+            raise bad(f"{k} is {_kind(v)}, expected a non-negative integer")
+        counts.append(v)
+    return Reply(text, counts[0] or 0, counts[1] if counts[1] is not None else len(text) // 4)
+
+
+BACKENDS = {"ollama": OllamaBackend, "openai": OpenAIBackend}
 
 
 def _kind(value) -> str:

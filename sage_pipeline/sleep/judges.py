@@ -1,29 +1,20 @@
-"""Judges: score an answer hard (pass 1 / fail 0) and soft (partial credit in [0, 1]).
+"""The night's judge: score a coder's answer by the task's tests, hard (pass 1 / fail 0) and soft (partial
+credit in [0, 1]).
 
-- exact: the answer (whole, or its last non-empty line) equals the reference, ignoring
-  case and whitespace; soft is the token F1 with the reference;
-- rules: every check passes; soft is the share of checks that pass;
-- rubric: graded by the backend (JSON ``{"score", "pass", "why"}``); a reply that is not
-  that JSON is a backend failure, never a zero;
-- unit_tests: the code in the answer (a fenced block, else the whole answer) runs
-  against the tests in the sandbox (``sage_pipeline.sim.sandbox``); soft is the share of
-  tests passed. A sandbox failure raises :class:`JudgeError`: infrastructure, not a verdict.
-  A test module SAGE's test engineer wrote (a workspace test, :mod:`sage_pipeline.sleep.records`)
-  is run unchanged by SAGE's verification command in the sandbox, the answer's code in the
-  module's file: hard is the command's verdict (exit 0 with pytest's report of passed tests),
-  soft the share of pytest's tests that passed (below 1 unless hard is 1).
+The code in the answer (a fenced block, else the whole answer) runs against the tests in the sandbox
+(``sage_pipeline.sim.sandbox``); soft is the share of tests passed. A sandbox failure raises
+:class:`JudgeError`: infrastructure, not a verdict. A test module SAGE's test engineer wrote (a workspace
+test, :mod:`sage_pipeline.sleep.records`) is run unchanged by SAGE's verification command in the sandbox,
+the answer's code in the module's file: hard is the command's verdict (exit 0 with pytest's report of
+passed tests), soft the share of pytest's tests that passed (below 1 unless hard is 1).
 """
 
 from __future__ import annotations
 
-import json
 import re
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from sage_pipeline.sleep.backends import Backend, BackendError
-from sage_pipeline.sleep.prompts import ReplyFormatError, parse_grade_reply
 from sage_pipeline.sleep.records import TaskRecord
 
 
@@ -36,71 +27,6 @@ class Judgement:
     hard: float
     soft: float
     why: str = ""
-
-
-def _norm(s: str) -> str:
-    return " ".join(s.casefold().split()).strip(" .")
-
-
-def judge_exact(reference: str, response: str) -> Judgement:
-    ref = _norm(reference)
-    lines = [ln for ln in response.strip().splitlines() if ln.strip()]
-    if _norm(response) == ref or (lines and _norm(lines[-1]) == ref):
-        return Judgement(1.0, 1.0)
-    r, g = Counter(_norm(response).split()), Counter(ref.split())
-    common = sum((r & g).values())
-    f1 = 0.0 if not common else 2 * common / (sum(r.values()) + sum(g.values()))
-    return Judgement(0.0, round(f1, 6), f"expected {reference!r}, got {response.strip()[:60]!r}")
-
-
-def _check(c: dict, response: str) -> bool:
-    kind, value = c["check"], c["value"]
-    text = response
-    if c.get("ignore_case") and isinstance(value, str):
-        text, value = text.casefold(), value.casefold()
-    if kind == "contains":
-        return value in text
-    if kind == "not_contains":
-        return value not in text
-    if kind == "startswith":
-        return text.lstrip().startswith(value)
-    if kind == "endswith":
-        return text.rstrip().endswith(value)
-    flags = re.MULTILINE | (re.IGNORECASE if c.get("ignore_case") else 0)
-    if kind == "regex":
-        return re.search(c["value"], response, flags) is not None
-    if kind == "not_regex":
-        return re.search(c["value"], response, flags) is None
-    if kind == "max_chars":
-        return len(response) <= value
-    if kind == "min_chars":
-        return len(response) >= value
-    if kind == "max_lines":
-        return len(response.splitlines()) <= value
-    if kind == "json":
-        try:
-            json.loads(response)
-            return True
-        except json.JSONDecodeError:
-            return False
-    raise ValueError(f"unknown check {kind!r}")
-
-
-def judge_rules(checks: list[dict], response: str) -> Judgement:
-    failed = [c for c in checks if not _check(c, response)]
-    soft = 1.0 - len(failed) / len(checks)
-    why = "; ".join(f"{c['check']} {c['value']!r} failed" for c in failed)
-    return Judgement(1.0 if not failed else 0.0, soft, why)
-
-
-def judge_rubric(task: TaskRecord, response: str, backend: Backend) -> Judgement:
-    reply = backend.grade(task, response)
-    try:
-        score, passed, why = parse_grade_reply(reply.text)
-    except ReplyFormatError as e:
-        backend.calls.error("grade", 1, str(e), True)
-        raise BackendError(str(e), kind="reply", purpose="grade") from e
-    return Judgement(1.0 if passed else 0.0, score, "" if passed else f"rubric: {why}")
 
 
 def extract_code(response: str) -> str:

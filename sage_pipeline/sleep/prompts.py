@@ -1,9 +1,10 @@
-"""Prompts for a chat-completions backend, and parsers for the replies that must be JSON.
+"""Reflect's prompt, and the parsers of the replies that must be JSON.
 
-Reflect must answer ``{"edits": [{"op", "target", "content", "anchor", "rationale"}]}``;
-the rubric judge ``{"score": 0..1, "pass": true|false, "why": "..."}``. A reply that is
-not that JSON raises :class:`ReplyFormatError` with the reply's head, so the night can
-say what came back instead of guessing.
+Reflect must answer ``{"edits": [{"op", "target", "content", "anchor", "rationale"}]}``, each target one of
+the skill ids the night offers (``sage_night`` puts them in the prompt's target hint). A reply that is not
+that JSON raises :class:`ReplyFormatError` with the reply's head, so the night can say what came back
+instead of guessing. (The system message's first sentence is what the model world recognises a reflect
+call by: ``sage_world/skills_world.py`` ``REFLECT_MARKER``.)
 """
 
 from __future__ import annotations
@@ -23,29 +24,6 @@ class ReplyFormatError(ValueError):
     def __init__(self, what: str, problem: str, reply: str) -> None:
         self.what, self.problem, self.head = what, problem, reply[:HEAD]
         super().__init__(f"{what} reply {problem}: {self.head!r}")
-
-
-def system_prompt(skill: str, memory: str) -> str:
-    return f"{skill.rstrip()}\n\n# Memory\n\n{memory.rstrip()}\n"
-
-
-def solve_messages(task: TaskRecord, skill: str, memory: str) -> list[dict]:
-    user = task.intent.strip()
-    if task.context.strip():
-        user += f"\n\nContext:\n{task.context.strip()}"
-    if task.reference_kind == "unit_tests":
-        user += (f"\n\nAnswer with a Python module that defines `{task.reference['entry_point']}`, "
-                 "in one ```python code block.")
-    return [{"role": "system", "content": system_prompt(skill, memory)}, {"role": "user", "content": user}]
-
-
-def grade_messages(task: TaskRecord, response: str) -> list[dict]:
-    return [
-        {"role": "system", "content": "You grade an answer against a rubric. Reply with JSON only: "
-                                      '{"score": <number in [0, 1]>, "pass": <true|false>, "why": "<one sentence>"}'},
-        {"role": "user", "content": f"Task:\n{task.intent.strip()}\n\nRubric:\n{task.reference}\n\n"
-                                    f"Answer to grade:\n{response}"},
-    ]
 
 
 def reflect_messages(req: ReflectRequest) -> list[dict]:
@@ -126,20 +104,3 @@ def parse_reflect_reply(text: str) -> list[Edit]:
         edits.append(Edit(op=vals["op"].strip().lower(), target=vals["target"].strip().lower(),
                           content=vals["content"], anchor=vals["anchor"], rationale=vals["rationale"]))
     return edits
-
-
-def parse_grade_reply(text: str) -> tuple[float, bool, str]:
-    """(score, passed, why) of a rubric judge's reply."""
-    try:
-        obj = extract_json(text)
-    except ValueError as e:
-        raise ReplyFormatError("rubric judge", str(e), text) from e
-    if not isinstance(obj, dict) or "score" not in obj:
-        raise ReplyFormatError("rubric judge", 'is JSON but has no "score"', text)
-    score = obj["score"]
-    if isinstance(score, bool) or not isinstance(score, int | float) or not 0.0 <= float(score) <= 1.0:
-        raise ReplyFormatError("rubric judge", f"score {score!r} is not a number in [0, 1]", text)
-    passed = obj.get("pass", float(score) >= 0.7)
-    if not isinstance(passed, bool):
-        raise ReplyFormatError("rubric judge", f'"pass" {passed!r} is not true or false', text)
-    return float(score), passed, str(obj.get("why", ""))[:300]

@@ -20,8 +20,8 @@ Dagster asset does: harvest, the online check of the deployed versions (:mod:`.s
    goal as ``task_description``: in ``sage run`` the coder's is the user's prompt, and ``last_error`` ""), a
    condensed form of SAGE's coder instructions, and the goal. SAGE's coder sees the planner's description
    of the task, which SAGE logs nowhere; the replay gives the goal with the file and the function the
-   tests import. The call goes through the backend's ``complete`` (the OpenAI-compatible backend: any
-   such server, Ollama's ``/v1`` included, and the model world's ``/v1``); the answer is SAGE's
+   tests import. The call goes through the backend's ``complete`` (:mod:`sage_pipeline.sleep.backends`:
+   Ollama's native ``/api/chat`` as SAGE calls it, or any OpenAI-compatible server); the answer is SAGE's
    PatchRequest JSON, its ``patch`` is the code (a fenced block or the whole answer when it is not that
    JSON), judged by the task's tests in the sandbox (:class:`~sage_pipeline.sleep.judges.UnitTestJudge`).
 3. **Reflect** proposes rules for the skills SAGE injects into the role (the targets are their skill ids,
@@ -61,8 +61,33 @@ Dagster asset does: harvest, the online check of the deployed versions (:mod:`.s
    first, the result at the end): versions and per-skill shas before and after, the per-skill diff, the
    trials, every edit with its status, the val and test scores, the task counts and the harvest's reasons.
 
-A backend error, a judge error or a bug ends the night with its status and cause (the cycle's
-:data:`~sage_pipeline.sleep.cycle.STATUSES`); the live version only ever changes by a whole commit.
+A backend error, a judge error or a bug ends the night with its status and cause (:data:`STATUSES`); the live
+version only ever changes by a whole commit. With no model configured (``$SAGE_SLEEP_MODEL`` or the config's
+``model``), :func:`run_sage_skills` still harvests and checks, and the night ends ``no_model`` (healthy: nothing
+was replayed, the live version is as it was).
+
+**The roles.** SAGE injects skills into seven roles (``orchestrator/workflow.py``, every call of
+``build_prefix_for_agent``; :mod:`sage_pipeline.sage.skills` has the table): planner (:345), architect
+(:1231), coder (:1280), documentation (:1349: the issue's list leaves it out; SAGE's code injects it),
+test_engineer (:1441 and :1929), reviewer (:1818) and debugger (:2223). The night replays the **coder** only:
+its inputs are what the harvest holds (the goal, which ``sage run`` passes the coder as its
+``task_description``; SAGE's file for the code) and its output is judged by what the harvest holds (the gate's
+test file, run as SAGE's gate runs it). For each other role, what SAGE's journals and workspaces lack:
+
+- *test_engineer*: a judge of a test file. The workspace holds the code SAGE's gate passed (one
+  implementation the tests must accept) but no implementation known to be wrong, so a replayed test file
+  cannot be scored beyond "accepts SAGE's code"; and the planner's task description, which its prompt
+  carries, is logged nowhere.
+- *reviewer*: its inputs are the planner's task description (logged nowhere) and the patch as the tool
+  executor applied it, and its reference is a verdict; the journal logs the verdict (``TRAJECTORY_STEP``),
+  but the workspace keeps only the last version of each file, not the patch each review saw.
+- *debugger*: its input is the code that failed verification with the error; the journal logs the failure
+  (``Verification failed (rc=N): ...``, a preview) and which file was written, not the file's contents at
+  that point, and the workspace keeps only the final version.
+- *planner*: its output is a DAG that ``sage run --auto`` never writes (``.sage/last_plan.json`` only in
+  research or ``--plan-only`` mode); the journal logs only its node count.
+- *architect* and *documentation*: no task of theirs reaches a judge the harvest can run (no test file is
+  written for their output), and the architect gets no skill unless the error names a keyword.
 
 What the night reads is hostile (an LLM wrote SAGE's workspaces): the harvest reads every file through the
 guard and counts what it refuses (the diagnostics' ``harvest.unsafe`` and examples); SAGE's tests and the
@@ -80,6 +105,7 @@ import time
 import traceback
 from collections import Counter
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -93,7 +119,14 @@ from sage_pipeline import artifacts
 from sage_pipeline.decisions import skills as lever_skills
 from sage_pipeline.decisions.ledger import Candidate, Ledger, LedgerError
 from sage_pipeline.sage import skills as sk
-from sage_pipeline.sleep.backends import BackendError, CallLog, OpenAIBackend, OpenAIConfig, Reply
+from sage_pipeline.sleep.backends import (
+    BACKENDS,
+    BackendError,
+    CallLog,
+    OllamaConfig,
+    OpenAIConfig,
+    Reply,
+)
 from sage_pipeline.sleep.block import (
     DocumentError,
     Edit,
@@ -103,12 +136,10 @@ from sage_pipeline.sleep.block import (
     normalise_rule,
     parse_document,
 )
-from sage_pipeline.sleep.cycle import ERROR_STATUSES
 from sage_pipeline.sleep.gate import GateConfig, Trial, changes, compare, summary
 from sage_pipeline.sleep.judges import JudgeError, UnitTestJudge, extract_code
 from sage_pipeline.sleep.prompts import ReplyFormatError, extract_json, parse_reflect_reply, reflect_messages
 from sage_pipeline.sleep.records import DEFAULT_SPLIT, ReflectRequest, SplitSpec, TaskRecord, TaskResult
-from sage_pipeline.sleep.replay import map_workers
 from sage_pipeline.sleep.sage_online import OnlineCheckConfig, OnlineReport, check, check_ledger, runs_from_journals
 from sage_pipeline.sleep.sage_skills import (
     SageSkillsConfig,
@@ -121,8 +152,18 @@ ROLES = ("coder",)  # the roles whose answer is the code the harvested tests jud
 SKILLS_ROOT_DIR = ("sleep", "sage_skills")  # the project's SAGE skills root, under the artifact root
 NIGHTS_DIR = "nights"
 NIGHT_LOCK = ".night.lock"
-HEALTHY = ("accepted", "rejected", "no_edits", "no_tasks", "reject_unverified", "pending")
-# "pending" (ledger mode): tonight's evidence was added to the candidates' and none resolved; not a verdict
+STATUSES = ("accepted", "rejected", "reject_unverified", "no_edits", "reflect_invalid", "no_tasks", "pending",
+            "no_model", "backend_error", "judge_error", "input_error", "store_error", "conflict", "internal_error",
+            "aborted")
+# internal_error: an unexpected exception (a bug) stopped the night; aborted: it was interrupted (KeyboardInterrupt,
+# SystemExit). "running" is only ever on disk while a night runs, or after one was killed before it could write
+# its result. "pending" (ledger mode): tonight's evidence was added to the candidates' and none resolved (not a
+# verdict). "no_model": no model is configured, so the harvest ran and nothing was replayed.
+ERROR_STATUSES = ("backend_error", "judge_error", "input_error", "store_error", "internal_error", "aborted")
+HEALTHY = ("accepted", "rejected", "no_edits", "no_tasks", "reject_unverified", "pending", "no_model")
+# "conflict" (another night of the root ran, or its lock was held past lock_timeout_s) and "reflect_invalid" are
+# recorded statuses, neither healthy nor errors: the check warns. One rule for every night (the generic cycle
+# that raised on a lock conflict is gone).
 HEAD = 160
 # SAGE's universal prefix (prompt_engine/universal_prefix.py build_universal_prefix) for a fresh workspace:
 # its labels, every section empty; TOOL PERMISSIONS the coder's (prefix_builder.allowed_tools_for_role)
@@ -178,7 +219,8 @@ class SageNightConfig(BaseModel):
 
 # ---------------------------------------------------------------------------------------------- the backend
 class ChatBackend(Protocol):
-    """What the night calls: a chat-completions backend (:class:`~sage_pipeline.sleep.backends.OpenAIBackend`)."""
+    """What the night calls: a chat completion (:class:`~sage_pipeline.sleep.backends.ChatClient`: the Ollama and the
+    OpenAI-compatible clients)."""
 
     calls: CallLog
 
@@ -188,6 +230,20 @@ class ChatBackend(Protocol):
     def complete(self, messages: list[dict], purpose: str, max_tokens: int) -> Reply: ...
 
     def describe(self) -> dict: ...
+
+
+def map_workers(fn: Callable, items: Sequence, workers: int) -> list:
+    """``[fn(x) for x in items]``, over ``workers`` threads when more than one; the first error cancels the rest."""
+    if workers <= 1 or len(items) <= 1:
+        return [fn(x) for x in items]
+    with ThreadPoolExecutor(max_workers=workers) as ex:
+        futures = [ex.submit(fn, x) for x in items]
+        try:
+            return [f.result() for f in futures]
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            raise
 
 
 def _max_tokens(backend: ChatBackend, name: str, default: int) -> int:
@@ -1091,7 +1147,7 @@ def _setup_and_run(root: SageSkillsRoot, tasks: Sequence[TaskRecord], backend: C
     if missing:
         r.status, r.cause = "input_error", f"{type(backend).__name__} has no {', '.join(missing)}"
         r.reason = ("the backend is not a chat backend: the night sends SAGE's own messages through its "
-                    "complete(messages, purpose, max_tokens) (use sleep.backends.OpenAIBackend)")
+                    "complete(messages, purpose, max_tokens) (use sleep.backends.OllamaBackend or OpenAIBackend)")
         return
     r.backend = backend.describe()
     from sage_pipeline.sleep.sage_harvest import SageHarvestError, require_untrusted  # as run_sage_skills: lazily
@@ -1140,9 +1196,11 @@ def _env_paths(name: str) -> list[str]:
 
 
 class SageSkillsSettings(BaseModel):
-    """What the ``sage_skills`` asset runs with (its Dagster config is this model, section by section).
+    """What the ``sleep_cycle/sage_skills`` asset runs with (its Dagster config is this model, section by section).
     ``workspaces``, ``journals`` and ``goal_ledgers`` default to ``$SAGE_WORKSPACES``, ``$SAGE_JOURNALS`` and
-    ``$SAGE_GOAL_LEDGERS`` (``os.pathsep``-separated) as they are when the config is made (at run time)."""
+    ``$SAGE_GOAL_LEDGERS`` (``os.pathsep``-separated) as they are when the config is made (at run time); when
+    none of the three is given, ``embedded`` says whether the shipped week of SAGE's own runs is read
+    (:func:`resolve_inputs`)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -1156,11 +1214,19 @@ class SageSkillsSettings(BaseModel):
                                     description="JSON-lines goal ledgers {session_id or trace_id, goal} kept by "
                                                 "whoever starts `sage run` (SAGE logs no goal); default "
                                                 "$SAGE_GOAL_LEDGERS")
+    embedded: bool = Field(True, description="with no workspaces, journals or goal ledgers given, read the shipped "
+                           "week of SAGE's own runs (sage_pipeline.sage.week.embedded_week: journals, workspaces "
+                           "and the goal ledger, extracted under the artifact root); False: nothing to harvest")
     skills_root: str = Field("/".join(SKILLS_ROOT_DIR), description="the project's SAGE skills root (relative to "
                              "the artifact root, or absolute): deploy its live version with SAGE_SKILLS_ROOT")
     total_cap: int | None = Field(None, ge=1, description="SAGE_MAX_SKILL_CHARS_TOTAL of the SAGE the skills are "
                                   "deployed to (None: SAGE's default)")
-    openai: OpenAIConfig = Field(default_factory=OpenAIConfig, description="the user's model: any OpenAI-compatible "
+    backend: Literal["ollama", "openai"] = Field("ollama", description="the client of the user's model: 'ollama' "
+                                                 "(Ollama's native /api/chat, as SAGE calls it, at $OLLAMA_HOST) or "
+                                                 "'openai' (any OpenAI-compatible server)")
+    ollama: OllamaConfig = Field(default_factory=OllamaConfig, description="the ollama client: host, model, "
+                                 "deadlines")
+    openai: OpenAIConfig = Field(default_factory=OpenAIConfig, description="the openai client: any OpenAI-compatible "
                                  "chat-completions server (Ollama's /v1 included)")
     night: SageNightConfig = Field(default_factory=SageNightConfig, description="the night on SAGE's skills")
     online: OnlineCheckConfig = Field(default_factory=OnlineCheckConfig, description="the online check of the "
@@ -1182,15 +1248,64 @@ class SageSkillsSettings(BaseModel):
 
     @property
     def configured(self) -> bool:
+        """Whether SAGE's runs were named (workspaces or journals), rather than the embedded week."""
         return bool(self.workspaces or self.journals)
+
+    @property
+    def client(self) -> OllamaConfig | OpenAIConfig:
+        return self.ollama if self.backend == "ollama" else self.openai
+
+    def make_backend(self) -> ChatBackend:
+        """The configured client (a :class:`~sage_pipeline.sleep.backends.BackendError` when it cannot start)."""
+        return BACKENDS[self.backend](self.client)
 
     def root_path(self, data_root: str | os.PathLike[str]) -> Path:
         p = Path(self.skills_root)
         return p if p.is_absolute() else Path(data_root) / p
 
 
-NOT_CONFIGURED = ("no SAGE journals configured: nothing to harvest (set workspaces or journals in the asset's "
-                  "config, or $SAGE_WORKSPACES / $SAGE_JOURNALS)")
+NOT_CONFIGURED = ("no SAGE journals configured and embedded off: nothing to harvest (set workspaces or journals in "
+                  "the asset's config, or $SAGE_WORKSPACES / $SAGE_JOURNALS, or leave embedded on)")
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What a night harvests: SAGE's workspaces, journals (None: each workspace's memory/sessions) and goal
+    ledgers, and where they came from."""
+
+    workspaces: tuple[str, ...]
+    journals: tuple[str, ...] | None
+    goal_ledgers: tuple[str, ...]
+    source: str  # "config" or "embedded week (<manifest>)"
+
+
+def resolve_inputs(s: SageSkillsSettings, data_root: str | os.PathLike[str]) -> Inputs | None:
+    """The night's inputs: the settings' own when any is given; else, with ``embedded``, the shipped week of SAGE's
+    runs (:func:`sage_pipeline.sage.week.embedded_week`, extracted under ``data_root``); else None."""
+    if s.workspaces or s.journals or s.goal_ledgers:
+        return Inputs(tuple(s.workspaces), tuple(s.journals) or None, tuple(s.goal_ledgers), "config")
+    if not s.embedded:
+        return None
+    try:
+        from sage_pipeline.sage.week import embedded_week  # noqa: PLC0415 - another engineer's module, may be absent
+    except ImportError as e:
+        raise SageNightError(f"the embedded week of SAGE's runs cannot be read: {e} (sage_pipeline/sage/week.py "
+                             "provides embedded_week); name SAGE's workspaces or journals instead ($SAGE_WORKSPACES "
+                             "/ $SAGE_JOURNALS) or turn embedded off") from e
+    week = embedded_week(Path(data_root))
+    ws = [str(p) for p in week.workspace_dirs]
+    ledgers = tuple(str(p) for p in _week_ledgers(week))
+    return Inputs(tuple(ws), (str(week.journals),), ledgers, f"embedded week ({week.manifest})")
+
+
+def _week_ledgers(week) -> list[Path]:
+    """The goal ledgers the week ships (SAGE logs no goal: :mod:`.sage_harvest`): ``week.goal_ledgers`` when the
+    week names them, else every ``goals*.jsonl`` under its ``records/``. None: every session is counted
+    ``goal_not_found`` and the night has no task."""
+    given = getattr(week, "goal_ledgers", None)
+    if given:
+        return [Path(p) for p in given]
+    return sorted(p for p in (Path(week.root) / "records").rglob("goals*.jsonl") if p.is_file())
 
 
 def live_skills(folder: str | os.PathLike[str]) -> Path | None:
@@ -1214,6 +1329,7 @@ class SageSkillsOutcome:
     online_error: str = ""  # the online check could not read the journals or decide (the night still ran)
     night: SageNightResult | None = None
     harvest: dict = field(default_factory=dict)
+    inputs: str = ""  # where SAGE's runs came from: "config" or the embedded week
 
     @property
     def healthy(self) -> bool:
@@ -1229,23 +1345,27 @@ def _live(root: SageSkillsRoot) -> dict:
 def run_sage_skills(data_root: str | os.PathLike[str], date: str, window: tuple[datetime, datetime] | None,
                     settings: SageSkillsSettings | None = None, log: Callable[[str], None] = lambda m: None,
                     backend: ChatBackend | None = None) -> SageSkillsOutcome:
-    """The ``sage_skills`` asset's work for the night of ``date``: when SAGE's workspaces or journals are
-    configured, the online check of the deployed versions on SAGE's journals (a harmful edit rolled back),
-    then the harvest of SAGE's runs before the night's end and one night on the skills root; when not,
-    :data:`NOT_CONFIGURED` and nothing else (the root is not even created). ``backend`` overrides the one the
-    settings name."""
+    """The ``sleep_cycle/sage_skills`` asset's work for the night of ``date`` on SAGE's runs (:func:`resolve_inputs`:
+    the configured ones, else the embedded week): the online check of the deployed versions on SAGE's journals (a
+    harmful edit rolled back), then the harvest of SAGE's runs before the night's end and one night on the skills
+    root; with no inputs (embedded off), :data:`NOT_CONFIGURED` and nothing else (the root is not even created).
+    ``backend`` overrides the one the settings name; with none and no model configured the night is ``no_model``
+    (harvested, nothing replayed)."""
     from sage_pipeline.sleep.sage_harvest import SageHarvestConfig, harvest_sage, untrusted_judge
 
     s = settings or SageSkillsSettings()
     folder = s.root_path(data_root)
-    if not s.configured:
+    inputs = resolve_inputs(s, data_root)
+    if inputs is None:
         live = {}
         if (folder / "live.json").is_file():
             live = _live(SageSkillsRoot(folder))
         return SageSkillsOutcome(False, NOT_CONFIGURED, str(folder), live)
+    log(f"sage skills {date}: SAGE's runs from {inputs.source}: {len(inputs.workspaces)} workspace(s), "
+        f"{len(inputs.journals or ())} journal folder(s), {len(inputs.goal_ledgers)} goal ledger(s)")
     root = SageSkillsRoot(folder, SageSkillsConfig(total_cap=s.total_cap))
-    dirs = list(s.journals) or [str(Path(w) / "memory" / "sessions") for w in s.workspaces]
-    out = SageSkillsOutcome(True, "", str(folder))
+    dirs = list(inputs.journals or ()) or [str(Path(w) / "memory" / "sessions") for w in inputs.workspaces]
+    out = SageSkillsOutcome(True, "", str(folder), inputs=inputs.source)
     ledger = lever_skills.ledger_path(data_root)  # ledger mode: every lever's ledger, under the artifact root
     try:
         runs = runs_from_journals(dirs, s.night.role, s.clock_scale, log)
@@ -1258,32 +1378,58 @@ def run_sage_skills(data_root: str | os.PathLike[str], date: str, window: tuple[
         log(f"online check failed: {out.online_error}")
     until = window[1] if window else None
     since = (until - timedelta(days=s.harvest_days)) if until is not None and s.harvest_days else None
-    hcfg = SageHarvestConfig(goal_ledgers=tuple(Path(p) for p in s.goal_ledgers), sandbox=s.sandbox,
+    hcfg = SageHarvestConfig(goal_ledgers=tuple(Path(p) for p in inputs.goal_ledgers), sandbox=s.sandbox,
                              sandbox_workers=s.sandbox_workers, allow_untrusted_local=s.allow_untrusted_local,
                              since=since, until=until)
     unit = untrusted_judge(s.sandbox, s.sandbox_workers, s.allow_untrusted_local, log)
     try:
         try:
-            h = harvest_sage(s.workspaces, list(s.journals) or None, s.night.role, hcfg, judge=unit, log=log)
+            h = harvest_sage(list(inputs.workspaces), list(inputs.journals) if inputs.journals else None,
+                             s.night.role, hcfg, judge=unit, log=log)
         except JudgeError as e:
             out.night = _harvest_failed(root, s.night.role, date, str(e), unit)
         except Exception as e:  # noqa: BLE001 - a bug in the harvest still leaves the night's diagnostics
             out.night = _harvest_failed(root, s.night.role, date, "", unit, e)
         else:
             out.harvest = {**h.summary(), "examples": h.examples}
-            if backend is None:
-                try:
-                    backend = OpenAIBackend(s.openai)
-                except BackendError as e:
-                    backend = _NoBackend(f"the backend could not be set up: {e.cause}")
-            out.night = run_sage_night(root, h.tasks, backend, unit, s.night, date=date, harvest=out.harvest,
-                                       log=log, ledger=ledger)
+            if backend is None and not s.client.model and h.tasks:  # no tasks: the night says no_tasks
+                out.night = _no_model(root, s, date, out.harvest, unit)
+            else:
+                if backend is None:
+                    try:
+                        backend = s.make_backend()
+                    except BackendError as e:
+                        backend = _NoBackend(f"the backend could not be set up: {e.cause}")
+                out.night = run_sage_night(root, h.tasks, backend, unit, s.night, date=date, harvest=out.harvest,
+                                           log=log, ledger=ledger)
     finally:
         unit.close()
     out.live = _live(root)
     out.message = f"night {out.night.status}: {out.night.reason}" + (
         f"; the online check failed: {out.online_error}" if out.online_error else "")
     return out
+
+
+def _no_model(root: SageSkillsRoot, s: SageSkillsSettings, date: str, harvest: dict,
+              unit: UnitTestJudge) -> SageNightResult:
+    """The night when no model is configured: the harvest is kept, nothing is replayed, the live version stays
+    (created as SAGE's tree as shipped on a new root); its diagnostics written."""
+    r = SageNightResult(role=s.night.role, date=date, root=str(root.folder), status="no_model", phase="setup",
+                        started_at=_now(), harvest=harvest,
+                        reason=f"no model for the {s.backend} client: the harvest ran ({harvest.get('tasks', 0)} "
+                               "task(s)), nothing was replayed and the skills are unchanged; set $SAGE_SLEEP_MODEL "
+                               f"(or the config's {s.backend}.model) to the model SAGE's coder uses")
+    with contextlib.suppress(Exception):
+        r.sandbox = unit.describe()
+    r.notes.append(root.recover() or "")
+    r.notes = [n for n in r.notes if n]
+    v = root.live()
+    seq = next((e.seq for e in reversed(root.versions()) if e.version == v), None)
+    r.versions.update(before=v, after=v, before_seq=seq, after_seq=seq)
+    r.shas["before"] = r.shas["after"] = root.shas(v)
+    r.finished_at = _now()
+    r.diagnostics = str(artifacts.write_json(night_dir(root, date, s.night.role) / "diagnostics.json", r.to_dict()))
+    return r
 
 
 def _harvest_failed(root: SageSkillsRoot, role: str, date: str, cause: str, unit: UnitTestJudge,

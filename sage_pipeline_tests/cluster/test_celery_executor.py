@@ -390,8 +390,7 @@ def test_slice_runs_on_two_celery_workers_with_in_process_results(tmp_path, monk
     expected_steps = {
         "offline": {*OFFLINE, "routing_dataset_routing_dataset_contract", "routing_dataset_routing_dataset_volume"},
         "rollouts": {f"sandbox_rollouts[{s}]" for s in shards},
-        "night": {"sleep_cycle__coder[2026-11-01]", "sleep_cycle__reviewer[2026-11-01]",
-                  "sleep_cycle__sage_skills[2026-11-01]"},  # SAGE's skills: no journals configured, says so
+        "night": {"sleep_cycle__sage_skills[2026-11-01]"},  # the one night: SAGE's skills root
     }
     assert {p: set(s) for p, s in phases.items()} == expected_steps
     for phase in ("offline", "rollouts"):

@@ -1,5 +1,6 @@
-"""sleep_cycle/sage_skills in Dagster: wired into the nightly job; with nothing configured it says so and succeeds
-without creating anything; configured (here through $SAGE_WORKSPACES, on the committed journals of SAGE's own
+"""sleep_cycle/sage_skills in Dagster: wired into the nightly job; with embedded off and nothing configured it says
+so and succeeds without creating anything; with nothing configured it reads the embedded week (here a week made of
+the committed journals); configured (here through $SAGE_WORKSPACES, on the committed journals of SAGE's own
 `sage run`, whose workspaces lack the test files) it shows the live version's shas, the online check's table and a
 night that found no tasks; the run config is the core's settings."""
 
@@ -12,7 +13,7 @@ import dagster as dg
 import pytest
 
 from sage_pipeline.definitions import defs
-from sage_pipeline.defs import sage_skills_assets as ssa, sleep_assets as sa
+from sage_pipeline.defs import sleep_assets as sa
 from sage_pipeline.defs.resources import SageResource
 from sage_pipeline.sage import skills as sk
 from sage_pipeline.sleep.sage_night import NOT_CONFIGURED, SageSkillsSettings, live_skills
@@ -23,7 +24,7 @@ NODE = "sleep_cycle__sage_skills"
 
 
 def _run(root: Path, partition: str = "2026-11-27", config: dict | None = None):
-    return dg.materialize([ssa.sage_skills], partition_key=partition,
+    return dg.materialize([sa.sage_skills], partition_key=partition,
                           run_config={"ops": {NODE: {"config": config}}} if config else None,
                           resources={"sage": SageResource(data_dir=str(root))},
                           instance=dg.DagsterInstance.ephemeral(), raise_on_error=False)
@@ -46,21 +47,21 @@ def no_sage_env(monkeypatch):
 
 
 def test_the_asset_is_a_night_of_the_nightly_job():
-    node = defs.resolve_asset_graph().get(ssa.KEY)
+    node = defs.resolve_asset_graph().get(sa.KEY)
     assert node.group_name == "sleep_cycle" and node.pools == {"sleep_cycle"} and node.partitions_def == sa.NIGHTS
-    assert ssa.KEY in defs.resolve_job_def("nightly_sleep").asset_layer.executable_asset_keys
-    assert ssa.KEY not in defs.resolve_job_def("sage_main").asset_layer.executable_asset_keys
-    (spec,) = ssa.sage_skills.check_specs
-    assert spec.name == ssa.CHECK and spec.blocking
+    assert sa.KEY in defs.resolve_job_def("nightly_sleep").asset_layer.executable_asset_keys
+    assert sa.KEY not in defs.resolve_job_def("sage_main").asset_layer.executable_asset_keys
+    (spec,) = sa.sage_skills.check_specs
+    assert spec.name == sa.CHECK and spec.blocking
 
 
 @pytest.mark.slow  # materializes in process (about 3 s)
-def test_with_nothing_configured_it_says_so_and_succeeds(tmp_path, no_sage_env):
-    result = _run(tmp_path)
+def test_with_embedded_off_and_nothing_configured_it_says_so_and_succeeds(tmp_path, no_sage_env):
+    result = _run(tmp_path, config={"embedded": False})
     assert result.success
     m = _meta(result)
     assert m["status"] == "not_configured" and m["message"] == NOT_CONFIGURED
-    assert "no SAGE journals configured: nothing to harvest" in m["message"] and m["live_version"] == "-"
+    assert "nothing to harvest" in m["message"] and m["live_version"] == "-"
     check = _check(result)
     assert check.passed and NOT_CONFIGURED in check.description
     assert not (tmp_path / "sleep").exists()  # nothing created
@@ -86,13 +87,33 @@ def test_configured_it_shows_the_live_version_the_online_check_and_the_night(tmp
     assert live_skills(root.folder) == root.live_path() and live_skills(tmp_path / "none") is None
 
 
+@pytest.mark.slow  # materializes in process, reads SAGE's journals (about 6 s)
+def test_with_nothing_configured_the_night_reads_the_embedded_week(tmp_path, no_sage_env):
+    from sage_pipeline.sage import week as wk
+
+    spaces = tmp_path / "week" / "workspaces" / "day-01"
+    for ws in ("ws-0", "ws-1"):
+        shutil.copytree(FIXTURE / ws, spaces / ws)
+    week = wk.Week(root=tmp_path / "week", journals=tmp_path / "week" / "workspaces",
+                   workspaces=tmp_path / "week" / "workspaces", days=("day-01",), manifest={"format": 1})
+    no_sage_env.setattr(wk, "embedded_week", lambda data_dir: week)
+    result = _run(tmp_path / "data", partition="2026-11-28", config={"sandbox": "local"})
+    assert result.success
+    m = _meta(result)
+    root = SageSkillsRoot(tmp_path / "data" / "sleep" / "sage_skills")
+    assert m["inputs"].startswith("embedded week") and m["live_version"] == f"v1={root.live()}"
+    assert m["harvest"]["sessions"] == 6  # every run of the week's day read (no goal ledger: no task)
+    assert m["status"] == "no_tasks" and _check(result).passed
+    assert sa.default_nights(3) == ["2026-11-28"]  # make run's nights: the days of the week's journals
+
+
 def test_the_run_config_is_the_core_settings(no_sage_env):
-    cfg = ssa.SageSkillsAssetConfig(workspaces=["/w"], night={"gate": {"samples": 8}, "limits": {"edit_budget": 2}},
+    cfg = sa.SageSkillsAssetConfig(workspaces=["/w"], night={"gate": {"samples": 8}, "limits": {"edit_budget": 2}},
                                     online={"alpha": 0.01})
     s = cfg.settings()
     assert isinstance(s, SageSkillsSettings) and s.configured and s.night.gate.samples == 8
     assert s.night.limits.edit_budget == 2 and s.online.alpha == 0.01 and s.night.role == "coder"
-    assert ssa.SageSkillsAssetConfig().settings().model_dump() == SageSkillsSettings().model_dump()
+    assert sa.SageSkillsAssetConfig().settings().model_dump() == SageSkillsSettings().model_dump()
     assert not SageSkillsSettings().configured
 
 

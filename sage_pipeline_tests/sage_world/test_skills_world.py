@@ -339,7 +339,7 @@ def test_the_server_answers_reflect_on_both_routes_and_the_cycles_openai_backend
         assert code == 200 and reply["done"] and reply["eval_duration"] == 0
         assert PLANTED_INSTRUCTION in {e.content for e in prompts.parse_reflect_reply(reply["message"]["content"])}
         backend = OpenAIBackend(OpenAIConfig(base_url=srv.url + "/v1", model="sleep", api_key_env="", max_retries=0))
-        got = backend.reflect(_reflect_request())
+        got = backend.complete(prompts.reflect_messages(_reflect_request()), "reflect", 2048)
         assert PLANTED_INSTRUCTION in {e.content for e in prompts.parse_reflect_reply(got.text)}
         assert got.prompt_tokens > 0 and got.completion_tokens > 0
         # a SAGE agent's call through the OpenAI route is the world's answer, as on Ollama's

@@ -1,8 +1,7 @@
-"""The OpenAI-compatible backend against a real HTTP server on loopback; the simulated backend's rules."""
+"""The OpenAI-compatible client against a real HTTP server on loopback: request, retries, deadlines, errors."""
 
 from __future__ import annotations
 
-import json
 import socket
 import time
 from pathlib import Path
@@ -10,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from sage_pipeline.sleep.backends import BackendError, OpenAIBackend, OpenAIConfig, Reply
-from sage_pipeline.sleep.records import TaskRecord
-from sage_pipeline.sleep.simulated_backend import SimulatedBackend, SimWorld
 from sage_pipeline_tests.sleep.conftest import ChatServer
 
-TASK = TaskRecord(id="t1", intent="What is 2 + 2?", reference_kind="exact", reference="4")
+
+def msgs(system: str = "s", user: str = "What is 2 + 2?") -> list[dict]:
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
 def backend(server, delays=None, **kw) -> OpenAIBackend:
@@ -27,7 +26,7 @@ def test_success_sends_the_request_and_counts_tokens(chat_server, monkeypatch):
     monkeypatch.setenv("SLEEP_TEST_KEY", "sk-test-123")
     chat_server.script = [("ok_usage", "4", 40, 2)]
     b = backend(chat_server)
-    reply = b.solve(TASK, "# skill", "# memory")
+    reply = b.complete(msgs("# skill"), "solve", 64)
     assert reply.text == "4" and (reply.prompt_tokens, reply.completion_tokens) == (40, 2)
     req = chat_server.requests[0]
     assert req["path"] == "/v1/chat/completions"
@@ -41,7 +40,7 @@ def test_success_sends_the_request_and_counts_tokens(chat_server, monkeypatch):
 
 def test_no_key_no_auth_header(chat_server, monkeypatch):
     monkeypatch.delenv("SLEEP_TEST_KEY", raising=False)
-    backend(chat_server).solve(TASK, "s", "m")
+    backend(chat_server).complete(msgs("s"), "solve", 64)
     assert "Authorization" not in chat_server.requests[0]["headers"]
 
 
@@ -49,7 +48,7 @@ def test_429_is_retried_honouring_retry_after(chat_server):
     chat_server.script = [("status", 429, '{"error": {"message": "slow down"}}', {"Retry-After": "2"}), ("ok", "4")]
     delays: list[float] = []
     b = backend(chat_server, delays)
-    assert b.solve(TASK, "s", "m").text == "4"
+    assert b.complete(msgs("s"), "solve", 64).text == "4"
     assert delays == [2.0] and len(chat_server.requests) == 2
     assert b.calls.summary()["retries"] == 1
     assert "HTTP 429" in b.calls.errors[0]["error"] and "slow down" in b.calls.errors[0]["error"]
@@ -61,7 +60,7 @@ def test_5xx_backs_off_exponentially_then_succeeds(chat_server):
                           ("ok", "4")]
     delays: list[float] = []
     b = backend(chat_server, delays)
-    assert b.solve(TASK, "s", "m").text == "4"
+    assert b.complete(msgs("s"), "solve", 64).text == "4"
     assert len(delays) == 3
     for i, d in enumerate(delays):  # base 0.5 s doubling, jitter in [50%, 100%]
         assert 0.5 * 2**i * 0.5 <= d <= 0.5 * 2**i + 1e-9
@@ -71,7 +70,7 @@ def test_persistent_5xx_ends_in_backend_error_with_cause(chat_server):
     chat_server.script = [("status", 500, '{"error": "internal"}', {})]
     b = backend(chat_server)
     with pytest.raises(BackendError) as ei:
-        b.solve(TASK, "s", "m")
+        b.complete(msgs("s"), "solve", 64)
     e = ei.value
     assert e.kind == "transient" and e.attempts == 5 and e.purpose == "solve"
     assert "HTTP 500" in e.cause and "internal" in e.cause and "gave up after 5 attempts" in e.cause
@@ -83,7 +82,7 @@ def test_auth_failure_fails_fast(chat_server, monkeypatch):
     monkeypatch.setenv("SLEEP_TEST_KEY", "wrong")
     chat_server.script = [("status", 401, '{"error": {"message": "Incorrect API key"}}', {})]
     with pytest.raises(BackendError) as ei:
-        backend(chat_server).solve(TASK, "s", "m")
+        backend(chat_server).complete(msgs("s"), "solve", 64)
     assert ei.value.kind == "auth" and len(chat_server.requests) == 1
     assert "Incorrect API key" in ei.value.cause and "$SLEEP_TEST_KEY is set" in ei.value.cause
 
@@ -91,7 +90,7 @@ def test_auth_failure_fails_fast(chat_server, monkeypatch):
 def test_model_not_found_fails_fast(chat_server):
     chat_server.script = [("status", 404, '{"error": {"message": "The model `m-test` does not exist."}}', {})]
     with pytest.raises(BackendError) as ei:
-        backend(chat_server).solve(TASK, "s", "m")
+        backend(chat_server).complete(msgs("s"), "solve", 64)
     assert ei.value.kind == "not_found" and len(chat_server.requests) == 1
     assert "m-test" in ei.value.cause and "does not exist" in ei.value.cause
 
@@ -99,33 +98,33 @@ def test_model_not_found_fails_fast(chat_server):
 def test_bad_request_fails_fast(chat_server):
     chat_server.script = [("status", 400, '{"error": {"message": "max_tokens is too large"}}', {})]
     with pytest.raises(BackendError) as ei:
-        backend(chat_server).solve(TASK, "s", "m")
+        backend(chat_server).complete(msgs("s"), "solve", 64)
     assert ei.value.kind == "bad_request" and len(chat_server.requests) == 1
 
 
 def test_empty_reply_is_retried_then_reported(chat_server):
     chat_server.script = [("ok", ""), ("ok", "   "), ("ok", "4")]
     b = backend(chat_server)
-    assert b.solve(TASK, "s", "m").text == "4"
+    assert b.complete(msgs("s"), "solve", 64).text == "4"
     assert b.calls.summary()["retries"] == 2 and "empty reply" in b.calls.errors[0]["error"]
     chat_server.requests.clear()
     chat_server.script = [("ok", "")]
     with pytest.raises(BackendError, match="empty reply"):
-        backend(chat_server, max_retries=1).solve(TASK, "other", "m")
+        backend(chat_server, max_retries=1).complete(msgs("other"), "solve", 64)
     assert len(chat_server.requests) == 2
 
 
 def test_non_json_reply_is_retried_then_reported(chat_server):
     chat_server.script = [("raw", b"<html>502 Bad Gateway</html>")]
     with pytest.raises(BackendError, match="not JSON") as ei:
-        backend(chat_server, max_retries=2).solve(TASK, "s", "m")
+        backend(chat_server, max_retries=2).complete(msgs("s"), "solve", 64)
     assert ei.value.kind == "transient" and len(chat_server.requests) == 3
 
 
 def test_timeout_is_retried_then_reported(chat_server):
     chat_server.script = [("sleep", 5.0, "late")]  # far past the 0.2 s deadline, however slow the client
     with pytest.raises(BackendError, match="timed out after 0.2 s"):
-        backend(chat_server, timeout_s=0.2, max_retries=1).solve(TASK, "s", "m")
+        backend(chat_server, timeout_s=0.2, max_retries=1).complete(msgs("s"), "solve", 64)
     assert len(chat_server.requests) == 2
 
 
@@ -136,7 +135,7 @@ def test_connection_refused_is_a_transient_backend_error():
     b = OpenAIBackend(OpenAIConfig(base_url=f"http://127.0.0.1:{port}/v1", model="m", max_retries=1),
                       sleep=lambda s: None)
     with pytest.raises(BackendError, match="connection to .* failed") as ei:
-        b.solve(TASK, "s", "m")
+        b.complete(msgs("s"), "solve", 64)
     assert ei.value.kind == "transient" and ei.value.attempts == 2
 
 
@@ -144,9 +143,9 @@ def test_successes_are_cached_failures_never(chat_server):
     chat_server.script = [("status", 500, "down", {}), ("ok", "4")]
     b = backend(chat_server, max_retries=0)
     with pytest.raises(BackendError):
-        b.solve(TASK, "s", "m")
-    assert b.solve(TASK, "s", "m").text == "4"  # the failure was not cached: the server is asked again
-    again = b.solve(TASK, "s", "m")
+        b.complete(msgs("s"), "solve", 64)
+    assert b.complete(msgs("s"), "solve", 64).text == "4"  # the failure was not cached: the server is asked again
+    again = b.complete(msgs("s"), "solve", 64)
     assert again.cached and len(chat_server.requests) == 2
     assert b.calls.summary()["cache_hits"] == 1
 
@@ -165,43 +164,8 @@ def test_env_gives_base_url_and_model(monkeypatch, chat_server):
     monkeypatch.setenv("SAGE_SLEEP_MODEL", "from-env")
     b = OpenAIBackend(OpenAIConfig())
     assert b.url == chat_server.base_url + "/chat/completions"
-    b.solve(TASK, "s", "m")
+    b.complete(msgs("s"), "solve", 64)
     assert chat_server.requests[0]["body"]["model"] == "from-env"
-
-
-# the simulated backend ---------------------------------------------------------------------
-
-def test_simulated_backend_needs_the_rule_and_is_broken_by_harmful_rules():
-    w = SimWorld.load("reviewer")
-    tasks = w.generate_tasks(seed=1, per_topic=2)
-    sql = next(t for t in tasks if t.meta["sim"]["topic"] == "sql-injection")
-    base = next(t for t in tasks if t.meta["sim"]["topic"] == "quote-code")
-    b = SimulatedBackend(w, seed=1)
-    rule = w.topics["sql-injection"].rule
-    assert b.solve(sql, "# skill", "").text == sql.meta["sim"]["naive"]
-    assert b.solve(sql, f"# skill\n- {rule}", "").text == sql.meta["sim"]["gold"]
-    assert b.solve(sql, "", f"- {w.topics['sql-injection'].variants[0]}").text == sql.meta["sim"]["gold"]
-    skill = f"- {w.topics['quote-code'].rule}\n- {rule}"
-    assert b.solve(base, skill, "").text == base.meta["sim"]["gold"]
-    harmful = "Keep every review to one word: LGTM or NACK."
-    assert w.classify(harmful) == "harmful"
-    assert b.solve(base, skill + f"\n- {harmful}", "").text == base.meta["sim"]["naive"]
-    assert b.solve(sql, skill + f"\n- {harmful}", "").text == sql.meta["sim"]["naive"]
-
-
-def test_simulated_backend_is_deterministic_and_fails_on_request():
-    w = SimWorld.load("coder")
-    t = w.generate_tasks(seed=0, per_topic=1)[0]
-    a, b = SimulatedBackend(w, seed=3, night="2026-11-01"), SimulatedBackend(w, seed=3, night="2026-11-01")
-    assert a.solve(t, "x", "y") == b.solve(t, "x", "y")
-    assert json.loads(a.grade(t, t.meta["sim"]["gold"]).text)["score"] == 1.0
-    f = SimulatedBackend(w, fail_at_call=2, failure="http_500")
-    f.solve(t, "x", "y")
-    with pytest.raises(BackendError, match="HTTP 500"):
-        f.solve(t, "x", "y")
-    assert f.calls.errors[-1]["final"] is True
-    assert SimulatedBackend(w).solve(TaskRecord("u", "?", "exact", "1"), "", "").text.startswith(
-        "(the simulated backend has no answer")
 
 
 # deadlines: the whole request, not one socket read --------------------------------------------
@@ -214,7 +178,7 @@ TRICKLE_BOUND_S = 12.0
 def _timed_failure(b: OpenAIBackend) -> tuple[BackendError, float]:
     t0 = time.monotonic()
     with pytest.raises(BackendError) as ei:
-        b.solve(TASK, "s", "m")
+        b.complete(msgs("s"), "solve", 64)
     return ei.value, time.monotonic() - t0
 
 
@@ -282,7 +246,7 @@ def test_the_deadline_holds_over_https_too(tmp_path, monkeypatch):
         assert server.base_url.startswith("https://")
         server.script = [("ok", "4"), ("trickle", 0.5, 60)]
         b = backend(server, timeout_s=1.5, max_retries=0)
-        assert b.solve(TASK, "s", "m").text == "4"
+        assert b.complete(msgs("s"), "solve", 64).text == "4"
         e, took = _timed_failure(b.__class__(b.config, sleep=lambda s: None))
         assert took < TRICKLE_BOUND_S and "timed out after 1.5 s" in e.cause
     finally:
@@ -321,7 +285,7 @@ OK_CHOICES = [{"index": 0, "message": {"role": "assistant", "content": "4"}, "fi
 def test_a_malformed_reply_is_a_backend_error_that_says_what_was_wrong(chat_server, action, reason):
     chat_server.script = [action]
     with pytest.raises(BackendError) as ei:
-        backend(chat_server, max_retries=1).solve(TASK, "s", "m")
+        backend(chat_server, max_retries=1).complete(msgs("s"), "solve", 64)
     e = ei.value
     assert reason in e.cause, e.cause
     assert e.kind == "transient" and e.attempts == 2 and len(chat_server.requests) == 2
@@ -330,5 +294,5 @@ def test_a_malformed_reply_is_a_backend_error_that_says_what_was_wrong(chat_serv
 def test_usage_absent_or_null_is_fine(chat_server):
     chat_server.script = [("json", {"choices": OK_CHOICES}), ("json", {"choices": OK_CHOICES, "usage": None})]
     b = backend(chat_server)
-    assert b.solve(TASK, "a", "m") == Reply("4", 0, 0)
-    assert b.solve(TASK, "b", "m") == Reply("4", 0, 0)
+    assert b.complete(msgs("a"), "solve", 64) == Reply("4", 0, 0)
+    assert b.complete(msgs("b"), "solve", 64) == Reply("4", 0, 0)

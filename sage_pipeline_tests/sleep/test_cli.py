@@ -1,97 +1,107 @@
-"""``python -m sage_pipeline.sleep``: run-night, versions, show, rollback, and its errors."""
+"""``python -m sage_pipeline.sleep`` on the SAGE skills root: status, versions, diff, rollback, night; and its
+refusals (an unknown skill, an unknown version, a folder that is not a skills root, a bad date)."""
 
 from __future__ import annotations
-
-import json
-import subprocess
-import sys
 
 import pytest
 
 from sage_pipeline.sleep.__main__ import main
-from sage_pipeline.sleep.store import SkillStore
+from sage_pipeline.sleep.sage_skills import SageSkillsRoot
+
+TDD = "discipline/test-driven-development/SKILL.md"
+RULE = "\n- Run every example of the task by hand before answering.\n"
 
 
-def test_run_night_versions_show_and_rollback(tmp_path, capsys):
-    root = ["--data-dir", str(tmp_path)]
-    for d in ("2026-11-02", "2026-11-03"):  # the strict gate: the simulated world's rules move too few val tasks
-        assert main([*root, "run-night", "--skill", "reviewer", "--date", d, "--gate-test", "strict"]) == 0
-    out = capsys.readouterr().out
-    assert "reviewer 2026-11-03: accepted" in out and "diagnostics:" in out
-    store = SkillStore(tmp_path / "sleep", "reviewer")
-    entries = store.versions()
-    assert [v.action for v in entries] == ["initial", "accepted", "accepted"]
-    assert main([*root, "versions", "--skill", "reviewer"]) == 0
-    table = capsys.readouterr().out
-    assert all(v.version in table for v in entries) and "| v3 |" in table
-    assert main([*root, "show", "--skill", "reviewer", "--version", "v1"]) == 0
-    assert capsys.readouterr().out == store.read_version(entries[0].version).skill.decode()
-    assert main([*root, "rollback", "--skill", "reviewer", "--version", entries[0].version[:5],
-                 "--note", "too eager"]) == 0
-    said = capsys.readouterr().out
-    assert f"now at version {entries[0].version}" in said and f"--version {entries[2].version}" in said
-    assert store.current() == entries[0].version and store.versions()[-1].note == "too eager"
+@pytest.fixture
+def root(tmp_path) -> SageSkillsRoot:
+    r = SageSkillsRoot(tmp_path / "skills")
+    r.commit({TDD: r.text("live", TDD) + RULE}, "a night's rule")
+    return r
 
 
-def test_errors_exit_2_with_a_message(tmp_path, capsys):
-    root = ["--data-dir", str(tmp_path)]
-    assert main([*root, "versions", "--skill", "reviewer"]) == 0
-    assert "no stored versions" in capsys.readouterr().out
-    main([*root, "run-night", "--skill", "reviewer", "--date", "2026-11-02"])
-    capsys.readouterr()
-    assert main([*root, "rollback", "--skill", "reviewer", "--version", "nope"]) == 2
-    assert "is not a stored version" in capsys.readouterr().err
+def run(capsys, *argv) -> tuple[int, str, str]:
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
 
 
-def test_a_failed_night_exits_1(tmp_path, capsys, monkeypatch):
-    monkeypatch.delenv("SAGE_SLEEP_MODEL", raising=False)
-    rc = main(["--data-dir", str(tmp_path), "run-night", "--skill", "reviewer", "--date", "2026-11-02",
-               "--backend", "openai"])
-    out = capsys.readouterr().out
-    assert rc == 1 and "backend_error" in out and "no model set" in out
+def test_status_shows_the_live_version_its_shas_and_how_to_deploy_it(root, capsys):
+    rc, out, _ = run(capsys, "--root", str(root.folder), "status")
+    assert rc == 0 and f"live: v2={root.live()}" in out
+    assert f"export SAGE_SKILLS_ROOT={root.live_path()}" in out
+    assert f"| {TDD} | {root.shas()[TDD]} |" in out and "2 version(s) made live" in out
 
 
-def test_module_entry_point_runs():
-    out = subprocess.run([sys.executable, "-m", "sage_pipeline.sleep", "--help"], capture_output=True, text=True,
-                         check=False)
-    assert out.returncode == 0 and "rollback" in out.stdout and "run-night" in out.stdout
+def test_versions_lists_every_live_version_and_filters_by_skill(root, capsys):
+    rc, out, _ = run(capsys, "--root", str(root.folder), "versions")
+    assert rc == 0 and "| v1 |" in out and "| v2 |" in out and "a night's rule" in out
+    rc, out, _ = run(capsys, "--root", str(root.folder), "versions", "--skill", "verification-before-completion")
+    assert rc == 0 and "| v1 |" in out and "| v2 |" not in out  # v2 did not change it
 
 
-@pytest.mark.parametrize("bad,said", [("0", "'0': the deadline must be a positive number of seconds"),
-                                      ("-2", "'-2': the deadline must be a positive number of seconds"),
-                                      ("nan", "'nan': the deadline must be a positive number of seconds"),
-                                      ("x", "'x' is not a number: give seconds")])
-def test_timeout_must_be_a_positive_number(tmp_path, capsys, bad, said):
-    with pytest.raises(SystemExit) as ei:
-        main(["--data-dir", str(tmp_path), "run-night", "--skill", "reviewer", "--date", "2026-11-02",
-              "--timeout", bad])
-    err = capsys.readouterr().err
-    assert ei.value.code == 2 and "argument --timeout" in err and said in err
-    assert not (tmp_path / "sleep").exists()  # nothing ran
+def test_diff_defaults_to_the_live_versions_parent(root, capsys):
+    rc, out, _ = run(capsys, "--root", str(root.folder), "diff")
+    assert rc == 0 and "+- Run every example of the task by hand before answering." in out and TDD in out
+    rc, out, _ = run(capsys, "--root", str(root.folder), "diff", "--from", "v2", "--to", "live")
+    assert rc == 0 and "hold the same skills" in out
 
 
-def test_timeout_reaches_the_backend(tmp_path, capsys, chat_server):
-    chat_server.script = [("status", 401, '{"error": {"message": "no key"}}', {})]  # the first call ends the night
-    rc = main(["--data-dir", str(tmp_path), "run-night", "--skill", "reviewer", "--date", "2026-11-02",
-               "--backend", "openai", "--base-url", chat_server.base_url, "--model", "m", "--timeout", "2.5"])
-    assert rc == 1 and "backend_error" in capsys.readouterr().out
-    d = json.loads((tmp_path / "sleep" / "reviewer" / "nights" / "2026-11-02" / "diagnostics.json").read_text())
-    assert d["backend"]["timeout_s"] == 2.5 and len(chat_server.requests) == 1
+def test_rollback_undoes_the_skills_last_change_and_can_itself_be_undone(root, capsys):
+    v2 = root.live()
+    rc, out, _ = run(capsys, "--root", str(root.folder), "rollback", "test-driven-development")
+    assert rc == 0 and "rolled back" in out
+    r = SageSkillsRoot(root.folder)
+    assert RULE.strip() not in r.text("live", TDD) and r.versions()[-1].action == "rollback"
+    assert r.texts("live") == r.texts("v1")
+    rc, out, _ = run(capsys, "--root", str(root.folder), "rollback", TDD, "--to", v2[:6])
+    assert rc == 0 and RULE.strip() in SageSkillsRoot(root.folder).text("live", TDD)
+    rc, out, _ = run(capsys, "--root", str(root.folder), "rollback", TDD, "--to", "live")
+    assert rc == 0 and "nothing changed" in out
 
 
-@pytest.mark.parametrize("option,field,said", [
-    (["--edit-budget", "0"], "cycle.limits.edit_budget", "greater than or equal to 1"),
-    (["--block-max-chars", "100"], "cycle.limits", "must hold at least one rule of max_rule_chars (300)"),
-    (["--workers", "0"], "cycle.workers", "greater than or equal to 1")])
-def test_a_bad_setting_exits_2_naming_the_field_and_what_is_allowed(tmp_path, capsys, option, field, said):
-    rc = main(["--data-dir", str(tmp_path), "run-night", "--skill", "reviewer", "--date", "2026-11-02", *option])
-    err = capsys.readouterr().err
-    assert rc == 2 and field in err and said in err, err
-    assert not (tmp_path / "sleep").exists()  # nothing ran
+def test_bad_input_is_refused_with_what_to_do(root, tmp_path, capsys):
+    rc, _, err = run(capsys, "--root", str(root.folder), "rollback", "no-such-skill")
+    assert rc == 2 and "skill 'no-such-skill' is not one of SAGE's skills" in err and "test-driven-development" in err
+    rc, _, err = run(capsys, "--root", str(root.folder), "rollback", TDD, "--to", "feedbeef")
+    assert rc == 2 and "version 'feedbeef' is not a version of this root" in err
+    rc, _, err = run(capsys, "--root", str(root.folder), "diff", "--from", "v9")
+    assert rc == 2 and "'v9'" in err
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("x")
+    for cmd in (["status"], ["versions"], ["diff"], ["rollback", TDD]):
+        rc, _, err = run(capsys, "--root", str(other), *cmd)
+        assert rc == 2 and f"{other} is not a SAGE skills root: it has no live.json" in err, (cmd, err)
+    assert not (other / "live.json").exists()  # never created
+    rc, _, err = run(capsys, "--root", str(tmp_path / "missing"), "status")
+    assert rc == 2 and "it does not exist" in err
+    rc, _, err = run(capsys, "--root", str(other), "night", "--date", "2026-11-28")
+    assert rc == 2 and "not an empty folder" in err
+    rc, _, err = run(capsys, "--root", str(tmp_path / "new"), "night", "--date", "28/11/2026")
+    assert rc == 2 and "give the night's day as YYYY-MM-DD" in err
+    fresh = SageSkillsRoot(tmp_path / "fresh")
+    rc, _, err = run(capsys, "--root", str(fresh.folder), "rollback", TDD)
+    assert rc == 2 and "has never changed" in err
 
 
-def test_an_option_outside_its_choices_is_refused_by_the_parser(tmp_path, capsys):
-    with pytest.raises(SystemExit):
-        main(["--data-dir", str(tmp_path), "run-night", "--skill", "reviewer", "--date", "2026-11-02",
-              "--metric", "f1"])
-    assert "argument --metric: invalid choice: 'f1'" in capsys.readouterr().err
+def test_night_runs_the_sage_night_on_the_root_with_the_config(tmp_path, capsys, monkeypatch):
+    for name in ("SAGE_WORKSPACES", "SAGE_JOURNALS", "SAGE_GOAL_LEDGERS"):
+        monkeypatch.delenv(name, raising=False)
+    config = tmp_path / "night.json"
+    config.write_text('{"embedded": false}')
+    rc, out, _ = run(capsys, "--data-dir", str(tmp_path / "data"), "night", "--date", "2026-11-28",
+                     "--config", str(config))
+    assert rc == 0 and "nothing to harvest" in out
+    empty = tmp_path / "ws"
+    empty.mkdir()
+    monkeypatch.setenv("SAGE_WORKSPACES", str(empty))
+    rc, out, err = run(capsys, "--root", str(tmp_path / "r"), "night", "--date", "2026-11-28", "--model", "m",
+                       "--host", "127.0.0.1:1")
+    r = SageSkillsRoot(tmp_path / "r")
+    assert rc == 0 and "night no_tasks" in out and f"live: v1={r.live()}" in out, (out, err)
+    assert (tmp_path / "r" / "nights" / "2026-11-28" / "coder" / "diagnostics.json").is_file()
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"backend": "gpt"}')
+    rc, _, err = run(capsys, "--data-dir", str(tmp_path / "data"), "night", "--date", "2026-11-28", "--config",
+                     str(bad))
+    assert rc == 2 and "backend" in err

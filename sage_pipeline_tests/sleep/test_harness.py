@@ -1,42 +1,44 @@
-"""The whole-prompt stand-in (a test harness): fixed answers at temperature 0, fresh draws above it,
-the planted effect's size over many calls, its reflect replies, and the OpenAI backend talking to
-it over HTTP unchanged."""
+"""The test harness: the whole-prompt stand-in answers the SAGE night's own coder messages (fixed at
+temperature 0, fresh draws above it), the planted effect's size over many calls, its reflect replies, the OpenAI
+client talking to it over HTTP unchanged, and a night through it in process deciding as one over HTTP; and no
+production module imports the harness."""
 
 from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from sage_pipeline.sleep import records
+from sage_pipeline.sage import skills as sk
 from sage_pipeline.sleep.backends import BackendError, OpenAIBackend, OpenAIConfig
 from sage_pipeline.sleep.block import Edit
-from sage_pipeline.sleep.prompts import (
-    grade_messages,
-    parse_grade_reply,
-    parse_reflect_reply,
-    reflect_messages,
-    solve_messages,
-)
-from sage_pipeline.sleep.records import ReflectRequest, TaskRecord, TaskResult, read_task_file
-from sage_pipeline.sleep.simulated_backend import SimWorld
-from sage_pipeline.sleep.standin import (
+from sage_pipeline.sleep.harness.sim_world import PACKAGED_TASKS, SimWorld
+from sage_pipeline.sleep.harness.standin import (
     PLANTED_INSTRUCTION,
     StandinConfig,
     StandinError,
     StandinModel,
     StandinServer,
 )
+from sage_pipeline.sleep.prompts import parse_reflect_reply, reflect_messages
+from sage_pipeline.sleep.records import ReflectRequest, TaskRecord, TaskResult, read_task_file
+from sage_pipeline.sleep.sage_night import role_messages
 
-PACKAGED = read_task_file(Path(records.__file__).with_name("data") / "tasks" / "coder.jsonl").tasks
-SKILL, MEMORY = "# Skill: coder\n\nWrite small functions.\n", "# Memory: coder\n"
+PACKAGED = [t for t in read_task_file(PACKAGED_TASKS / "coder.jsonl").tasks if t.reference_kind == "unit_tests"]
+TREE = {sid: sk.read_skill(sk.SKILL_TREE / sid) for sid in sk.SKILL_IDS}  # SAGE's skills as shipped
+SKILL, MEMORY = "# Skill: coder\n\nWrite small functions.\n", "# Memory: coder\n"  # reflect's documents
 
 
-def body(task, skill=SKILL, memory=MEMORY, temperature=0.0) -> dict:
-    return {"model": "standin", "messages": solve_messages(task, skill, memory), "temperature": temperature}
+def messages(task, extra: str = "") -> list[dict]:
+    """SAGE's coder's messages for ``task`` with the shipped skills, ``extra`` appended to the system message."""
+    m = role_messages("coder", TREE, task)
+    return [{**m[0], "content": m[0]["content"] + extra}, m[1]]
+
+
+def body(task, extra: str = "", temperature=0.0) -> dict:
+    return {"model": "standin", "messages": messages(task, extra), "temperature": temperature}
 
 
 def correct(model: StandinModel, task, text: str) -> bool:
@@ -49,9 +51,9 @@ def test_at_temperature_0_the_answer_is_a_fixed_function_of_the_whole_prompt():
     first = [a.chat(body(t)) for t in PACKAGED]
     assert [a.chat(body(t)) for t in PACKAGED] == first == [b.chat(body(t)) for t in PACKAGED]
     # one word more anywhere in the prompt redraws every task: some answers change
-    moved = [a.chat(body(t, skill=SKILL + "Be terse.\n")) for t in PACKAGED]
+    moved = [a.chat(body(t, "Be terse.\n")) for t in PACKAGED]
     changed = sum(x != y for x, y in zip(first, moved, strict=True))
-    assert 15 < changed < 70, changed  # about 2 p (1 - p) of 88 tasks
+    assert 8 < changed < 48, changed  # about 2 p (1 - p) of 56 tasks
     assert [StandinModel(PACKAGED, StandinConfig(seed=4)).chat(body(t)) for t in PACKAGED] != first
     assert a.calls["solve"] == 3 * len(PACKAGED)
 
@@ -59,7 +61,7 @@ def test_at_temperature_0_the_answer_is_a_fixed_function_of_the_whole_prompt():
 def test_above_temperature_0_each_call_draws_afresh_at_the_prompts_chance():
     model = StandinModel(PACKAGED, StandinConfig(seed=1))
     task = PACKAGED[0]
-    p = model.p_correct(task, solve_messages(task, SKILL, MEMORY))
+    p = model.p_correct(task, messages(task))
     hits = [correct(model, task, model.chat(body(task, temperature=0.8))) for _ in range(2000)]
     assert abs(np.mean(hits) - p) < 4 * np.sqrt(p * (1 - p) / 2000)
     assert 0 < sum(hits) < 2000
@@ -77,20 +79,19 @@ def test_the_planted_effect_measured_over_many_calls_is_its_stated_size(effect, 
     model = StandinModel(PACKAGED, StandinConfig(seed=11, effect=effect))
     rng = np.random.default_rng(0)
     without, with_ = [], []
-    for _ in range(40):  # 40 skill documents x 88 tasks, each with and without the instruction
-        skill = SKILL + f"- rule {rng.integers(10 ** 9)}\n"
+    for _ in range(60):  # 60 prompts x 56 tasks, each with and without the instruction
+        skill = f"- rule {rng.integers(10 ** 9)}\n"
         planted = skill + f"- {PLANTED_INSTRUCTION}\n"
         for t in PACKAGED:
-            without.append(correct(model, t, model.chat(body(t, skill=skill))))
-            with_.append(correct(model, t, model.chat(body(t, skill=planted))))
+            without.append(correct(model, t, model.chat(body(t, skill))))
+            with_.append(correct(model, t, model.chat(body(t, planted))))
     n = len(without)
     assert abs(np.mean(with_) - np.mean(without) - expected) < 4 * np.sqrt(0.5 / n), (np.mean(with_), np.mean(without))
     # the exact chances: the perturbation's stated sd, the effect's stated size
     t = PACKAGED[5]
-    ps = np.array([model.p_correct(t, solve_messages(t, SKILL + f"- x{i}\n", MEMORY)) for i in range(3000)])
+    ps = np.array([model.p_correct(t, messages(t, f"- x{i}\n")) for i in range(3000)])
     assert ps.std() == pytest.approx(0.1, abs=0.01)
-    pp = np.array([model.p_correct(t, solve_messages(t, SKILL + f"- x{i}\n- {PLANTED_INSTRUCTION}\n", MEMORY))
-                   for i in range(3000)])
+    pp = np.array([model.p_correct(t, messages(t, f"- x{i}\n- {PLANTED_INSTRUCTION}\n")) for i in range(3000)])
     assert pp.mean() - ps.mean() == pytest.approx(expected, abs=0.01)
 
 
@@ -122,17 +123,10 @@ def test_reflect_proposes_useless_rules_and_the_instruction_at_its_stated_rate()
     assert len(json.loads(model.chat(_reflect_body(docs, budget=1)))["edits"]) == 1  # the stated budget
 
 
-def test_grades_rubric_answers_as_a_fixed_judge_and_refuses_what_it_does_not_know():
+def test_refuses_a_prompt_it_does_not_know_and_bad_requests():
     model = StandinModel(PACKAGED)
-    rubric = next(t for t in PACKAGED if t.reference_kind == "rubric")
-
-    def grade(text):
-        return parse_grade_reply(model.chat({"messages": grade_messages(rubric, text), "temperature": 0}))
-
-    assert grade(rubric.meta["sim"]["gold"])[:2] == (1.0, True)
-    assert grade(rubric.meta["sim"]["naive"])[:2] == (0.25, False)
-    assert grade("something else")[:2] == (0.0, False)
-    stranger = TaskRecord("x-1", "Write `nothing()`: returns None.", "exact", "None",
+    stranger = TaskRecord("x-1", "Write `nothing()`: returns None.", "unit_tests",
+                          {"entry_point": "nothing", "tests": [{"args": [], "expected": None}]},
                           meta={"sim": {"gold": "None", "naive": "0"}})
     with pytest.raises(StandinError, match="knows no task for this prompt") as ei:
         model.chat(body(stranger))
@@ -156,21 +150,20 @@ def test_refuses_tasks_without_a_correct_and_a_wrong_answer_and_bad_config():
 
 @pytest.mark.slow  # a loopback server and 45 calls through the SDK (about 1 s)
 def test_the_openai_backend_talks_to_it_unchanged():
-    tasks = SimWorld.load("coder").generate_tasks(0, per_topic=2)
+    tasks = [t for t in SimWorld.load("coder").generate_tasks(0, per_topic=2) if t.reference_kind == "unit_tests"]
     model = StandinModel(tasks, StandinConfig(seed=5, effect="planted"))
     with StandinServer(model) as server:
         cold = OpenAIBackend(OpenAIConfig(base_url=server.base_url, model="standin", temperature=0.0, max_retries=0))
         t = tasks[0]
-        r1, r2 = cold.solve(t, SKILL, MEMORY), cold.solve(t, SKILL, MEMORY)
+        r1, r2 = (cold.complete(messages(t), "solve", 256) for _ in range(2))
         assert r1.text in (t.meta["sim"]["gold"], t.meta["sim"]["naive"]) and r2.cached and r2.text == r1.text
         assert r1.text == model.chat(body(t)) and not cold.draws_fresh and r1.prompt_tokens > 0
         warm = OpenAIBackend(OpenAIConfig(base_url=server.base_url, model="standin", temperature=0.9, max_retries=0))
-        texts = {warm.solve(t, SKILL, MEMORY).text for _ in range(40)}
+        texts = {warm.complete(messages(t), "solve", 256).text for _ in range(40)}
         assert warm.draws_fresh and len(texts) == 2 and warm.calls.summary()["cache_hits"] == 0  # fresh draws
         assert model.calls["solve"] == 1 + 1 + 40
-        rubric = next(x for x in tasks if x.reference_kind == "rubric")
-        assert parse_grade_reply(cold.grade(rubric, rubric.meta["sim"]["gold"]).text)[1] is True
-        stranger = TaskRecord("x-1", "Write `nothing()`.", "exact", "None")
+        stranger = TaskRecord("x-1", "Write `nothing()`.", "unit_tests", {"entry_point": "nothing", "tests": [
+            {"args": [], "expected": None}]})
         with pytest.raises(BackendError) as ei:
-            cold.solve(stranger, SKILL, MEMORY)
+            cold.complete(messages(stranger), "solve", 256)
         assert ei.value.kind == "bad_request" and "knows no task for this prompt" in ei.value.cause

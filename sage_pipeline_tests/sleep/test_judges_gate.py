@@ -4,47 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from sage_pipeline.sleep.backends import BackendError, OpenAIBackend, OpenAIConfig
 from sage_pipeline.sleep.gate import GateConfig, compare, summary
-from sage_pipeline.sleep.judges import UnitTestJudge, extract_code, judge_exact, judge_rubric, judge_rules
+from sage_pipeline.sleep.judges import UnitTestJudge, extract_code
 from sage_pipeline.sleep.records import TaskRecord, TaskResult, normalise_reference
-
-
-def test_exact_matches_whole_answer_or_last_line_and_gives_partial_credit():
-    assert judge_exact("404", " 404. ").hard == 1.0
-    assert judge_exact("404", "The status is:\n404").hard == 1.0
-    j = judge_exact("exit status 2", "exit status 1")
-    assert j.hard == 0.0 and 0.6 < j.soft < 0.7 and "expected 'exit status 2'" in j.why
-
-
-def test_rules_each_check_and_soft_share():
-    checks = normalise_reference("rules", [
-        {"contains": "SQL injection", "ignore_case": True}, {"not_contains": "LGTM"}, {"regex": r"\bline 12\b"},
-        {"not_regex": "you"}, {"startswith": "major:"}, {"endswith": "."}, {"max_chars": 80}, {"min_chars": 10},
-        {"max_lines": 1}])
-    good = "major: sql injection on line 12: pass the name as a parameter."
-    assert judge_rules(checks, good).hard == 1.0
-    j = judge_rules(checks, "LGTM, you did fine")
-    assert j.hard == 0.0 and j.soft == pytest.approx(3 / 9)  # only the three size checks pass
-    assert "contains 'SQL injection' failed" in j.why and "not_contains 'LGTM' failed" in j.why
-    js = normalise_reference("rules", [{"json": True}])
-    assert judge_rules(js, '{"a": 1}').hard == 1.0 and judge_rules(js, "{a: 1}").hard == 0.0
-
-
-def test_rubric_is_graded_by_the_backend_and_a_bad_grade_is_a_backend_error(chat_server):
-    task = TaskRecord("r1", "Explain", "rubric", "Passes if it mentions the logger.")
-    b = OpenAIBackend(OpenAIConfig(base_url=chat_server.base_url, model="m", max_retries=0), sleep=lambda s: None)
-    chat_server.script = [("ok", '```json\n{"score": 0.9, "pass": true, "why": "ok"}\n```')]
-    j = judge_rubric(task, "use the logger", b)
-    assert (j.hard, j.soft) == (1.0, 0.9)
-    assert "Passes if it mentions the logger." in chat_server.requests[0]["body"]["messages"][1]["content"]
-    chat_server.script = [("ok", '{"score": 0.9, "pass": true}'), ("ok", "I'd give it a 7/10")]
-    with pytest.raises(BackendError, match="rubric judge reply is not valid JSON") as ei:
-        judge_rubric(task, "another answer", b)
-    assert ei.value.kind == "reply"
-    chat_server.script = [("ok", '{"score": 7, "pass": true}')]
-    with pytest.raises(BackendError, match=r"score 7 is not a number in \[0, 1\]"):
-        judge_rubric(task, "third answer", b)
 
 
 def test_extract_code_takes_the_fenced_block():

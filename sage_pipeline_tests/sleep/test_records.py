@@ -7,6 +7,7 @@ from collections import Counter
 
 import pytest
 
+from sage_pipeline.sleep.harness.sim_world import SimWorld
 from sage_pipeline.sleep.records import (
     SplitSpec,
     TaskRecordError,
@@ -15,7 +16,6 @@ from sage_pipeline.sleep.records import (
     task_from_dict,
     write_task_file,
 )
-from sage_pipeline.sleep.simulated_backend import SimWorld
 
 GOOD = {"id": "t-1", "intent": "Say hi", "reference_kind": "rules", "reference": [{"contains": "hi"}]}
 
@@ -80,7 +80,7 @@ def test_task_file_roundtrip_keeps_every_field(tmp_path):
 
 
 def test_packaged_tasks_are_the_simulated_world_seed_0():
-    from sage_pipeline.sleep.harvest import PACKAGED_TASKS
+    from sage_pipeline.sleep.harness.sim_world import PACKAGED_TASKS
 
     for skill in ("coder", "reviewer"):
         packaged = read_task_file(PACKAGED_TASKS / f"{skill}.jsonl")

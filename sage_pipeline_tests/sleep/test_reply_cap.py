@@ -1,4 +1,5 @@
-"""Issue 35: every reply of the OpenAI-compatible backend is capped (``max_reply_bytes``, default 4 MiB).
+"""Issue 35: every reply of both chat clients (Ollama's /api/chat, OpenAI-compatible) is capped
+(``max_reply_bytes``, default 4 MiB).
 
 A server answering 50 MB (chunked, or with its Content-Length, or as an error body) ends the call
 with a ``too_large`` BackendError naming the cap, and the night ``backend_error``; the read stops at
@@ -15,11 +16,19 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from sage_pipeline.sleep.backends import DEFAULT_MAX_REPLY_BYTES, BackendError, OpenAIBackend, OpenAIConfig
-from sage_pipeline.sleep.nightly import NightSettings, run_night
-from sage_pipeline.sleep.records import TaskRecord
+from sage_pipeline.sleep.backends import (
+    DEFAULT_MAX_REPLY_BYTES,
+    BackendError,
+    OllamaBackend,
+    OllamaConfig,
+    OpenAIBackend,
+    OpenAIConfig,
+)
+from sage_pipeline.sleep.sage_night import SageNightConfig, run_sage_night
+from sage_pipeline.sleep.sage_skills import SageSkillsRoot
+from sage_pipeline_tests.sleep.test_sage_night import TASKS, Judge
 
-TASK = TaskRecord(id="t1", intent="What is 2 + 2?", reference_kind="exact", reference="4")
+MSGS = [{"role": "system", "content": "s"}, {"role": "user", "content": "What is 2 + 2?"}]
 BIG = 50 * 1000 * 1000  # 50 MB of reply content
 _BLOCK = b"x" * (1 << 16)
 
@@ -93,9 +102,11 @@ def big_server(request):
     s.close()
 
 
-def _backend(url: str, **kw) -> OpenAIBackend:
-    return OpenAIBackend(OpenAIConfig(base_url=url, model="m", max_retries=3, timeout_s=60.0, **kw),
-                         sleep=lambda s: None)
+def _backend(url: str, client: str = "openai", **kw) -> OpenAIBackend | OllamaBackend:
+    kw = {"model": "m", "max_retries": 3, "timeout_s": 60.0, **kw}
+    if client == "ollama":
+        return OllamaBackend(OllamaConfig(host=url.removesuffix("/v1"), **kw), sleep=lambda s: None)
+    return OpenAIBackend(OpenAIConfig(base_url=url, **kw), sleep=lambda s: None)
 
 
 def test_the_default_cap_is_a_few_mib_and_configurable():
@@ -105,38 +116,39 @@ def test_the_default_cap_is_a_few_mib_and_configurable():
         OpenAIConfig(max_reply_bytes=0)
 
 
+@pytest.mark.parametrize("client", ["openai", "ollama"])
 @pytest.mark.parametrize("big_server", ["chunked", "length", "error"], indirect=True)
-def test_a_50_mb_reply_is_cut_at_the_cap_and_fails_at_once_naming_it(big_server):
-    b = _backend(big_server.base_url)
+def test_a_50_mb_reply_is_cut_at_the_cap_and_fails_at_once_naming_it(big_server, client):
+    b = _backend(big_server.base_url, client)
     with pytest.raises(BackendError) as err:
-        b.solve(TASK, "s", "m")
+        b.complete(MSGS, "solve", 64)
     e = err.value
     assert e.kind == "too_large" and e.purpose == "solve"
-    assert f"larger than max_reply_bytes={4 << 20} (4 MiB" in e.cause and "raise the openai backend's" in e.cause
+    assert f"larger than max_reply_bytes={4 << 20} (4 MiB" in e.cause and f"raise the {client} backend's" in e.cause
     assert big_server.requests == 1  # never retried: the same server would answer the same
     assert b.calls.summary()["errors"] == 1
 
 
 def test_a_reply_under_the_cap_is_read_whole(big_server):
     big_server.size = 3 * 1000 * 1000
-    reply = _backend(big_server.base_url).solve(TASK, "s", "m")
+    reply = _backend(big_server.base_url).complete(MSGS, "solve", 64)
     assert len(reply.text) == 3 * 1000 * 1000
 
 
 def test_a_50_mb_reply_ends_the_night_in_backend_error_naming_the_cap(tmp_path, big_server):
-    settings = NightSettings(log_dirs=(), backend="openai",
-                             openai={"base_url": big_server.base_url, "model": "m", "max_retries": 1})
-    r, files = run_night(tmp_path, "reviewer", "2026-11-03", None, settings)
+    root = SageSkillsRoot(tmp_path / "skills")
+    backend = _backend(big_server.base_url, "ollama", max_retries=1)
+    r = run_sage_night(root, TASKS, backend, Judge(), SageNightConfig(decisions="per_night"), date="2026-11-03")
     assert r.status == "backend_error" and "max_reply_bytes=4194304" in r.cause, (r.status, r.cause)
-    diag = json.loads(files.diagnostics.read_text())
+    diag = json.loads(open(r.diagnostics).read())
     assert diag["status"] == "backend_error" and "max_reply_bytes" in diag["cause"]
+    assert root.versions()[-1].version == root.live() and len(root.versions()) == 1  # nothing committed
 
 
 _PEAK = textwrap.dedent("""
     import json, resource, sys
     from pathlib import Path
     from sage_pipeline.sleep.backends import BackendError, OpenAIBackend, OpenAIConfig
-    from sage_pipeline.sleep.records import TaskRecord
 
     def peak_kib():  # VmHWM: the peak RSS since the last reset (Linux), else the peak since start
         try:
@@ -149,14 +161,13 @@ _PEAK = textwrap.dedent("""
 
     b = OpenAIBackend(OpenAIConfig(base_url=sys.argv[1], model="m", max_retries=0, timeout_s=60.0),
                       sleep=lambda s: None)
-    task = TaskRecord(id="t1", intent="What is 2 + 2?", reference_kind="exact", reference="4")
     try:
         Path("/proc/self/clear_refs").write_text("5")  # reset the peak to the RSS now
     except OSError:
         pass
     before = peak_kib()
     try:
-        b.solve(task, "s", "m")
+        b.complete([{"role": "user", "content": "What is 2 + 2?"}], "solve", 64)
         outcome = "ok"
     except BackendError as e:
         outcome = e.kind

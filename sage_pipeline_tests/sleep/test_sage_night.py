@@ -23,13 +23,14 @@ from sage_pipeline.sage import skills as sk
 from sage_pipeline.sleep import sage_skills as sage_skills_mod
 from sage_pipeline.sleep.backends import BackendError, CallLog, Reply
 from sage_pipeline.sleep.block import normalise_rule
-from sage_pipeline.sleep.cycle import ERROR_STATUSES, STATUSES
 from sage_pipeline.sleep.gate import GateConfig
 from sage_pipeline.sleep.judges import JudgeError, Judgement, UnitTestJudge
 from sage_pipeline.sleep.records import SplitSpec, task_from_dict
 from sage_pipeline.sleep.sage_harvest import untrusted_judge
 from sage_pipeline.sleep.sage_night import (
     CODER_USER,
+    ERROR_STATUSES,
+    STATUSES,
     UNIVERSAL_PREFIX,
     SageNightConfig,
     answer_code,
@@ -458,7 +459,7 @@ def test_harvested_tests_never_run_unisolated_without_the_explicit_override(tmp_
 
 @pytest.mark.slow  # the local sandbox (about 1 s)
 def test_the_override_runs_them_locally_and_the_diagnostics_say_so(tmp_path):
-    from sage_pipeline.defs.sage_skills_assets import sage_skills_metadata
+    from sage_pipeline.defs.sleep_assets import sage_skills_metadata
     from sage_pipeline.sleep.sage_night import SageSkillsSettings, run_sage_skills
 
     host = tmp_path / "host-file-written-by-a-test"
@@ -466,7 +467,7 @@ def test_the_override_runs_them_locally_and_the_diagnostics_say_so(tmp_path):
     settings = SageSkillsSettings(workspaces=[str(ws)], goal_ledgers=[_ledger(tmp_path)], sandbox="local",
                                   allow_untrusted_local=True, openai={"model": ""})
     o = run_sage_skills(tmp_path / "data", DATE, None, settings)
-    assert o.night.status == "no_tasks" and o.harvest["validated"] == 1, (o.night.reason, o.harvest)
+    assert o.night.status == "no_model" and o.harvest["validated"] == 1, (o.night.reason, o.harvest)  # no model set
     assert host.exists()  # the override's stated risk: unisolated, a harvested test writes on this machine
     d = json.loads(Path(o.night.diagnostics).read_text())["sandbox"]
     assert (d["sandbox"], d["untrusted"], d["allow_untrusted_local"], d["isolated"]) == ("local", True, True, False)

@@ -28,7 +28,7 @@ def test_an_empty_instance_fails_naming_every_asset(tmp_path):
     assert "sage_bundle:" not in proc.stdout  # no bundle in this instance: no line about one
     assert "not part of make run: policy_iteration" in proc.stdout
     line = next(ln for ln in proc.stderr.splitlines() if ln.startswith("never materialized: "))
-    assert {"offline_eval", "sandbox_rollouts", "sleep_cycle/coder", "sleep_cycle/sage_skills", "sim_tasks",
+    assert {"offline_eval", "sandbox_rollouts", "sleep_cycle/sage_skills", "sim_tasks",
             "sage_bundle", "decisions/decision_ledger"} <= set(
         line.removeprefix("never materialized: ").split(", "))
 

@@ -1,12 +1,14 @@
-"""A whole-prompt stand-in model behind an OpenAI-compatible server on loopback: a TEST HARNESS.
+"""TEST HARNESS, never imported by production code: a whole-prompt stand-in model behind an
+OpenAI-compatible server on loopback.
 
-It exists to measure the sleep cycle's gate (``benchmarks/sleep_gate.py``, the tests) against
+It exists to measure the sleep night's decisions (``benchmarks/decision_month.py``, the tests) against
 a model whose answers move with every word of the prompt, as real models' do. Its numbers are
 chosen, stated below and seeded; they are never a claim about any real model.
 
-**Solve calls** (the cycle's task calls, ``prompts.solve_messages``) are recognised by their user
-message, which is the task's own; the answer is the task's correct solution (``meta.sim.gold``)
-or its wrong variant (``meta.sim.naive``: the packaged tasks in ``sleep/data/tasks`` and the
+**Coder calls** (the night's replays, ``sage_night.role_messages``: SAGE's coder's messages) are
+recognised by their user message, which is a function of the task alone; the answer is the task's
+correct solution (``meta.sim.gold``) or its wrong variant (``meta.sim.naive``: the packaged tasks in
+``harness/data/tasks`` and the
 simulated world's generated ones carry both), correct with probability
 
     P(task, prompt) = clip(base(task) + perturbation_sd * z(prompt, task)
@@ -22,11 +24,11 @@ simulated world's generated ones carry both), correct with probability
 
 At temperature 0 the answer is a fixed function of the prompt: correct when
 ``u("draw", sha256(prompt), task id) < P``. Above 0 every call draws afresh from the server's
-generator (seeded by ``seed``). **Grade calls** (rubric tasks) are answered as a fixed judge:
-the correct solution scores 1 (pass), the wrong variant 0.25, anything else 0. **Reflect calls**
-get ``{"edits": [...]}`` in the cycle's format (``prompts.parse_reflect_reply``): ``useless``
-plausible rules made from random parts (no effect beyond moving the prompt), and the planted
-instruction with probability ``propose_planted`` (in both modes, so a null night sees the same
+generator (seeded by ``seed``). **Reflect calls** get ``{"edits": [...]}`` in the night's format
+(``prompts.parse_reflect_reply``): ``useless``
+plausible rules made from random parts (no effect beyond moving the prompt), each for a target the
+request offers, and the planted instruction (for ``planted_target``, else the first target offered) with
+probability ``propose_planted`` (in both modes, so a null night sees the same
 proposals) unless the documents already hold it; order shuffled, at most the edit budget the
 request states. At temperature 0 these are a function of the reflect prompt too.
 
@@ -55,15 +57,13 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sage_pipeline.sleep.backends import OpenAIBackend, OpenAIConfig, Reply
 from sage_pipeline.sleep.block import normalise_rule
-from sage_pipeline.sleep.prompts import grade_messages, solve_messages
 from sage_pipeline.sleep.records import TaskRecord
+from sage_pipeline.sleep.sage_night import CODER_USER, role_messages, task_text
 
 P_MIN, P_MAX = 0.02, 0.98
 PLANTED_INSTRUCTION = ("Before writing code, restate the exact input and output contract and check each edge case "
                        "the task names against it.")
-GRADE_SYSTEM = "You grade an answer against a rubric."
 REFLECT_SYSTEM = "You improve an agent's skill document and memory"
-ANSWER_MARK = "\n\nAnswer to grade:\n"
 IN_PROCESS_URL = "http://standin.invalid/v1"  # never dialled: InProcessBackend answers in process
 
 _USELESS = (
@@ -100,8 +100,8 @@ class StandinConfig(BaseModel):
     propose_planted: float = Field(0.7, ge=0.0, le=1.0, description="chance a reflect reply proposes the "
                                    "instruction (when the documents do not hold it yet)")
     useless: int = Field(2, ge=0, le=10, description="useless rules each reflect reply proposes")
-    planted_target: Literal["skill", "memory"] = Field("skill", description="the document the instruction is "
-                                                       "proposed for (when reflect may edit it)")
+    planted_target: str = Field("", description="the skill id the instruction is proposed for, when reflect may "
+                                "edit it (empty: the first target the request offers)")
 
     @model_validator(mode="after")
     def _rates_in_order(self) -> StandinConfig:
@@ -130,7 +130,6 @@ class StandinModel:
         self._norm_instruction = normalise_rule(self.config.instruction)
         self.tasks: dict[str, TaskRecord] = {}
         self._solve: dict[str, TaskRecord] = {}
-        self._grade: dict[str, TaskRecord] = {}
         for t in tasks:
             sim = t.meta.get("sim") if isinstance(t.meta, dict) else None
             if not isinstance(sim, dict) or not all(isinstance(sim.get(k), str) for k in ("gold", "naive")):
@@ -138,9 +137,8 @@ class StandinModel:
                                  "correct solution) and meta.sim.naive (a wrong variant); the packaged tasks and "
                                  "the simulated world's generated tasks have both")
             self.tasks[t.id] = t
-            self._solve[solve_messages(t, "", "")[1]["content"]] = t
-            if t.reference_kind == "rubric":
-                self._grade[grade_messages(t, "")[1]["content"]] = t
+            if t.reference_kind == "unit_tests":  # the night replays the coder on these only
+                self._solve[CODER_USER.format(task=task_text(t))] = t
         self._rng = np.random.default_rng([self.config.seed, 20260])
         self._lock = threading.Lock()
         self.calls: Counter = Counter()
@@ -166,9 +164,9 @@ class StandinModel:
             p += c.delta
         return float(min(max(p, P_MIN), P_MAX))
 
-    def p_correct_docs(self, task: TaskRecord, skill: str, memory: str) -> float:
-        """:meth:`p_correct` under the cycle's solve prompt for (skill, memory)."""
-        return self.p_correct(task, solve_messages(task, skill, memory))
+    def p_correct_tree(self, task: TaskRecord, tree: dict[str, str]) -> float:
+        """:meth:`p_correct` under SAGE's coder prompt with the skills tree ``tree`` injected."""
+        return self.p_correct(task, role_messages("coder", tree, task))
 
     # the calls ------------------------------------------------------------------------------
     def _draw(self, temperature: float, *parts: object) -> float:
@@ -179,7 +177,7 @@ class StandinModel:
 
     def chat(self, body: dict) -> str:
         """The reply text to a chat-completions request body; :class:`StandinError` when it is not one
-        of the cycle's calls for a task this stand-in knows."""
+        of the night's calls for a task this stand-in knows."""
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
             raise StandinError(400, "the request has no messages list")
@@ -190,13 +188,11 @@ class StandinModel:
         user = str(messages[-1].get("content", ""))
         if system.startswith(REFLECT_SYSTEM):
             kind, text = "reflect", self._reflect(messages, system, float(temperature))
-        elif system.startswith(GRADE_SYSTEM):
-            kind, text = "grade", self._grade_reply(user)
         elif user in self._solve:
             kind, text = "solve", self._answer(self._solve[user], messages, float(temperature))
         else:
             raise StandinError(400, f"the stand-in knows no task for this prompt (user message {user[:120]!r}); "
-                               "start it with the tasks the cycle replays")
+                               "start it with the tasks the night replays")
         with self._lock:
             self.calls[kind] += 1
         return text
@@ -207,23 +203,9 @@ class StandinModel:
         sim = task.meta["sim"]
         return sim["gold"] if self._draw(temperature, digest, task.id) < p else sim["naive"]
 
-    def _grade_reply(self, user: str) -> str:
-        head, sep, response = user.partition(ANSWER_MARK)
-        task = self._grade.get(head + sep)
-        if task is None:
-            raise StandinError(400, f"the stand-in knows no rubric task for this grade request ({user[:120]!r})")
-        sim, r = task.meta["sim"], " ".join(response.split())
-        if r == " ".join(sim["gold"].split()):
-            score, why = 1.0, "meets the rubric"
-        elif r == " ".join(sim["naive"].split()):
-            score, why = 0.25, "misses what the rubric asks for"
-        else:
-            score, why = 0.0, "unrelated to the rubric"
-        return json.dumps({"score": score, "pass": score >= 0.7, "why": why})
-
     def _reflect(self, messages: list[dict], system: str, temperature: float) -> str:
         c = self.config
-        m = re.search(r"Targets you may edit: ([a-z, ]+)\.", system)
+        m = re.search(r"Targets you may edit: (.+?)\.(?:\s|$)", system)
         targets = [t.strip() for t in m.group(1).split(",") if t.strip()] if m else ["skill"]
         b = re.search(r"Propose at most (\d+) edits", system)
         budget = int(b.group(1)) if b else c.useless + 1
@@ -329,7 +311,7 @@ class InProcessBackend(OpenAIBackend):
     stand-in: the same request bodies (built, cached, retried and counted by ``OpenAIBackend``'s
     own code), the same reply JSON, parsed by its own parser; only the SDK and the socket are
     skipped. For benchmarks that make hundreds of thousands of calls (an HTTP round trip through
-    the SDK costs about 5 ms of CPU); ``test_cycle_gate.py`` checks that a night through it decides
+    the SDK costs about 5 ms of CPU); ``test_harness.py`` checks that a night through it decides
     exactly as one over HTTP."""
 
     def __init__(self, model: StandinModel, config: OpenAIConfig | None = None) -> None:
