@@ -7,6 +7,7 @@
 #               `. .venv/bin/activate; export DAGSTER_HOME=$PWD/.dagster_home`: dg check defs, dg list defs,
 #               dg launch --assets <selection>, dg dev (the UI of make dev)
 #   make lint   ruff check (configured in pyproject.toml; CI runs it)
+#   make config-docs  write docs/configuration.md from the pydantic configs (a test fails when it is stale)
 #   make sage-contract SAGE_SRC=<a SAGE checkout>  the tests that run SAGE's own code against the project
 #   make sage-loop SAGE_SRC=<a SAGE checkout> [DAYS=7 TASKS=100]  SAGE's own `sage run` against the model world, in the loop
 PYTHON ?= python3
@@ -98,6 +99,12 @@ cluster-demo: install sysdeps
 
 validate: install
 	$(BIN)/dagster definitions validate -w workspace.yaml
+
+# docs/configuration.md, the configuration reference, from the pydantic models (scripts/config_reference.py);
+# sage_pipeline_tests/test_config_reference.py fails when it is stale
+.PHONY: config-docs
+config-docs: install
+	$(BIN)/python scripts/config_reference.py
 
 clean:
 	rm -rf $(VENV) *.egg-info
