@@ -104,23 +104,25 @@ def test_trajectories_and_routing_dataset_on_a_full_disk_name_path_and_asset(dis
     assert (root / "routing" / "trajectories.parquet").read_bytes() == before
 
 
-def _night_on_a_full_disk(disk, leave: int) -> tuple[Path, str]:
+def _night_on_a_full_disk(disk, leave: int, tmp_path: Path) -> tuple[Path, str]:
     root = disk(16)
-    night = [a for a in sleep_assets.SLEEP_ASSETS if dg.AssetKey(["sleep_cycle", "reviewer"]) in a.keys]
-    assert _materialize(root, night, partition="2026-11-02").success
+    runs = tmp_path / "sage-workspaces"  # SAGE's runs, off the full disk (none: the night writes its own files only)
+    runs.mkdir()
+    config = {"ops": {"sleep_cycle__sage_skills": {"config": {"workspaces": [str(runs)], "sandbox": "local"}}}}
+    assert _materialize(root, [sleep_assets.sage_skills], config, partition="2026-11-02").success
     fill(root, leave)
-    return root, _error(_materialize(root, night, partition="2026-11-03"))
+    return root, _error(_materialize(root, [sleep_assets.sage_skills], config, partition="2026-11-03"))
 
 
 @pytest.mark.slow
-def test_a_sleep_night_on_a_nearly_full_disk_names_path_and_asset(disk):
-    """Room for the night's lock file (sleep/store.py writes it directly), none for its artifacts."""
-    root, msg = _night_on_a_full_disk(disk, leave=16 * 1024)
-    assert "for asset sleep_cycle/reviewer (partition 2026-11-03)" in msg and "No space left on device" in msg, msg
+def test_a_sleep_night_on_a_nearly_full_disk_names_path_and_asset(disk, tmp_path):
+    """Room for the night's lock file (the skills root's lock, written directly), none for its diagnostics."""
+    root, msg = _night_on_a_full_disk(disk, 16 * 1024, tmp_path)
+    assert "for asset sleep_cycle/sage_skills (partition 2026-11-03)" in msg and "No space left on device" in msg, msg
     assert f"could not write {root}/sleep" in msg, msg
 
 
 @pytest.mark.slow
-def test_a_sleep_night_on_a_full_disk_names_path_and_asset(disk):
-    root, msg = _night_on_a_full_disk(disk, leave=0)
-    assert "for asset sleep_cycle/reviewer (partition 2026-11-03)" in msg and "No space left on device" in msg, msg
+def test_a_sleep_night_on_a_full_disk_names_path_and_asset(disk, tmp_path):
+    root, msg = _night_on_a_full_disk(disk, 0, tmp_path)
+    assert "for asset sleep_cycle/sage_skills (partition 2026-11-03)" in msg and "No space left on device" in msg, msg

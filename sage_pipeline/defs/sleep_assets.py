@@ -295,33 +295,22 @@ sage_skills = SLEEP_ASSETS[0]
 nightly_sleep_schedule = next(iter(sleep_defs.schedules))
 
 
-def default_nights(n: int = 3, data_dir: str | None = None) -> list[str]:
-    """The nights ``make run`` materializes (partition keys, oldest first, at most ``n``): the UTC days of the
-    embedded week's runs when it is there (``data_dir``: the artifact root, default ``$SAGE_DATA_DIR``), else the
-    first ``n`` partitions."""
+def default_nights(n: int = 3) -> list[str]:
+    """The nights ``make run`` materializes (partition keys, oldest first, at most ``n``): one per day of the shipped
+    SAGE week (its manifest's ``days``), from ``SageSkillsSettings.embedded_first_night``; the first ``n``
+    partitions when no week is shipped."""
+    from datetime import date as Date, timedelta
+
     if n < 0:
         raise ValueError(f"number of nights must be >= 0, got {n}")
-    days = _week_days(data_dir)
-    keys = set(NIGHTS.get_partition_keys())
-    days = [d for d in days if d in keys]
-    return (days or NIGHTS.get_partition_keys())[:n]
-
-
-def _week_days(data_dir: str | None) -> list[str]:
-    """The UTC dates of the embedded week's journals (``<date>.log`` is the day SAGE rotates on), oldest first."""
-    import re
-    from pathlib import Path
-
-    from sage_pipeline import artifacts
-
     try:
-        from sage_pipeline.sage.week import WeekError, embedded_week
+        from sage_pipeline.sage.week import WeekError, load_manifest
     except ImportError:
-        return []
+        return NIGHTS.get_partition_keys()[:n]
     try:
-        week = embedded_week(Path(artifacts.data_dir(data_dir)))
-    except (WeekError, OSError, ValueError):
-        return []
-    names = {m.group(1) for p in Path(week.journals).rglob("*.log")
-             if (m := re.match(r"(\d{4}-\d{2}-\d{2})(?:\.\d+)?\.log$", p.name))}
-    return sorted(names)
+        days = list(load_manifest()["days"])
+    except (WeekError, OSError, KeyError, TypeError):
+        return NIGHTS.get_partition_keys()[:n]
+    first = Date.fromisoformat(SageSkillsSettings.model_fields["embedded_first_night"].default)
+    keys = set(NIGHTS.get_partition_keys())
+    return [k for k in ((first + timedelta(days=i)).isoformat() for i in range(len(days))) if k in keys][:n]

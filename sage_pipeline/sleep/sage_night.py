@@ -107,7 +107,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date as Date, datetime, timedelta
 from pathlib import Path
 from typing import Literal, Protocol
 
@@ -1216,7 +1216,12 @@ class SageSkillsSettings(BaseModel):
                                                 "$SAGE_GOAL_LEDGERS")
     embedded: bool = Field(True, description="with no workspaces, journals or goal ledgers given, read the shipped "
                            "week of SAGE's own runs (sage_pipeline.sage.week.embedded_week: journals, workspaces "
-                           "and the goal ledger, extracted under the artifact root); False: nothing to harvest")
+                           "and any goal ledger, extracted under the artifact root); False: nothing to harvest")
+    embedded_first_night: str = Field("2026-11-01", pattern=r"^\d{4}-\d{2}-\d{2}$",
+                                      description="YYYY-MM-DD, the night of the embedded week's day-01: "
+                                       "the night of D harvests the week's days up to day (D - this) + 1 (its "
+                                       "journals' timestamps are when the week was made, so its days are told "
+                                       "apart by folder, not by time)")
     skills_root: str = Field("/".join(SKILLS_ROOT_DIR), description="the project's SAGE skills root (relative to "
                              "the artifact root, or absolute): deploy its live version with SAGE_SKILLS_ROOT")
     total_cap: int | None = Field(None, ge=1, description="SAGE_MAX_SKILL_CHARS_TOTAL of the SAGE the skills are "
@@ -1276,12 +1281,15 @@ class Inputs:
     workspaces: tuple[str, ...]
     journals: tuple[str, ...] | None
     goal_ledgers: tuple[str, ...]
-    source: str  # "config" or "embedded week (<manifest>)"
+    source: str  # "config" or "embedded week ..."
+    embedded: bool = False  # the shipped week: its days told apart by folder, never by the journals' times
 
 
-def resolve_inputs(s: SageSkillsSettings, data_root: str | os.PathLike[str]) -> Inputs | None:
+def resolve_inputs(s: SageSkillsSettings, data_root: str | os.PathLike[str], night: str | None = None) -> Inputs | None:
     """The night's inputs: the settings' own when any is given; else, with ``embedded``, the shipped week of SAGE's
-    runs (:func:`sage_pipeline.sage.week.embedded_week`, extracted under ``data_root``); else None."""
+    runs (:func:`sage_pipeline.sage.week.embedded_week`, extracted under ``data_root``): for the night ``night``
+    (YYYY-MM-DD) its days up to ``(night - embedded_first_night) + 1``, every day when ``night`` is None; else
+    None."""
     if s.workspaces or s.journals or s.goal_ledgers:
         return Inputs(tuple(s.workspaces), tuple(s.journals) or None, tuple(s.goal_ledgers), "config")
     if not s.embedded:
@@ -1293,9 +1301,15 @@ def resolve_inputs(s: SageSkillsSettings, data_root: str | os.PathLike[str]) -> 
                              "provides embedded_week); name SAGE's workspaces or journals instead ($SAGE_WORKSPACES "
                              "/ $SAGE_JOURNALS) or turn embedded off") from e
     week = embedded_week(Path(data_root))
-    ws = [str(p) for p in week.workspace_dirs]
+    days = list(week.days)
+    if night is not None:
+        k = (Date.fromisoformat(night) - Date.fromisoformat(s.embedded_first_night)).days + 1
+        days = days[:max(k, 0)]
+    ws = [str(p) for d in days for p in sorted((Path(week.workspaces) / d).glob("ws-*")) if p.is_dir()]
     ledgers = tuple(str(p) for p in _week_ledgers(week))
-    return Inputs(tuple(ws), (str(week.journals),), ledgers, f"embedded week ({week.manifest})")
+    what = f"{days[0]}..{days[-1]}" if days else "no day yet"
+    return Inputs(tuple(ws), None, ledgers, f"embedded week {Path(week.root).name} ({what} of {len(week.days)} days, "
+                  f"{len(ledgers)} goal ledger(s))", embedded=True)
 
 
 def _week_ledgers(week) -> list[Path]:
@@ -1355,7 +1369,7 @@ def run_sage_skills(data_root: str | os.PathLike[str], date: str, window: tuple[
 
     s = settings or SageSkillsSettings()
     folder = s.root_path(data_root)
-    inputs = resolve_inputs(s, data_root)
+    inputs = resolve_inputs(s, data_root, date)
     if inputs is None:
         live = {}
         if (folder / "live.json").is_file():
@@ -1376,7 +1390,7 @@ def run_sage_skills(data_root: str | os.PathLike[str], date: str, window: tuple[
     except Exception as e:  # noqa: BLE001 - recorded and shown; the night still runs on the live version
         out.online_error = f"{type(e).__name__}: {e}"[:1000]
         log(f"online check failed: {out.online_error}")
-    until = window[1] if window else None
+    until = window[1] if window and not inputs.embedded else None
     since = (until - timedelta(days=s.harvest_days)) if until is not None and s.harvest_days else None
     hcfg = SageHarvestConfig(goal_ledgers=tuple(Path(p) for p in inputs.goal_ledgers), sandbox=s.sandbox,
                              sandbox_workers=s.sandbox_workers, allow_untrusted_local=s.allow_untrusted_local,

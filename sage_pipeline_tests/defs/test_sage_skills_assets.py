@@ -104,7 +104,30 @@ def test_with_nothing_configured_the_night_reads_the_embedded_week(tmp_path, no_
     assert m["inputs"].startswith("embedded week") and m["live_version"] == f"v1={root.live()}"
     assert m["harvest"]["sessions"] == 6  # every run of the week's day read (no goal ledger: no task)
     assert m["status"] == "no_tasks" and _check(result).passed
-    assert sa.default_nights(3) == ["2026-11-28"]  # make run's nights: the days of the week's journals
+
+
+def test_make_runs_nights_are_the_shipped_weeks_days_and_each_night_reads_its_days_so_far(tmp_path, no_sage_env):
+    from sage_pipeline.sage.week import embedded_week, load_manifest
+    from sage_pipeline.sleep.sage_night import resolve_inputs
+
+    days = load_manifest()["days"]
+    assert len(days) >= 5 and sa.default_nights(3) == ["2026-11-01", "2026-11-02", "2026-11-03"]
+    assert sa.default_nights(100) == [f"2026-11-{i + 1:02d}" for i in range(len(days))]
+    with pytest.raises(ValueError, match="must be >= 0"):
+        sa.default_nights(-1)
+    week = embedded_week(tmp_path)
+    s = SageSkillsSettings()
+    per_day = {d: sorted(str(p) for p in (week.workspaces / d).glob("ws-*")) for d in week.days}
+    first = resolve_inputs(s, tmp_path, "2026-11-01")
+    assert first.embedded and list(first.workspaces) == per_day["day-01"] and first.journals is None
+    assert "day-01..day-01" in first.source
+    third = resolve_inputs(s, tmp_path, "2026-11-03")
+    assert list(third.workspaces) == per_day["day-01"] + per_day["day-02"] + per_day["day-03"]
+    assert resolve_inputs(s, tmp_path, "2026-10-31").workspaces == ()  # before the week: nothing yet
+    assert len(resolve_inputs(s, tmp_path, "2026-12-30").workspaces) == sum(map(len, per_day.values()))
+    assert resolve_inputs(SageSkillsSettings(embedded=False), tmp_path, "2026-11-01") is None
+    given = resolve_inputs(SageSkillsSettings(workspaces=["/w"]), tmp_path, "2026-11-01")
+    assert given.source == "config" and given.workspaces == ("/w",) and not given.embedded
 
 
 def test_the_run_config_is_the_core_settings(no_sage_env):

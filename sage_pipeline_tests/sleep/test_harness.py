@@ -17,6 +17,7 @@ from sage_pipeline.sleep.block import Edit
 from sage_pipeline.sleep.harness.sim_world import PACKAGED_TASKS, SimWorld
 from sage_pipeline.sleep.harness.standin import (
     PLANTED_INSTRUCTION,
+    InProcessBackend,
     StandinConfig,
     StandinError,
     StandinModel,
@@ -167,3 +168,48 @@ def test_the_openai_backend_talks_to_it_unchanged():
         with pytest.raises(BackendError) as ei:
             cold.complete(messages(stranger), "solve", 256)
         assert ei.value.kind == "bad_request" and "knows no task for this prompt" in ei.value.cause
+
+
+class GoldJudge:
+    """Passes exactly a task's gold code (what the sandbox says of the stand-in's two answers, without a sandbox)."""
+
+    def __init__(self, tasks) -> None:
+        from sage_pipeline.sleep.judges import extract_code
+
+        self.gold = {t.id: extract_code(t.meta["sim"]["gold"]).strip() for t in tasks}
+
+    def run(self, items):
+        from sage_pipeline.sleep.judges import Judgement
+
+        return [Judgement(1.0, 1.0) if code.strip() == self.gold[t.id] else Judgement(0.0, 0.0, "naive") for t, code in
+                items]
+
+    def describe(self) -> dict:
+        return {"sandbox": "gold"}
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.slow  # two nights over HTTP and two in process (about 3 s)
+@pytest.mark.parametrize("decisions", ["per_night", "ledger"])
+def test_a_sage_night_through_the_in_process_stand_in_decides_exactly_as_one_over_http(tmp_path, decisions):
+    from sage_pipeline.sleep.sage_night import SageNightConfig, run_sage_night
+    from sage_pipeline.sleep.sage_skills import SageSkillsRoot
+
+    tasks = [t for t in SimWorld.load("coder").generate_tasks(7, per_topic=6) if t.reference_kind == "unit_tests"]
+    cfg = SageNightConfig(decisions=decisions)
+
+    def night(name, backend):
+        r = run_sage_night(SageSkillsRoot(tmp_path / name), tasks, backend, GoldJudge(tasks), cfg, date="2026-11-03",
+                           ledger=tmp_path / f"{name}-ledger.json")
+        return r, {k: r.to_dict()[k] for k in ("status", "gate_action", "scores", "edits", "trials", "per_task")}
+
+    oc = dict(model="standin", temperature=0.0, max_retries=0)
+    with StandinServer(StandinModel(tasks, StandinConfig(seed=9, effect="planted"))) as server:
+        r_http, http = night("http", OpenAIBackend(OpenAIConfig(base_url=server.base_url, **oc)))
+    r_in, inproc = night("inproc", InProcessBackend(StandinModel(tasks, StandinConfig(seed=9, effect="planted")),
+                                                    OpenAIConfig(base_url="http://standin.invalid/v1", **oc)))
+    assert r_http.status in ("accepted", "rejected", "pending", "no_edits"), (r_http.status, r_http.reason)
+    assert r_http.calls["calls"] > len(tasks) // 2 and http == inproc
+    assert r_http.versions["after"] == r_in.versions["after"]
