@@ -10,6 +10,7 @@
 #   make config-docs  write docs/configuration.md from the pydantic configs (a test fails when it is stale)
 #   make sage-contract SAGE_SRC=<a SAGE checkout>  the tests that run SAGE's own code against the project
 #   make sage-loop SAGE_SRC=<a SAGE checkout> [DAYS=7 TASKS=100]  SAGE's own `sage run` against the model world, in the loop
+#   make decisions-e2e SAGE_SRC=<a SAGE checkout> [NIGHTS=10 RUNS=40]  the decision ledger deciding SAGE's coder, end to end
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -20,7 +21,8 @@ export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 export GX_ANALYTICS_ENABLED := false
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install sysdeps run test test-fast lint dev validate bench clean cluster-demo sage-contract sage-loop
+.PHONY: install sysdeps run test test-fast lint dev validate bench clean cluster-demo sage-contract sage-loop \
+	decisions-e2e
 
 # SAGE's source for the contract tests (CI: ../shared/upstream/sage). Set, SAGE is installed into
 # .sage/venv (scripts/sage_venv.sh, never into .venv) and SAGE_PYTHON exported to the tests; unset,
@@ -74,6 +76,15 @@ TASKS ?= 100
 sage-loop: install
 	@test -n "$(SAGE_SRC)" || { echo "make sage-loop needs SAGE_SRC=<a SAGE checkout>" >&2; exit 2; }
 	$(BIN)/python benchmarks/sage_loop_e2e.py --sage-src "$(SAGE_SRC)" --days $(DAYS) --tasks $(TASKS)
+
+# Decisions end to end (issue 47): SAGE's own `sage run` (SAGE_SRC, installed into .sage/venv) in the model world,
+# NIGHTS nights of RUNS runs, the coder's model decided by the decision ledger on randomised runs, a drift
+# injected, every decision beside the world's exact truth (benchmarks/decision_e2e.py)
+NIGHTS ?= 10
+RUNS ?= 40
+decisions-e2e: install
+	@test -n "$(SAGE_SRC)" || { echo "make decisions-e2e needs SAGE_SRC=<a SAGE checkout>" >&2; exit 2; }
+	$(BIN)/python benchmarks/decision_e2e.py --sage-src "$(SAGE_SRC)" --nights $(NIGHTS) --runs $(RUNS)
 
 # Everything but the tests marked docker, browser, postgres or slow (sage_pipeline_tests/conftest.py),
 # in two pytest-xdist workers: under a minute on a 2-core machine, with no system services.
