@@ -1,5 +1,7 @@
 # The README's commands. Each target creates the virtualenv and installs what it needs.
-#   make run    materialize every asset on embedded defaults (DAGSTER_HOME=.dagster_home)
+#   make run    materialize every asset on embedded defaults (DAGSTER_HOME=.dagster_home); SAGE_SRC=<a SAGE
+#               checkout>: a live SAGE day in the model world first, beside the shipped SAGE week
+#   make sage-week SAGE_SRC=<a SAGE checkout> [DAYS=5 RUNS=40]  remake the SAGE week make run learns from
 #   make test   run the test suite
 #   make test-fast  the tests that need no Docker, browser or database and take under a second each, 2 workers
 #   make dev    open the Dagster UI on the same instance
@@ -52,10 +54,14 @@ sysdeps:
 	@sim/setup_docker.sh
 	@.ci/system_deps.sh
 
+# make run with SAGE_SRC: SAGE installed into .sage/venv and SAGE_PYTHON exported, so sage_week runs a live SAGE day
+SAGE_RUN_PY = if [ -n "$(SAGE_SRC)" ]; then SAGE_PYTHON=$$(scripts/sage_venv.sh "$(SAGE_SRC)" .sage) || exit 1; \
+	  export SAGE_PYTHON; echo "make run: a live SAGE day in the model world first (SAGE from $(SAGE_SRC), $$SAGE_PYTHON)"; fi
+
 run: install
 	@mkdir -p $(DAGSTER_HOME)
 	@sim/setup_docker.sh || echo "No Docker sandbox here: the simulator runs the project's own generated tasks in unisolated local processes (see README)." >&2
-	scripts/materialize_all.sh
+	@$(SAGE_RUN_PY); scripts/materialize_all.sh
 	@echo "Done. Open the UI on these runs with: make dev"
 
 test: install sysdeps
@@ -85,6 +91,16 @@ RUNS ?= 40
 decisions-e2e: install
 	@test -n "$(SAGE_SRC)" || { echo "make decisions-e2e needs SAGE_SRC=<a SAGE checkout>" >&2; exit 2; }
 	$(BIN)/python benchmarks/decision_e2e.py --sage-src "$(SAGE_SRC)" --nights $(NIGHTS) --runs $(RUNS)
+
+# The SAGE week make run learns from (sage_pipeline/sage/data/sage_week.tar.xz and sage_week.json): SAGE's own
+# `sage run` (SAGE_SRC, installed into .sage/venv) in the model world, DAYS days of RUNS runs (default: the script's,
+# 5 x 40); only a DAYS or RUNS given on the command line or in the environment counts (other targets default them)
+.PHONY: sage-week
+sage-week: install
+	@test -n "$(SAGE_SRC)" || { echo "make sage-week needs SAGE_SRC=<a SAGE checkout>" >&2; exit 2; }
+	$(BIN)/python scripts/make_sage_week.py --sage-src "$(SAGE_SRC)" \
+	  $(if $(filter command line environment,$(origin DAYS)),--days $(DAYS)) \
+	  $(if $(filter command line environment,$(origin RUNS)),--runs $(RUNS))
 
 # Everything but the tests marked docker, browser, postgres or slow (sage_pipeline_tests/conftest.py),
 # in two pytest-xdist workers: under a minute on a 2-core machine, with no system services.

@@ -29,25 +29,35 @@ from sage_pipeline.defs import (
 )
 from sage_pipeline.defs.resources import SageResource, SandboxResource
 
-ROUTING_ASSETS = [routing_assets.synthetic_sessions, routing_assets.trajectories,
+ROUTING_ASSETS = [routing_assets.sage_week, routing_assets.synthetic_sessions, routing_assets.trajectories,
                   routing_assets.routing_dataset, routing_assets.reward_report,
                   policy_assets.bc_policy, policy_assets.cql_policy, policy_assets.offline_eval,
                   policy_assets.promoted_policy, policy_assets.sage_router_checkpoint]
 
 offline_routing_job = dg.define_asset_job(
     "offline_routing", selection=dg.AssetSelection.groups(routing_assets.GROUP),
-    description="The offline routing chain: logs -> trajectories -> routing_dataset -> reward_report "
+    description="The offline routing chain: SAGE's journals (sage_week: the shipped SAGE week, and a live SAGE "
+                "day with SAGE_PYTHON) -> trajectories -> routing_dataset -> reward_report "
                 "-> bc_policy, cql_policy -> offline_eval (with the promotion gate) -> promoted_policy -> "
                 "sage_router_checkpoint -> sage_bundle (the deployment bundle) "
                 "-> online_ab (the served policy against the table, online in the simulator).")
 
+routing_demo_job = dg.define_asset_job(
+    "routing_demo", selection=dg.AssetSelection.groups(routing_assets.DEMO_GROUP),
+    description="A demo, not in make run: the routing simulator's synthetic journals (synthetic_sessions), in SAGE's "
+                "event vocabulary but not the shape `sage run` writes, with the simulator's exact policy values. "
+                "Materialize it into an artifact root of its own (SAGE_DATA_DIR): trajectories reads every folder "
+                "under sessions/.")
+
 sage_main_job = dg.define_asset_job(
     "sage_main", selection=dg.AssetSelection.all() - dg.AssetSelection.groups("sleep_cycle", "closed_loop",
-                                                                        sage_loop_assets.GROUP, decision_assets.GROUP)
+                                                                        sage_loop_assets.GROUP, decision_assets.GROUP,
+                                                                        routing_assets.DEMO_GROUP)
     - dg.AssetSelection.assets("sandbox_rollouts", "ppo_policy"),
     description="Every unpartitioned asset upstream of the partitioned ones: the offline routing chain, the "
                 "routing-benchmark import and sim_tasks (not the simulated month, group closed_loop: its own job "
-                "simulated_month; not SAGE in the loop, group sage_in_the_loop: its own job; not the decision "
+                "simulated_month; not SAGE in the loop, group sage_in_the_loop: its own job; not the routing "
+                "simulator's demo journals, group routing_demo: its own job; not the decision "
                 "ledger, group decisions: it reads what the nights wrote, last). "
                 "A job cannot mix partitions definitions: "
                 "sandbox_rollouts (shards), ppo_policy and the sleep cycle (nights) follow in "
@@ -78,7 +88,7 @@ FRAGMENTS: list[dg.Definitions] = [
     dg.Definitions(  # the offline routing chain
         assets=ROUTING_ASSETS,
         asset_checks=[routing_checks.routing_dataset_contract, routing_checks.routing_dataset_volume],
-        jobs=[offline_routing_job],
+        jobs=[offline_routing_job, routing_demo_job],
     ),
     # the promoted policy against the table, online in the simulator (in the offline_routing group and job)
     dg.Definitions(assets=[online_ab.online_ab], asset_checks=online_ab.ONLINE_AB_CHECKS),

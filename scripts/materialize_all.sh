@@ -2,16 +2,18 @@
 # Materialize every asset on embedded defaults, in lineage order, with the Dagster CLI.
 # `dagster asset materialize --select '*'` cannot mix partitioned and unpartitioned assets
 # in one run, so this runs the graph in four steps:
-#   1. every unpartitioned asset upstream of the partitioned ones (offline routing chain,
+#   1. every unpartitioned asset upstream of the partitioned ones (offline routing chain on SAGE's
+#      own journals: sage_week, the shipped SAGE week and, with SAGE_PYTHON, a live SAGE day first;
 #      routing-benchmark import, sim_tasks), with their checks;
 #   2. sandbox_rollouts, all shards in one run (single-run backfill policy);
 #   3. what depends on the rollouts (ppo_policy);
 #   4. the sleep cycle on SAGE's skills root, one night per day of the embedded SAGE week (oldest first,
 #      SLEEP_NIGHTS of them, default 3; the first partitions when the week is not there);
 #   5. the decision ledger every lever's nights wrote (group decisions);
-# The simulated month (group closed_loop, job simulated_month) and SAGE in the loop (group
-# sage_in_the_loop, job sage_in_the_loop: needs SAGE_PYTHON) are not part of it: minutes of CPU,
-# run on demand (README). Then prints a summary read back from the instance (scripts/run_summary.py): the sandbox
+# The simulated month (group closed_loop, job simulated_month), SAGE in the loop (group
+# sage_in_the_loop, job sage_in_the_loop: needs SAGE_PYTHON) and the routing simulator's synthetic
+# journals (group routing_demo, job routing_demo: a demo) are not part of it: run on demand (README).
+# Then prints a summary read back from the instance (scripts/run_summary.py): the sandbox
 # really used (sandbox_isolated), the promotion gate's decisions, each skill's last night.
 # Uses DAGSTER_HOME and SAGE_DATA_DIR from the environment (the Makefile sets them).
 set -euo pipefail
@@ -27,7 +29,7 @@ step() { echo; echo "== $*"; }
 $PY -m sage_pipeline.defs.run_reaper
 
 step "1/5 unpartitioned assets"
-$DG --select 'not key:sandbox_rollouts and not key:ppo_policy and not group:sleep_cycle and not group:closed_loop and not group:sage_in_the_loop and not group:decisions'
+$DG --select 'not key:sandbox_rollouts and not key:ppo_policy and not group:sleep_cycle and not group:closed_loop and not group:sage_in_the_loop and not group:decisions and not group:routing_demo'
 
 shards=$($PY -c 'from sage_pipeline.defs.sim_assets import SHARDS; k = SHARDS.get_partition_keys(); print(f"{k[0]}...{k[-1]}")')
 step "2/5 sandbox_rollouts, shards $shards"

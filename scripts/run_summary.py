@@ -1,7 +1,8 @@
 """What `make run` produced, at a glance, read back from the Dagster instance (DAGSTER_HOME):
 each asset's latest materialization, the sandbox the simulator really used, the promotion
 gate's decision and the sleep cycle's nights, and last the deployment bundle (sage_bundle: its
-folder, its kind and the command that deploys it), when the instance has one. Exits 1 when an
+folder, its kind and the command that deploys it), when the instance has one, with the model world's
+exact value of deploying it beside SAGE as shipped (:func:`bundle_value_lines`). Exits 1 when an
 asset of the graph was never materialized. Called at the end of scripts/materialize_all.sh.
 """
 
@@ -12,9 +13,50 @@ import sys
 import dagster as dg
 
 from sage_pipeline.definitions import defs
+from sage_pipeline.sage import week as W
+from sage_pipeline.sage_world.sage_week import SHIPPED, bundle_key
 
-ON_DEMAND = {"closed_loop": "simulated_month", "sage_in_the_loop": "sage_in_the_loop"}  # group -> its job:
-# groups make run leaves out (scripts/materialize_all.sh)
+# group -> its job: the groups make run leaves out (scripts/materialize_all.sh)
+ON_DEMAND = {"closed_loop": "simulated_month", "sage_in_the_loop": "sage_in_the_loop", "routing_demo": "routing_demo"}
+
+
+def bundle_value_lines(bundle: dict, manifest: dict) -> list[str]:
+    """The world's exact value of deploying the bundle beside SAGE as shipped, from the SAGE week's manifest
+    (``truth.week``: every coder x router bundle valued by the model world on the week's runs, under task_v1).
+
+    The bundle is looked up by what it carries: its coder (``coder``: the pinned model, else SAGE's table and its
+    bandit, "shipped") and its router (``kind`` 'yaml': SAGE's YAML; 'exploring' around SAGE's YAML at the week's
+    exploration rate: the exploring checkpoint the week valued). SAGE as shipped is the coder "shipped" with the
+    YAML router. A bundle the week did not value (a promoted router checkpoint, another rate) is said so, with no
+    number. It is the model world's truth (its calibrated rates on the week's tasks), not a measurement of a
+    user's SAGE."""
+    truth = manifest.get("truth") or {}
+    values = truth.get("week") or {}
+    coder = str(bundle.get("coder") or "")
+    coder_key = SHIPPED if "(SAGE's bandit)" in coder else coder
+    kind, expl = bundle.get("kind"), bundle.get("exploration") or {}
+    router = None
+    if kind == "yaml":
+        router = "yaml"
+    elif (kind == "exploring" and str(expl.get("target", "")).startswith("yaml:")
+          and expl.get("rate_requested") == truth.get("exploration_rate")):
+        router = "explore"
+    shipped = values.get(bundle_key(SHIPPED, "yaml"))
+    mine = values.get(bundle_key(coder_key, router)) if router else None
+    if shipped is None or mine is None:
+        what = f"coder {coder or '?'}, router {kind or '?'}"
+        return [f"its value in the model world: not in the SAGE week's truth ({what}: the week valued SAGE's YAML "
+                "and the exploring checkpoint around it, for the coder as shipped and pinned to each model)"]
+    n, obj = truth.get("runs_valued"), truth.get("objective", "task_v1")
+    gain = mine["objective"] - shipped["objective"]
+    carries = (f"coder {coder_key if coder_key != SHIPPED else 'as shipped'}, router "
+               + ("SAGE's YAML" if router == "yaml" else f"exploring around SAGE's YAML at {expl['rate_requested']:g}"))
+    return [f"its value in the model world ({carries}; {obj}, exact, on the SAGE week's {n} runs): "
+            f"{mine['objective']:.4f} "
+            f"(verified {mine['p_verified']:.3f}, {mine['gpu_seconds']:.2f} GPU-s a task) vs SAGE as shipped "
+            f"{shipped['objective']:.4f} (its table and UCB bandit, its YAML router; +/- {shipped['objective_se']:.4f} "
+            f"over the bandit's drawn paths): {gain:+.4f}",
+            "  (the model world's truth, from its calibrated rates; not a measurement of your SAGE)"]
 
 
 def _meta(instance: dg.DagsterInstance, key: dg.AssetKey) -> tuple[dg.EventLogRecord | None, dict]:
@@ -76,6 +118,11 @@ def main() -> int:
     if bundle:
         print(f"sage_bundle: {bundle.get('bundle_path')} (kind: {bundle.get('kind')}, id: {bundle.get('bundle_id')})")
         print(f"deploy it with: {bundle.get('deploy_command')}")
+        try:
+            for line in bundle_value_lines(bundle, W.load_manifest()):
+                print(line)
+        except W.WeekError as exc:
+            print(f"its value in the model world: unknown ({exc})")
     if missing:
         print(f"never materialized: {', '.join(missing)}", file=sys.stderr)
         return 1

@@ -1,11 +1,23 @@
 """The offline routing chain's data assets:
-synthetic_sessions -> trajectories -> routing_dataset -> reward_report.
+sage_week -> trajectories -> routing_dataset -> reward_report.
+
+``sage_week`` puts SAGE's own journals where ``trajectories`` reads by default (``sessions/sage/``): the week SAGE's
+unchanged ``sage run`` wrote in the model world, shipped with the project (``sage_pipeline.sage.week``), and, with
+SAGE at hand (``SAGE_PYTHON``), one live SAGE day first. The routing simulator's synthetic journals
+(``synthetic_sessions``, a shape SAGE never writes) are a demo, group ``routing_demo``: not in ``make run``, read
+by ``trajectories`` only when materialized into the same artifact root.
 
 Thin on purpose: read config, call the pure core, write artifacts, return metadata.
 """
 # No `from __future__ import annotations` here: Dagster resolves Config and resource
 # types from the real annotations of asset functions.
 
+
+import json
+import os
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Literal
 
 import dagster as dg
 import pyarrow.parquet as pq
@@ -19,10 +31,15 @@ from sage_pipeline.routing.action_space import FILE_NAME as ACTION_SPACE_FILE
 from sage_pipeline.routing.reward import DatasetRewardSpec
 from sage_pipeline.routing.routing_simulator import OutcomeSpec, RoutingSimulator, SimulatorConfig
 from sage_pipeline.routing.schema import DATASET_COLUMNS, ROLES
-from sage_pipeline.sage import explore as sage_explore
+from sage_pipeline.sage import explore as sage_explore, week as W
 from sage_pipeline.sage.objective import TaskObjective
+from sage_pipeline.sage_world.sage_week import WeekConfig
 
 GROUP = "offline_routing"
+DEMO_GROUP = "routing_demo"  # the routing simulator's synthetic journals: not in make run
+SAGE_SESSIONS = ("sessions", "sage")  # where sage_week puts SAGE's journals (links), under the default log_dirs
+LIVE_DIR = "sage_week_live"  # the live SAGE days, one folder each
+JOURNAL_CLOCK = "journal_clock.json"  # in SAGE_SESSIONS: the clock the model world's journals were written at
 
 
 class SyntheticSessionsConfig(dg.Config, collector.CollectorConfig, OutcomeSpec):
@@ -32,14 +49,16 @@ class SyntheticSessionsConfig(dg.Config, collector.CollectorConfig, OutcomeSpec)
     The simulator logs SAGE's reward, reward_v1 (SimulatorConfig's default)."""
 
 
-@dg.asset(group_name=GROUP, kinds={"python", "jsonl"},
-          description="Session journals in SAGE's own shape (sessions/synthetic/YYYY-MM-DD.log: "
+@dg.asset(group_name=DEMO_GROUP, kinds={"python", "jsonl"},
+          description="A demo, not in make run (group routing_demo, job routing_demo): session journals in SAGE's "
+                      "event vocabulary but not the shape `sage run` writes (sessions/synthetic/YYYY-MM-DD.log: "
                       "MODEL_ROUTING_DECISION, TOKEN_USAGE and TRAJECTORY_STEP events, no step) from the "
                       "routing simulator: the static YAML table with epsilon-exploration, with propensities "
                       "as an extension key; and the simulator's exact ground-truth policy values. The set "
                       "is replaced as one: each run writes a fresh folder in .synthetic_versions/ (outside "
                       "sessions/, so the ingest never reads it) and then switches the link sessions/synthetic "
-                      "to it in one step.")
+                      "to it in one step. Materialized into the same artifact root, trajectories reads them beside "
+                      "SAGE's (its default log_dirs is sessions/): use a root of its own.")
 def synthetic_sessions(context: dg.AssetExecutionContext, config: SyntheticSessionsConfig,
                        sage: SageResource) -> dg.MaterializeResult:
     sim = RoutingSimulator(sage.catalogue, sage.table, SimulatorConfig(**to_core(config, OutcomeSpec).model_dump()))
@@ -60,6 +79,100 @@ def synthetic_sessions(context: dg.AssetExecutionContext, config: SyntheticSessi
     })
 
 
+class SageWeekConfig(dg.Config):
+    """sage_week's run config: whether a live SAGE day is run first, and how many runs it has."""
+
+    live_day: Literal["auto", "on", "off"] = Field(
+        "auto", description="run one live SAGE day in the model world first and add it: 'auto' when SAGE_PYTHON is "
+                            "set (make run SAGE_SRC=... exports it), 'on' always (SAGE_PYTHON must name SAGE's "
+                            "Python), 'off' never (the shipped week alone)")
+    live_runs: int = Field(WeekConfig.model_fields["runs_per_day"].default, ge=1,
+                           description="`sage run`s of the live day")
+
+
+def _link(dest: Path, target: Path) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    os.symlink(os.path.relpath(target, dest.parent), dest, target_is_directory=True)
+
+
+@dg.asset(group_name=GROUP, kinds={"python", "jsonl"},
+          description="SAGE's own journals, where trajectories reads by default (sessions/sage/: links, switched as "
+                      "one folder): the SAGE week the project ships (sage_pipeline/sage/data/sage_week.tar.xz: days "
+                      "of SAGE's unchanged `sage run` in the model world, journals and workspaces as SAGE wrote "
+                      "them, extracted once under sage_week/<sha256>/ and verified against its manifest), its "
+                      "exploring checkpoint's windows added to checkpoints/sage_deployments.jsonl (each decision's "
+                      "probability reconstructed), and, with SAGE at hand (SAGE_PYTHON, live_day), one live SAGE day "
+                      "in the model world first (sage_week_live/<when>/), added the same way. Metadata: the days and "
+                      "runs, SAGE's source, the world's exact truth of SAGE as shipped and of each coder model.")
+def sage_week(context: dg.AssetExecutionContext, config: SageWeekConfig, sage: SageResource) -> dg.MaterializeResult:
+    root = sage.root()
+    try:
+        week = W.embedded_week(root)
+        W.record_deployments(week, root)
+    except W.WeekError as exc:
+        raise dg.Failure(f"sage_week: {exc}") from exc
+    m = week.manifest
+    links = {"week": week.journals}
+    live = {}
+    if config.live_day == "on" or (config.live_day == "auto" and os.environ.get("SAGE_PYTHON")):
+        live = _live_day(context, config, sage, week, links)
+    dest = sage.path(*SAGE_SESSIONS)
+    clock = float(m["settings"]["world"]["clock_scale"]) or 1.0
+    with artifacts.exclusive(root, "sage_week", context.log.info), artifacts.atomic_dir(dest) as tmp:
+        for name, target in links.items():
+            _link(tmp / name, Path(target))
+        artifacts.write_json(tmp / JOURNAL_CLOCK, {
+            "clock_scale": clock, "why": "the model world's server sleeps clock_scale wall seconds per calibrated "
+            "GPU-second (WorldConfig.clock_scale): the task outcomes divide the journals' time by it"})
+    others = sorted(p.name for p in sage.path("sessions").iterdir() if p.name != SAGE_SESSIONS[-1])
+    if others:
+        context.log.warning(f"sessions/ holds other journal folders too ({', '.join(others)}): trajectories reads "
+                            "them beside SAGE's (its default log_dirs is sessions/); remove them or set log_dirs")
+    truth = m["truth"]["week"]
+    head = [{"bundle": k, "objective": round(v["objective"], 4), "verified": round(v["p_verified"], 4),
+             "GPU-s": round(v["gpu_seconds"], 2)} for k, v in truth.items()]
+    return dg.MaterializeResult(metadata={
+        "days": len(week.days) + bool(live), "runs": m["runs"] + live.get("runs", 0), "shipped_days": len(week.days),
+        "shipped_runs": m["runs"], "journal_lines_shipped": m["journal_lines"],
+        "archive_bytes": m["archive_bytes"], "archive_sha256": m["archive_sha256"],
+        "sage": dg.MetadataValue.json(m["sage"]), "world_seed": m["world"]["seed"],
+        "path": dg.MetadataValue.path(str(dest)), "week": dg.MetadataValue.path(str(week.root)),
+        "live_day": dg.MetadataValue.json(live or {"ran": False, "why": "SAGE_PYTHON unset (make run SAGE_SRC=... "
+                                                   "runs one)" if config.live_day == "auto" else "live_day off"}),
+        "other_journal_folders": dg.MetadataValue.json(others), "journal_clock_scale": clock,
+        "truth": dg.MetadataValue.md(f"The model world's exact value under {m['truth']['objective']} on the shipped "
+                                     f"week's {m['truth']['runs_valued']} runs (not a measurement of a user's SAGE):"
+                                     "\n\n" + markdown.table(head)),
+    })
+
+
+def _live_day(context, config: SageWeekConfig, sage: SageResource, week: W.Week, links: dict) -> dict:
+    """One live SAGE day in the model world (the week's world settings), its windows recorded, its journals linked."""
+    from sage_pipeline.sage_world import sage_week as SW
+    from sage_pipeline.sage_world.harness import SageInstall, SageNotFound
+
+    try:
+        install = SageInstall.find()
+    except SageNotFound as exc:
+        raise dg.Failure(f"sage_week: live_day {config.live_day!r}: {exc}") from exc
+    settings = {**week.manifest["settings"], "days": 1, "runs_per_day": config.live_runs}
+    folder = sage.path(LIVE_DIR, datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + f"-{context.run_id[:8]}")
+    day = len(week.days) + 1
+    context.log.info(f"sage_week: a live SAGE day ({config.live_runs} runs, SAGE {install.cli}) into {folder}")
+    res = SW.run_days(install, folder, SW.WeekConfig(**settings), first_day=day, progress=context.log.info)
+    try:
+        W.record_windows(SW.write_deployments(res, folder / W.DEPLOYMENTS, folder), folder, sage.root())
+    except W.WeekError as exc:
+        raise dg.Failure(f"sage_week: {exc}") from exc
+    for p in res.sessions_dirs:  # each workspace's memory/sessions (the day folder holds the harness's own logs)
+        links[f"live/{p.parent.parent.name}"] = p
+    summary = res.days[0]["summary"]
+    artifacts.write_json(folder / "truth.json", res.truth)
+    return {"ran": True, "folder": str(folder), "day": day, "runs": summary["runs"], "finished": summary["finished"],
+            "failures": summary["failures"], "seconds": round(res.seconds, 1),
+            "truth_objective": {k: v["objective"] for k, v in res.truth["week"].items()}}
+
+
 class TrajectoriesConfig(dg.Config, ingest.IngestConfig):
     """The ingest's run config: ``sage_pipeline.routing.ingest.IngestConfig`` (log_dirs relative to
     the artifact root), and the blocking check's threshold."""
@@ -68,8 +181,10 @@ class TrajectoriesConfig(dg.Config, ingest.IngestConfig):
                                             "share of quarantined lines (or of unreadable journal files)")
 
 
-@dg.asset(group_name=GROUP, deps=[synthetic_sessions], kinds={"python", "parquet"},
-          description="Every TRAJECTORY_STEP event of every SAGE session journal, validated, with provenance "
+@dg.asset(group_name=GROUP, deps=[sage_week, synthetic_sessions], kinds={"python", "parquet"},
+          description="Every TRAJECTORY_STEP event of every SAGE session journal under log_dirs (default sessions/: "
+                      "SAGE's own, which sage_week puts at sessions/sage/; the routing_demo group's synthetic ones "
+                      "only where that demo was materialized into the same root), validated, with provenance "
                       "(data_source, file, line); MODEL_ROUTING_DECISION, TOKEN_USAGE and AGENT_INSIGHT_EMITTED "
                       "events kept beside it (routing_decisions.parquet, token_usage.parquet, "
                       "agent_insights.parquet) for the dataset's joins and the tasks' calls. Damaged lines go "
@@ -160,6 +275,9 @@ class RoutingDatasetConfig(dg.Config, rd.DatasetConfig):
                                                           "(task_v1), the journal clock, API prices")
     chunk_rows: int = Field(rd.CHUNK_ROWS, ge=1, description="decisions built at a time (whole sessions, in session "
                             "order; the result does not depend on it): bounds memory on large logs")
+    journal_clock: bool = Field(True, description="where sage_week declared the clock its model-world journals were "
+                                "written at (sessions/sage/journal_clock.json), the task outcomes use it instead of "
+                                "task_outcomes.clock_scale; set false for a real SAGE's journals in the same root")
 
 
 @dg.asset(group_name=GROUP, deps=[trajectories], kinds={"python", "parquet"},
@@ -176,6 +294,12 @@ class RoutingDatasetConfig(dg.Config, rd.DatasetConfig):
 def routing_dataset(context: dg.AssetExecutionContext, config: RoutingDatasetConfig,
                     sage: SageResource) -> dg.MaterializeResult:
     cfg = to_core(config, rd.DatasetConfig)  # the reward's other components: RewardSpec's (SAGE's)
+    outcomes_cfg = to_core(config.task_outcomes, to.TaskOutcomeConfig)
+    clock_file = sage.path(*SAGE_SESSIONS, JOURNAL_CLOCK)
+    if config.journal_clock and clock_file.is_file():
+        declared = json.loads(clock_file.read_text(encoding="utf-8")).get("clock_scale")
+        outcomes_cfg = to.TaskOutcomeConfig(**{**outcomes_cfg.model_dump(), "clock_scale": declared})
+        context.log.info(f"task outcomes: journal clock {declared:g} (declared by sage_week in {clock_file})")
     members = [f"routing/{n}" for n in (rd.PARQUET_NAME, rd.JSONL_NAME, ACTION_SPACE_FILE, rd.BUILD_REPORT_NAME,
                                          to.TASK_OUTCOMES_NAME)]
     with sage.writing("routing_dataset", members, context.log.info) as stage:
@@ -190,8 +314,7 @@ def routing_dataset(context: dg.AssetExecutionContext, config: RoutingDatasetCon
         tasks = to.task_outcome_files(sage.path("routing", "trajectories.parquet"),
                                       sage.path("routing", "routing_decisions.parquet"),
                                       sage.path("routing", "token_usage.parquet"),
-                                      stage.path("routing", to.TASK_OUTCOMES_NAME),
-                                      to_core(config.task_outcomes, to.TaskOutcomeConfig),
+                                      stage.path("routing", to.TASK_OUTCOMES_NAME), outcomes_cfg,
                                       agent_insights=sage.path("routing", ingest.AGENT_INSIGHTS_NAME))
         df = rd.read_routing_dataset(files.parquet, ["role", "split", "episode_id", "session_id",
                                                      "episode_complete", "propensity_source", "schema_version"])
@@ -226,6 +349,7 @@ def routing_dataset(context: dg.AssetExecutionContext, config: RoutingDatasetCon
             [{"reason": k, "count": v} for k, v in built.routing_decisions_unused.items()])
             if built.routing_decisions_unused else "none"),
         "action_space": dg.MetadataValue.json(space.describe()),
+        "journal_clock_scale": outcomes_cfg.clock_scale,
         "tasks": tasks.report["tasks"], "tasks_verdict_unknown": tasks.report.get("tasks_unknown", 0),
         "task_outcomes": dg.MetadataValue.md(to.summary_markdown(tasks)),
         "path": dg.MetadataValue.path(str(parquet)), "jsonl": dg.MetadataValue.path(str(jsonl)),

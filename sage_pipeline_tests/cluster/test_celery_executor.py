@@ -43,10 +43,10 @@ BIN = Path(sys.executable).parent
 MODULE = "sage_pipeline.defs.celery_definitions"
 WORKERS = ("worker-a", "worker-b")
 NIGHT = "2026-11-01"  # the first day of the synthetic session logs
-OFFLINE = ["synthetic_sessions", "trajectories", "routing_dataset", "reward_report", "bc_policy", "cql_policy",
-           "offline_eval", "sim_tasks"]
+OFFLINE = ["sage_week", "trajectories", "routing_dataset", "reward_report", "bc_policy", "cql_policy",
+           "offline_eval", "sim_tasks"]  # on SAGE's own journals: the shipped SAGE week (make run's default)
 RUN_CONFIG = {
-    "ops": {"synthetic_sessions": {"config": {"episodes": 600, "seed": 3}},
+    "ops": {"sage_week": {"config": {"live_day": "off"}},  # the shipped week alone, whatever SAGE_PYTHON says
             "bc_policy": {"config": {"epochs": 10}},
             "cql_policy": {"config": {"steps": 300, "n_boot": 50}},
             "offline_eval": {"config": {"n_boot": 200}},
@@ -283,6 +283,11 @@ def compare_artifacts(reference: Path, cluster: Path) -> tuple[list[str], dict[s
         elif rel.endswith(".json"):
             same = _strip_clock(json.loads(x.read_text())) == _strip_clock(json.loads(y.read_text()))
             kind = "JSON without clock fields"
+        elif rel == "checkpoints/sage_deployments.jsonl":  # names each checkpoint's copy by its path in its root
+            same = ([_strip_clock(json.loads(line)) for line in x.read_text().replace(str(reference), "<root>")
+                     .splitlines()] == [_strip_clock(json.loads(line)) for line in
+                                        y.read_text().replace(str(cluster), "<root>").splitlines()])
+            kind = "the deployments record, paths relative to the root"
         elif rel.endswith(".jsonl"):
             same = ([_strip_clock(json.loads(line)) for line in x.read_text().splitlines()]
                     == [_strip_clock(json.loads(line)) for line in y.read_text().splitlines()])
