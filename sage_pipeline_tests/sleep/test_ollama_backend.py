@@ -165,3 +165,54 @@ def test_no_ollama_listening_is_a_transient_error_naming_ollama_host():
         b.complete(MSGS, "solve", 64)
     assert ei.value.kind == "transient" and "is Ollama running there?" in ei.value.cause
     assert "OLLAMA_HOST" in ei.value.cause
+
+
+def test_sages_own_ollama_call_sends_what_this_client_sends(ollama, sage_python, monkeypatch):
+    """The contract: SAGE's ``chat_with_timeout`` (``sage.llm.ollama_safe``, the one door of every agent's call), run
+    in SAGE's venv against the same fake Ollama, posts to the same path the same body as this client, and reads the
+    content this client reads."""
+    import subprocess
+
+    ollama.script = [("ok", "the same reply", 5, 2)]
+    code = ("import json, sys; from sage.llm.ollama_safe import chat_with_timeout as c; "
+            "r = c(model='m', messages=json.loads(sys.argv[1]), options={'temperature': 0.1}); "
+            "print(json.dumps(r['message']['content']))")
+    out = subprocess.run([sage_python, "-c", code, json.dumps(MSGS)], capture_output=True, text=True, timeout=120,
+                         env={"PATH": "/usr/bin:/bin", "OLLAMA_HOST": ollama.host, "SAGE_DISABLE_OLLAMA_SPINNER": "1",
+                              "HOME": "/tmp"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    sage_req = ollama.requests[-1]
+    mine = client(ollama, temperature=0.1)
+    reply = mine.complete(MSGS, "solve", 1024)
+    assert ollama.requests[-1]["path"] == sage_req["path"] == "/api/chat"
+    assert ollama.requests[-1]["body"] == sage_req["body"] == SAGE_BODY
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == reply.text == "the same reply"
+
+
+@pytest.mark.slow  # builds a model world and serves it (about 3.5 s)
+def test_the_model_worlds_ollama_route_answers_the_nights_own_calls_through_the_ollama_client():
+    """The contract on the route SAGE uses: the model world's /api/chat (what SAGE's agents call in the world)
+    answers the night's coder replay and reflect through this client, as it answers SAGE."""
+    from pathlib import Path
+
+    from sage_pipeline.sage import skills as sk
+    from sage_pipeline.sage_world.server import WorldServer
+    from sage_pipeline.sage_world.skills_world import PLANTED_INSTRUCTION, SkillsWorldConfig
+    from sage_pipeline.sage_world.world import ModelWorld, WorldConfig, build_world
+    from sage_pipeline.sleep.prompts import parse_reflect_reply, reflect_messages
+    from sage_pipeline.sleep.records import ReflectRequest
+
+    table = Path(__file__).resolve().parents[1] / "routing" / "fixtures" / "sage_journal" / "models.yaml"
+    base = build_world(table, n_tasks=24, task_seed=3, config=WorldConfig(clock_scale=0.0))
+    world = ModelWorld(base.sim, base.table, WorldConfig(seed=0, clock_scale=0.0),
+                       skills=SkillsWorldConfig(mode="planted", reflect_propose=1.0))
+    tdd = "discipline/test-driven-development/SKILL.md"
+    req = ReflectRequest(skill_name="SAGE's coder", documents={tdd: sk.read_skill(sk.SKILL_TREE / tdd)},
+                         blocks={tdd: ()}, failures=[], successes=[], edit_budget=4, block_max_chars=2000,
+                         max_rule_chars=300, room={tdd: 1900})
+    with WorldServer(world) as srv:
+        b = OllamaBackend(OllamaConfig(host=srv.url, model="sleep", max_retries=0), sleep=lambda s: None)
+        got = b.complete(reflect_messages(req), "reflect", 2048)
+    assert b.url.endswith("/api/chat")
+    assert PLANTED_INSTRUCTION in {e.content for e in parse_reflect_reply(got.text)}
+    assert got.prompt_tokens > 0 and got.completion_tokens > 0  # the world's prompt_eval_count / eval_count
