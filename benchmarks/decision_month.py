@@ -479,8 +479,8 @@ class SkillsWorld:
     def __init__(self, S: Settings) -> None:
         from sage_pipeline.sage import skills as sk
         from sage_pipeline.sleep.block import parse_document
-        from sage_pipeline.sleep.records import SplitSpec
         from sage_pipeline.sleep.harness.sim_world import SimWorld
+        from sage_pipeline.sleep.records import SplitSpec
 
         world = SimWorld.load("coder")
         self.pool = [t for t in world.generate_tasks(2026, per_topic=S.per_topic, split=SplitSpec(train=0.5, val=0.25),
