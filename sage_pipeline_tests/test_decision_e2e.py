@@ -215,3 +215,29 @@ def test_the_summary_finds_the_accept_the_revert_after_the_drift_and_counts_wron
     assert s["checks"][ln.TRACE_OK] == 10 and s["evidence_recomputed_max_difference"] == 0.0
     assert math.isclose(s["runs_per_minute"], 40.0)
     assert s["confidence_sequence_covers_truth"] == "4 of 5 candidate-nights"  # a closed one is not counted
+
+
+def test_the_night_table_shows_arms_truth_candidates_and_checks():
+    weak, strong = MODELS
+    cand = {"id": "coder-0002", "model": strong, "state": "reverted", "state_before": "accepted", "estimate": 0.09,
+            "interval": [-0.07, 0.26], "evidence": 7.3, "needed": 125.0, "revert_evidence": 50.8,
+            "revert_needed": 20.0, "true_mean_gain_on_its_runs": 0.061}
+    closed = {**cand, "id": "coder-0001", "state": "dropped", "state_before": "dropped"}
+    rep = {"models": {"weak": weak, "strong": strong}, "nights": [{
+        "night": 8, "world": {"coder_shift": {strong: -0.65}},
+        "arms": [{"model": strong, "probability": 0.7, "runs": 31}, {"model": weak, "probability": 0.3, "runs": 9}],
+        "truth": {"models": {strong: {"verified": 0.746, "gpu_seconds": 15.7}, weak: {"verified": 0.907,
+                                                                                     "gpu_seconds": 6.8}}},
+        "true_gap_strong_minus_weak": -0.163, "candidates": [cand, closed],
+        "transitions": [{"id": "coder-0002", "to": "reverted", "right": True},
+                        {"id": "coder-0003", "to": "pending", "right": None}],
+        "pinned_after": None, "journal": {"counts": {ln.DRAWN: 40, ln.TRACE_OK: 40, ln.MODEL_OK: 39, ln.NO_CODER: 1}},
+        "recomputed": {"coder-0002": {"difference": None}, "coder-0003": {"difference": 0.0}}}]}
+    row = ln.night_table(rep)[0]
+    assert row["world"] == "14B -0.65" and row["arms (p exact, runs)"] == "14B 0.70 (31); 1.5B 0.30 (9)"
+    assert row["true verified 14B/1.5B"] == "0.746/0.907" and row["true task_v1 gap"] == "-0.163"
+    led = row["ledger (estimate [CS], evidence/needed, true mean gain on its runs)"]
+    assert "revert 50.8/20" in led and "coder-0001" not in led  # the night's revert shown, a long-closed one not
+    assert row["transitions (right?)"] == "coder-0002 reverted (right); coder-0003 pending"
+    assert (row["trace ids in journal"], row["coder = arm's pin"]) == ("40/40", "39/39")
+    assert row["evidence recomputed, max diff"] == "0.0" and row["pinned"] == "none"

@@ -377,10 +377,13 @@ def run_night(world: ModelWorld, url: str, install: SageInstall, root: Path, nig
         m, o = str(c.payload.get("model")), str(c.payload.get("other"))
         target = (float(np.mean([judged_truth[u][m] - judged_truth[u][o] for u in units])) if units else None)
         lo, hi = r["interval"]
+        rev = r["revert_evidence"]
+        if rev is None and c.nights and c.nights[-1].night == f"day-{night:02d}":
+            rev = c.nights[-1].revert_evidence  # reverted tonight: the evidence that reverted it
         cands.append({"id": c.id, "model": m, "round": r["round"], "state": c.state,
                       "state_before": before.get(c.id), "estimate": _mul(r["estimate"], scale),
                       "interval": [_mul(lo, scale), _mul(hi, scale)], "evidence": r["evidence"],
-                      "needed": r["needed"], "revert_evidence": r["revert_evidence"],
+                      "needed": r["needed"], "revert_evidence": rev,
                       "revert_needed": 1.0 / led.config.revert_alpha, "runs": r["runs"],
                       "true_mean_gain_on_its_runs": target, "standing": r["standing"]})
     p = coder_ledger.pinned(led)
@@ -474,8 +477,9 @@ def night_table(report: Mapping) -> list[dict]:
         for c in n["candidates"]:
             if c["state"] in ("pending", "accepted") or c["state"] != c["state_before"]:
                 lo, hi = c["interval"]
-                ev_txt = (f"revert {c['revert_evidence']:.1f}/{c['revert_needed']:.0f}" if c["state"] == "accepted"
-                          and c["revert_evidence"] is not None else f"{c['evidence']:.1f}/{c['needed']:.0f}")
+                ev_txt = (f"revert {c['revert_evidence']:.1f}/{c['revert_needed']:.0f}" if c["state"] in (
+                    "accepted", "reverted") and c["revert_evidence"] is not None
+                    else f"{c['evidence']:.1f}/{c['needed']:.0f}")
                 cands.append(f"{c['id']} {_short(c['model'])} {c['state']}: {_f(c['estimate'])} "
                              f"[{_f(lo, 2)}, {_f(hi, 2)}], {ev_txt}, true {_f(c['true_mean_gain_on_its_runs'])}")
         checks = n["journal"]["counts"]
