@@ -1421,6 +1421,9 @@ def run_sage_skills(data_root: str | os.PathLike[str], date: str, window: tuple[
     out.live = _live(root)
     out.message = f"night {out.night.status}: {out.night.reason}" + (
         f"; the online check failed: {out.online_error}" if out.online_error else "")
+    if inputs.embedded and not inputs.goal_ledgers and out.harvest.get("sessions"):
+        out.message += ("; the embedded week ships no goal ledger (SAGE logs no goal: records/goals*.jsonl of "
+                        "{session_id, goal} lines), so its runs count goal_not_found and give no task")
     return out
 
 

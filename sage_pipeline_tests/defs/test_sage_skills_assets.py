@@ -104,6 +104,7 @@ def test_with_nothing_configured_the_night_reads_the_embedded_week(tmp_path, no_
     assert m["inputs"].startswith("embedded week") and m["live_version"] == f"v1={root.live()}"
     assert m["harvest"]["sessions"] == 6  # every run of the week's day read (no goal ledger: no task)
     assert m["status"] == "no_tasks" and _check(result).passed
+    assert "the embedded week ships no goal ledger" in m["message"]
 
 
 def test_make_runs_nights_are_the_shipped_weeks_days_and_each_night_reads_its_days_so_far(tmp_path, no_sage_env):
