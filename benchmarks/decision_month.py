@@ -2,7 +2,9 @@
 lever's wrong decisions, power, undo and cost, beside Wald's SPRT and today's per-night test.
 
 The decision rule is the product's: ``sage_pipeline.decisions`` (``LedgerConfig()``'s defaults: alpha 0.05
-per lever with candidate j accepted at ``alpha / (j (j + 1))`` when K+(0) >= 1 / alpha_j, dropped when its
+per lever with candidate j accepted at ``alpha / (j (j + 1))``, the coder's at ``alpha 0.9 (0.1)^(j - 1)``
+(``LedgerConfig.first_share``; the coder's bets the mixture over gains, ``LedgerConfig.coder_evidence``), when
+K+(0) >= 1 / alpha_j, dropped when its
 e-process against "gain >= min_useful_gain" (0.03) reaches 1 / drop_alpha or after 30 pending nights, reverted when its
 probation stream's K-(0.03) >= 1 / 0.05). ``--engine ledger`` runs one :class:`Ledger` per month (batch 1,
 ``propose`` / ``add_evidence`` / ``decide`` as the nightly job calls them); ``--engine batch`` (the default,
@@ -12,7 +14,7 @@ test checks that months decide identically both ways.
 
 **Skills lever** (``skills``): SAGE's coder on tasks of the simulated coder world (``SimWorld('coder')``,
 ``--per-topic`` per topic, unit-test tasks only, drawn without replacement through the month: every day's
-runs are new harvested tasks), answered by the whole-prompt stand-in (``sleep/standin.py``, a test harness):
+runs are new harvested tasks), answered by the whole-prompt stand-in (``sleep/harness/standin.py``, a test harness):
 a run's pass is drawn with ``StandinModel.p_correct`` of the whole prompt ``sage_night.role_messages('coder',
 tree, task)`` builds, ``tree`` SAGE's nine skills as shipped with the learned rules in the TDD skill's learned
 block (SAGE injects it into every coder call). Each day ``N`` runs (40 or 20) are assigned by a recorded draw
@@ -47,7 +49,12 @@ live tree against the live tree without it), ``paired_difference`` per task.
 the coder pinned to qwen2.5-coder:1.5b (SAGE's primary, the incumbent) or :14b (the candidate), every other
 role by SAGE's YAML (task_complexity_score 0.5). A run draws a task, its arm (pending: 50/50; pinned:
 ``1 - coder_explore`` on the pin), its verified outcome; ``y`` is task_v1 (verified - GPU-seconds / 3600)
-rescaled to [0, 1] by the bounds [-gpu_seconds_max / 3600, 1]. ``null``: both arms the 1.5b; ``gap``: the
+rescaled to [0, 1] by the bounds [-gpu_seconds_max / 3600, 1]; the contrast's centre is the running mean of the
+earlier runs before each run, after a prior of one run at 0.5, as ``coder.add_runs`` keeps it (``--coder-centre
+day``: the earlier days' mean for a whole day, 0.5 on the first, as this benchmark had it before 2026-12-02 18:00:
+the first night's contrast then has variance ~0.98 instead of ~0.27, and the plug-in's bets stay small for
+nights). The month simulates the lever's first candidate only (the preferred model, at alpha_1); ``--coder-bet``
+and ``--coder-first-share`` set the coder's bets and level. ``null``: both arms the 1.5b; ``gap``: the
 14b; ``drift``: the 14b until night ``drift_night``, then its verified chance the 1.5b's minus ``coder_drop``.
 
 **Router lever** (``router``, null only): each night a new tied checkpoint is proposed; each episode's one
@@ -126,7 +133,10 @@ class Settings:
     # the decision rule's settings (LedgerConfig's defaults unless a flag changes them)
     cap: float = ev.EvidenceConfig().cap  # the largest bet, as a share of the largest safe one
     probation_half_life: float = 60.0
-    coder_first_takes_all: bool = False  # the coder lever's one candidate at alpha, not alpha / 2
+    coder_first_takes_all: bool = False  # the coder lever's one candidate at alpha, not alpha * first_share
+    coder_bet: str = LedgerConfig().coder_evidence.bet  # LedgerConfig().coder_evidence.bet unless --coder-bet
+    coder_first_share: float | None = None  # LedgerConfig().first_share["coder"] unless --coder-first-share
+    coder_centre: str = "run"  # "run": the running mean before each run (coder.add_runs); "day": fixed for a day
     # the comparisons
     sprt_beta: float = 0.2
     bootstrap: int = 2000
@@ -265,17 +275,24 @@ class LedgerEngine:
 _FIELDS = ("log_plus", "log_minus", "w", "s1", "s2", "n", "total")
 
 
+def _fields(s: ev.Stream) -> tuple[str, ...]:
+    return _FIELDS + (("comp_plus", "comp_minus") if s.comp_plus is not None else ())
+
+
 def _take(s: ev.Stream, rows: np.ndarray) -> ev.Stream:
-    return ev.Stream(s.nulls, *(getattr(s, f)[rows] for f in _FIELDS))
+    sub = ev.Stream(s.nulls, *(getattr(s, f)[rows] for f in _FIELDS))
+    if s.comp_plus is not None:
+        sub.comp_plus, sub.comp_minus = s.comp_plus[rows], s.comp_minus[rows]
+    return sub
 
 
 def _put(s: ev.Stream, rows: np.ndarray, sub: ev.Stream) -> None:
-    for f in _FIELDS:
+    for f in _fields(s):
         getattr(s, f)[rows] = getattr(sub, f)
 
 
 def _grown(s: ev.Stream, capacity: int) -> ev.Stream:
-    fresh = ev.Stream.start(s.nulls, capacity)
+    fresh = ev.Stream.start(s.nulls, capacity, s.components())
     rows = np.arange(s.w.shape[0])
     _put(fresh, rows, s)
     return fresh
@@ -300,9 +317,9 @@ class BatchEngine:
         self.lever, self.cfg = lever, config
         self.nulls = config.nulls()
         self.i0, self.imin = ev.at(self.nulls, 0.0), ev.at(self.nulls, config.min_useful_gain)
-        self.fast = config.probation_evidence()
-        self.main = {s: ev.Stream.start(self.nulls, capacity) for s in self.STREAMS}
-        self.prob = {s: ev.Stream.start(self.nulls, capacity) for s in self.STREAMS}
+        self.slow, self.fast = config.evidence_for(lever), config.probation_evidence(lever)
+        self.main = {s: ev.Stream.start(self.nulls, capacity, self.slow.components()) for s in self.STREAMS}
+        self.prob = {s: ev.Stream.start(self.nulls, capacity, self.fast.components()) for s in self.STREAMS}
         self.month: list[int] = []
         self.idx: list[int] = []
         self.alphas: list[float] = []
@@ -328,7 +345,7 @@ class BatchEngine:
                     d[s] = _grown(d[s], 2 * cap)
         self.month.append(m)
         self.idx.append(j)
-        self.alphas.append(self.cfg.alpha_for(j))
+        self.alphas.append(self.cfg.alpha_for(j, self.lever))
         self.states.append("pending")
         self.nights.append(0)
         self.present.append([])
@@ -388,7 +405,7 @@ class BatchEngine:
         self.buffer = []
         for s in self.STREAMS:
             if main[s]:
-                self._feed(self.main[s], main[s], self.cfg.evidence)
+                self._feed(self.main[s], main[s], self.slow)
             if prob[s]:
                 self._feed(self.prob[s], prob[s], self.fast)
 
@@ -432,7 +449,7 @@ class BatchEngine:
             if new == "accepted":  # probation starts now, on new observations only
                 self.prob_present[r] = []
                 for s in self.STREAMS:
-                    _put(self.prob[s], np.array([r]), ev.Stream.start(self.nulls, 1))
+                    _put(self.prob[s], np.array([r]), ev.Stream.start(self.nulls, 1, self.fast.components()))
         out.sort(key=lambda t: (self.month[t[0]], self.idx[t[0]]))
         return [(self.month[r], r, new) for r, new in out]
 
@@ -441,7 +458,7 @@ class FirstTakesAll(LedgerConfig):
     """``--coder-first-takes-all``: the lever's first candidate is accepted at ``alpha`` itself (gamma_1 = 1),
     valid only for a lever that never proposes a second one (the coder's other model); a second is refused."""
 
-    def alpha_for(self, index: int) -> float:
+    def alpha_for(self, index: int, lever: str | None = None) -> float:
         if index != 1:
             raise LedgerError("FirstTakesAll spends the whole level on the first candidate: there is no second")
         return self.alpha
@@ -451,6 +468,10 @@ def ledger_config(S: Settings, lever: str) -> LedgerConfig:
     changed = {}
     if S.cap != ev.EvidenceConfig().cap:
         changed["evidence"] = ev.EvidenceConfig(cap=S.cap)
+    if lever == "coder":
+        changed["coder_evidence"] = LedgerConfig().coder_evidence.model_copy(update={"bet": S.coder_bet, "cap": S.cap})
+        if S.coder_first_share is not None:
+            changed["first_share"] = {"coder": S.coder_first_share}
     if S.probation_half_life != LedgerConfig().probation_half_life:
         changed["probation_half_life"] = S.probation_half_life
     cls = FirstTakesAll if lever == "coder" and S.coder_first_takes_all else LedgerConfig
@@ -765,7 +786,11 @@ class CoderMonth:
         self.pv_cand = np.array(world[other]["verified"])
         self.g_cand = np.array(world[other]["gpu_seconds"])
         self.cid = None
-        self.y_sum, self.y_n = 0.0, 0
+        from sage_pipeline.decisions.coder import CoderDecisionsConfig
+
+        cc = CoderDecisionsConfig()  # the contrast's centre as coder.add_runs keeps it: a prior, then each run
+        self.y_prior = (cc.centre_prior * cc.centre_prior_weight, cc.centre_prior_weight)
+        self.y_sum, self.y_n = self.y_prior
         self.acc = {"runs": 0, "on_candidate": 0, "on_incumbent": 0, "cost_pending": 0.0, "cost_pinned": 0.0,
                     "rows": []}
         self.events: dict = {}
@@ -805,7 +830,11 @@ class CoderMonth:
         self.acc["on_candidate"] += int(z.sum()) if state == "pending" else 0
         self.acc["on_incumbent"] += int((~z).sum()) if state == "accepted" else 0
         if p is not None:
-            centre = self.y_sum / self.y_n if self.y_n else 0.5
+            if S.coder_centre == "run":  # the running mean of the earlier runs, fixed before each run is read
+                centre = (self.y_sum + np.concatenate([[0.0], np.cumsum(y)[:-1]])) / (self.y_n + np.arange(N))
+            else:  # "day": the earlier days' mean for the whole day (0.5 on the first), the benchmark before
+                seen = self.acc["runs"] - N
+                centre = np.full(N, (self.y_sum - self.y_prior[0]) / seen if seen else 0.5)
             x, lo, hi = ev.ipw_difference(y, z.astype(int), p, centre)
             eng.add(self.i, self.cid, "online", x, lo, hi, [f"d{n}-r{j}" for j in range(N)])
             if state == "pending" and not (self.kind == "drift" and n >= S.drift_night):
@@ -1193,7 +1222,8 @@ def table(S: Settings, figs: dict[str, dict]) -> str:
                 row(sc, "  SPRT run night by night on the same observations", f["sprt_nightly_runs"], digits=1)
                 row(sc, "  ratio ledger / SPRT (Wald)", f["ratio_ours_to_sprt_wald"],
                     goal(f["ratio_ours_to_sprt_wald"], "<=", 1.5), digits=2)
-                row(sc, "  ratio ledger / SPRT (nightly)", f["ratio_ours_to_sprt_nightly"], digits=2)
+                row(sc, "  ratio ledger / SPRT (nightly)", f["ratio_ours_to_sprt_nightly"],
+                    goal(f["ratio_ours_to_sprt_nightly"], "<=", 1.5), digits=2)
             if kind == "drift":
                 row(sc, f"reverted within 7 nights of night {S.drift_night} (of {f['drift_at_risk']} months pinned "
                     "then)", f["reverted_within_7"], goal(f["reverted_within_7"], ">=", 0.8))
@@ -1250,7 +1280,14 @@ def main(argv: list[str] | None = None) -> int:
                    "product's default 0.5)")
     p.add_argument("--probation-half-life", type=float, default=Settings.probation_half_life)
     p.add_argument("--coder-first-takes-all", action="store_true", help="the coder lever's one candidate at alpha "
-                   "(gamma_1 = 1) instead of alpha / 2")
+                   "(gamma_1 = 1) instead of alpha * first_share")
+    p.add_argument("--coder-bet", choices=("plug_in", "mixture"), default=Settings.coder_bet,
+                   help="the coder candidates' bets (LedgerConfig.coder_evidence.bet)")
+    p.add_argument("--coder-first-share", type=float, default=None, help="the coder's level spent geometrically "
+                   "with this first share (LedgerConfig.first_share['coder']; 0.5 and below: about the harmonic "
+                   "1/(j(j+1)) for the first)")
+    p.add_argument("--coder-centre", choices=("run", "day"), default=Settings.coder_centre,
+                   help="the contrast's centre: the running mean before each run (the product's), or fixed a day")
     p.add_argument("--quick", action="store_true", help="a smoke run: 10 months of 10 nights, drift at night 5, "
                    "a 60-task world")
     p.add_argument("--out", type=Path, default=SCRATCH / "decision_month.json")
@@ -1258,7 +1295,8 @@ def main(argv: list[str] | None = None) -> int:
     S = Settings(months=a.months, nights=a.nights, seed=a.seed, engine=a.engine, samples=a.samples,
                  val_share=a.val_share, replay_candidates=a.replay_candidates, candidate_share=a.candidate_share,
                  probation_share=a.probation_share, coder_explore=a.coder_explore, world_tasks=a.world_tasks,
-                 cap=a.cap, probation_half_life=a.probation_half_life, coder_first_takes_all=a.coder_first_takes_all)
+                 cap=a.cap, probation_half_life=a.probation_half_life, coder_first_takes_all=a.coder_first_takes_all,
+                 coder_bet=a.coder_bet, coder_first_share=a.coder_first_share, coder_centre=a.coder_centre)
     if a.quick:
         S = dataclasses.replace(S, months=min(a.months, 10), nights=min(a.nights, 10), drift_night=5, world_tasks=60,
                                 per_topic=40, bootstrap=200)

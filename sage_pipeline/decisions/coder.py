@@ -17,9 +17,14 @@ coder's row: "pin coder to A" and "pin coder to B" (key ``pin coder to <model> (
 contrast of its model's pinned table against the other's on the same randomised runs. The first proposed
 gets the lever's next (larger) level ``alpha_j``: the caller's ``prefer`` (the model the non-randomised
 logs favour, or after a revert the model that was not pinned: data that is never these candidates'
-evidence, so using it to order them spends no level), else the table's order. Over every round and every
-candidate, by the ledger's rule, *the chance the coder is ever pinned to a model that does not beat the
-other, on any night, is at most alpha* (:func:`guarantee`).
+evidence, so using it to order them spends no level), else the table's order. The lever's levels are spent
+geometrically (``LedgerConfig.first_share['coder']`` = 0.9: the first round's preferred model at 0.045, its
+sibling at 0.0045, each later candidate a tenth of the one before; the sum over every round is at most
+alpha), and its bets are the mixture over gains (``LedgerConfig.coder_evidence``). Both directions of a round
+count: two equal models make both pins wrong, so the two share the level (a Bonferroni split over the known
+pair; one level for both would only hold if a tie could not be wrong). Over every round and every candidate,
+by the ledger's rule, *the chance the coder is ever pinned to a model that does not beat the other, on any
+night, is at most alpha* (:func:`guarantee`).
 
 - **Pending** (no pin yet): the plan runs **50/50** between the two pinned ``models.yaml``.
 - **Accepted** (a pin): the other candidate of the round is dropped ("a round pins one model"); the plan
@@ -337,9 +342,12 @@ def decide_night(led: Ledger, night: str, models: Sequence[str] | None = None, p
 def guarantee(led: Ledger, cfg: CoderDecisionsConfig | None = None) -> str:
     cfg = cfg or CoderDecisionsConfig()
     c = led.config
+    share = c.first_share.get(LEVER)
+    spend = (f"alpha {share:g} ({1 - share:g})^(j-1)" if share is not None else "alpha/(j(j+1))")
     return (f"the chance the coder is ever pinned to a model that does not beat the other, over every night and "
-            f"every round, is at most {c.alpha} (candidate j at alpha/(j(j+1)), each an e-process on randomised runs "
-            f"valid at every night); a pin is reverted when its gain is excluded above {c.min_useful_gain} in task_v1 "
+            f"every round, is at most {c.alpha} (candidate j at {spend}, each an e-process on randomised runs "
+            f"valid at every night, betting {c.coder_evidence.bet}); a pin is reverted when its gain is excluded "
+            f"above {c.min_useful_gain} in task_v1 "
             f"rescaled by [{-cfg.cost_max:.4g}, 1], and a pin that truly gains that much is ever reverted with "
             f"chance at most {c.revert_alpha}; runs SAGE's bandit chose are never evidence")
 

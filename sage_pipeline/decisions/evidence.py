@@ -23,9 +23,20 @@ The confidence sequence ``{d : (K+(d) + K-(d)) / 2 < 1/a}`` covers ``delta`` at 
 with probability ``1 - a``. Streams of different kinds on the same candidate multiply (each factor has
 conditional mean <= 1 given everything before it, whichever stream it came from).
 
-**The bets** are aGRAPA's plug-in (``l = m / (v + m^2)``, ``m`` and ``v`` the past mean of
-``x - d`` and variance of ``x``, discounted with a half-life so an effect that turns is followed),
-capped at ``cap`` times the largest safe bet. Validity never depends on the bets; power does.
+**The bets** (``EvidenceConfig.bet``; validity never depends on the bets, power does), each capped at
+``cap`` times the largest safe bet:
+
+- ``plug_in``: aGRAPA's plug-in ``l = m / (v + m^2)``, ``m`` and ``v`` the past mean of ``x - d`` and
+  variance of ``x``, discounted with a half-life so an effect that turns is followed. Its bet is noisy while
+  ``m`` is: about half a nat of log-wealth lost per e-fold of observations against the best fixed bet.
+- ``mixture``: the average, with equal weights, of one e-process per gain ``g`` of ``mixture_gaps`` (a gain
+  above the null ``d``, or below it for ``K-``), each betting ``l_g = g / (v + g^2)`` with ``v`` the same
+  past variance: a mixture SPRT over the gains worth finding (from the minimum useful gain up), the
+  variance the only thing learnt. An average of e-processes is an e-process, so Ville's bound holds as
+  for one; against a gain near the grid it loses at most ``log(len(mixture_gaps))`` nats, not a growing
+  regret. ``Stream.comp_plus``/``comp_minus`` keep each component's log-wealth; ``log_plus``/``log_minus``
+  are the mixture's.
+
 numpy only; the state is arrays with a leading batch axis, so a benchmark runs 200 months at once
 and the ledger runs one (batch 1).
 """
@@ -34,9 +45,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class EvidenceConfig(BaseModel):
@@ -56,6 +68,25 @@ class EvidenceConfig(BaseModel):
     prior_mean: float = Field(0.0, description="the plug-in's prior mean of x (weight prior_weight)")
     prior_var: float = Field(0.25, gt=0.0, description="the plug-in's prior variance of x")
     prior_weight: float = Field(2.0, gt=0.0, description="observations' worth of the prior in the plug-in")
+    bet: Literal["plug_in", "mixture"] = Field("plug_in", description="how each bet is chosen: aGRAPA's plug-in "
+                                               "of the past mean, or the mixture over mixture_gaps (the module doc)")
+    mixture_gaps: tuple[float, ...] = Field((0.03, 0.04, 0.05, 0.06, 0.08), description="the mixture's gains above "
+                                            "the null, one e-process each, equal weights: from the ledger's minimum "
+                                            "useful gain (0.03) to 2.7 times it (a larger gain is found fast "
+                                            "anyway). On the coder's randomised runs this grid needed 650 runs "
+                                            "where the plug-in needed 764 and 0.03 to 0.24 needed 689 "
+                                            "(benchmarks/decision_month.py)")
+
+    @field_validator("mixture_gaps")
+    @classmethod
+    def _gaps(cls, v: tuple[float, ...]) -> tuple[float, ...]:
+        if not 1 <= len(v) <= 32 or any(not (0.0 < g <= 10.0) for g in v) or len(set(v)) != len(v):
+            raise ValueError("mixture_gaps: 1 to 32 distinct gains in (0, 10]")
+        return v
+
+    def components(self) -> int:
+        """Component e-processes per null: ``len(mixture_gaps)`` for the mixture, 0 for the plug-in."""
+        return len(self.mixture_gaps) if self.bet == "mixture" else 0
 
 
 def grid(cfg: EvidenceConfig, extra: tuple[float, ...] = ()) -> np.ndarray:
@@ -70,7 +101,9 @@ class Stream:
 
     ``log_plus``/``log_minus``: (batch, G) log-wealth against ``delta <= d`` / ``delta >= d`` for each
     grid null ``d``; ``w``, ``s1``, ``s2``: (batch,) discounted count, sum and sum of squares of x (the
-    plug-in's memory); ``n``: (batch,) observations seen; ``total``: (batch,) their undiscounted sum."""
+    plug-in's memory); ``n``: (batch,) observations seen; ``total``: (batch,) their undiscounted sum;
+    ``comp_plus``/``comp_minus``: (batch, G, K) each mixture component's log-wealth (None for the plug-in:
+    a stream is fed with the one bet it was started with)."""
 
     nulls: np.ndarray
     log_plus: np.ndarray
@@ -80,17 +113,28 @@ class Stream:
     s2: np.ndarray
     n: np.ndarray
     total: np.ndarray
+    comp_plus: np.ndarray | None = None
+    comp_minus: np.ndarray | None = None
 
     @classmethod
-    def start(cls, nulls: np.ndarray, batch: int = 1) -> Stream:
+    def start(cls, nulls: np.ndarray, batch: int = 1, components: int = 0) -> Stream:
+        """A fresh stream; ``components``: :meth:`EvidenceConfig.components` of the config it will be fed with."""
         z = np.zeros(batch)
         G = len(nulls)
+        comp = (np.zeros((batch, G, components)), np.zeros((batch, G, components))) if components else (None, None)
         return cls(np.asarray(nulls, dtype=np.float64), np.zeros((batch, G)), np.zeros((batch, G)),
-                   z.copy(), z.copy(), z.copy(), z.copy(), z.copy())
+                   z.copy(), z.copy(), z.copy(), z.copy(), z.copy(), *comp)
+
+    def components(self) -> int:
+        return 0 if self.comp_plus is None else int(self.comp_plus.shape[2])
 
     def update(self, x, lo, hi, cfg: EvidenceConfig, valid=None) -> None:
         """One observation per batch row: ``x`` (batch,), its bounds ``lo``/``hi`` (scalars or (batch,),
         fixed before it was seen), ``valid`` (batch,) bool: rows without an observation this step."""
+        if cfg.components() != self.components():
+            raise ValueError(f"a stream started with {self.components() or 'the plug-in'} bet components fed with "
+                             f"bet={cfg.bet!r} ({cfg.components()} components): feed a stream with the config it "
+                             "was started with")
         b = self.w.shape[0]
         x = np.broadcast_to(np.asarray(x, dtype=np.float64), (b,))
         lo = np.broadcast_to(np.asarray(lo, dtype=np.float64), (b,))
@@ -105,16 +149,29 @@ class Stream:
         mean = (self.s1 + pw * pm) / W
         var = np.maximum((self.s2 + pw * (pv + pm * pm)) / W - mean * mean, 1e-6)
         d = self.nulls[None, :]
-        m_plus = mean[:, None] - d  # the past mean of x - d
         safe_plus = 1.0 / np.maximum(d - lo[:, None], 1e-12)  # 1 + l (x - d) >= 0 for x >= lo
-        l_plus = np.clip(m_plus / (var[:, None] + m_plus ** 2), 0.0, cfg.cap * safe_plus)
-        m_minus = -m_plus
         safe_minus = 1.0 / np.maximum(hi[:, None] - d, 1e-12)
-        l_minus = np.clip(m_minus / (var[:, None] + m_minus ** 2), 0.0, cfg.cap * safe_minus)
         xc = x[:, None]
-        # a null outside [lo, hi] cannot be bet against past its bound: the clip keeps factors >= 1 - cap
-        fp = np.log1p(np.maximum(l_plus * (xc - d), -cfg.cap))
-        fm = np.log1p(np.maximum(l_minus * (d - xc), -cfg.cap))
+        if self.comp_plus is None:
+            m_plus = mean[:, None] - d  # the past mean of x - d
+            l_plus = np.clip(m_plus / (var[:, None] + m_plus ** 2), 0.0, cfg.cap * safe_plus)
+            m_minus = -m_plus
+            l_minus = np.clip(m_minus / (var[:, None] + m_minus ** 2), 0.0, cfg.cap * safe_minus)
+            # a null outside [lo, hi] cannot be bet against past its bound: the clip keeps factors >= 1 - cap
+            fp = np.log1p(np.maximum(l_plus * (xc - d), -cfg.cap))
+            fm = np.log1p(np.maximum(l_minus * (d - xc), -cfg.cap))
+        else:
+            g = np.asarray(cfg.mixture_gaps, dtype=np.float64)[None, None, :]
+            lg = g / (var[:, None, None] + g * g)  # (batch, 1, K): the same bet at every null, then capped
+            l_plus = np.minimum(lg, cfg.cap * safe_plus[:, :, None])
+            l_minus = np.minimum(lg, cfg.cap * safe_minus[:, :, None])
+            cp = self.comp_plus + np.log1p(np.maximum(l_plus * (xc - d)[:, :, None], -cfg.cap))
+            cm = self.comp_minus + np.log1p(np.maximum(l_minus * (d - xc)[:, :, None], -cfg.cap))
+            self.comp_plus = np.where(ok[:, None, None], cp, self.comp_plus)
+            self.comp_minus = np.where(ok[:, None, None], cm, self.comp_minus)
+            K = g.shape[2]
+            fp = _mean_exp(self.comp_plus, K) - self.log_plus  # so log_plus becomes the mixture's log-wealth
+            fm = _mean_exp(self.comp_minus, K) - self.log_minus
         self.log_plus = np.where(ok[:, None], self.log_plus + fp, self.log_plus)
         self.log_minus = np.where(ok[:, None], self.log_minus + fm, self.log_minus)
         keep = 0.5 ** (1.0 / cfg.half_life)
@@ -132,14 +189,25 @@ class Stream:
         for i in range(len(xs)):
             self.update(xs[i:i + 1], lo[i:i + 1], hi[i:i + 1], cfg)
 
+    FIELDS = ("nulls", "log_plus", "log_minus", "w", "s1", "s2", "n", "total")
+
     def to_dict(self) -> dict:
-        return {k: np.asarray(getattr(self, k)).tolist() for k in
-                ("nulls", "log_plus", "log_minus", "w", "s1", "s2", "n", "total")}
+        out = {k: np.asarray(getattr(self, k)).tolist() for k in self.FIELDS}
+        if self.comp_plus is not None:
+            out["comp_plus"], out["comp_minus"] = self.comp_plus.tolist(), self.comp_minus.tolist()
+        return out
 
     @classmethod
     def from_dict(cls, d: dict) -> Stream:
-        return cls(*(np.asarray(d[k], dtype=np.float64) for k in
-                     ("nulls", "log_plus", "log_minus", "w", "s1", "s2", "n", "total")))
+        comp = tuple(np.asarray(d[k], dtype=np.float64) for k in ("comp_plus", "comp_minus")) \
+            if "comp_plus" in d else (None, None)
+        return cls(*(np.asarray(d[k], dtype=np.float64) for k in cls.FIELDS), *comp)
+
+
+def _mean_exp(comp: np.ndarray, K: int) -> np.ndarray:
+    """log of the equal-weight average of ``exp(comp)`` over the last axis (stable)."""
+    top = comp.max(axis=2)
+    return top + np.log(np.exp(comp - top[:, :, None]).sum(axis=2)) - math.log(K)
 
 
 def combined(streams: list[Stream]) -> tuple[np.ndarray, np.ndarray]:

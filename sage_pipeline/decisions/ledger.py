@@ -23,10 +23,23 @@ the same key again continues the same candidate and its evidence, never a fresh 
   level again on data that already spoke).
 
 **The level over the horizon and over candidates.** Candidate ``j`` of a lever (``j = 1, 2, ...``
-in the order they were proposed) is accepted at ``alpha_j = alpha * gamma_j`` with
-``gamma_j = 1 / (j (j + 1))`` (summing to 1). Each candidate's e-process is valid at every night
-forever (Ville), so: *for each lever, the chance that any candidate without a gain is ever accepted,
-over all nights and all candidates, is at most alpha* (online Bonferroni over e-processes).
+in the order they were proposed) is accepted at ``alpha_j = alpha * gamma_j``, the ``gamma_j`` summing to
+at most 1 and fixed before any evidence: ``gamma_j = 1 / (j (j + 1))`` for a lever whose proposals are an
+open-ended stream (skills, router); ``gamma_j = s (1 - s)^(j - 1)`` with ``s`` the lever's
+``first_share`` for a lever that proposes few candidates (the coder: two a round, a new round only after a
+revert or a round without a pin), so the first gets most of the level (its sibling and later rounds
+pay for it). Each candidate's e-process is
+valid at every night forever (Ville), so: *for each lever, the chance that any candidate without a gain is
+ever accepted, over all nights and all candidates, is at most alpha* (online Bonferroni over e-processes).
+
+**The bets per lever** (:meth:`LedgerConfig.evidence_for`): ``evidence`` (the plug-in) for skills and the
+router, ``coder_evidence`` (the mixture over gains, :mod:`.evidence`) for the coder; probation streams
+always bet the plug-in with ``probation_half_life`` (a bet that follows a turn: fixed bets started at the
+accept lose wealth while the gain still holds, and a revert would have to win it back).
+
+**Schema.** Version 2 added ``coder_evidence`` and ``first_share``; a version-1 file is read with the rule
+it was written under (the coder betting its ``evidence``, every lever at ``1 / (j (j + 1))``): its levels
+were spent under it.
 
 The ledger is one JSON file written atomically (``artifacts.write_json``: a kill leaves the old or
 the new ledger whole), read back through a typed schema; it travels inside the bundle it decided.
@@ -43,13 +56,13 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from sage_pipeline import artifacts
 from sage_pipeline.decisions import evidence as ev
 
 LEDGER_NAME = "ledger.json"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 LEVERS = ("skills", "coder", "router")
 State = Literal["pending", "accepted", "reverted", "dropped"]
 TRANSITIONS: dict[str, frozenset[str]] = {
@@ -89,14 +102,44 @@ class LedgerConfig(BaseModel):
                                  "gone bad was reverted within 7 nights in about half the months, not most")
     max_pending_nights: int = Field(30, ge=1, description="nights a candidate may stay pending before it is dropped "
                                     "as unresolvable (its evidence is kept in the ledger)")
-    evidence: ev.EvidenceConfig = Field(default_factory=ev.EvidenceConfig)
+    evidence: ev.EvidenceConfig = Field(default_factory=ev.EvidenceConfig, description="the bets of the skills and "
+                                        "router levers' pending candidates")
+    coder_evidence: ev.EvidenceConfig = Field(default_factory=lambda: ev.EvidenceConfig(bet="mixture"),
+                                              description="the bets of the coder's pending candidates: the mixture "
+                                              "over gains (randomised runs of variance ~0.25 whose best bet is well "
+                                              "inside the safe one, where the plug-in's noise costs the most)")
+    first_share: dict[Literal["skills", "coder", "router"], float] = Field(
+        default_factory=lambda: {"coder": 0.9}, description="levers whose levels are spent geometrically: candidate "
+        "j at alpha s (1 - s)^(j - 1); the others at alpha / (j (j + 1)). The coder 0.9: its first candidate (the "
+        "preferred model of the first round) at 0.045 where 1/(j(j+1)) gave 0.025, its sibling at 0.0045 (0.0083), "
+        "each later one (a round after a revert) a tenth of the one before; at 0.8 the +0.06 pair was pinned within "
+        "14 nights in 79.5% of months, at 0.9 in 81.5% (benchmarks/decision_month.py)")
 
-    def probation_evidence(self) -> ev.EvidenceConfig:
-        """The evidence settings of a probation stream: ``probation_half_life`` and ``probation_cap``."""
-        return self.evidence.model_copy(update={"half_life": self.probation_half_life, "cap": self.probation_cap})
+    @field_validator("first_share")
+    @classmethod
+    def _shares(cls, v: dict) -> dict:
+        if any(not (0.0 < s <= 1.0) for s in v.values()):
+            raise ValueError("first_share: each share in (0, 1]")
+        return v
 
-    def alpha_for(self, index: int) -> float:
-        """The accept level of a lever's ``index``-th candidate (1-based): ``alpha / (j (j + 1))``."""
+    def evidence_for(self, lever: str) -> ev.EvidenceConfig:
+        """The bets of ``lever``'s pending candidates."""
+        return self.coder_evidence if lever == "coder" else self.evidence
+
+    def probation_evidence(self, lever: str = "skills") -> ev.EvidenceConfig:
+        """The evidence settings of ``lever``'s probation streams: its bets' config with the plug-in,
+        ``probation_half_life`` and ``probation_cap``."""
+        return self.evidence_for(lever).model_copy(update={"half_life": self.probation_half_life,
+                                                           "cap": self.probation_cap, "bet": "plug_in"})
+
+    def alpha_for(self, index: int, lever: str | None = None) -> float:
+        """The accept level of ``lever``'s ``index``-th candidate (1-based): ``alpha s (1 - s)^(j - 1)`` for a
+        lever in ``first_share``, else ``alpha / (j (j + 1))``."""
+        if index < 1:
+            raise LedgerError(f"candidate index {index}: indices start at 1")
+        s = self.first_share.get(lever) if lever is not None else None
+        if s is not None:
+            return self.alpha * s * (1.0 - s) ** (index - 1)
         return self.alpha / (index * (index + 1))
 
     def nulls(self) -> np.ndarray:
@@ -147,11 +190,21 @@ class Candidate(BaseModel):
 
 class LedgerFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    schema_version: Literal[1] = SCHEMA_VERSION
+    schema_version: Literal[2] = SCHEMA_VERSION
     config: LedgerConfig = Field(default_factory=LedgerConfig)
     next_index: dict[str, int] = Field(default_factory=lambda: dict.fromkeys(LEVERS, 1))
     candidates: list[Candidate] = Field(default_factory=list)
     seq: int = 0  # bumped on every save
+
+
+def _from_v1(raw: dict) -> dict:
+    """A version-1 ledger as version 2 with the rule it was written under: the coder's bets its ``evidence``,
+    every lever's levels ``alpha / (j (j + 1))``."""
+    raw = dict(raw, schema_version=2)
+    cfg = raw.get("config", {})
+    if isinstance(cfg, dict):  # anything else is refused by the schema, naming the field
+        raw["config"] = {**cfg, "coder_evidence": cfg.get("evidence", {}), "first_share": {}}
+    return raw
 
 
 def _now() -> str:
@@ -180,6 +233,8 @@ class Ledger:
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise LedgerError(f"{p}: not a readable ledger ({e}); restore it from the last bundle "
                               f"(it carries {LEDGER_NAME}) rather than starting a new one") from None
+        if isinstance(raw, dict) and raw.get("schema_version") == 1:
+            raw = _from_v1(raw)
         try:
             data = LedgerFile.model_validate(raw)
         except ValidationError as e:
@@ -256,8 +311,9 @@ class Ledger:
         j = self.data.next_index.get(lever, 1)
         self.data.next_index[lever] = j + 1
         cid = f"{lever}-{j:04d}"
-        c = Candidate(id=cid, lever=lever, key=key, index=j, alpha=self.config.alpha_for(j), description=description,
-                      payload=dict(payload or {}), selected_on=sorted(set(selected_on)), proposed=night,
+        c = Candidate(id=cid, lever=lever, key=key, index=j, alpha=self.config.alpha_for(j, lever),
+                      description=description, payload=dict(payload or {}), selected_on=sorted(set(selected_on)),
+                      proposed=night,
                       history=[Transition(night=night, state="pending", reason="proposed", at=_now())])
         self.data.candidates.append(c)
         return c, True
@@ -281,7 +337,9 @@ class Ledger:
         k = (c.id, store, name)
         if k not in self._live:
             d = getattr(c, store)
-            self._live[k] = ev.Stream.from_dict(d[name]) if name in d else ev.Stream.start(self.config.nulls())
+            cfg = self.config.evidence_for(c.lever) if store == "streams" else self.config.probation_evidence(c.lever)
+            self._live[k] = (ev.Stream.from_dict(d[name]) if d.get(name) else
+                             ev.Stream.start(self.config.nulls(), components=cfg.components()))
             d.setdefault(name, {})  # marks it present; written by _flush
         return self._live[k]
 
@@ -324,10 +382,10 @@ class Ledger:
             raise LedgerError(f"candidate {cid}: unit {(dup or units)[0]!r} already counted in stream {stream!r}")
         if not len(x):
             return 0
-        cfg = self.config.evidence
+        cfg = self.config.evidence_for(c.lever)
         self._stream(c, "streams", stream).feed(x, lo, hi, cfg)
         if c.state == "accepted":
-            self._stream(c, "probation", stream).feed(x, lo, hi, self.config.probation_evidence())
+            self._stream(c, "probation", stream).feed(x, lo, hi, self.config.probation_evidence(c.lever))
         c.judged_on.setdefault(stream, []).extend(units)
         return len(x)
 

@@ -58,8 +58,9 @@ def batch_months(U: np.ndarray, V: np.ndarray, pa: float, pb: float, cfg: Ledger
     cfg = cfg or LedgerConfig()
     M, nights, N = U.shape
     nulls = cfg.nulls()
-    s = ev.Stream.start(nulls, 2 * M)
-    alpha = np.r_[np.full(M, cfg.alpha_for(1)), np.full(M, cfg.alpha_for(2))]
+    bets = cfg.evidence_for(coder.LEVER)
+    s = ev.Stream.start(nulls, 2 * M, bets.components())
+    alpha = np.r_[np.full(M, cfg.alpha_for(1, coder.LEVER)), np.full(M, cfg.alpha_for(2, coder.LEVER))]
     state = np.zeros(2 * M, int)  # 0 pending, 1 accepted, 2 dropped
     dropped_at = np.zeros(2 * M, int)
     first, model = np.zeros(M, int), np.full(M, "", dtype=object)
@@ -76,7 +77,7 @@ def batch_months(U: np.ndarray, V: np.ndarray, pa: float, pb: float, cfg: Ledger
             x, lo, hi = ev.ipw_contrast(y, on_a, ~on_a, p, 1.0 - p, cs / cn)
             xb, _, _ = ev.ipw_contrast(y, ~on_a, on_a, p, 1.0 - p, cs / cn)
             valid = np.r_[active & (state[:M] == 0), active & (state[M:] == 0)]
-            s.update(np.r_[x, xb], np.r_[lo, lo], np.r_[hi, hi], cfg.evidence, valid)
+            s.update(np.r_[x, xb], np.r_[lo, lo], np.r_[hi, hi], bets, valid)
             cs, cn = cs + np.where(active, y, 0.0), cn + active
         rows = np.r_[active, active] & (state == 0)
         evidence = np.exp(np.minimum(s.log_plus[:, i0], 700))

@@ -177,3 +177,66 @@ def test_a_kill_at_any_point_leaves_one_whole_ledger(tmp_path):
         last = led.data.seq
         leftovers = [p.name for p in tmp_path.iterdir() if p.name != "ledger.json"]
         assert all(n.startswith(".") for n in leftovers)  # only the atomic writer's temp names, swept later
+
+
+def test_the_coder_spends_its_level_geometrically_and_bets_the_mixture(tmp_path):
+    """The coder's candidates at alpha 0.9 (0.1)^(j-1) (the other levers at alpha / (j (j + 1))), summing to at
+    most alpha over any number of rounds; its pending streams are mixtures, its probation streams the plug-in."""
+    cfg = LedgerConfig()
+    levels = [cfg.alpha_for(j, "coder") for j in range(1, 200)]
+    assert levels[0] == pytest.approx(0.045) and levels[1] == pytest.approx(0.0045)
+    assert sum(levels) <= cfg.alpha + 1e-15
+    assert sum(cfg.alpha_for(j, "skills") for j in range(1, 10_000)) <= cfg.alpha
+    with pytest.raises(LedgerError, match="indices start at 1"):
+        cfg.alpha_for(0, "coder")
+    with pytest.raises(ValueError, match="first_share"):
+        LedgerConfig(first_share={"coder": 1.5})
+    with pytest.raises(ValueError):
+        LedgerConfig(first_share={"prompts": 0.5})
+    led = Ledger.load(tmp_path / "l.json")
+    c, _ = led.propose("coder", "pin coder to B (round 1)", night="n1")
+    s, _ = led.propose("skills", "rule", night="n1")
+    assert c.alpha == pytest.approx(0.045) and s.alpha == pytest.approx(0.025)
+    led.add_evidence(c.id, "online", [0.5] * 40, -1.9, 1.9, [f"r{i}" for i in range(40)])
+    led.add_evidence(s.id, "replay", [0.1, 0.2], -1, 1, ["t1", "t2"])
+    assert led.stream(c, "streams", "online").components() == len(cfg.coder_evidence.mixture_gaps)
+    assert led.stream(s, "streams", "replay").components() == 0
+    assert led.decide(c.id, "n1") == "accepted"
+    led.add_evidence(c.id, "online", [0.1], -1.9, 1.9, ["r40"])
+    assert led.stream(c, "probation", "online").components() == 0
+    led.save()
+    again = Ledger.load(led.path)
+    assert again.data.schema_version == 2 and again.standing(c.id)["n"] == 41
+    assert again.data.model_dump() == led.data.model_dump()
+
+
+def test_a_version_1_ledger_is_read_with_the_rule_it_was_written_under(tmp_path):
+    """A ledger written before the mixture and the geometric levels (schema 1): its coder candidates keep their
+    plug-in streams and alpha / (j (j + 1)), it goes on taking evidence, and it is written back as version 2."""
+    p = tmp_path / "ledger.json"
+    led = Ledger.load(p)
+    c, _ = led.propose("coder", "pin coder to B (round 1)", night="n1")
+    led.add_evidence(c.id, "online", [0.2, -0.1], -1.9, 1.9, ["r1", "r2"])
+    led.save()
+    raw = json.loads(p.read_text())
+    # what version 1 wrote: no coder_evidence, no first_share, the coder's stream without components
+    raw["schema_version"] = 1
+    del raw["config"]["coder_evidence"], raw["config"]["first_share"]
+    for k in ("comp_plus", "comp_minus"):
+        del raw["candidates"][0]["streams"]["online"][k]
+    raw["candidates"][0]["alpha"] = 0.025
+    p.write_text(json.dumps(raw))
+    old = Ledger.load(p)
+    assert old.config.coder_evidence.bet == "plug_in" and old.config.first_share == {}
+    assert old.config.alpha_for(1, "coder") == pytest.approx(0.025)
+    c = old.get(c.id)
+    old.add_evidence(c.id, "online", [0.3], -1.9, 1.9, ["r3"])
+    assert old.stream(c, "streams", "online").components() == 0 and old.standing(c.id)["n"] == 3
+    d, _ = old.propose("coder", "pin coder to A (round 1)", night="n2")
+    assert d.alpha == pytest.approx(0.05 / 6)
+    old.save()
+    assert json.loads(p.read_text())["schema_version"] == 2
+    raw["schema_version"] = 3
+    p.write_text(json.dumps(raw))
+    with pytest.raises(LedgerError, match=r"ledger\.json: field 'schema_version'"):
+        Ledger.load(p)

@@ -62,7 +62,7 @@ def test_a_ledger_with_candidates_shows_each_decision(tmp_path):
     m = _meta(r)
     assert m["candidates"] == 2 and m["by_lever"]["skills"]["accepted"] == 1
     assert "skills-0001" in m["ledger"] and "accepted" in m["ledger"]
-    assert "pending: evidence 1.0 of the 40 needed; no evidence yet" in m["ledger"]
+    assert "pending: evidence 1.0 of the 22 needed; no evidence yet" in m["ledger"]  # the coder: 1 / 0.045
     assert "data:image/png;base64" in m["plot"]
     assert (tmp_path / "reports" / "decision_ledger.png").is_file()
 
