@@ -212,12 +212,13 @@ def journal_checks(runs: Sequence[Mapping], traces: Mapping[str, str], journal: 
 
 def recompute_online(led: Ledger, journal: Sequence[CoderRun], draws: Mapping[str, dict],
                      plans: Mapping[str, assign.Plan], cfg: CoderDecisionsConfig) -> dict:
-    """Each coder candidate's ``online`` evidence recomputed from the records and the journals alone, without the
-    lever's code: its units (every recorded draw, in record order, whose plan gave both arms of its round and
-    whose run has a known task_v1), and the sum of ``x = (Z_mine/p_mine - Z_other/p_other) (y - c)`` with the
-    probabilities the exact thresholds / 2**32 and ``c`` the running mean of ``y`` after the prior. Returns per
-    candidate: whether the units equal the ledger's ``judged_on`` (same order), the two sums and their difference,
-    and the probabilities used (as exact fractions)."""
+    """Each coder candidate's ``online`` evidence recomputed from the records and the journals alone, without
+    ``coder.add_runs`` (only its stated rescaling of task_v1 and arm names are shared): its units (every
+    recorded draw, in record order, whose plan gave both arms of its round and whose run has a known task_v1),
+    and the sum of ``x = (Z_mine/p_mine - Z_other/p_other) (y - c)`` with the probabilities the exact thresholds
+    / 2**32 and ``c`` the running mean of ``y`` after the prior. Returns per candidate: whether the units equal
+    the ledger's ``judged_on`` (same order), the two sums and their difference, and the probabilities used (as
+    exact fractions)."""
     y_of: dict[str, float] = {}
     for r in journal:
         if r.trace_id and r.objective is not None and math.isfinite(r.objective) and r.trace_id not in y_of:
