@@ -374,8 +374,9 @@ class SageLauncher:
                 raise ValueError(f"run {run}: env {k!r}: a variable name (A-Z, 0-9, _) with a string value "
                                  "without a NUL byte")
         self.current_pid = None
-        req = {"run": run, "cwd": str(cwd), "argv": argv, "stdout": str(stdout), "stderr": str(stderr), "env": extra,
-               "probe": probe}
+        # absolute: the launcher runs in a folder of its own, so a path relative to the caller's would miss
+        req = {"run": run, "cwd": str(Path(cwd).resolve()), "argv": argv, "stdout": str(Path(stdout).resolve()),
+               "stderr": str(Path(stderr).resolve()), "env": extra, "probe": probe}
         start = time.monotonic()
         try:
             _send(self.sock, req)

@@ -423,7 +423,7 @@ def run(install: SageInstall, root: str | Path, cfg: DecisionE2EConfig | None = 
     from sage_pipeline.sage_world.world import build_world, world_info
 
     cfg = cfg or DecisionE2EConfig()
-    root = Path(root)
+    root = Path(root).resolve()
     if root.exists() and any(root.iterdir()):
         raise FileExistsError(f"{root} is not empty: the nights start from fresh SAGE workspaces and a fresh ledger; "
                               "pick a new folder")

@@ -153,6 +153,18 @@ def test_a_forked_run_starts_from_what_a_fresh_sage_run_would_read(install, tmp_
     assert a["numpy_draw"] is not None and a["numpy_draw"] != b["numpy_draw"]
 
 
+def test_a_run_given_paths_relative_to_the_caller_runs_there(install, tmp_path, monkeypatch):
+    """The launcher runs in a folder of its own: a workspace and output files named relative to the caller's
+    working directory are the caller's (a relative --out once failed every run with 'No such file')."""
+    env = sage_env(install, "http://127.0.0.1:9", tmp_path / "home", tmp_path / "bin")
+    (tmp_path / "ws").mkdir()
+    monkeypatch.chdir(tmp_path)
+    with SageLauncher(console_python(install.cli, install.python), install.cli, env, tmp_path / "launchers") as la:
+        rc, _, _ = la.run("rel", Path("ws"), ["run", "x"], Path("rel.out"), Path("rel.err"), 60, probe=True)
+    assert rc == 0, (tmp_path / "rel.err").read_text()
+    assert json.loads((tmp_path / "rel.out").read_text())["cwd"] == str(tmp_path / "ws")
+
+
 def test_a_runs_own_variables_reach_that_run_only_and_bad_ones_are_refused(install, tmp_path):
     """``env=``: the forked child has the launcher's environment with the run's own variables on top (a run's
     SAGE_TRACE_ID and SAGE_MODELS_YAML), the next run without them has the launcher's again; a name that is not
