@@ -227,12 +227,13 @@ KNOWN_LOOSE = {
 # content, each complete on its own and valid for any run; a mix of segments of two runs is its design.
 # Also not one asset's: the router's candidate checkpoints (checkpoints/candidates/<sha256>/, written once
 # by content address, never rewritten: a kill leaves the folder whole or absent) and the decision ledger
-# (decisions/ledger.json, every lever's state across nights, one atomic file merged per lever under its lock);
+# (decisions/ledger.json, every lever's state across nights, one atomic file merged per lever under its lock,
+# and decisions/ids/<sha256>.txt, the id sets its candidates name, written once by content address before it);
 # SAGE's deployments record (checkpoints/sage_deployments.jsonl: every window SAGE ran a checkpoint in, whoever
 # deployed it, one atomic file rewritten under its lock; sage_week adds the SAGE week's windows) and the
 # checkpoints it names (checkpoints/sage_deployed/<sha256>/, written once by content address).
-CACHES = ("sim/cache/", "checkpoints/candidates/", "decisions/ledger.json", "checkpoints/sage_deployments.jsonl",
-          "checkpoints/sage_deployed/")
+CACHES = ("sim/cache/", "checkpoints/candidates/", "decisions/ledger.json", "decisions/ids/",
+          "checkpoints/sage_deployments.jsonl", "checkpoints/sage_deployed/")
 
 
 def _is_set_or_nested(rel: Path) -> bool:

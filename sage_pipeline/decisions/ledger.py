@@ -37,9 +37,16 @@ router, ``coder_evidence`` (the mixture over gains, :mod:`.evidence`) for the co
 always bet the plug-in with ``probation_half_life`` (a bet that follows a turn: fixed bets started at the
 accept lose wealth while the gain still holds, and a revert would have to win it back).
 
+**What a candidate was selected on, compactly** (``selected_on_ids``): a lever whose proposals look at
+thousands of units (the router: every episode of its train and select split) keeps them as an :class:`IdSet`
+(their count and the sha256 of the sorted ids, one a line) with the ids themselves in ``ids/<sha256>.txt``
+beside the ledger, content-addressed and written once, before the ledger that names them (a kill never
+leaves a ledger naming a missing file). :meth:`Ledger.selected` reads the file back, checked against the
+count and the sha256, and the ledger refuses those units as evidence as it refuses ``selected_on``.
+
 **Schema.** Version 2 added ``coder_evidence`` and ``first_share``; a version-1 file is read with the rule
 it was written under (the coder betting its ``evidence``, every lever at ``1 / (j (j + 1))``): its levels
-were spent under it.
+were spent under it. Version 3 added ``selected_on_ids`` (a version-2 file has none: read as it is).
 
 The ledger is one JSON file written atomically (``artifacts.write_json``: a kill leaves the old or
 the new ledger whole), read back through a typed schema; it travels inside the bundle it decided.
@@ -47,6 +54,7 @@ the new ledger whole), read back through a typed schema; it travels inside the b
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -62,7 +70,8 @@ from sage_pipeline import artifacts
 from sage_pipeline.decisions import evidence as ev
 
 LEDGER_NAME = "ledger.json"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+IDS_DIR = "ids"  # beside the ledger: <sha256>.txt, the id sets candidates name
 LEVERS = ("skills", "coder", "router")
 State = Literal["pending", "accepted", "reverted", "dropped"]
 TRANSITIONS: dict[str, frozenset[str]] = {
@@ -169,6 +178,27 @@ class NightRow(BaseModel):
     note: str = ""
 
 
+class IdSet(BaseModel):
+    """A set of unit ids kept beside the ledger (``ids/<sha256>.txt``): how many, and the sha256 of the sorted
+    ids, one a line (each line ending in a newline)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    count: int = Field(ge=0)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+    @staticmethod
+    def text(ids) -> str:
+        return "".join(f"{u}\n" for u in sorted({str(u) for u in ids}))
+
+    @classmethod
+    def of(cls, ids) -> tuple[IdSet, str]:
+        t = cls.text(ids)
+        bad = [u for u in ids if "\n" in str(u) or not str(u)]
+        if bad:
+            raise LedgerError(f"unit id {bad[0]!r}: ids are non-empty and on one line")
+        return cls(count=t.count("\n"), sha256=hashlib.sha256(t.encode("utf-8")).hexdigest()), t
+
+
 class Candidate(BaseModel):
     model_config = ConfigDict(extra="forbid")
     id: str
@@ -179,6 +209,7 @@ class Candidate(BaseModel):
     description: str = ""
     payload: dict = Field(default_factory=dict)  # what to deploy: a version id, a model, a checkpoint path
     selected_on: list[str] = Field(default_factory=list)  # units its proposal looked at: never its evidence
+    selected_on_ids: IdSet | None = None  # more of them, kept in ids/<sha256>.txt (Ledger.selected reads both)
     state: State = "pending"
     proposed: str
     history: list[Transition] = Field(default_factory=list)
@@ -190,7 +221,7 @@ class Candidate(BaseModel):
 
 class LedgerFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    schema_version: Literal[2] = SCHEMA_VERSION
+    schema_version: Literal[3] = SCHEMA_VERSION
     config: LedgerConfig = Field(default_factory=LedgerConfig)
     next_index: dict[str, int] = Field(default_factory=lambda: dict.fromkeys(LEVERS, 1))
     candidates: list[Candidate] = Field(default_factory=list)
@@ -219,6 +250,7 @@ class Ledger:
         self.data = data or LedgerFile()
         self.path = path
         self._live: dict[tuple[str, str, str], ev.Stream] = {}  # (id, "streams"|"probation", name): in memory
+        self._ids: dict[str, tuple[frozenset[str], str]] = {}  # sha256 -> (ids, file text): made or read here
 
     # ---- storage ----
     @classmethod
@@ -235,6 +267,8 @@ class Ledger:
                               f"(it carries {LEDGER_NAME}) rather than starting a new one") from None
         if isinstance(raw, dict) and raw.get("schema_version") == 1:
             raw = _from_v1(raw)
+        if isinstance(raw, dict) and raw.get("schema_version") == 2:
+            raw = dict(raw, schema_version=3)  # version 3 only added selected_on_ids (default none)
         try:
             data = LedgerFile.model_validate(raw)
         except ValidationError as e:
@@ -249,10 +283,39 @@ class Ledger:
         if p is None:
             raise LedgerError("the ledger has no path to be saved to")
         self._flush()
+        for c in self.data.candidates:  # the id sets first: the ledger never names a file not yet written
+            ref = c.selected_on_ids
+            if ref is None:
+                continue
+            f = p.parent / IDS_DIR / f"{ref.sha256}.txt"
+            if f.is_file():
+                continue  # content-addressed: written once
+            self.selected(c)  # made here, or read back from beside where this ledger was loaded (checked)
+            artifacts.write_text(f, self._ids[ref.sha256][1])
         self.data.seq += 1
         artifacts.write_text(p, self.data.model_dump_json(indent=1))
         self.path = p
         return p
+
+    def selected(self, c: Candidate) -> frozenset[str]:
+        """Every unit ``c``'s proposal looked at: ``selected_on`` and the id set ``selected_on_ids`` names (read
+        from ``ids/<sha256>.txt`` beside the ledger, checked against its count and sha256)."""
+        ref = c.selected_on_ids
+        if ref is None:
+            return frozenset(c.selected_on)
+        if ref.sha256 not in self._ids:
+            f = (self.path.parent if self.path is not None else Path(".")) / IDS_DIR / f"{ref.sha256}.txt"
+            try:
+                text = f.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as e:
+                raise LedgerError(f"{f}: candidate {c.id}'s selected-on ids cannot be read ({e}); restore "
+                                  f"{IDS_DIR}/ beside {self.path} (it travels with the ledger)") from None
+            got = hashlib.sha256(text.encode("utf-8")).hexdigest()
+            if got != ref.sha256 or text.count("\n") != ref.count:
+                raise LedgerError(f"{f}: sha256 {got[:12]} and {text.count(chr(10))} ids, but candidate {c.id}'s "
+                                  f"selected_on_ids says {ref.sha256[:12]} and {ref.count}: the file was changed")
+            self._ids[ref.sha256] = (frozenset(text.splitlines()), text)
+        return frozenset(c.selected_on) | self._ids[ref.sha256][0]
 
     def save_lever(self, lever: str, path: str | os.PathLike[str] | None = None) -> Path:
         """Save with ``lever``'s candidates and next index as this ledger has them and every other lever's as
@@ -298,15 +361,26 @@ class Ledger:
     def of(self, lever: str, *states: str) -> list[Candidate]:
         return [c for c in self.data.candidates if c.lever == lever and (not states or c.state in states)]
 
+    def _compact(self, c: Candidate, ids) -> None:
+        ref, text = IdSet.of(ids)
+        self._ids[ref.sha256] = (frozenset(text.splitlines()), text)
+        c.selected_on, c.selected_on_ids = [], ref
+
     def propose(self, lever: str, key: str, *, night: str, description: str = "", payload: dict | None = None,
-                selected_on: Sequence[str] = ()) -> tuple[Candidate, bool]:
+                selected_on: Sequence[str] = (), compact: bool = False) -> tuple[Candidate, bool]:
         """The candidate for ``key`` on ``lever``: the existing one (its evidence carried on; False) or a
-        new pending one with the lever's next index and level (True)."""
+        new pending one with the lever's next index and level (True). ``compact``: keep what it was selected on
+        as an id set beside the ledger (``selected_on_ids``), not a list inside it."""
         if lever not in LEVERS:
             raise LedgerError(f"unknown lever {lever!r}: one of {', '.join(LEVERS)}")
         old = self.find(lever, key)
         if old is not None:
-            old.selected_on = sorted(set(old.selected_on) | set(selected_on))
+            if compact or old.selected_on_ids is not None:
+                union = self.selected(old) | set(map(str, selected_on))
+                if union:
+                    self._compact(old, union)
+            else:
+                old.selected_on = sorted(set(old.selected_on) | set(selected_on))
             return old, False
         j = self.data.next_index.get(lever, 1)
         self.data.next_index[lever] = j + 1
@@ -315,6 +389,8 @@ class Ledger:
                       description=description, payload=dict(payload or {}), selected_on=sorted(set(selected_on)),
                       proposed=night,
                       history=[Transition(night=night, state="pending", reason="proposed", at=_now())])
+        if compact and c.selected_on:
+            self._compact(c, c.selected_on)
         self.data.candidates.append(c)
         return c, True
 
@@ -372,7 +448,7 @@ class Ledger:
             raise LedgerError(f"candidate {cid}: {len(x)} observations but {len(units)} unit ids")
         if subjects is not None and len(subjects) != len(units):
             raise LedgerError(f"candidate {cid}: {len(units)} units but {len(subjects)} subjects")
-        bad = sorted((set(units) | set(map(str, subjects or ()))) & set(c.selected_on))
+        bad = sorted((set(units) | set(map(str, subjects or ()))) & self.selected(c))
         if bad:
             raise LedgerError(f"candidate {cid}: {len(bad)} unit(s) its proposal was selected on (e.g. {bad[0]!r}) "
                               "cannot be its evidence; judge it on tasks or runs its proposal never looked at")

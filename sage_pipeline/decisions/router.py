@@ -56,10 +56,15 @@ draw, so leaving such episodes out selects nothing about the outcome.
 the other model there cannot be valued (no logged decision saw it). A pending candidate found so is
 dropped, naming the role; an accepted one gets no evidence that night, said in its row.
 
-**The lever** (``ledger`` lever ``router``; candidate key: the checkpoint's sha256, the ``policy.joblib``
-SAGE loads). The deployed policy is a stack read from the ledger alone (:func:`deployed_stack`):
-SAGE's YAML table (:data:`TABLE`) at the bottom, then each accepted candidate over the one it was
-accepted against (``payload.incumbent``). Every night (:func:`judge`):
+**The lever** (``ledger`` lever ``router``; candidate key: :func:`candidate_key` of what SAGE serves, the
+``policy.joblib`` it loads *and* the confidence floor it applies. SAGE reads the floor from the environment,
+not the file (``sage.rl.policy.load_routing_policy``: ``float(SAGE_RL_MIN_CONFIDENCE)``, 0.55 when unset), and
+``ModelRouter.select`` takes a classifier's choice only when ``min(1, |p - 0.5| * 2) >= floor``: the same
+classifiers at two floors route differently, so the key hashes the file's sha256 with the floor as SAGE
+compares it (every floor <= 0 alike, every floor > 1 alike). A key written before (the file's sha256 alone)
+still names its folder: :func:`folder_matches`). The deployed policy is a stack read from the ledger alone
+(:func:`deployed_stack`): SAGE's YAML table (:data:`TABLE`) at the bottom, then each accepted candidate over
+the one it was accepted against (``payload.incumbent``). Every night (:func:`judge`):
 
 1. each accepted candidate, bottom up, is compared with its own incumbent on the new episodes (its
    probation: the ledger reverts it when its advantage is excluded above ``min_useful_gain``); a revert
@@ -82,9 +87,11 @@ module imports nothing of ``rl/``.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -101,6 +108,49 @@ TABLE = "yaml_table"  # the deployed policy's key when no checkpoint is: SAGE's 
 EXACT_SOURCES = ("logged", "logged_routing_decision", "reconstructed")
 DETERMINISTIC = 1.0 - 1e-9  # a logged probability this close to 1: the router had no other choice (as ope's)
 _REQUIRED = ("episode_id", "step", "propensity", "propensity_source", "reward", "timestamp")
+
+
+FLOOR_ENV = "SAGE_RL_MIN_CONFIDENCE"  # where SAGE reads its floor (sage.rl.policy.load_routing_policy)
+
+
+def served_floor(floor: float) -> str:
+    """The floor as SAGE's router compares it: ``conf >= floor`` with ``conf = min(1, |p - 0.5| * 2)`` in [0, 1],
+    so every floor <= 0 serves as 0 and every floor > 1 as "never" (SAGE's YAML on every role); else the float
+    SAGE parses from the deploy's ``str(float(floor))``."""
+    f = float(str(float(floor)))
+    if math.isnan(f):
+        raise RouterEvidenceError("a confidence floor of NaN: SAGE would compare every confidence false (YAML "
+                                  "everywhere); give the checkpoint a number")
+    return "0.0" if f <= 0.0 else ("above 1" if f > 1.0 else repr(f))
+
+
+def candidate_key(joblib_sha256: str, floor: float) -> str:
+    """The router candidate's ledger key: the sha256 of the ``policy.joblib`` SAGE loads together with the floor
+    it applies (:func:`served_floor`). Two checkpoints SAGE serves alike have one key; two it serves apart,
+    two keys."""
+    text = f"sage router candidate\npolicy.joblib sha256 {joblib_sha256}\n{FLOOR_ENV} {served_floor(floor)}\n"
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def folder_key(folder: str | Path) -> str:
+    """:func:`candidate_key` of a checkpoint folder as SAGE would serve it: its ``policy.joblib``'s sha256 and the
+    floor its manifest's ``sage_env`` sets (SAGE's default 0.55 when it sets none)."""
+    from sage_pipeline import artifacts
+    from sage_pipeline.sage import checkpoint as sage_checkpoint  # scikit-learn's loader: only when a folder is read
+
+    folder = Path(folder)
+    env = sage_checkpoint.read_manifest(folder).get("sage_env") or {}
+    floor = float(env.get(FLOOR_ENV, sage_checkpoint.SAGE_DEFAULT_MIN_CONFIDENCE))
+    return candidate_key(artifacts.file_sha256(folder / sage_checkpoint.JOBLIB_NAME), floor)
+
+
+def folder_matches(folder: str | Path, key: str) -> bool:
+    """Whether the checkpoint at ``folder`` is the candidate ``key`` names: :func:`folder_key`, or, for a key
+    written before the floor was part of it, its ``policy.joblib``'s sha256 alone."""
+    from sage_pipeline import artifacts
+    from sage_pipeline.sage import checkpoint as sage_checkpoint
+
+    return key in (folder_key(folder), artifacts.file_sha256(Path(folder) / sage_checkpoint.JOBLIB_NAME))
 
 
 class RouterGateConfig(BaseModel):
@@ -334,14 +384,18 @@ def propose(ledger: Ledger, key: str, *, night: str, proposed_at, selected_on: S
             description: str = "", payload: dict | None = None) -> tuple[Candidate, bool]:
     """The router candidate for checkpoint ``key`` (its sha256): new, pending against the policy deployed
     now (``payload.incumbent``), judged only on episodes that start after ``proposed_at`` (the latest log
-    time it was trained or selected on) and never on ``selected_on``; or the existing one (False)."""
+    time it was trained or selected on) and never on ``selected_on``; or the existing one (False). What it was
+    selected on (every episode of its train and select split: thousands) is kept as the ledger's id set
+    beside it (``Candidate.selected_on_ids``: count and sha256 in the ledger, the ids in ``ids/<sha256>.txt``),
+    not as a list inside the ledger."""
     if key == TABLE or not key:
         raise LedgerError(f"a router candidate's key is its checkpoint's sha256, not {key!r}")
     old = ledger.find(LEVER, key)
     if old is not None:
-        return ledger.propose(LEVER, key, night=night, selected_on=selected_on)
+        return ledger.propose(LEVER, key, night=night, selected_on=selected_on, compact=True)
     facts = {**(payload or {}), "incumbent": deployed_key(ledger), "proposed_at": _iso(proposed_at)}
-    return ledger.propose(LEVER, key, night=night, description=description, payload=facts, selected_on=selected_on)
+    return ledger.propose(LEVER, key, night=night, description=description, payload=facts, selected_on=selected_on,
+                          compact=True)
 
 
 # ------------------------------------------------------------------ one night
@@ -388,7 +442,7 @@ def _feed(ledger: Ledger, c: Candidate, ep: Episodes, weights: Callable[[str], t
     after = start > proposed_at
     ids = pd.Series(ep.ids, dtype=object)
     judged = ids.isin(set(c.judged_on.get(STREAM, ()))).to_numpy()
-    selected = ids.isin(set(c.selected_on)).to_numpy()
+    selected = ids.isin(ledger.selected(c)).to_numpy()
     f.before_proposal = int((~after).sum())
     f.already_judged = int((after & judged).sum())
     new = after & ~judged

@@ -239,10 +239,10 @@ def _trained_until(df: pd.DataFrame) -> tuple[pd.Timestamp | None, tuple[str, ..
 
 
 def _keep_addressed(sage: SageResource, served: dict, evidence: dict) -> tuple[dict, dict, list[str]]:
-    """Each served candidate as the checkpoint SAGE would load, at checkpoints/candidates/<sha256>/ (the
-    sha256 of its policy.joblib: the ledger key), written once: a key already kept is never rewritten.
-    Returns (keys, paths) by served name, and a note per key kept at another floor (the key is the
-    classifiers alone: the ledger values the first one kept)."""
+    """Each served candidate as the checkpoint SAGE would load, at checkpoints/candidates/<key>/ (the ledger key:
+    its policy.joblib's sha256 with the floor SAGE applies, ``router.candidate_key``), written once: a key already
+    kept is never rewritten. Returns (keys, paths) by served name, and a note per key kept at another floor
+    (only a key written before the floor was part of it can be)."""
     keys, paths, notes = {}, {}, []
     for name, sel in served.items():
         key = oe.served_key(sel.policy)
@@ -251,10 +251,11 @@ def _keep_addressed(sage: SageResource, served: dict, evidence: dict) -> tuple[d
             sage_router.write_sage_checkpoint(folder, sel.policy, {
                 "policy": name, "source": sel.source, "min_confidence_selected_by": sel.how,
                 "agreement_eval": sel.agreement_eval, "ledger_key": key, **evidence})
-            got = artifacts.file_sha256(folder / sage_router.JOBLIB_NAME)
+            got = ledger_router.folder_key(folder)
             if got != key:
-                raise RuntimeError(f"{folder}: policy.joblib's sha256 {got[:12]} is not its ledger key {key[:12]} "
-                                   "(oe.served_key): the candidate could not be kept at its content address")
+                raise RuntimeError(f"{folder}: its policy.joblib and floor give key {got[:12]}, not its ledger key "
+                                   f"{key[:12]} (oe.served_key): the candidate could not be kept at its content "
+                                   "address")
         elif float(sage_router.read_manifest(folder)["min_confidence"]) != float(sel.policy.min_confidence):
             notes.append(f"{name}: the classifiers of {key[:12]} were kept at floor "
                          f"{sage_router.read_manifest(folder)['min_confidence']}, tonight's floor is "
@@ -278,10 +279,10 @@ def _candidate_loader(sage: SageResource):
     def load(key: str, payload: dict):
         folder = _kept_at(sage, key, payload.get("path"))
         policy = sage_router.load_sage_checkpoint(folder, table, binary)
-        got = artifacts.file_sha256(folder / sage_router.JOBLIB_NAME)
-        if got != key:
-            raise ValueError(f"{folder}: policy.joblib's sha256 {got[:12]} is not the ledger's key {key[:12]}: the "
-                             "kept checkpoint changed; restore it from the bundle that deployed it")
+        if not ledger_router.folder_matches(folder, key):
+            raise ValueError(f"{folder}: its policy.joblib and floor give key {ledger_router.folder_key(folder)[:12]}, "
+                             f"not the ledger's key {key[:12]}: the kept checkpoint changed; restore it from the "
+                             "bundle that deployed it")
         return policy
     return load
 
@@ -306,7 +307,7 @@ def _stage_deployed(gate_dir: Path, sage: SageResource, deploy: dict, facts: dic
     """The ledger's deployed checkpoint staged as gate/sage_binary (its policy.joblib copied byte for byte, so
     its sha256 stays the ledger key; the manifest names tonight's dataset and where SAGE will find it)."""
     src = _kept_at(sage, deploy["key"], deploy["path"])
-    if artifacts.file_sha256(src / sage_router.JOBLIB_NAME) != deploy["key"]:
+    if not ledger_router.folder_matches(src, deploy["key"]):
         raise dg.Failure(f"offline_eval: {src / sage_router.JOBLIB_NAME} is not the checkpoint the ledger deploys "
                          f"({deploy['key'][:12]}): restore it from the bundle that deployed it")
     manifest = sage_router.read_manifest(src)
@@ -536,12 +537,13 @@ def _ledger_stage_problems(gate_dir: Path, loaders: dict) -> list[str]:
     folder = gate_dir / "sage_binary"
     try:
         loaders["sage_binary"](folder)
-        got = artifacts.file_sha256(folder / sage_router.JOBLIB_NAME)
+        got = ledger_router.folder_key(folder)
+        same = ledger_router.folder_matches(folder, d["deploy"]["key"])
     except Exception as e:  # noqa: BLE001 - any failure to load is the finding
         return [f"sage_binary: the ledger's deployed {d['deploy']['candidate']} staged at {folder} does not load: {e}"]
-    if got != d["deploy"]["key"]:
-        return [f"sage_binary: the staged {folder / sage_router.JOBLIB_NAME} has sha256 {got[:12]}, the ledger deploys "
-                f"{d['deploy']['key'][:12]}; re-materialize offline_eval"]
+    if not same:
+        return [f"sage_binary: the staged {folder} (its policy.joblib and floor) has key {got[:12]}, the ledger "
+                f"deploys {d['deploy']['key'][:12]}; re-materialize offline_eval"]
     return []
 
 

@@ -991,7 +991,7 @@ class LedgerGateInputs:
 
     ``proposed_at``: the latest log time tonight's candidates were trained or selected on (they are judged on
     episodes that start after it); ``keys``: served name -> its checkpoint's sha256, the candidate's ledger key
-    (default :func:`served_key`, the sha256 of the ``policy.joblib`` SAGE would load); ``paths``: served name ->
+    (default :func:`served_key`: the ``policy.joblib`` SAGE would load with its floor); ``paths``: served name ->
     where its checkpoint is kept for as long as the ledger may deploy it (content-addressed, not the nightly
     candidates folder); ``load(key, payload)``: the policy of a candidate of an earlier night (from
     ``payload['path']``), needed while one is pending or accepted; ``selected_on``: episode ids tonight's
@@ -1008,11 +1008,13 @@ class LedgerGateInputs:
 
 
 def served_key(policy) -> str:
-    """The sha256 of the ``policy.joblib`` :func:`sage_router.write_sage_checkpoint` writes for ``policy``
-    (the same bytes, dumped in memory): the router candidate's ledger key."""
+    """The router candidate's ledger key (``decisions.router.candidate_key``): the sha256 of the ``policy.joblib``
+    :func:`sage_router.write_sage_checkpoint` writes for ``policy`` (the same bytes, dumped in memory) with the
+    confidence floor SAGE applies to it (its ``min_confidence``, which the checkpoint's ``sage_env`` sets as
+    SAGE_RL_MIN_CONFIDENCE): ``router.folder_key`` of the folder written."""
     buf = io.BytesIO()
     joblib.dump(sage_router.to_sage_dict(policy), buf)
-    return hashlib.sha256(buf.getvalue()).hexdigest()
+    return ledger_router.candidate_key(hashlib.sha256(buf.getvalue()).hexdigest(), policy.min_confidence)
 
 
 def ledger_gate(per_night: GateDecision, served: dict[str, object], df: pd.DataFrame, space: ActionSpace,

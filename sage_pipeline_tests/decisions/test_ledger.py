@@ -206,13 +206,13 @@ def test_the_coder_spends_its_level_geometrically_and_bets_the_mixture(tmp_path)
     assert led.stream(c, "probation", "online").components() == 0
     led.save()
     again = Ledger.load(led.path)
-    assert again.data.schema_version == 2 and again.standing(c.id)["n"] == 41
+    assert again.data.schema_version == 3 and again.standing(c.id)["n"] == 41
     assert again.data.model_dump() == led.data.model_dump()
 
 
 def test_a_version_1_ledger_is_read_with_the_rule_it_was_written_under(tmp_path):
     """A ledger written before the mixture and the geometric levels (schema 1): its coder candidates keep their
-    plug-in streams and alpha / (j (j + 1)), it goes on taking evidence, and it is written back as version 2."""
+    plug-in streams and alpha / (j (j + 1)), it goes on taking evidence, and it is written back as version 3."""
     p = tmp_path / "ledger.json"
     led = Ledger.load(p)
     c, _ = led.propose("coder", "pin coder to B (round 1)", night="n1")
@@ -235,8 +235,47 @@ def test_a_version_1_ledger_is_read_with_the_rule_it_was_written_under(tmp_path)
     d, _ = old.propose("coder", "pin coder to A (round 1)", night="n2")
     assert d.alpha == pytest.approx(0.05 / 6)
     old.save()
-    assert json.loads(p.read_text())["schema_version"] == 2
-    raw["schema_version"] = 3
+    assert json.loads(p.read_text())["schema_version"] == 3
+    raw["schema_version"] = 4
     p.write_text(json.dumps(raw))
     with pytest.raises(LedgerError, match=r"ledger\.json: field 'schema_version'"):
         Ledger.load(p)
+
+
+def test_a_large_selected_on_is_an_id_set_beside_the_ledger_and_stays_checkable(tmp_path):
+    """What the router's candidates are selected on (thousands of episodes) is kept as a count and a sha256 in the
+    ledger and the ids in ids/<sha256>.txt, written once; it is still refused as evidence, survives a reload and
+    a second proposal's union; a changed or missing file is named, never read as another set."""
+    import hashlib
+
+    from sage_pipeline.decisions.ledger import IDS_DIR
+
+    p = tmp_path / "ledger.json"
+    led = Ledger.load(p)
+    eps = [f"s{i // 5}/task{i % 5:04d}" for i in range(18_000)]
+    c, _ = led.propose("router", "a" * 64, night="n1", selected_on=eps, compact=True)
+    assert c.selected_on == [] and c.selected_on_ids.count == 18_000
+    led.save()
+    text = "".join(f"{u}\n" for u in sorted(eps))
+    f = tmp_path / IDS_DIR / f"{hashlib.sha256(text.encode()).hexdigest()}.txt"
+    assert f.read_text() == text and c.selected_on_ids.sha256 == f.stem
+    assert p.stat().st_size < 20_000  # the ledger holds the count and the hash, not 18,000 ids
+    again = Ledger.load(p)
+    back = again.get(c.id)
+    with pytest.raises(LedgerError, match="selected on"):
+        again.add_evidence(back.id, "exploring_logs", [0.1], -1, 1, [eps[123]])
+    assert again.add_evidence(back.id, "exploring_logs", [0.1], -1, 1, ["s9999/task0000"]) == 1
+    more, new = again.propose("router", "a" * 64, night="n2", selected_on=["s9999/task0001"], compact=True)
+    assert not new and more.selected_on_ids.count == 18_001 and len(again.selected(more)) == 18_001
+    again.save()
+    assert len(list((tmp_path / IDS_DIR).iterdir())) == 2  # the first set is kept: the old record still names it
+    # a ledger whose id file was changed, or lost, says which file and what to do
+    third = Ledger.load(p)
+    (tmp_path / IDS_DIR / f"{more.selected_on_ids.sha256}.txt").write_text("s1/task0000\n")
+    with pytest.raises(LedgerError, match=r"ids/[0-9a-f]{64}\.txt: sha256 .* the file was changed"):
+        third.selected(third.get(c.id))
+    (tmp_path / IDS_DIR / f"{more.selected_on_ids.sha256}.txt").unlink()
+    with pytest.raises(LedgerError, match="cannot be read"):
+        Ledger.load(p).add_evidence(c.id, "exploring_logs", [0.1], -1, 1, ["s9999/task0005"])
+    with pytest.raises(LedgerError, match="one line"):
+        led.propose("router", "b" * 64, night="n3", selected_on=["bad\nid"], compact=True)

@@ -16,6 +16,7 @@ explores around the deployed policy with a known probability, as the exploring c
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 
 import numpy as np
@@ -431,3 +432,62 @@ def test_a_row_says_state_estimate_interval_evidence_of_needed_and_why():
     assert r["state"] == "pending" and r["needed"] == pytest.approx(1 / (0.05 / 2))
     assert r["why"].startswith("pending against SAGE's YAML table: evidence ") and "of the 40 needed" in r["why"]
     assert r["tonight"]["fed"] == 100 and r["episodes"] == 100
+
+
+# ------------------------------------------------------------------ the key: what SAGE serves, its floor included
+def _served_at(floor: float):
+    from sklearn.tree import DecisionTreeClassifier
+
+    from sage_pipeline.routing.action_space import ActionSpace
+    from sage_pipeline.sage import checkpoint as sr
+    from sage_pipeline.sage.table import RoutingTable
+
+    table = RoutingTable.load()
+    space = ActionSpace.build(table).binary()
+    rng = np.random.default_rng(0)
+    X = np.c_[rng.random(400), rng.integers(0, 4, 400)]
+    y = (rng.random(400) < 0.2 + 0.6 * X[:, 0]).astype(int)  # probabilities in between: the floor matters
+    clf = DecisionTreeClassifier(max_depth=3, random_state=0).fit(X, y)
+    return sr.ServedSagePolicy(table, space, {"planner": clf}, min_confidence=floor).with_every_role(), sr
+
+
+def test_the_key_is_the_checkpoint_sage_loads_with_the_floor_sage_applies(tmp_path):
+    """SAGE reads its floor from SAGE_RL_MIN_CONFIDENCE, not from policy.joblib, and takes a classifier's choice
+    only at confidence >= floor: the same classifiers at floors 0.2 and 0.9 route differently (SAGE's rule,
+    ServedSagePolicy.decide), so they are two candidates; each key is the folder's as SAGE would serve it."""
+    from sage_pipeline.rl import offline_eval as oe
+
+    lo, sr = _served_at(0.2)
+    hi = lo.with_min_confidence(0.9)
+    grid = [(t, f) for t in np.linspace(0, 1, 21) for f in range(4)]
+    assert [lo.decide("planner", t, f) for t, f in grid] != [hi.decide("planner", t, f) for t, f in grid]
+    keys = []
+    for name, served in (("lo", lo), ("hi", hi)):
+        sr.write_sage_checkpoint(tmp_path / name, served, {})
+        assert oe.served_key(served) == router.folder_key(tmp_path / name)
+        assert router.folder_matches(tmp_path / name, oe.served_key(served))
+        keys.append(oe.served_key(served))
+    assert keys[0] != keys[1]
+    same_file = (tmp_path / "lo" / sr.JOBLIB_NAME).read_bytes() == (tmp_path / "hi" / sr.JOBLIB_NAME).read_bytes()
+    assert same_file  # the file alone (the key before) could not tell them apart
+    from sage_pipeline import artifacts
+
+    legacy = artifacts.file_sha256(tmp_path / "lo" / sr.JOBLIB_NAME)
+    assert router.folder_matches(tmp_path / "lo", legacy)  # a key written before still names its folder
+    assert not router.folder_matches(tmp_path / "lo", keys[1])
+    # the floor SAGE's deploy sets decides: the manifest's sage_env, SAGE's 0.55 when it sets none
+    m = json.loads((tmp_path / "hi" / sr.MANIFEST_NAME).read_text())
+    del m["sage_env"]["SAGE_RL_MIN_CONFIDENCE"]
+    (tmp_path / "hi" / sr.MANIFEST_NAME).write_text(json.dumps(m))
+    assert router.folder_key(tmp_path / "hi") == router.candidate_key(legacy, 0.55)
+
+
+def test_floors_sage_serves_alike_have_one_key_and_others_differ():
+    h = "0" * 64
+    assert router.candidate_key(h, 1.5) == router.candidate_key(h, 7.0)  # above 1: never confident enough
+    assert router.candidate_key(h, -0.3) == router.candidate_key(h, 0.0)  # at or below 0: always
+    assert router.candidate_key(h, 1.0) != router.candidate_key(h, 1.5)  # confidence 1 is reachable
+    assert router.candidate_key(h, 0.55) != router.candidate_key(h, 0.56)
+    assert router.candidate_key(h, 0.55) != router.candidate_key("1" * 64, 0.55)
+    with pytest.raises(router.RouterEvidenceError, match="NaN"):
+        router.candidate_key(h, float("nan"))

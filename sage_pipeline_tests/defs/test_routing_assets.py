@@ -260,7 +260,6 @@ def test_publishing_follows_the_ledgers_deploy(chain, tmp_path):
     (its content-addressed checkpoint, byte for byte; the exploring checkpoint explores around it), and
     SAGE's YAML table alone after its revert (no policy.joblib where SAGE looks). Here the ledger's states
     are set by hand (one night's logs support no accept); decisions/ holds the ledger's own tests."""
-    from sage_pipeline import artifacts
     from sage_pipeline.decisions.ledger import Ledger
 
     copy = _copy(chain, tmp_path)
@@ -282,7 +281,9 @@ def test_publishing_follows_the_ledgers_deploy(chain, tmp_path):
     led = Ledger.load(path)
     assert led.get(cand.id).state == "accepted" and all(led.get(o.id).state == "dropped" for o in others)
     promoted = copy / "checkpoints" / "promoted_sage"
-    assert artifacts.file_sha256(promoted / "policy.joblib") == cand.key
+    from sage_pipeline.decisions import router as ledger_router
+
+    assert ledger_router.folder_key(promoted) == cand.key  # the file SAGE loads, at the floor its env sets
     assert json.loads((promoted / "ledger_deploy.json").read_text())["deploy"]["candidate"] == cand.id
     assert _metadata(result, "promoted_policy")["sage_binary"].startswith(cand.id)
     sage = _metadata(result, "sage_router_checkpoint")

@@ -10,7 +10,6 @@ import dagster as dg
 import joblib
 import pytest
 
-from sage_pipeline import artifacts
 from sage_pipeline.definitions import ROUTING_ASSETS
 from sage_pipeline.defs import bundle_assets, routing_checks
 from sage_pipeline.defs.resources import SageResource
@@ -170,11 +169,12 @@ def test_offline_eval_refuses_what_sages_logs_cannot_support_and_says_why(chain)
 
 def test_the_ledger_keeps_each_candidate_at_its_content_address(chain):
     """offline_eval loads and saves the one ledger (decisions/ledger.json, what decisions/decision_ledger
-    reads); each router candidate's key is the sha256 of the policy.joblib SAGE would load, kept at
-    checkpoints/candidates/<key>/, judged only on episodes logged after the latest one it was trained or
-    selected on, never on those."""
+    reads); each router candidate's key is the policy.joblib SAGE would load with the floor SAGE applies
+    (router.folder_key), kept at checkpoints/candidates/<key>/, judged only on episodes logged after the latest
+    one it was trained or selected on, never on those (kept as the ledger's id set beside it)."""
     import pandas as pd
 
+    from sage_pipeline.decisions import router
     from sage_pipeline.decisions.ledger import Ledger
     from sage_pipeline.routing.action_space import ActionSpace
     from sage_pipeline.sage import checkpoint as sage_router
@@ -192,12 +192,11 @@ def test_the_ledger_keeps_each_candidate_at_its_content_address(chain):
         folder = root / "checkpoints" / "candidates" / c.key
         assert c.payload["path"] == str(folder) and c.payload["incumbent"] == "yaml_table"
         assert sage_router.load_sage_checkpoint(folder, table, space).models
-        assert artifacts.file_sha256(folder / "policy.joblib") == c.key
+        assert router.folder_key(folder) == c.key and c.selected_on == [] and c.selected_on_ids is not None
         # trained on the train split, selected on the select part: its proposal time is their latest log time
         assert pd.Timestamp(c.payload["proposed_at"]) <= ts.max()
-        assert set(df.loc[df["split"] == "train", "episode_id"].astype(str)) <= set(c.selected_on)
-        assert not set(df.loc[ts > pd.Timestamp(c.payload["proposed_at"]), "episode_id"].astype(str)) & set(
-            c.selected_on)
+        assert set(df.loc[df["split"] == "train", "episode_id"].astype(str)) <= led.selected(c)
+        assert not set(df.loc[ts > pd.Timestamp(c.payload["proposed_at"]), "episode_id"].astype(str)) & led.selected(c)
 
 
 def test_sage_router_checkpoint_says_what_it_did(chain):

@@ -589,4 +589,8 @@ def test_served_key_is_the_sha256_of_the_checkpoint_sage_loads(tmp_path):
     space = ActionSpace.build(table).binary()
     served = sr.ServedSagePolicy(table, space, {r: sr.yaml_classifier(table.routes[r]) for r in ("planner",)})
     sr.write_sage_checkpoint(tmp_path / "ck", served, {})
-    assert oe.served_key(served) == artifacts.file_sha256(tmp_path / "ck" / sr.JOBLIB_NAME)
+    from sage_pipeline.decisions import router as ledger_router
+
+    # the file's sha256 with the floor SAGE applies to it (SAGE_RL_MIN_CONFIDENCE, not in the file)
+    sha = artifacts.file_sha256(tmp_path / "ck" / sr.JOBLIB_NAME)
+    assert oe.served_key(served) == ledger_router.folder_key(tmp_path / "ck") == ledger_router.candidate_key(sha, 0.55)
