@@ -1,6 +1,6 @@
 """Fault injection: bad lines and files, kill -9, concurrent runs, a misbehaving LLM server.
 
-Issue 17's acceptance run. Five categories of trials, each checked against what must hold:
+Issue 17's acceptance run. Eight categories of trials, each checked against what must hold:
 
 1. ``fuzz``: sets of SAGE-shaped session journals (``TRAJECTORY_STEP``,
    ``MODEL_ROUTING_DECISION``, ``TOKEN_USAGE``, ``SESSION_START``/``END``, other types, blank
@@ -18,8 +18,8 @@ Issue 17's acceptance run. Five categories of trials, each checked against what 
    asset (synthetic_sessions, trajectories, routing_dataset, reward_report, bc_policy,
    cql_policy, offline_eval, sage_router_checkpoint, sim_tasks, sandbox_rollouts on the
    Docker and on the local sandbox, ppo_policy and routing_benchmark (issue 35: each writes its
-   checkpoint, plot and report as one set), and one night each of sleep_cycle/reviewer and
-   sleep_cycle/coder, whose judge runs code in the sandbox), on a temporary
+   checkpoint, plot and report as one set), and ``sleep_cycle/sage_skills``, SAGE's night on the
+   project's SAGE skills root, on the shipped SAGE week), on a temporary
    ``SAGE_DATA_DIR`` and ``DAGSTER_HOME``. Each run is the real asset
    materialized by ``dagster.materialize`` on that instance, in a process forked from a
    runner that imported the definitions once (so a trial takes the asset's time, not
@@ -31,40 +31,79 @@ Issue 17's acceptance run. Five categories of trials, each checked against what 
    materialize`` CLI itself, started with ``start_new_session=True``, and re-runs with the
    CLI. After the kill every artifact
    must read completely (Parquet, JSON, JSON lines, PNG, npz, joblib; checkpoints through
-   ``rl.load_policy``; the synthetic set against its ``simulator.json``; the sleep store's
-   index, versions and live pair) and be the old version or the new one (what a plain
+   ``rl.load_policy``; the synthetic set against its ``simulator.json``; the SAGE skills root
+   whole: its history, every version folder's files hashing to the version's id, the live
+   pointer at the history's last version or the one before, a switch the next change
+   finishes) and be the old version or the new one (what a plain
    re-run with the same config writes), and all of an asset's files one run's set (no
    mix of old and new files); the plain re-run must succeed with no clean-up, and
    afterwards no temporary file or folder may be left anywhere under the root. For the
    assets that run code in a sandbox, within 20 s of the kill no container labelled by the
    killed run and no local runner of a dead host may remain, and after the re-run no
    local work folder of a dead host.
+
+   Ported for issue 48 (the generic sleep engine and its ``sleep_cycle/reviewer`` and
+   ``sleep_cycle/coder`` assets were removed): the asset's night runs on the shipped week with
+   no model configured, so it harvests and ends ``no_model`` (``no_tasks`` while the week
+   ships no goal ledger, SAGE logging no goal) and commits nothing; a kill lands in the week's
+   verification, the online check's report, the harvest, the decision ledger and the skills
+   lever's plan, and the night's diagnostics. The coder's night that judged candidate code in
+   the sandbox has no equivalent there (the SAGE night replays the coder only on harvested
+   tasks, and the harvest validates SAGE's tests in the sandbox only when it has tasks); the
+   asset stays in the sandbox checks for when it has. What a kill *inside a commit* does is
+   the ``sage night commit`` kill trials' (``--night-kills``): ``run_sage_night`` in a child on
+   SAGE-shaped tasks (as ``sage_pipeline_tests/sleep/test_sage_night.py`` builds them; a
+   scripted chat whose answers a rule improves and a scripted judge, so nothing runs code)
+   whose per-night gate accepts a rule and commits it, killed on even trials at 30-100% of a
+   complete night, on odd ones 0-20 ms after the commit's version folder starts being
+   written: the live version must be whole and the old or the new one, and the plain re-run
+   of the night must succeed with no clean-up, leaving the new version live and nothing
+   temporary behind.
 3. ``concurrent``: two materializations of the same asset at once (two configs where the
    asset has one): both must succeed, and every artifact must then be one run's complete
    version, with no temporary files left.
-4. ``backend``: nights against an OpenAI-compatible server on 127.0.0.1 that trickles its
+4. ``backend``: SAGE nights (``run_sage_night`` on SAGE-shaped tasks, through the ``openai``
+   client ``SageSkillsSettings(backend="openai", openai=...)`` makes) against an
+   OpenAI-compatible server on 127.0.0.1 that trickles its
    body or its headers, answers 500, 429 with a day-long Retry-After, non-JSON, non-UTF-8,
    an empty body, a cut-off body, resets the connection, never answers, or replies with
    ``"usage": 5``, no ``choices``, a non-string ``content`` or 100,000 levels of nesting,
    and a port nobody listens on: each night must end ``backend_error`` within its bound
-   (``(max_retries + 1) * timeout_s`` plus the capped waits, plus 1.5 s), the night's folder
-   must say so (not an earlier night's result), and the skill's lock must be free.
-5. ``pool``: a ``sleep_cycle/reviewer`` night launched through a ``dagster-daemon`` (run
+   (``(max_retries + 1) * timeout_s`` plus the capped waits, plus 1.5 s), its
+   ``diagnostics.json`` must say so with the cause and the calls' errors (not an earlier
+   night's healthy result), the root's live version must be unchanged and whole, and the
+   root's night lock free. (The generic night called its model on its own documents; the
+   SAGE night calls it only with harvested tasks, and the asset's on the shipped week has
+   none, so the trial calls ``run_sage_night`` itself with the client the asset's config
+   makes, on the benchmark's SAGE-shaped tasks.)
+   ``night`` (new with the port): another night of the same root holds its night lock (a
+   process of its own): the night waits its ``lock_timeout_s`` and ends with the recorded
+   status ``conflict`` (the generic cycle raised), diagnostics saying so, the live version
+   unchanged, and the next night runs once the lock is free; and each of 10 bad configs of
+   ``sleep_cycle/sage_skills`` (``SageSkillsSettings``, which the asset's Dagster config is,
+   section by section) is refused with an error naming the field.
+5. ``pool``: a ``sleep_cycle/sage_skills`` night launched through a ``dagster-daemon`` (run
    monitoring as shipped in ``.dagster_home/dagster.yaml``, its poll interval and slot
-   delay shortened) holds the ``sleep_cycle`` pool's only slot while its LLM call hangs; its
-   run worker is killed with -9; the dead run must be marked failed and the night queued
-   behind it must then get the slot and succeed. Only with ``--pool`` (a minute or two: the
-   daemon, its code server and two run workers each load the definitions); the same case with
+   delay shortened) holds the ``sleep_cycle`` pool's only slot while it hangs; its run
+   worker is killed with -9; the dead run must be marked failed and the night queued behind
+   it must then get the slot and succeed. The night hangs on its root's night lock, which
+   the benchmark holds and lets go right after the kill (the generic night hung on its LLM
+   call; the SAGE night on the shipped week reaches no model call, having no task). Only
+   with ``--pool`` (a minute or two: the daemon, its code server and two run workers each
+   load the definitions); the same case with
    a toy pooled job runs in the test suite (``sage_pipeline_tests/defs/test_run_monitoring.py``).
    A pooled run executed inside the CLI (``dagster asset materialize``) and killed with -9 has
    no code server to notice: the next run's executor reaps it (``cli_pool``, below); the kill
    trials use an instance without the pool limit.
 
 6. ``disk`` (issue 35): a full disk, as root on a real tmpfs filled but for a random few KB:
-   a set of files written as one (``artifacts.atomic_set``) for ``trajectories``,
-   ``routing_dataset`` and a ``sleep_cycle/reviewer`` night must fail with an error naming the
-   path and the asset (never a bare ``[Errno 28]``), leave the previous set whole and leave
-   no version half-written. Skipped (and said so) when not root.
+   a set of files written as one (``artifacts.atomic_set``) for ``trajectories`` and
+   ``routing_dataset`` must fail with an error naming the path and the asset (never a bare
+   ``[Errno 28]``), leave the previous set whole and leave no version half-written; for
+   ``sleep_cycle/sage_skills`` (whose night writes single files, no set: the generic night's
+   set is gone) a commit of its SAGE skills root, a version folder written whole, must fail
+   the same way and leave the live version whole and unchanged, no staging folder left, and
+   go through once the disk is freed. Skipped (and said so) when not root.
 7. ``cli_pool`` (issue 35): a pooled ``dagster asset materialize`` run (a toy asset in a pool of
    one slot, on the project's executor, ``run_reaper.reaping``) is killed with -9 while it holds
    the slot; the next plain CLI run must finish within 60 s, with the dead run marked failed.
@@ -75,7 +114,8 @@ benchmark runs from a read-only clone.
 
     .venv/bin/python benchmarks/fault_injection.py [--trials-per-asset 5] [--concurrent-per-asset 2]
         [--fuzz-trials 120] [--backend-rounds 2] [--cli-assets A,B|all] [--no-cli] [--pool]
-        [--disk-trials 30] [--cli-pool-trials 2] [--quick] [--seed 0] [--keep] [--scratch DIR]
+        [--disk-trials 30] [--cli-pool-trials 2] [--night-kills 5] [--quick] [--seed 0] [--keep]
+        [--scratch DIR]
 """
 
 from __future__ import annotations
@@ -798,46 +838,53 @@ def _owner_gone(cwd: str) -> bool:
     return True
 
 
-def fp_sleep(root: Path, skill: str = "reviewer") -> dict[str, str]:
-    """The skill store must be whole: every index line valid, every version folder's content
-    matching its id, the live pair one of the stored versions; the night's files complete."""
-    from sage_pipeline.sleep.store import SkillStore, StoreError, version_id
+SKILLS_ROOT = ("sleep", "sage_skills")  # the asset's SAGE skills root, under the artifact root
 
-    sroot = root / "sleep" / skill
-    if not sroot.exists():
-        return {"sleep": "absent"}
-    store = SkillStore(root / "sleep", skill)
+
+def check_skills_root(folder: Path, base: Path | None = None) -> dict[str, str]:
+    """A SAGE skills root (``sleep.sage_skills.SageSkillsRoot``) must be whole: every history and staged line
+    valid, every version folder's nine files hashing to its id (``version_id``), the live pointer naming a stored
+    version that is the history's last (or the one before it: a switch the next change finishes), and every file
+    of the nights' diagnostics and online reports complete. (live version, versions, history length, each night
+    file's content hash); Broken otherwise. ``base``: what the file names are relative to."""
+    from sage_pipeline.sage.skills import SkillsError
+    from sage_pipeline.sleep.sage_skills import LIVE_FILE, STAGING, SageSkillsRoot, version_id
+
+    base = base or folder
+    if not (folder / LIVE_FILE).is_file():
+        return {str(folder.relative_to(base)): "absent"}
     try:
-        entries = store.versions()
-        stored = {p.name for p in store.versions_dir.iterdir() if p.is_dir() and not p.name.startswith(".")}
+        root = SageSkillsRoot(folder)
+        entries = root.versions()
+        staged = root.staged()
+        stored = {p.name for p in root.versions_dir.iterdir() if p.is_dir() and not STAGING.fullmatch(p.name)}
         for vid in stored:
-            store.read_version(vid)
-    except StoreError as e:
+            if version_id(root.files(vid)) != vid:
+                raise Broken(f"{root.versions_dir / vid}: its files are not version {vid} (a tree cut short)")
+        live = root.live()
+    except SkillsError as e:
         raise Broken(str(e)) from None
-    if any(v.version not in stored for v in entries):
-        raise Broken(f"{store.index}: names a version with no folder")
-    live = {}
-    if store.skill_path.exists() or store.memory_path.exists():
-        snap = store.read()
-        if snap.id not in stored and not _switch_cut_short(store, snap):
-            raise Broken(f"{sroot}: the live SKILL.md and MEMORY.md ({snap.id}) are no stored version (a mixed pair)")
-        live = {"live": version_id(snap.skill, snap.memory)}
-    nights = {}
-    for p in sorted((sroot / "nights").rglob("*")) if (sroot / "nights").is_dir() else []:
-        if p.is_file():
-            nights[str(p.relative_to(root))] = read_artifact(p)
-    return {**live, "versions": ",".join(sorted(stored)), "index_entries": str(len(entries)), **nights}
+    if any(v.version not in stored for v in [*entries, *staged]):
+        raise Broken(f"{root.history_file} or {root.staged_file}: names a version with no whole folder")
+    if live not in stored or live not in [e.version for e in entries[-2:]]:
+        raise Broken(f"{root.live_file}: live version {live} is not the history's last (nor the one before)")
+    out = {"live": live, "versions": ",".join(sorted(stored)), "history": str(len(entries))}
+    for sub in ("nights", "online"):
+        for p in sorted((folder / sub).rglob("*")) if (folder / sub).is_dir() else []:
+            if p.is_file() and not _TEMP_FILE.fullmatch(p.name):
+                out[str(p.relative_to(base))] = read_artifact(p)
+    return out
 
 
-def _switch_cut_short(store, snap) -> bool:
-    """A kill between the two live documents' replacements: pending.json names the version being
-    switched to and each document is that version's or the one before (the next run finishes it)."""
-    try:
-        p = json.loads(store.pending.read_bytes())
-        ends = [store.read_version(v) for v in (p["version"], p["parent"])]
-    except Exception:  # noqa: BLE001 - no usable record of a switch: not a cut-short switch
-        return False
-    return all(getattr(snap, k) in {getattr(e, k) for e in ends} for k in ("skill", "memory"))
+def fp_sage_skills(root: Path) -> dict[str, str]:
+    """``sleep_cycle/sage_skills``: its skills root whole (:func:`check_skills_root`), and the decision ledger and
+    the skills lever's plan (what a night writes after its decisions) complete."""
+    out = check_skills_root(root.joinpath(*SKILLS_ROOT), root)
+    decisions = root / "decisions"
+    for p in sorted(decisions.rglob("*")) if decisions.is_dir() else []:
+        if p.is_file() and p.suffix in (".json", ".jsonl") and not _TEMP_FILE.fullmatch(p.name):
+            out[str(p.relative_to(root))] = read_artifact(p)
+    return out
 
 
 @dataclasses.dataclass
@@ -887,6 +934,12 @@ def _extra_journal(root: Path, i: int) -> None:
 
 EPISODES = 600
 ASSETS = [
+    # first: it reads no other asset (so --assets sleep_cycle/sage_skills runs it alone). Issue 48: the one night
+    # left, SAGE's, on the project's SAGE skills root, the shipped week as its input (no model configured: it
+    # harvests and ends no_model, or no_tasks while the week ships no goal ledger); its harvest validates SAGE's
+    # tests in the Docker sandbox when the week gives it tasks
+    AssetSpec("sleep_cycle/sage_skills", "sleep_cycle/sage_skills", "sleep_cycle__sage_skills", ({},), fp_sage_skills,
+              partitions=("2026-11-01", "2026-11-02", "2026-11-03"), exact=False),
     AssetSpec("synthetic_sessions", "synthetic_sessions", "synthetic_sessions",
               ({"episodes": EPISODES, "seed": 1, "sessions_per_day": 50},
                {"episodes": EPISODES, "seed": 2, "sessions_per_day": 50}), fp_synthetic),
@@ -922,8 +975,6 @@ ASSETS = [
     AssetSpec("sandbox_rollouts[local]", "sandbox_rollouts", "sandbox_rollouts", ({},), fp_rollouts,
               partitions=("shard-02", "shard-03"), exact=False,
               resources={"sandbox": {"config": {"backend": "local"}}}),
-    AssetSpec("sleep_cycle/reviewer", "sleep_cycle/reviewer", "sleep_cycle__reviewer", ({},), fp_sleep,
-              partitions=("2026-11-01", "2026-11-02", "2026-11-03"), exact=False),
     # issue 35: the simulator's learner, its checkpoint, curve and report one set (it reads all four shards)
     AssetSpec("ppo_policy", "ppo_policy", "ppo_policy",
               tuple({"total_timesteps": 4096, "num_envs": 64, "eval_every": 2, "bandit_steps": 0, "seed": s,
@@ -938,11 +989,8 @@ ASSETS = [
                     for s in (0, 1)),
               lambda r: {**_files(r, ["reports/routing_benchmark.json", "reports/routing_benchmark.png"]),
                          **_tree(r, "checkpoints/routing_benchmark")}),
-    # the coder's night judges candidate code in the sandbox (Docker here; local without a daemon)
-    AssetSpec("sleep_cycle/coder", "sleep_cycle/coder", "sleep_cycle__coder", ({},),
-              lambda r: fp_sleep(r, "coder"), partitions=("2026-11-01", "2026-11-02", "2026-11-03"), exact=False),
 ]
-SANDBOX_ASSETS = ("sim_tasks", "sandbox_rollouts", "sleep_cycle/coder")  # their kills also check the sandbox
+SANDBOX_ASSETS = ("sim_tasks", "sandbox_rollouts", "sleep_cycle/sage_skills")  # their kills also check the sandbox
 
 
 class Runner:
@@ -1417,16 +1465,103 @@ class _FaultHandler(socketserver.BaseRequestHandler):
             raise ValueError(m)
 
 
-def backend_trial(workdir: Path, mode: str, timeout_s: float, max_retries: int) -> Trial:
-    """One night of sleep_cycle/reviewer against a server failing in ``mode``: backend_error
-    within the bound, said so on disk (over an earlier result of the same night), lock free."""
-    from sage_pipeline.sleep.backends import OpenAIConfig
-    from sage_pipeline.sleep.nightly import NightSettings, run_night
-    from sage_pipeline.sleep.store import SkillStore
+SAGE_NIGHT = "2026-11-05"
+RULE = "Run the function by hand on every example of the task before answering."
+RIGHT = "def f(x):\n    return x + 1\n"
+WRONG = "def f(x):\n    return x\n"
 
-    root = Path(tempfile.mkdtemp(prefix=f"backend-{mode}-", dir=workdir))
-    night = "2026-11-05"
-    run_night(root, "reviewer", night, None, NightSettings(log_dirs=()))  # an earlier, healthy result on disk
+
+def sage_tasks(n: int = 48) -> list:
+    """Tasks of the SAGE harvest's shape (``sleep.sage_harvest``: a goal, SAGE's file, the tests the gate ran), as
+    ``sage_pipeline_tests/sleep/test_sage_night.py`` builds them: f(x) = x + 1 in ``sol_<i>.py``."""
+    from sage_pipeline.sleep.records import task_from_dict
+
+    return [task_from_dict({"id": f"sage/s{i:03d}", "intent": f"[run {i}] write f(x) = x + 1, case {i}",
+                            "reference_kind": "unit_tests",
+                            "reference": {"entry_point": "f", "tests": [{"args": [1], "expected": 2},
+                                                                       {"args": [5], "expected": 6}], "timeout_s": 5},
+                            "meta": {"sage": {"artifact": f"sol_{i}.py", "entry_point": "f"}}}, f"fault:{i}")
+            for i in range(n)]
+
+
+class ScriptedChat:
+    """A chat backend that draws fresh answers: SAGE's coder writes the right file with chance 0.95 when ``RULE``
+    is among the skills in its system message, else 0.3; reflect proposes ``RULE`` for the TDD skill. ``delay_s``
+    per call (so a night lasts long enough to be killed inside)."""
+
+    draws_fresh = True
+
+    def __init__(self, seed: int = 0, delay_s: float = 0.0) -> None:
+        import numpy as np
+
+        from sage_pipeline.sleep.backends import CallLog
+
+        self.rng, self.delay_s, self.calls = np.random.default_rng(seed), delay_s, CallLog()
+
+    def complete(self, messages: list[dict], purpose: str, max_tokens: int):
+        from sage_pipeline.sage import skills as sk
+        from sage_pipeline.sleep.backends import Reply
+
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        if purpose == "reflect":
+            text = json.dumps({"edits": [{"op": "add", "target": "discipline/test-driven-development/SKILL.md",
+                                          "content": RULE, "anchor": "", "rationale": "the failures"}]})
+        else:
+            skills = messages[0]["content"].partition(sk.PREFIX_HEADING)[2].partition("\n\n# Coder Instructions")[0]
+            code = RIGHT if self.rng.random() < (0.95 if RULE in skills else 0.3) else WRONG
+            text = json.dumps({"file": "sol.py", "operation": "create", "patch": code, "reason": "f",
+                               "epistemic_flags": []})
+        reply = Reply(text, 100, 20)
+        self.calls.record(purpose, reply)
+        return reply
+
+    def describe(self) -> dict:
+        return {"name": "scripted chat (fault injection)"}
+
+
+class ScriptedJudge:
+    """Passes exactly the right file: what the sandbox says of these two files, without running them."""
+
+    def run(self, items):
+        from sage_pipeline.sleep.judges import Judgement
+
+        return [Judgement(1.0, 1.0) if code == RIGHT else Judgement(0.0, 0.5, "failed: 1/2 tests") for _, code in items]
+
+    def describe(self) -> dict:
+        return {"sandbox": "scripted"}
+
+    def close(self) -> None:
+        pass
+
+
+def _lock_free(folder: Path) -> str:
+    """'' when the root's night lock can be taken now, else why not."""
+    import filelock
+
+    from sage_pipeline.sleep.sage_night import NIGHT_LOCK
+
+    lock = filelock.FileLock(folder / NIGHT_LOCK)
+    try:
+        lock.acquire(timeout=0.5)
+    except filelock.Timeout:
+        return f"the root's night lock {folder / NIGHT_LOCK} is still held"
+    lock.release()
+    return ""
+
+
+def backend_trial(workdir: Path, mode: str, timeout_s: float, max_retries: int) -> Trial:
+    """One SAGE night (``run_sage_night`` on SAGE-shaped tasks, the ``openai`` client of ``SageSkillsSettings``
+    pointed at a server failing in ``mode``): ``backend_error`` within the bound, with its cause and the calls'
+    errors on disk (over an earlier healthy result of the same night), the live version unchanged and whole, the
+    night lock free."""
+    from sage_pipeline.sleep.backends import OpenAIConfig
+    from sage_pipeline.sleep.sage_harvest import untrusted_judge
+    from sage_pipeline.sleep.sage_night import SageSkillsSettings, run_sage_night
+    from sage_pipeline.sleep.sage_skills import SageSkillsRoot
+
+    label = f"{mode} (timeout {timeout_s:g} s, {max_retries} retries)"
+    work = Path(tempfile.mkdtemp(prefix=f"backend-{mode}-", dir=workdir))
     server = None if mode == "refused" else FaultServer(mode)
     if server is None:
         with socket.socket() as s:
@@ -1436,37 +1571,231 @@ def backend_trial(workdir: Path, mode: str, timeout_s: float, max_retries: int) 
         url = server.base_url
     cfg = OpenAIConfig(base_url=url, model="m", timeout_s=timeout_s, max_retries=max_retries, backoff_s=0.05,
                        backoff_max_s=0.2, max_retry_after_s=0.5)
+    settings = SageSkillsSettings(backend="openai", openai=cfg, sandbox="local", allow_untrusted_local=True)
     bound = (max_retries + 1) * timeout_s + max_retries * max(cfg.backoff_max_s, cfg.max_retry_after_s) + 1.5
-    t0 = time.monotonic()
-    problems = []
+    root = SageSkillsRoot(work / "skills")
+    # the benchmark's own tasks (f(x) = x + 1), so the unisolated local sandbox is safe; never reached here
+    unit = untrusted_judge("local", allow_untrusted_local=True)
+    problems: list[str] = []
     try:
-        r, files = run_night(root, "reviewer", night, None, NightSettings(backend="openai", openai=cfg, log_dirs=(),
-                                                                           sandbox="local"))
-    except BaseException as e:  # noqa: BLE001 - a night must end with a status, never raise
+        first = run_sage_night(root, [], settings.make_backend(), unit, settings.night, date=SAGE_NIGHT)
+        if first.status != "no_tasks":  # an earlier, healthy result of the same night on disk
+            problems.append(f"the earlier night ended {first.status!r}, not no_tasks ({first.reason})")
+        before = check_skills_root(root.folder)
+        t0 = time.monotonic()
+        try:
+            r = run_sage_night(root, sage_tasks(), settings.make_backend(), unit, settings.night, date=SAGE_NIGHT)
+        except BaseException as e:  # noqa: BLE001 - a night must end with a status, never raise
+            return Trial("backend", label, False, f"the night raised {type(e).__name__}: {e}", time.monotonic() - t0)
         took = time.monotonic() - t0
+    finally:
         if server:
             server.close()
-        return Trial("backend", f"{mode} (timeout {timeout_s:g} s, {max_retries} retries)", False,
-                     f"the night raised {type(e).__name__}: {e}", took)
-    took = time.monotonic() - t0
-    if server:
-        server.close()
+        unit.close()
     if r.status != "backend_error":
         problems.append(f"ended {r.status!r}, not backend_error ({r.cause})")
     if took > bound:
         problems.append(f"took {took:.2f} s, past its bound {bound:.2f} s")
-    on_disk = json.loads(files.diagnostics.read_text())
-    if on_disk.get("status") != "backend_error":
-        problems.append(f"the night's diagnostics.json says {on_disk.get('status')!r}")
+    on_disk = json.loads(Path(r.diagnostics).read_text())
+    if on_disk.get("status") != "backend_error" or not on_disk.get("cause") or not on_disk.get("call_errors"):
+        problems.append(f"the night's diagnostics.json says {on_disk.get('status')!r} (cause {on_disk.get('cause')!r}, "
+                        f"{len(on_disk.get('call_errors') or [])} call errors)")
     try:
-        with SkillStore(root / "sleep", "reviewer").night_lock(timeout_s=0.5):
-            pass
-    except Exception as e:  # noqa: BLE001
-        problems.append(f"the skill's night lock is still held: {e}")
-    shutil.rmtree(root, ignore_errors=True)
-    return Trial("backend", f"{mode} (timeout {timeout_s:g} s, {max_retries} retries)", not problems,
-                 "; ".join(problems), took, {"bound_s": round(bound, 2), "cause": (r.cause or "")[:160],
-                                              "requests": server.requests if server else 0})
+        after = check_skills_root(root.folder)
+        if after["live"] != before["live"] or r.versions["after"] != before["live"]:
+            problems.append(f"the live version changed: {before['live']} -> {after['live']}")
+    except Broken as e:
+        problems.append(f"the skills root is broken: {e}")
+    if why := _lock_free(root.folder):
+        problems.append(why)
+    shutil.rmtree(work, ignore_errors=True)
+    return Trial("backend", label, not problems, "; ".join(problems), took,
+                 {"bound_s": round(bound, 2), "cause": (r.cause or "")[:160], "phase": r.phase,
+                  "requests": server.requests if server else 0})
+
+
+def night_lock_trial(workdir: Path, wait_s: float = 0.5) -> Trial:
+    """Another night of the same root holds its night lock (a process of its own): this night waits
+    ``lock_timeout_s``, then ends with the recorded status ``conflict`` (never an exception), its diagnostics say
+    so, the live version is unchanged; once the other lets go, the next night runs."""
+    from sage_pipeline.sleep.sage_night import NIGHT_LOCK, SageNightConfig, run_sage_night
+    from sage_pipeline.sleep.sage_skills import SageSkillsRoot
+
+    work = Path(tempfile.mkdtemp(prefix="night-lock-", dir=workdir))
+    root = SageSkillsRoot(work / "skills")
+    live = root.live()
+    hold = "import filelock, sys\nlock = filelock.FileLock(sys.argv[1])\nlock.acquire()\nprint('held', flush=True)\n" \
+           "sys.stdin.read()"
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(root.folder / NIGHT_LOCK)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    problems: list[str] = []
+    t0 = time.monotonic()
+    try:
+        if holder.stdout.readline().strip() != "held":
+            return Trial("night", "night lock held by another night", False, "the lock holder did not start")
+        t0 = time.monotonic()
+        try:
+            r = run_sage_night(root, sage_tasks(), ScriptedChat(), ScriptedJudge(),
+                               SageNightConfig(lock_timeout_s=wait_s), date=SAGE_NIGHT)
+        except BaseException as e:  # noqa: BLE001 - a conflict is a status now, never an exception
+            return Trial("night", "night lock held by another night", False,
+                         f"the night raised {type(e).__name__}: {e}", time.monotonic() - t0)
+        took = time.monotonic() - t0
+    finally:
+        holder.stdin.close()
+        holder.wait(10)
+    if r.status != "conflict" or "another night of this skills root" not in r.reason:
+        problems.append(f"ended {r.status!r}, not conflict ({r.reason})")
+    if took < wait_s:
+        problems.append(f"gave up after {took:.2f} s, before its lock_timeout_s {wait_s:g} s")
+    on_disk = json.loads(Path(r.diagnostics).read_text())
+    if on_disk.get("status") != "conflict" or not on_disk.get("finished_at"):
+        problems.append(f"the night's diagnostics.json says {on_disk.get('status')!r}")
+    if root.live() != live or r.calls:
+        problems.append(f"the night changed the live version or called the backend ({r.calls})")
+    nxt = run_sage_night(root, sage_tasks(), ScriptedChat(), ScriptedJudge(), SageNightConfig(), date=SAGE_NIGHT)
+    if not nxt.ok or nxt.status == "conflict":
+        problems.append(f"the next night, the lock free, ended {nxt.status!r} ({nxt.reason})")
+    shutil.rmtree(work, ignore_errors=True)
+    return Trial("night", "night lock held by another night", not problems, "; ".join(problems), took,
+                 {"next_night": nxt.status})
+
+
+BAD_CONFIGS = (  # (the asset's config, the field its error must name)
+    ({"night": {"lock_timeout_s": -1}}, "night.lock_timeout_s"),
+    ({"night": {"role": "reviewer"}}, "night.role"),
+    ({"night": {"workers": 0}}, "night.workers"),
+    ({"night": {"split": {"train": 0.6, "val": 0.5}}}, "night.split"),
+    ({"night": {"samples": 3}}, "night.samples"),
+    ({"openai": {"timeout_s": "soon"}}, "openai.timeout_s"),
+    ({"ollama": {"max_retries": -2}}, "ollama.max_retries"),
+    ({"backend": "grpc"}, "backend"),
+    ({"sandbox": "vm"}, "sandbox"),
+    ({"embedded_first_night": "Nov 1"}, "embedded_first_night"),
+)
+
+
+def bad_config_trial() -> Trial:
+    """Each bad config of ``sleep_cycle/sage_skills`` (``SageSkillsSettings``, which the asset's Dagster config
+    is, section by section) is refused before any night, its error naming the field."""
+    from pydantic import ValidationError
+
+    from sage_pipeline.sleep.sage_night import SageSkillsSettings
+
+    t0 = time.monotonic()
+    problems = []
+    for cfg, fld in BAD_CONFIGS:
+        try:
+            SageSkillsSettings.model_validate(cfg)
+        except ValidationError as e:
+            if fld not in str(e):
+                problems.append(f"{json.dumps(cfg)}: the error does not name {fld}: {str(e)[:200]}")
+        else:
+            problems.append(f"{json.dumps(cfg)} was accepted")
+    return Trial("night", "bad configs", not problems, "; ".join(problems), time.monotonic() - t0,
+                 {"configs": len(BAD_CONFIGS)})
+
+
+def _night_worker(folder: str, seed: str) -> None:
+    """A child of :func:`night_kill_trial`: one per-night SAGE night on ``folder`` whose gate accepts ``RULE`` and
+    commits it; 'ready' on stdout once imported, then the night (its status on stdout)."""
+    from sage_pipeline.sleep.gate import GateConfig
+    from sage_pipeline.sleep.sage_night import SageNightConfig, run_sage_night
+    from sage_pipeline.sleep.sage_skills import SageSkillsRoot
+
+    root = SageSkillsRoot(folder)
+    print("ready", flush=True)
+    r = run_sage_night(root, sage_tasks(), ScriptedChat(int(seed), delay_s=0.002), ScriptedJudge(),
+                       SageNightConfig(decisions="per_night", gate=GateConfig(samples=4)), date=SAGE_NIGHT)
+    print(json.dumps({"status": r.status, "after": r.versions["after"], "seconds": r.seconds}), flush=True)
+
+
+def _night_child(folder: Path, seed: int) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--night-worker", str(folder), str(seed)],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True,
+                            cwd=ROOT, start_new_session=True)
+    if proc.stdout.readline().strip() != "ready":
+        proc.wait(30)
+        raise RuntimeError(f"the night worker did not start ({proc.returncode})")
+    return proc
+
+
+def night_calibrate(workdir: Path, seed: int = 0) -> dict:
+    """A complete night in a child on a fresh root: the version it commits (the trials' "new") and its time."""
+    folder = Path(tempfile.mkdtemp(prefix="night-calibrate-", dir=workdir)) / "skills"
+    proc = _night_child(folder, seed)
+    t0 = time.monotonic()  # from 'ready' (imported) to its end, as the trials' delays are
+    out, _ = proc.communicate(timeout=600)
+    done = json.loads(out.strip().splitlines()[-1])
+    if done["status"] != "accepted":
+        raise RuntimeError(f"the calibration night ended {done['status']}, not accepted")
+    return {"new": done["after"], "seconds": time.monotonic() - t0}
+
+
+def night_kill_trial(workdir: Path, i: int, cal: dict, rng: random.Random) -> Trial:
+    """``kill -9`` of a SAGE night (``run_sage_night``) that commits: on even trials at a delay drawn from 30-100%
+    of a complete night, on odd ones 0-20 ms after its commit's version folder starts being written. The root's live
+    version must then be whole and the old or the new one, the history and the version folders consistent; the
+    plain re-run of the night must succeed with no clean-up, leave the new version live and no staging folder or
+    temporary file behind, and free the night lock."""
+    from sage_pipeline.sleep.gate import GateConfig
+    from sage_pipeline.sleep.sage_night import HEALTHY, SageNightConfig, run_sage_night
+    from sage_pipeline.sleep.sage_skills import STAGING, SageSkillsRoot
+
+    t0 = time.perf_counter()
+    name = f"sage night commit (run_sage_night) #{i}"
+    folder = Path(tempfile.mkdtemp(prefix=f"night-kill-{i}-", dir=workdir)) / "skills"
+    old = SageSkillsRoot(folder).live()
+    at_write = i % 2 == 1
+    proc = _night_child(folder, 0)
+    start = time.monotonic()
+    if at_write:
+        versions, end = folder / "versions", start + 3 * cal["seconds"] + 30
+        while time.monotonic() < end and proc.poll() is None:
+            with contextlib.suppress(OSError):
+                if any(STAGING.fullmatch(e.name) for e in os.scandir(versions)):
+                    break
+            time.sleep(0.001)
+        time.sleep(rng.uniform(0.0, 0.02))
+    else:
+        time.sleep(max(0.0, start + rng.uniform(0.3 * cal["seconds"], cal["seconds"]) - time.monotonic()))
+    killed = proc.poll() is None
+    if killed:
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
+    facts = {"delay_s": round(time.monotonic() - start, 3), "killed": killed, "at_write": at_write,
+             "left_by_kill": leftovers(folder)}
+    problems: list[str] = []
+    try:
+        after = check_skills_root(folder)
+        facts["live_after_kill"] = "new" if after["live"] == cal["new"] else "old" if after["live"] == old else "?"
+        if facts["live_after_kill"] == "?":
+            problems.append(f"after the kill the live version {after['live']} is neither the old nor the new one")
+        diag = folder / "nights" / SAGE_NIGHT / "coder" / "diagnostics.json"
+        if diag.exists():
+            facts["diagnostics_after_kill"] = json.loads(diag.read_text()).get("status")
+    except Broken as e:
+        problems.append(f"after the kill: {e}")
+    try:
+        r = run_sage_night(SageSkillsRoot(folder), sage_tasks(), ScriptedChat(0), ScriptedJudge(),
+                           SageNightConfig(decisions="per_night", gate=GateConfig(samples=4), lock_timeout_s=10),
+                           date=SAGE_NIGHT)
+        facts["rerun"] = r.status
+        if r.status not in HEALTHY:
+            problems.append(f"the re-run ended {r.status!r}: {r.reason} {r.cause}")
+        final = check_skills_root(folder)
+        if final["live"] != cal["new"]:
+            problems.append(f"after the re-run the live version is {final['live']}, not the night's {cal['new']}")
+    except Broken as e:
+        problems.append(f"after the re-run: {e}")
+    left = leftovers(folder)
+    if left:
+        problems.append(f"left after the re-run: {left[:4]}")
+    if why := _lock_free(folder):
+        problems.append(why)
+    facts["left_after_rerun"] = left
+    shutil.rmtree(folder.parent, ignore_errors=True)
+    return Trial("kill", name, not problems, "; ".join(problems), time.perf_counter() - t0, facts)
 
 
 # =============================================================================================
@@ -1496,23 +1825,42 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
+def _waits_on_night_lock(instance, run_id: str, root: Path) -> bool:
+    """Whether the run's night is past its harvest (logged) and has not started its night (the night writes its
+    ``diagnostics.json`` as soon as it holds the root's night lock): it waits on the lock."""
+    harvested = any("harvest_sage for " in (rec.user_message or "") for rec in instance.all_logs(run_id))
+    return harvested and not any((root / "nights").rglob("diagnostics.json"))
+
+
 def pool_trial(workdir: Path) -> Trial:
-    """A night launched by the daemon hangs on its LLM call while holding the sleep_cycle pool's
-    only slot; its run worker (and what it started) is killed with -9; the next night must run."""
+    """A ``sleep_cycle/sage_skills`` night launched by the daemon hangs while holding the sleep_cycle pool's only
+    slot; its run worker (and what it started) is killed with -9; the next night must get the slot and run.
+
+    The night hangs on its root's night lock, which the benchmark holds (its ``lock_timeout_s`` 600 s), where the
+    generic night this trial was written for hung on its LLM call: the SAGE night reaches the model only with
+    harvested tasks, and the shipped week ships no goal ledger, so it has none (the night's backend is configured
+    at a never-answering server all the same). The benchmark lets the lock go right after the kill."""
+    import filelock
     import yaml
     from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
+
+    from sage_pipeline.sleep.sage_night import NIGHT_LOCK
 
     t0 = time.monotonic()
     home = workdir / "pool_home"
     home.mkdir()
     data = workdir / "pool_data"
+    lock_path = data.joinpath(*SKILLS_ROOT) / NIGHT_LOCK
+    lock_path.parent.mkdir(parents=True)
+    night_lock = filelock.FileLock(lock_path)
+    night_lock.acquire()
     cfg = yaml.safe_load((ROOT / ".dagster_home" / "dagster.yaml").read_text())
     assert cfg["concurrency"]["pools"]["default_limit"] == 1 and cfg["run_monitoring"]["enabled"]
     cfg["run_monitoring"].update(poll_interval_seconds=2, free_slots_after_run_end_seconds=1)
     (home / "dagster.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     server = FaultServer("never_answers")
-    env = {**os.environ, "DAGSTER_HOME": str(home), "SAGE_DATA_DIR": str(data), "SAGE_SLEEP_SKILLS": "reviewer",
-           "GX_ANALYTICS_ENABLED": "false", "PYTHONWARNINGS": "ignore"}
+    env = {**os.environ, "DAGSTER_HOME": str(home), "SAGE_DATA_DIR": str(data), "GX_ANALYTICS_ENABLED": "false",
+           "PYTHONWARNINGS": "ignore"}
     instance = DagsterInstance.from_config(str(home))
     log = open(workdir / "pool_daemon.log", "wb")  # noqa: SIM115
     daemon = subprocess.Popen([str(BIN / "dagster-daemon"), "run", "-w", str(ROOT / "workspace.yaml")], cwd=ROOT,
@@ -1531,7 +1879,7 @@ def pool_trial(workdir: Path) -> Trial:
         raise TimeoutError(f"waited {timeout:.0f} s for {what}")
 
     def launch(tag: str, config: dict) -> None:
-        run_config = {"ops": {"sleep_cycle__reviewer": {"config": config}}}
+        run_config = {"ops": {"sleep_cycle__sage_skills": {"config": config}}}
         subprocess.run([str(BIN / "dagster"), "job", "launch", "-w", str(ROOT / "workspace.yaml"),
                         "-j", "nightly_sleep",
                         "--config-json", json.dumps(run_config),
@@ -1545,10 +1893,13 @@ def pool_trial(workdir: Path) -> Trial:
     try:
         wait("the daemon's heartbeats", lambda: {"MONITORING", "QUEUED_RUN_COORDINATOR"}
              <= set(instance.get_daemon_heartbeats()), 90)
-        launch("hung", {"backend": "openai", "sandbox": "local", "openai": {
-            "base_url": server.base_url, "model": "m", "timeout_s": 600, "max_retries": 0}})
-        wait("the first night to call the LLM server", lambda: server.requests > 0, 120)
-        first = run_of("hung")
+        launch("hung", {"backend": "openai", "openai": {"base_url": server.base_url, "model": "m", "timeout_s": 600,
+                                                        "max_retries": 0}, "night": {"lock_timeout_s": 600}})
+        first = wait("the first night's run", lambda: run_of("hung"), 60)
+        wait("the first night to wait on its root's night lock",
+             lambda: _waits_on_night_lock(instance, first.run_id, lock_path.parent), 180)
+        time.sleep(2)
+        facts["first_waited_on_lock"] = _waits_on_night_lock(instance, first.run_id, lock_path.parent)
         claimed = instance.event_log_storage.get_concurrency_info("sleep_cycle").claimed_slots
         facts["slot_holder_is_first"] = [s.run_id for s in claimed] == [first.run_id]
         launch("next", {})
@@ -1563,17 +1914,24 @@ def pool_trial(workdir: Path) -> Trial:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(p, signal.SIGKILL)
         killed_at = time.monotonic()
+        night_lock.release()
         wait("the dead run to be marked failed", lambda: run_of("hung").status == DagsterRunStatus.FAILURE, 120)
         wait("the next night to get the slot and succeed",
-             lambda: run_of("next").status == DagsterRunStatus.SUCCESS, 120)
+             lambda: run_of("next").status == DagsterRunStatus.SUCCESS, 180)
         facts["freed_after_s"] = round(time.monotonic() - killed_at, 1)
         if instance.event_log_storage.get_concurrency_info("sleep_cycle").claimed_slots:
             problems.append("a slot is still claimed after both runs ended")
-        if not facts["slot_holder_is_first"] or not facts["second_waited"]:
+        if not facts["slot_holder_is_first"] or not facts["second_waited"] or not facts["first_waited_on_lock"]:
             problems.append(f"the setup did not hold the slot as meant: {facts}")
+        try:
+            check_skills_root(data.joinpath(*SKILLS_ROOT))
+        except Broken as e:
+            problems.append(f"the skills root after both nights: {e}")
     except Exception as e:  # noqa: BLE001 - reported as the trial's failure
         problems.append(f"{type(e).__name__}: {e}")
     finally:
+        if night_lock.is_locked:
+            night_lock.release()
         server.close()
         instance.dispose()
         for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -1585,8 +1943,8 @@ def pool_trial(workdir: Path) -> Trial:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(daemon.pid, signal.SIGKILL)
         log.close()
-    return Trial("pool", "sleep_cycle night killed holding the pool slot", not problems, "; ".join(problems),
-                 time.monotonic() - t0, facts)
+    return Trial("pool", "sleep_cycle/sage_skills night killed holding the pool slot", not problems,
+                 "; ".join(problems), time.monotonic() - t0, facts)
 
 
 # =============================================================================================
@@ -1598,15 +1956,22 @@ CHECKED = {
             "(recoverable) line accepted, every poison line quarantined; damaged .gz files, the unreadable "
             "folder and a broken link named; files behind a symlinked folder (and a loop) read once",
     "kill": "after kill -9 of the run's process group: every artifact reads completely and is the old or the "
-            "new version, all of an asset's files one run's set (sleep: index, versions, live pair whole); "
+            "new version, all of an asset's files one run's set (sage_skills: the skills root's history, version "
+            "folders and live pointer whole; a SAGE night killed in its commit: live version old or new, the "
+            "re-run commits the new); "
             "sandbox assets: no container of the killed run and no local runner of a dead host within 20 s; a "
             "plain re-run succeeds; no temp file/folder left (nor a dead host's local sandbox folder)",
     "concurrent": "both runs succeed; every artifact one run's complete version; no temp file/folder left",
-    "backend": "the night ends backend_error within (retries+1)*timeout + capped waits + 1.5 s; its "
-               "diagnostics.json says so; the skill's lock is free",
-    "pool": "the dead run is marked failed; the night queued behind it gets the slot and succeeds",
+    "backend": "the SAGE night (run_sage_night, the openai client of SageSkillsSettings) ends backend_error within "
+               "(retries+1)*timeout + capped waits + 1.5 s; its diagnostics.json says so with the cause and the calls' "
+               "errors (over an earlier healthy result); the live version unchanged and whole; the night lock free",
+    "night": "a night whose root's night lock another night holds ends with the recorded status conflict after its "
+             "lock_timeout_s (no exception, diagnostics say so, live version unchanged) and the next night runs; each "
+             "bad config of sleep_cycle/sage_skills is refused, its error naming the field",
+    "pool": "the dead run is marked failed; the night queued behind it gets the slot and succeeds; the root whole",
     "disk": "a set written to a full tmpfs fails naming the path and the asset (not a bare [Errno 28]); the "
-            "previous set reads whole; no half-written version left",
+            "previous set reads whole; no half-written version left (sage_skills: a commit of its skills root, the "
+            "live version whole and unchanged, then the same commit goes through once the disk is freed)",
     "cli_pool": "after kill -9 of a pooled CLI run holding the slot, the next plain CLI run finishes within 60 s "
                 "and the dead run is marked failed (no reaper run by hand)",
 }
@@ -1619,11 +1984,12 @@ CHECKED = {
 DISK_ASSETS = {"trajectories": ["routing/trajectories.parquet", "routing/quarantine.jsonl"],
                "routing_dataset": ["routing/routing_v1.parquet", "routing/routing_v1.jsonl",
                                    "routing/action_space.json"],
-               "sleep_cycle/reviewer": ["sleep/reviewer/nights/2026-11-03/diagnostics.json",
-                                        "sleep/reviewer/nights/2026-11-03/report.md"]}
+               "sleep_cycle/sage_skills": None}  # a commit of the SAGE skills root: disk_trial_skills
 
 
 def disk_trial(workdir: Path, asset: str, seed: int) -> Trial:
+    if DISK_ASSETS[asset] is None:
+        return disk_trial_skills(workdir, seed)
     t0, rng = time.monotonic(), random.Random(seed)
     mnt = workdir / f"disk-{seed}"
     mnt.mkdir(parents=True, exist_ok=True)
@@ -1661,6 +2027,74 @@ def disk_trial(workdir: Path, asset: str, seed: int) -> Trial:
             problems.append(f"half-written versions left: {partial}")
         return Trial("disk", f"{asset} #{seed}", not problems, "; ".join(problems), time.monotonic() - t0,
                      {"left_kb": left // 1024, "message": msg})
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def disk_trial_skills(workdir: Path, seed: int) -> Trial:
+    """``sleep_cycle/sage_skills`` on a full disk: a commit of its SAGE skills root (a new version folder, written
+    whole by ``artifacts.atomic_dir``, then the history and the pointer) into a real tmpfs filled but for 0-48 KB
+    must fail naming the path and the asset, leave the live version whole and unchanged, and leave no staging
+    folder (a version folder written whole before the history's write failed may stay, referenced by nothing: the
+    root never removes one); with the disk freed the same commit must then go through. The night's own files are
+    single atomic writes (``artifacts.write_json``): the set the old trial wrote is no longer one."""
+    from sage_pipeline.sleep.sage_skills import STAGING, SageSkillsRoot
+
+    asset = "sleep_cycle/sage_skills"
+    t0, rng = time.monotonic(), random.Random(seed)
+    mnt = workdir / f"disk-{seed}"
+    mnt.mkdir(parents=True, exist_ok=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if r.returncode:
+        return Trial("disk", f"{asset} #{seed}", False, f"cannot mount a tmpfs: {r.stderr.strip()}")
+    try:
+        with artifacts.writer(asset):
+            root = SageSkillsRoot(mnt.joinpath(*SKILLS_ROOT))
+        tdd = "discipline/test-driven-development/SKILL.md"
+        old = check_skills_root(root.folder, mnt)
+        with open(mnt / "filler", "ab", buffering=0) as fh, contextlib.suppress(OSError):
+            while True:
+                fh.write(b"\0" * 4096)
+        left = rng.randint(0, 48) * 1024
+        os.truncate(mnt / "filler", max(0, os.path.getsize(mnt / "filler") - left))
+        problems, msg = [], ""
+        try:
+            with artifacts.writer(asset):
+                root.commit({tdd: root.text("live", tdd) + f"\n- {RULE}\n"}, "fault injection: a full disk")
+            problems.append("the commit did not fail on a full disk")
+        except artifacts.ArtifactWriteError as e:
+            msg = str(e)
+            if f"asset {asset}" not in msg or f"could not write {mnt}" not in msg or "No space left" not in msg:
+                problems.append(f"the error does not name the path and the asset: {msg}")
+        except OSError as e:
+            problems.append(f"a bare OSError: {e}")
+        orphan = []
+        try:
+            now = check_skills_root(root.folder, mnt)
+            if (now["live"], now["history"]) != (old["live"], old["history"]):
+                problems.append(f"the root changed: live {old['live']} -> {now['live']}, history {old['history']} "
+                                f"-> {now['history']} lines")
+            # a version folder written whole before the history's write failed stays, referenced by nothing (the
+            # root never removes a version folder); check_skills_root has checked that its files are its id's
+            orphan = sorted(set(now["versions"].split(",")) - set(old["versions"].split(",")))
+            changed = [k for k in set(old) | set(now) if k != "versions" and old.get(k) != now.get(k)]
+            if changed:
+                problems.append(f"changed by the failed commit: {sorted(changed)[:4]}")
+        except Broken as e:
+            problems.append(f"the root is broken: {e}")
+        partial = [p.name for p in root.versions_dir.iterdir() if STAGING.fullmatch(p.name)]
+        if partial:
+            problems.append(f"half-written versions left: {partial}")
+        os.unlink(mnt / "filler")  # the disk freed, the same commit goes through with no clean-up
+        try:
+            with artifacts.writer(asset):
+                entry = root.commit({tdd: root.text("live", tdd) + f"\n- {RULE}\n"}, "fault injection: disk freed")
+            if check_skills_root(root.folder, mnt)["live"] != entry.version or entry.version == old["live"]:
+                problems.append("the commit after the disk was freed did not make its version live")
+        except (OSError, Broken, ValueError) as e:
+            problems.append(f"the commit after the disk was freed failed: {e}")
+        return Trial("disk", f"{asset} #{seed}", not problems, "; ".join(problems), time.monotonic() - t0,
+                     {"left_kb": left // 1024, "message": msg, "whole_unreferenced_version": bool(orphan)})
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
@@ -1781,7 +2215,7 @@ def main() -> int:
     ap.add_argument("--fuzz-trials", type=int, default=120, help="fuzzed journal sets")
     ap.add_argument("--backend-rounds", type=int, default=2, help="rounds over every LLM-server failure mode")
     ap.add_argument("--quick", action="store_true", help="a few trials of each, no CLI trials")
-    ap.add_argument("--cli-assets", default="synthetic_sessions,offline_eval,sleep_cycle/reviewer",
+    ap.add_argument("--cli-assets", default="synthetic_sessions,offline_eval,sleep_cycle/sage_skills",
                     help="assets whose last kill trial kills `dagster asset materialize` and re-runs with it "
                          "('all', or a comma list; each CLI call pays Dagster's import, seconds)")
     ap.add_argument("--no-cli", action="store_true", help="no trial through the dagster asset materialize CLI")
@@ -1791,6 +2225,8 @@ def main() -> int:
                     "or a comma list; the inputs of the first one are materialized first)")
     ap.add_argument("--disk-trials", type=int, default=30, help="full-disk trials (root only: a tmpfs each)")
     ap.add_argument("--cli-pool-trials", type=int, default=2, help="kill -9 of a pooled CLI run, then the next")
+    ap.add_argument("--night-kills", type=int, default=5, help="kill -9 trials of a SAGE night inside its commit "
+                    "(run_sage_night in a child; with sleep_cycle/sage_skills among --assets)")
     ap.add_argument("--no-kill", action="store_true", help="skip the kill and concurrent trials (the longest)")
     ap.add_argument("--scratch", type=Path, default=None, help="where everything is written (default: a fresh "
                     "temporary folder; never inside the clone, which may be read-only)")
@@ -1800,7 +2236,7 @@ def main() -> int:
     if args.quick:
         args.trials_per_asset, args.concurrent_per_asset, args.fuzz_trials, args.backend_rounds = 2, 1, 20, 1
         args.no_cli = True
-        args.disk_trials, args.cli_pool_trials = 3, 1
+        args.disk_trials, args.cli_pool_trials, args.night_kills = 3, 1, 2
     chosen = {s.name for s in ASSETS} if args.assets == "all" else set(args.assets.split(","))
     if chosen - {s.name for s in ASSETS}:
         ap.error(f"--assets: unknown {sorted(chosen - {s.name for s in ASSETS})}; use {[s.name for s in ASSETS]}")
@@ -1860,11 +2296,24 @@ def main() -> int:
     finally:
         bench.close()
 
-    # 4. the LLM server
+    # 2b. kill -9 of a SAGE night inside its commit (the asset's nights above commit nothing: no model, no task)
+    if args.night_kills and "sleep_cycle/sage_skills" in chosen:
+        t0 = time.monotonic()
+        cal = night_calibrate(work)
+        rng = random.Random(args.seed)
+        for i in range(args.night_kills):
+            report(night_kill_trial(work, i, cal, rng))
+        print(f"sage night commit: {args.night_kills} kills in {time.monotonic() - t0:.0f} s (a complete night "
+              f"{cal['seconds']:.2f} s)", flush=True)
+
+    # 4. the LLM server; the night lock and bad configs
     t0 = time.monotonic()
     for rnd in range(args.backend_rounds):
         for mode in BACKEND_MODES:
             report(backend_trial(work, mode, timeout_s=1.0, max_retries=rnd % 2))
+    if args.backend_rounds:
+        report(night_lock_trial(work))
+        report(bad_config_trial())
     print(f"backend: {args.backend_rounds * len(BACKEND_MODES)} nights in {time.monotonic() - t0:.0f} s", flush=True)
 
     # 5. the pool slot
@@ -1909,6 +2358,8 @@ def main() -> int:
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--runner":
         _runner_main()
+    elif len(sys.argv) > 1 and sys.argv[1] == "--night-worker":
+        _night_worker(sys.argv[2], sys.argv[3])
     elif len(sys.argv) > 1 and sys.argv[1] == "--fuzz-worker":
         _fuzz_worker(sys.argv[2], sys.argv[3])
     else:

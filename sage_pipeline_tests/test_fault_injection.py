@@ -1,7 +1,9 @@
 """A few trials of each category of benchmarks/fault_injection.py (issue 17's acceptance run), so
 the test suite covers them: fuzzed journals through the ingest, kill -9 of materializations at
-random delays and a plain re-run, two materializations at once, and the sleep backend against a
-failing server. The benchmark itself runs hundreds (docs/benchmarks.md, "Fault injection")."""
+random delays and a plain re-run, two materializations at once, a SAGE night killed inside its commit, the SAGE
+night's backend against a failing server, its night lock held by another night, bad configs of its asset, and (slow)
+a daemon-launched night killed holding the pool's slot. The benchmark itself runs hundreds (docs/benchmarks.md,
+"Fault injection")."""
 
 from __future__ import annotations
 
@@ -55,13 +57,14 @@ def test_a_damaged_gzip_oracle_is_exact(fi):
 
 
 def test_kills_at_random_delays_leave_old_or_new_artifacts_and_a_plain_rerun_works(fi, tmp_path):
-    """Two kill -9 trials each of synthetic_sessions, trajectories and a sleep night, then two runs
-    at once of each: complete artifacts, old or new, no temporary file left, no failed run."""
+    """Two kill -9 trials each of synthetic_sessions, trajectories and a night of sleep_cycle/sage_skills (SAGE's
+    night on the shipped week), then two runs at once of each: complete artifacts, old or new (the SAGE skills root
+    whole), no temporary file left, no failed run."""
     bench = fi.Bench(tmp_path / "kill", seed=7)
     trials = []
     try:
         for spec in (s for s in fi.ASSETS if s.name in ("synthetic_sessions", "trajectories",
-                                                          "sleep_cycle/reviewer")):
+                                                          "sleep_cycle/sage_skills")):
             for i in (0, 1):
                 if spec.prepare:
                     spec.prepare(bench.root, i)
@@ -81,6 +84,48 @@ def test_each_backend_failure_ends_the_night_in_backend_error_within_its_deadlin
     t = fi.backend_trial(tmp_path, mode, timeout_s=0.5, max_retries=1)
     assert t.ok, t.detail
     assert t.seconds <= t.facts["bound_s"]
+
+
+def test_a_sage_night_killed_in_its_commit_leaves_a_whole_live_version_and_the_next_night_succeeds(fi, tmp_path):
+    """run_sage_night in a child, killed at a random delay and as its commit's version folder is written: the live
+    version whole and the old or the new one; the plain re-run succeeds with the new one live, nothing left."""
+    import random
+
+    cal = fi.night_calibrate(tmp_path)
+    trials = [fi.night_kill_trial(tmp_path, i, cal, random.Random(i)) for i in (0, 1)]
+    assert not _failures(trials), _failures(trials)
+    assert all(t.facts["live_after_kill"] in ("old", "new") and t.facts["rerun"] in ("accepted", "no_edits")
+               for t in trials)
+
+
+def test_the_night_lock_held_by_another_night_is_a_recorded_conflict_and_a_bad_config_names_its_field(fi, tmp_path):
+    t = fi.night_lock_trial(tmp_path, wait_s=0.3)
+    assert t.ok, t.detail
+    t = fi.bad_config_trial()
+    assert t.ok and t.facts["configs"] >= 10, t.detail
+
+
+def test_the_skills_root_check_refuses_a_cut_short_version_and_a_pointer_off_the_history(fi, tmp_path):
+    """The kill trials' yardstick for the SAGE skills root: a whole root passes; a version folder missing a file,
+    or a live pointer at a version the history does not end with, is Broken."""
+    import json
+
+    from sage_pipeline.sleep.sage_skills import SageSkillsRoot
+
+    root = SageSkillsRoot(tmp_path / "skills")
+    first = root.live()
+    tdd = "discipline/test-driven-development/SKILL.md"
+    second = root.commit({tdd: root.text("live", tdd) + "\n- Read the task twice.\n"}, "a change").version
+    got = fi.check_skills_root(root.folder)
+    assert got["live"] == second and got["history"] == "2" and got["versions"] == ",".join(sorted([first, second]))
+    pointer = json.loads(root.live_file.read_text())
+    (root.live_file).write_text(json.dumps({**pointer, "version": "0" * 12}))
+    with pytest.raises(fi.Broken):
+        fi.check_skills_root(root.folder)
+    root.live_file.write_text(json.dumps(pointer))
+    (root.versions_dir / first / tdd).unlink()
+    with pytest.raises(fi.Broken):
+        fi.check_skills_root(root.folder)
 
 
 def test_leftover_scan_finds_what_killed_writers_leave(fi, tmp_path):
@@ -134,6 +179,15 @@ def test_a_full_disk_fails_naming_path_and_asset_and_keeps_the_old_set(fi, tmp_p
     trials = [fi.disk_trial(tmp_path, asset, k) for k, asset in enumerate(fi.DISK_ASSETS)]
     assert len(trials) == 3 and not _failures(trials), _failures(trials)
     assert all("No space left" in t.facts["message"] and "asset " in t.facts["message"] for t in trials)
+
+
+@pytest.mark.slow
+def test_a_daemon_launched_night_killed_holding_the_pool_slot_never_blocks_the_next(fi, tmp_path):
+    """The pool trial (--pool): a sleep_cycle/sage_skills night launched through dagster-daemon holds the sleep_cycle
+    pool's only slot, its run worker is killed with -9, the dead run is marked failed and the next night runs."""
+    trial = fi.pool_trial(tmp_path)
+    assert trial.ok, trial.detail
+    assert trial.facts["slot_holder_is_first"] and trial.facts["second_waited"]
 
 
 @pytest.mark.slow
