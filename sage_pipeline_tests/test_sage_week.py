@@ -49,6 +49,22 @@ def test_embedded_week_extracts_verified_and_is_idempotent(week):
     assert len(runs) == m["runs"] and all(r["sessions"] for r in runs)
 
 
+def test_every_run_has_its_goal_in_the_ledgers_the_harvest_reads(week):
+    """SAGE logs no goal: the week ships each run's (records/day-NN/goals.jsonl), read by the harvest's reader."""
+    from sage_pipeline.sleep.sage_harvest import SageHarvestResult, read_goal_ledgers
+
+    out = SageHarvestResult()
+    goals = read_goal_ledgers(week.goal_ledgers, out, 10)
+    assert len(week.goal_ledgers) == len(week.days) and not out.missing
+    runs = week.runs()
+    for r in runs:
+        for sid in r["sessions"]:
+            goal, where = goals[("session_id", sid)]
+            assert goal.startswith(f"[sage-world run={r['run']}] ")  # harness.goal: the run mark, then the prompt
+            assert where.startswith(f"{week.records / ('day-' + r['run'][1:3]) / W.GOALS_NAME}:")  # its day's ledger
+    assert len(goals) == sum(len(r["sessions"]) for r in runs)
+
+
 def test_every_journal_line_is_accepted_or_counted(week, tmp_path):
     res = ingest.ingest(ingest.IngestConfig([week.journals]), tmp_path / "routing", progress=lambda m: None)
     s = res.stats

@@ -12,8 +12,10 @@ recorded). Written:
 * ``sage_week.tar.xz``: ``workspaces/day-NN/ws-W/`` every file of each SAGE workspace as SAGE left it (its
   journals in ``memory/sessions/``, the task's code and tests, SAGE's memory and bandit state), byte for byte,
   but the caches of the Python that runs SAGE's verification command (``__pycache__/``, ``.pytest_cache/``);
-  ``records/day-NN/runs.jsonl`` (the harness's record of each run: its task, sessions, coder model, verdict) and
-  ``assignments.jsonl`` (each run's recorded coder draw); ``records/pins/`` the two coder arms' models.yaml;
+  ``records/day-NN/runs.jsonl`` (the harness's record of each run: its task, sessions, coder model, verdict),
+  ``goals.jsonl`` (the goal ledger: the exact goal each ``sage run`` was given, by SAGE session id, as
+  ``sleep.sage_harvest.write_goal_ledger`` writes it: SAGE logs no goal) and ``assignments.jsonl`` (each run's
+  recorded coder draw); ``records/pins/`` the two coder arms' models.yaml;
   ``checkpoint/`` the exploring checkpoint SAGE ran and ``deployments.jsonl`` its windows (paths relative to the
   week's root). Members sorted, owner 0, mtime the generation's, so the archive is the same for the same files.
 * ``sage_week.json``: the manifest (:data:`sage_pipeline.sage.week.MANIFEST_NAME`): the archive's sha256 and size,
@@ -45,6 +47,7 @@ sys.path.insert(0, str(ROOT))
 
 from sage_pipeline import artifacts  # noqa: E402
 from sage_pipeline.sage import week as W  # noqa: E402
+from sage_pipeline.sleep.sage_harvest import write_goal_ledger  # noqa: E402
 
 
 def sage_python(src: str | None) -> str:
@@ -102,6 +105,8 @@ def members(res, scratch: Path) -> list[tuple[str, Path]]:
                     out.append((f"{W.WORKSPACES}/{day}/{f.relative_to(folder)}", f))
         runs = SW.write_runs(scratch / "records" / day / "runs.jsonl", d["runs"], res.root)
         out.append((f"{W.RECORDS}/{day}/runs.jsonl", runs))
+        goals = write_goal_ledger(scratch / "records" / day / W.GOALS_NAME, d["goals"])
+        out.append((f"{W.RECORDS}/{day}/{W.GOALS_NAME}", goals))
         if (folder / "assignments.jsonl").is_file():
             out.append((f"{W.RECORDS}/{day}/assignments.jsonl", folder / "assignments.jsonl"))
     for f in sorted((res.root / "data" / "decisions").rglob("pins/*.yaml")):

@@ -10,7 +10,8 @@ the world's seed and settings, each day's runs and the world's exact truth). The
   its ``memory/sessions/*.log`` (nothing else under ``workspaces/`` is named like a journal, so the folder is a
   ``log_dirs`` entry of the ingest as it is);
 * ``records/day-NN/runs.jsonl`` (the harness's record of each run: task, SAGE's session ids, the coder's model,
-  the world's verdict) and ``assignments.jsonl`` (each run's recorded coder draw), ``records/pins/`` the coder
+  the world's verdict), ``goals.jsonl`` (the goal ledger: the exact goal each ``sage run`` was given, by SAGE
+  session id; SAGE logs no goal) and ``assignments.jsonl`` (each run's recorded coder draw), ``records/pins/`` the coder
   arms' models.yaml;
 * ``checkpoint/`` the exploring checkpoint SAGE ran, ``deployments.jsonl`` its windows (paths relative to the
   week's root).
@@ -51,6 +52,7 @@ WORKSPACES = "workspaces"
 RECORDS = "records"
 CHECKPOINT = "checkpoint"
 DEPLOYMENTS = "deployments.jsonl"
+GOALS_NAME = "goals.jsonl"  # records/day-NN/: the goal ledger (the goal each sage run was given, by session id)
 EXTRACT_DIR = "sage_week"  # under the artifact root
 SHA_DIGITS = 16
 MAX_FILES = 100_000  # caps on what a manifest may ask for (the shipped week is far below them)
@@ -84,6 +86,11 @@ class Week:
     def sessions_dirs(self) -> list[Path]:
         """Every workspace's journal folder (``memory/sessions``)."""
         return [p / "memory" / "sessions" for p in self.workspace_dirs if (p / "memory" / "sessions").is_dir()]
+
+    @property
+    def goal_ledgers(self) -> list[Path]:
+        """The goal ledgers, day by day (``records/day-NN/goals.jsonl``): the goal each run was given."""
+        return [p for p in (self.records / d / GOALS_NAME for d in self.days) if p.is_file()]
 
     @property
     def records(self) -> Path:

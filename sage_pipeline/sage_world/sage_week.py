@@ -45,7 +45,7 @@ from sage_pipeline.sage import checkpoint as sage_router, explore as sage_explor
 from sage_pipeline.sage.objective import TaskObjective
 from sage_pipeline.sage.table import RoutingTable, pin
 from sage_pipeline.sage_world import loop as sl, truth as T
-from sage_pipeline.sage_world.harness import HarnessConfig, SageInstall, run_day
+from sage_pipeline.sage_world.harness import HarnessConfig, SageInstall, goal, run_day
 from sage_pipeline.sage_world.server import WorldServer
 from sage_pipeline.sage_world.world import ModelWorld, WorldConfig, build_world, world_info, write_truth
 from sage_pipeline.sim.families import FAMILIES
@@ -78,7 +78,9 @@ class DaysResult:
     """What :func:`run_days` did: each day's run folder (``run_day``'s root), its runs, the deployments."""
 
     root: Path
-    days: list[dict] = field(default_factory=list)  # {"day", "folder", "runs": [RunResult dicts], "summary"}
+    # {"day", "folder", "runs": [RunResult dicts], "summary", "goals": the goal ledger's entries (the exact goal each
+    # `sage run` was given, by SAGE session id: SAGE logs no goal, the harvest reads it from such a ledger)}
+    days: list[dict] = field(default_factory=list)
     checkpoint: Path | None = None
     deployments: list[dict] = field(default_factory=list)  # one closed window per day
     truth: dict = field(default_factory=dict)
@@ -138,7 +140,10 @@ def run_days(install: SageInstall, root: str | os.PathLike[str], config: WeekCon
             runs = [r.to_dict() for r in res.runs]
             write_truth([t for t in world.truth if str(t.get("run", "")).startswith(f"d{day:02d}-")],
                            root / "truth" / f"day-{day:02d}.jsonl")
-            out.days.append({"day": day, "folder": str(folder), "runs": runs, "summary": res.summary()})
+            goals = [{"session_id": sid, "goal": goal(r["run"], world.tasks[world.by_id[r["task_id"]]].prompt),
+                      "run": r["run"], "task_id": r["task_id"]} for r in runs for sid in r["sessions"]]
+            out.days.append({"day": day, "folder": str(folder), "runs": runs, "summary": res.summary(),
+                             "goals": goals})
             progress(f"sage week: day {day}: {res.finished}/{len(res.runs)} runs finished "
                      f"({res.seconds:.0f} s), failures {res.failures or 'none'}")
     out.truth = truth_of(world, out.days, shipped, ckpt, models, cfg, progress)
