@@ -143,7 +143,7 @@ OWN_SETTINGS = {
     "routing_assets.SyntheticSessionsConfig": set(),
     "routing_assets.TrajectoriesConfig": {"max_quarantined_fraction"},
     "routing_assets.RewardSection": set(),
-    "routing_assets.RoutingDatasetConfig": {"chunk_rows"},
+    "routing_assets.RoutingDatasetConfig": {"chunk_rows", "journal_clock"},
     "policy_assets.BCPolicyConfig": {"action_spaces"},
     "policy_assets.CQLPolicyConfig": {"action_spaces", "alphas", "selection", "n_boot", "support"},
     "benchmark_assets.RoutingBenchmarkConfig": {"ope_behaviours"},  # made from BenchmarkConfig's default
