@@ -35,6 +35,7 @@ YAML classifiers here and the exploring checkpoints of ``sage_explore`` are buil
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import math
@@ -432,8 +433,34 @@ def sage_predict(clf, task_complexity_score: float, failure_count: int) -> tuple
 
 
 def to_sage_dict(served: ServedSagePolicy) -> dict:
-    """Exactly what SAGE's hook reads, nothing more."""
-    return {"models": dict(served.models), "feature_keys": list(FEATURE_KEYS)}
+    """Exactly what SAGE's hook reads, nothing more, with each tree's node records canonical
+    (:func:`canonical_tree`), so the same classifiers always dump to the same bytes."""
+    return {"models": {r: canonical_tree(m) for r, m in served.models.items()}, "feature_keys": list(FEATURE_KEYS)}
+
+
+def canonical_tree(model):
+    """``model`` (a fitted scikit-learn tree) with the padding bytes of its node records zeroed.
+
+    A tree's nodes are C structs with padding between fields that scikit-learn never writes, so
+    two fits of the same tree on the same rows pickle to different bytes (whatever the allocator
+    left there: seen between a Celery worker and an in-process run of the same step). The
+    checkpoint's sha256 is the router candidate's ledger key and the bundle's content address, so
+    an unchanged policy must dump to the same bytes. The fields are copied into a zeroed record
+    array and loaded back (``Tree.__setstate__`` copies the records whole); the model is a copy,
+    its predictions unchanged. Anything without a ``tree_`` is returned as it is."""
+    tree = getattr(model, "tree_", None)
+    if tree is None or not hasattr(tree, "__getstate__"):
+        return model
+    state = tree.__getstate__()
+    nodes = state["nodes"]
+    clean = np.zeros(nodes.shape, dtype=nodes.dtype)
+    for name in nodes.dtype.names:
+        clean[name] = nodes[name]
+    fresh = type(tree)(tree.n_features, np.asarray(tree.n_classes, dtype=np.intp), tree.n_outputs)
+    fresh.__setstate__({**state, "nodes": clean})
+    out = copy.copy(model)
+    out.tree_ = fresh
+    return out
 
 
 # ------------------------------------------------------------------ the table a checkpoint is bound to

@@ -62,7 +62,7 @@ SHARD_CONFIG = {"resources": RUN_CONFIG["resources"]}
 # Fields that measure wall-clock time or say when something was written: the only ones
 # allowed to differ between the Celery run and the in-process run.
 CLOCK_KEYS = {"created_at", "started_at", "finished_at", "decided_at", "seconds", "steps_per_s",
-              "at"}  # at: when a ledger transition was written (decisions/ledger.json)
+              "at", "since"}  # at: a ledger transition's time (decisions/ledger.json); since: a skills version's
 LIMIT_OUTCOMES = {"timeout", "oom", "killed"}
 
 

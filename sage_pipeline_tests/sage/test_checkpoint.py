@@ -470,3 +470,41 @@ def test_a_save_killed_between_its_two_files_leaves_the_old_checkpoint_whole(ser
     sr.write_sage_checkpoint(tmp_path / "sage", served, {"source": "the third save"})
     assert sr.load_sage_checkpoint(tmp_path / "sage", served.table, space).min_confidence == 0.55
     assert sorted(p.name for p in tmp_path.iterdir()) == ["first.joblib", "sage"]  # the killed save's temp: swept
+
+
+def test_the_same_trees_dump_to_the_same_bytes_whatever_their_padding_held():
+    """A tree's node records have padding scikit-learn never writes: two fits of the same tree pickled
+    to different bytes (a Celery worker's and an in-process run's policy.joblib differed, so the ledger
+    saw two candidates). The checkpoint zeroes it: garbage written into the padding of one copy gives
+    the same dump as the clean copy, and the predictions are unchanged."""
+    import copy as _copy
+    import io
+
+    import joblib as _joblib
+    from sklearn.tree import DecisionTreeClassifier as _Tree
+
+    from sage_pipeline.sage import checkpoint as ck
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(400, len(ck.FEATURE_KEYS)))
+    y = (x[:, 0] + 0.3 * rng.normal(size=400) > 0).astype(int)
+    fitted = _Tree(max_depth=4, random_state=0).fit(x, y)
+    dirty = _copy.deepcopy(fitted)
+    state = dirty.tree_.__getstate__()
+    nodes = state["nodes"]
+    assert nodes.dtype.itemsize > sum(nodes.dtype.fields[n][0].itemsize for n in nodes.dtype.names), (
+        "the node record has no padding in this scikit-learn: the test would prove nothing")
+    raw = np.frombuffer(rng.bytes(nodes.nbytes), dtype=nodes.dtype).copy()
+    for name in nodes.dtype.names:
+        raw[name] = nodes[name]
+    dirty.tree_.__setstate__({**state, "nodes": raw})
+
+    def dump(model) -> bytes:
+        buf = io.BytesIO()
+        _joblib.dump({"m": model}, buf)
+        return buf.getvalue()
+
+    assert dump(dirty) != dump(fitted)  # the padding really differs before
+    assert dump(ck.canonical_tree(dirty)) == dump(ck.canonical_tree(fitted))
+    assert np.array_equal(ck.canonical_tree(dirty).predict_proba(x), fitted.predict_proba(x))
+    assert ck.canonical_tree("not a tree") == "not a tree"
