@@ -43,7 +43,6 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
-import joblib
 import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
@@ -1013,7 +1012,7 @@ def served_key(policy) -> str:
     confidence floor SAGE applies to it (its ``min_confidence``, which the checkpoint's ``sage_env`` sets as
     SAGE_RL_MIN_CONFIDENCE): ``router.folder_key`` of the folder written."""
     buf = io.BytesIO()
-    joblib.dump(sage_router.to_sage_dict(policy), buf)
+    sage_router.dump_policy(policy, buf)
     return ledger_router.candidate_key(hashlib.sha256(buf.getvalue()).hexdigest(), policy.min_confidence)
 
 

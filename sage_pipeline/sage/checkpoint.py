@@ -40,6 +40,7 @@ import hashlib
 import json
 import math
 import os
+import pickle
 import platform
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -438,16 +439,26 @@ def to_sage_dict(served: ServedSagePolicy) -> dict:
     return {"models": {r: canonical_tree(m) for r, m in served.models.items()}, "feature_keys": list(FEATURE_KEYS)}
 
 
+def dump_policy(served: ServedSagePolicy, fh) -> None:
+    """Write ``policy.joblib``'s bytes to the binary file ``fh``: :func:`to_sage_dict` as a plain pickle
+    (protocol 4), which SAGE's ``joblib.load`` reads as it reads joblib's own files.
+
+    Not ``joblib.dump``: it writes a record array through numpy's buffered iterator, which copies
+    the fields and leaves the padding between them as the buffer held it, so the same trees gave
+    different bytes from one process to the next (a Celery worker's checkpoint and an in-process
+    run's of the same step differed). The checkpoint's sha256 is the router candidate's ledger
+    key and the bundle's content address: an unchanged policy must give the same bytes. A plain
+    pickle writes each array's memory whole, and :func:`canonical_tree` zeroes that padding."""
+    pickle.dump(to_sage_dict(served), fh, protocol=4)
+
+
 def canonical_tree(model):
     """``model`` (a fitted scikit-learn tree) with the padding bytes of its node records zeroed.
 
-    A tree's nodes are C structs with padding between fields that scikit-learn never writes, so
-    two fits of the same tree on the same rows pickle to different bytes (whatever the allocator
-    left there: seen between a Celery worker and an in-process run of the same step). The
-    checkpoint's sha256 is the router candidate's ledger key and the bundle's content address, so
-    an unchanged policy must dump to the same bytes. The fields are copied into a zeroed record
-    array and loaded back (``Tree.__setstate__`` copies the records whole); the model is a copy,
-    its predictions unchanged. Anything without a ``tree_`` is returned as it is."""
+    A tree's nodes are C structs with padding between fields that scikit-learn never writes
+    (whatever the allocator left there). The fields are copied into a zeroed record array and
+    loaded back (``Tree.__setstate__`` copies the records whole); the model is a copy, its
+    predictions unchanged. Anything without a ``tree_`` is returned as it is."""
     tree = getattr(model, "tree_", None)
     if tree is None or not hasattr(tree, "__getstate__"):
         return model
@@ -551,7 +562,7 @@ def write_sage_checkpoint(directory: str | Path, served, manifest: dict,
         env["SAGE_MODELS_YAML"] = digest["path"]
     with artifacts.atomic_dir(directory) as tmp:
         with artifacts.atomic_open(tmp / JOBLIB_NAME, "wb") as fh:
-            joblib.dump(to_sage_dict(served), fh)
+            dump_policy(served, fh)
         full = {**manifest, **facts, "format": FORMAT, "feature_keys": list(FEATURE_KEYS),
                 "inputs_from": list(CONTEXT_FIELDS), "min_confidence": served.min_confidence,
                 "roles": sorted(served.models), "routes": routes, "agreement": served.agreement,

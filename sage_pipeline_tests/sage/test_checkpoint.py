@@ -476,9 +476,12 @@ def test_the_same_trees_dump_to_the_same_bytes_whatever_their_padding_held():
     """A tree's node records have padding scikit-learn never writes: two fits of the same tree pickled
     to different bytes (a Celery worker's and an in-process run's policy.joblib differed, so the ledger
     saw two candidates). The checkpoint zeroes it: garbage written into the padding of one copy gives
-    the same dump as the clean copy, and the predictions are unchanged."""
+    the same dump as the clean copy (dump_policy: a plain pickle, not joblib's buffered writer, which
+    leaves the padding as its buffer held it), SAGE's joblib.load reads it, the predictions unchanged."""
     import copy as _copy
     import io
+    import pickle
+    from types import SimpleNamespace
 
     import joblib as _joblib
     from sklearn.tree import DecisionTreeClassifier as _Tree
@@ -501,10 +504,19 @@ def test_the_same_trees_dump_to_the_same_bytes_whatever_their_padding_held():
 
     def dump(model) -> bytes:
         buf = io.BytesIO()
-        _joblib.dump({"m": model}, buf)
+        ck.dump_policy(SimpleNamespace(models={"coder": model}), buf)
         return buf.getvalue()
 
-    assert dump(dirty) != dump(fitted)  # the padding really differs before
-    assert dump(ck.canonical_tree(dirty)) == dump(ck.canonical_tree(fitted))
+    def plain(model) -> bytes:
+        buf = io.BytesIO()
+        pickle.dump({"m": model}, buf, protocol=4)
+        return buf.getvalue()
+
+    assert plain(dirty) != plain(fitted)  # the padding really differs before
+    assert dump(dirty) == dump(fitted)
     assert np.array_equal(ck.canonical_tree(dirty).predict_proba(x), fitted.predict_proba(x))
     assert ck.canonical_tree("not a tree") == "not a tree"
+    # SAGE reads it with joblib.load, as it reads joblib's own files
+    back = _joblib.load(io.BytesIO(dump(dirty)))
+    assert back["feature_keys"] == list(ck.FEATURE_KEYS)
+    assert np.array_equal(back["models"]["coder"].predict_proba(x), fitted.predict_proba(x))
