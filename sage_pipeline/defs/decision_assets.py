@@ -44,7 +44,9 @@ def decision_ledger(context: dg.AssetExecutionContext, sage: SageResource) -> dg
         "candidates": len(led.data.candidates),
         "by_lever": dg.MetadataValue.json(counts),
         "guarantee": (f"per lever, the chance any candidate without a gain is ever accepted, over every night and "
-                      f"every candidate, is at most {cfg.alpha} (candidate j at alpha/(j(j+1)), each an e-process); "
+                      f"every candidate, is at most {cfg.alpha} (each an e-process; candidate j at "
+                      + "; ".join(f"{lv} alpha {s:g} ({1 - s:g})^(j-1)" for lv, s in sorted(cfg.first_share.items()))
+                      + ("; " if cfg.first_share else "") + "the other levers at alpha/(j(j+1))); "
                       f"an accepted change is reverted when its gain is excluded above {cfg.min_useful_gain}"),
         "ledger": dg.MetadataValue.md(report.markdown_table(led)),
         "plot": dg.MetadataValue.md(markdown.image(png, "running estimates and intervals") if png

@@ -21,11 +21,13 @@ support passes ``EXACT_SUPPORT`` points, then ``permutations`` Monte Carlo flips
 ``p = (1 + #{S* >= S}) / (1 + B)`` (a valid p-value), seeded by the data so a decision is
 reproducible. Tasks whose score did not change carry no evidence either way.
 
-Level. ``alpha`` is the night's family-wise false-accept level. The cycle gates each edit at
-``alpha / edit_budget`` (Bonferroni over the most edits a night may gate, valid whatever the
-dependence between the trials; a bundle is one trial at ``alpha``), so on a night where no edit
-has a real effect the gate accepts anything with probability at most ``alpha``, and the bar one
-edit must clear does not depend on how many others reflect proposed beside it. Each accepted group becomes
+Level. ``alpha`` is the night's family-wise false-accept level. The SAGE night
+(``sage_night._Night._gate``, ``decisions="per_night"``) gates each of tonight's screened edit
+groups at ``alpha / trials``, ``trials`` their count, fixed after screening and before any is
+tested (Bonferroni, valid whatever the dependence between the trials; a bundle is one trial at
+``alpha``), so on a night where no edit has a real effect the gate accepts anything with
+probability at most ``alpha``. That holds for one night; the default, ``decisions="ledger"``,
+decides through :mod:`sage_pipeline.decisions` instead, at one level over every night. Each accepted group becomes
 the baseline of the next one and the live documents the baseline of the next night; those
 baselines were selected for scoring well on val, which only makes later tests conservative.
 At temperature 0 a rule rejected tonight and proposed again on the same documents and the
@@ -85,7 +87,8 @@ class GateConfig(BaseModel):
                               "level; 'strict': the old rule (strictly better mean, and with no_regression no "
                               "val task worse), for comparison")
     alpha: float = Field(0.05, gt=0.0, lt=0.5, description="'paired': the most a night on which no edit has a "
-                         "real effect may accept anything (each edit is tested at alpha / edit_budget)")
+                         "real effect may accept anything (each of tonight's screened edits is tested at alpha / "
+                         "their count)")
     samples: int = Field(4, ge=1, le=64, description="'paired': replays of each val task per arm when the backend "
                          "draws fresh answers (temperature > 0); a deterministic backend is replayed once")
     permutations: int = Field(20000, ge=1000, description="'paired': Monte Carlo sign flips when the exact "
@@ -119,12 +122,6 @@ class GateConfig(BaseModel):
 
     def score(self, results: Sequence[TaskResult]) -> float | None:
         return float(self.task_scores(results).mean()) if results else None
-
-    def family(self, groups: int, edit_budget: int) -> int:
-        """How many trials a night's level is split over: the most edits it may gate (``edit_budget``,
-        or more groups if it has them) when each edit is gated on its own, one for a bundle. Fixed
-        before the night, so one edit's bar does not depend on what reflect proposed beside it."""
-        return max(groups, edit_budget, 1) if self.granularity == "edit" else 1
 
     def replays(self, draws_fresh: bool) -> int:
         """Replays of each val task per arm: ``samples`` for the paired test against a backend that

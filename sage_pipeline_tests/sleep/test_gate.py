@@ -188,7 +188,3 @@ def test_too_few_tasks_that_all_rose_alike_still_get_a_needed_count():
     assert compare(arm(np.zeros(5)), arm(np.ones(5)), HARD).accepted  # and 5 do
 
 
-def test_the_nights_family_is_its_edit_budget_or_one_bundle():
-    assert GateConfig().family(groups=2, edit_budget=4) == 4  # fixed before the night: the same bar per edit
-    assert GateConfig().family(groups=6, edit_budget=4) == 6  # never fewer than the trials it runs
-    assert GateConfig(granularity="bundle").family(groups=1, edit_budget=4) == 1
