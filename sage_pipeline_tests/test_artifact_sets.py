@@ -296,8 +296,12 @@ def _runs(tmp_path: Path):
     )
 
     offline, sim, bench, sleep, month = (tmp_path / n for n in ("offline", "sim", "bench", "sleep", "month"))
+    # sage_week's live day (SAGE_PYTHON set, as make test SAGE_SRC=... sets it) writes only into a fresh
+    # sage_week_live/<when>/ folder of its own, which nothing reads until sessions/sage links it:
+    # test_sage_week.py's live-day test checks that; measured here is the shipped week, the path make run takes
+    offline_config = {"ops": {**tra.SMALL["ops"], "sage_week": {"config": {"live_day": "off"}}}}
     yield (offline, [*ROUTING_ASSETS, online_ab.online_ab, bundle_assets.sage_bundle],
-           [routing_checks.routing_dataset_contract, routing_checks.routing_dataset_volume], tra.SMALL, None, {})
+           [routing_checks.routing_dataset_contract, routing_checks.routing_dataset_volume], offline_config, None, {})
     sandbox = {"sandbox": SandboxResource(backend="local", workers=2)}
     yield sim, [sim_assets.sim_tasks], [], {"ops": {"sim_tasks": {"config": {"n_tasks": 30, "seed": 3}}}}, None, sandbox
     yield sim, [sim_assets.sandbox_rollouts], [], None, sim_assets.SHARDS.get_partition_keys()[0], sandbox

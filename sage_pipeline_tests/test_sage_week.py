@@ -185,3 +185,62 @@ def test_sage_week_feeds_trajectories_on_its_defaults(tmp_path, monkeypatch):
     assert os.path.islink(tmp_path / "sessions" / "sage" / "week")
     assert json.loads((tmp_path / "sessions" / "sage" / ra.JOURNAL_CLOCK).read_text())["clock_scale"] == \
         m["settings"]["world"]["clock_scale"]
+
+
+@pytest.mark.slow
+def test_a_live_sage_day_is_added_beside_the_week_and_written_into_its_own_folder(sage_python, tmp_path,
+                                                                                 tmp_path_factory):
+    """live_day 'on' with SAGE at hand: SAGE's unchanged `sage run` runs one more day in the week's model world,
+    into a fresh sage_week_live/<when>/ folder; its journals are linked beside the week's and trajectories reads
+    them too; its exploring checkpoint's windows join checkpoints/sage_deployments.jsonl. Outside that folder the
+    asset writes only sessions/sage (one atomic folder of links) and the deployments record."""
+    import contextlib
+
+    from sage_pipeline import artifacts
+    from sage_pipeline.defs import routing_assets as ra
+    from sage_pipeline.defs.resources import SageResource
+
+    runs = 4
+    written: list[Path] = []
+
+    def recording(real):
+        @contextlib.contextmanager
+        def record(dest, *a, **k):  # sage_week's own writes (its live day's threads name no writer)
+            if (artifacts.current_writer() or "sage_week").startswith("sage_week"):
+                written.append(Path(os.path.abspath(dest)))
+            with real(dest, *a, **k) as out:
+                yield out
+        return record
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(artifacts, "atomic_path", recording(artifacts.atomic_path))
+    mp.setattr(artifacts, "atomic_dir", recording(artifacts.atomic_dir))
+    try:
+        res = dg.materialize([ra.sage_week, ra.trajectories], resources={"sage": SageResource(data_dir=str(tmp_path))},
+                             run_config={"ops": {"sage_week": {"config": {"live_day": "on", "live_runs": runs}}}},
+                             instance=dg.DagsterInstance.ephemeral())
+    finally:
+        mp.undo()
+    assert res.success
+    wk = {k: v.value for k, v in res.asset_materializations_for_node("sage_week")[-1].metadata.items()}
+    tr = {k: v.value for k, v in res.asset_materializations_for_node("trajectories")[-1].metadata.items()}
+    m = W.load_manifest()
+    live = wk["live_day"]
+    assert live["ran"] is True and live["runs"] == runs and live["day"] == len(m["days"]) + 1
+    assert wk["runs"] == m["runs"] + runs and wk["days"] == len(m["days"]) + 1
+    folder = Path(live["folder"])
+    assert folder.parent == tmp_path / ra.LIVE_DIR and (folder / "truth.json").is_file()
+    linked = sorted(p.name for p in (tmp_path / "sessions" / "sage" / "live").iterdir())  # a link per workspace
+    assert linked and all((tmp_path / "sessions" / "sage" / "live" / n).resolve().is_relative_to(folder)
+                                       for n in linked)
+    assert tr["lines_read"] > m["journal_lines"] and tr["quarantined_lines"] == 0
+    deployments = (tmp_path / "checkpoints" / "sage_deployments.jsonl").read_text().splitlines()
+    fresh = tmp_path_factory.mktemp("week_alone")  # the week's windows alone, and the live day's one after them
+    week_alone = W.record_deployments(W.embedded_week(fresh), fresh)
+    assert len(deployments) == len(week_alone) + 1
+    assert json.loads(deployments[-1])["deployed_from"] > max(d.deployed_until for d in week_alone).isoformat()
+    outside = {str(p.relative_to(tmp_path)) for p in written
+               if not p.is_relative_to(folder) and not any(part.startswith(".") for part in p.parts)}  # not staged
+    assert "sessions/sage" in outside and any(p.is_relative_to(folder) for p in written)
+    assert outside <= {"sessions/sage", "checkpoints/sage_deployments.jsonl"} | {
+        s for s in outside if s.startswith(("checkpoints/sage_deployed/", "sage_week/"))}, outside

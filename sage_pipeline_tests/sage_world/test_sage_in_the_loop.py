@@ -157,7 +157,9 @@ def test_a_pinned_coder_reaches_sage_through_its_models_yaml(sage_python, tmp_pa
     monkeypatch.setattr(coder_lever, "decide", promote)
     install = SageInstall.find(sage_python)
     world = build_world(install.models_yaml, n_tasks=24, task_seed=2)
-    cfg = sl.LoopConfig(days=2, tasks_per_day=4, pool=24, seed=2, sage_bench=False, start="yaml",
+    # 10 runs a day: SAGE's session ids are random and routing_dataset puts a fifth of sessions in eval, and
+    # bc_policy needs 2 train sessions; with 4 runs it got fewer one night in ~35 (CI saw it), with 10 ~1 in 10^5
+    cfg = sl.LoopConfig(days=2, tasks_per_day=10, pool=24, seed=2, sage_bench=False, start="yaml",
                         coder_decisions="bootstrap")  # the one-night rule this test forces (the ledger's: decisions/)
     report = sl.run_loop(install, tmp_path / "loop", lambda d, dirs, rate: offline_chain(
         d, dirs, rate, install.models_yaml, FAST), cfg, world=world)
