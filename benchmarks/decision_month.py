@@ -135,6 +135,8 @@ class Settings:
     probation_half_life: float = 60.0
     coder_first_takes_all: bool = False  # the coder lever's one candidate at alpha, not alpha * first_share
     coder_bet: str = LedgerConfig().coder_evidence.bet  # LedgerConfig().coder_evidence.bet unless --coder-bet
+    skills_online_bet: str = LedgerConfig().online_evidence.bet  # LedgerConfig().online_evidence.bet unless
+    # --skills-online-bet (plug_in: the skills runs bet as the replays do, with evidence, as before schema 4)
     coder_first_share: float | None = None  # LedgerConfig().first_share["coder"] unless --coder-first-share
     coder_centre: str = "run"  # "run": the running mean before each run (coder.add_runs); "day": fixed for a day
     # the comparisons
@@ -317,8 +319,9 @@ class BatchEngine:
         self.lever, self.cfg = lever, config
         self.nulls = config.nulls()
         self.i0, self.imin = ev.at(self.nulls, 0.0), ev.at(self.nulls, config.min_useful_gain)
-        self.slow, self.fast = config.evidence_for(lever), config.probation_evidence(lever)
-        self.main = {s: ev.Stream.start(self.nulls, capacity, self.slow.components()) for s in self.STREAMS}
+        self.slow = {s: config.evidence_for(lever, s) for s in self.STREAMS}  # each stream's bets, as the ledger's
+        self.fast = config.probation_evidence(lever)
+        self.main = {s: ev.Stream.start(self.nulls, capacity, self.slow[s].components()) for s in self.STREAMS}
         self.prob = {s: ev.Stream.start(self.nulls, capacity, self.fast.components()) for s in self.STREAMS}
         self.month: list[int] = []
         self.idx: list[int] = []
@@ -405,7 +408,7 @@ class BatchEngine:
         self.buffer = []
         for s in self.STREAMS:
             if main[s]:
-                self._feed(self.main[s], main[s], self.slow)
+                self._feed(self.main[s], main[s], self.slow[s])
             if prob[s]:
                 self._feed(self.prob[s], prob[s], self.fast)
 
@@ -468,6 +471,10 @@ def ledger_config(S: Settings, lever: str) -> LedgerConfig:
     changed = {}
     if S.cap != ev.EvidenceConfig().cap:
         changed["evidence"] = ev.EvidenceConfig(cap=S.cap)
+    if S.skills_online_bet != LedgerConfig().online_evidence.bet:  # plug_in: the runs bet as the replays
+        changed["online_evidence"] = changed.get("evidence", ev.EvidenceConfig())
+    elif S.cap != ev.EvidenceConfig().cap:
+        changed["online_evidence"] = LedgerConfig().online_evidence.model_copy(update={"cap": S.cap})
     if lever == "coder":
         changed["coder_evidence"] = LedgerConfig().coder_evidence.model_copy(update={"bet": S.coder_bet, "cap": S.cap})
         if S.coder_first_share is not None:
@@ -1283,6 +1290,9 @@ def main(argv: list[str] | None = None) -> int:
                    "(gamma_1 = 1) instead of alpha * first_share")
     p.add_argument("--coder-bet", choices=("plug_in", "mixture"), default=Settings.coder_bet,
                    help="the coder candidates' bets (LedgerConfig.coder_evidence.bet)")
+    p.add_argument("--skills-online-bet", choices=("plug_in", "mixture"), default=Settings.skills_online_bet,
+                   help="the skills lever's randomised runs' bets (LedgerConfig.online_evidence; plug_in: bet with "
+                   "evidence, as the replays, the rule before ledger schema 4)")
     p.add_argument("--coder-first-share", type=float, default=None, help="the coder's level spent geometrically "
                    "with this first share (LedgerConfig.first_share['coder']; 0.5 and below: about the harmonic "
                    "1/(j(j+1)) for the first)")
@@ -1296,7 +1306,8 @@ def main(argv: list[str] | None = None) -> int:
                  val_share=a.val_share, replay_candidates=a.replay_candidates, candidate_share=a.candidate_share,
                  probation_share=a.probation_share, coder_explore=a.coder_explore, world_tasks=a.world_tasks,
                  cap=a.cap, probation_half_life=a.probation_half_life, coder_first_takes_all=a.coder_first_takes_all,
-                 coder_bet=a.coder_bet, coder_first_share=a.coder_first_share, coder_centre=a.coder_centre)
+                 coder_bet=a.coder_bet, coder_first_share=a.coder_first_share, coder_centre=a.coder_centre,
+                 skills_online_bet=a.skills_online_bet)
     if a.quick:
         S = dataclasses.replace(S, months=min(a.months, 10), nights=min(a.nights, 10), drift_night=5, world_tasks=60,
                                 per_topic=40, bootstrap=200)

@@ -32,8 +32,9 @@ pay for it). Each candidate's e-process is
 valid at every night forever (Ville), so: *for each lever, the chance that any candidate without a gain is
 ever accepted, over all nights and all candidates, is at most alpha* (online Bonferroni over e-processes).
 
-**The bets per lever** (:meth:`LedgerConfig.evidence_for`): ``evidence`` (the plug-in) for skills and the
-router, ``coder_evidence`` (the mixture over gains, :mod:`.evidence`) for the coder; probation streams
+**The bets per lever** (:meth:`LedgerConfig.evidence_for`): ``evidence`` (the plug-in) for the skills
+lever's paired replays and the router, ``online_evidence`` (the mixture over gains, :mod:`.evidence`) for the
+skills lever's randomised runs, ``coder_evidence`` (the mixture) for the coder's; probation streams
 always bet the plug-in with ``probation_half_life`` (a bet that follows a turn: fixed bets started at the
 accept lose wealth while the gain still holds, and a revert would have to win it back).
 
@@ -47,6 +48,8 @@ count and the sha256, and the ledger refuses those units as evidence as it refus
 **Schema.** Version 2 added ``coder_evidence`` and ``first_share``; a version-1 file is read with the rule
 it was written under (the coder betting its ``evidence``, every lever at ``1 / (j (j + 1))``): its levels
 were spent under it. Version 3 added ``selected_on_ids`` (a version-2 file has none: read as it is).
+Version 4 added ``online_evidence``; a version-3 file keeps betting its skills runs with its ``evidence`` (a
+stream goes on with the bets it was started with).
 
 The ledger is one JSON file written atomically (``artifacts.write_json``: a kill leaves the old or
 the new ledger whole), read back through a typed schema; it travels inside the bundle it decided.
@@ -70,7 +73,7 @@ from sage_pipeline import artifacts
 from sage_pipeline.decisions import evidence as ev
 
 LEDGER_NAME = "ledger.json"
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 IDS_DIR = "ids"  # beside the ledger: <sha256>.txt, the id sets candidates name
 LEVERS = ("skills", "coder", "router")
 State = Literal["pending", "accepted", "reverted", "dropped"]
@@ -111,8 +114,14 @@ class LedgerConfig(BaseModel):
                                  "gone bad was reverted within 7 nights in about half the months, not most")
     max_pending_nights: int = Field(30, ge=1, description="nights a candidate may stay pending before it is dropped "
                                     "as unresolvable (its evidence is kept in the ledger)")
-    evidence: ev.EvidenceConfig = Field(default_factory=ev.EvidenceConfig, description="the bets of the skills and "
-                                        "router levers' pending candidates")
+    evidence: ev.EvidenceConfig = Field(default_factory=ev.EvidenceConfig, description="the bets of the skills "
+                                        "lever's paired replays and the router lever's episodes (pending candidates)")
+    online_evidence: ev.EvidenceConfig = Field(
+        default_factory=lambda: ev.EvidenceConfig(bet="mixture", mixture_gaps=(0.03, 0.06, 0.12, 0.24)),
+        description="the bets of the skills lever's randomised runs (pending candidates): the mixture over gains "
+        "from min_useful_gain to a strong rule's +0.24 (an IPW contrast of variance ~1, whose plug-in bets lost "
+        "wealth while their mean was noisy; with the mixture the runs add 5% to the accepting evidence and a "
+        "+0.15 rule is kept in 98 runs where it took 112: benchmarks/decision_month.py)")
     coder_evidence: ev.EvidenceConfig = Field(default_factory=lambda: ev.EvidenceConfig(bet="mixture"),
                                               description="the bets of the coder's pending candidates: the mixture "
                                               "over gains (randomised runs of variance ~0.25 whose best bet is well "
@@ -131,9 +140,12 @@ class LedgerConfig(BaseModel):
             raise ValueError("first_share: each share in (0, 1]")
         return v
 
-    def evidence_for(self, lever: str) -> ev.EvidenceConfig:
-        """The bets of ``lever``'s pending candidates."""
-        return self.coder_evidence if lever == "coder" else self.evidence
+    def evidence_for(self, lever: str, stream: str | None = None) -> ev.EvidenceConfig:
+        """The bets of ``lever``'s pending candidates on evidence ``stream`` (the skills lever bets its
+        randomised runs, ``"online"``, with ``online_evidence`` and its replays with ``evidence``)."""
+        if lever == "coder":
+            return self.coder_evidence
+        return self.online_evidence if lever == "skills" and stream == "online" else self.evidence
 
     def probation_evidence(self, lever: str = "skills") -> ev.EvidenceConfig:
         """The evidence settings of ``lever``'s probation streams: its bets' config with the plug-in,
@@ -221,7 +233,7 @@ class Candidate(BaseModel):
 
 class LedgerFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    schema_version: Literal[3] = SCHEMA_VERSION
+    schema_version: Literal[4] = SCHEMA_VERSION
     config: LedgerConfig = Field(default_factory=LedgerConfig)
     next_index: dict[str, int] = Field(default_factory=lambda: dict.fromkeys(LEVERS, 1))
     candidates: list[Candidate] = Field(default_factory=list)
@@ -235,6 +247,16 @@ def _from_v1(raw: dict) -> dict:
     cfg = raw.get("config", {})
     if isinstance(cfg, dict):  # anything else is refused by the schema, naming the field
         raw["config"] = {**cfg, "coder_evidence": cfg.get("evidence", {}), "first_share": {}}
+    return raw
+
+
+def _from_v3(raw: dict) -> dict:
+    """A version-3 ledger as version 4 with the rule it was written under: the skills lever's randomised runs
+    bet its ``evidence`` (the plug-in), as its streams were started."""
+    raw = dict(raw, schema_version=4)
+    cfg = raw.get("config", {})
+    if isinstance(cfg, dict):  # anything else is refused by the schema, naming the field
+        raw["config"] = {**cfg, "online_evidence": cfg.get("evidence", {})}
     return raw
 
 
@@ -269,6 +291,8 @@ class Ledger:
             raw = _from_v1(raw)
         if isinstance(raw, dict) and raw.get("schema_version") == 2:
             raw = dict(raw, schema_version=3)  # version 3 only added selected_on_ids (default none)
+        if isinstance(raw, dict) and raw.get("schema_version") == 3:
+            raw = _from_v3(raw)
         try:
             data = LedgerFile.model_validate(raw)
         except ValidationError as e:
@@ -413,7 +437,8 @@ class Ledger:
         k = (c.id, store, name)
         if k not in self._live:
             d = getattr(c, store)
-            cfg = self.config.evidence_for(c.lever) if store == "streams" else self.config.probation_evidence(c.lever)
+            cfg = (self.config.evidence_for(c.lever, name) if store == "streams"
+                   else self.config.probation_evidence(c.lever))
             self._live[k] = (ev.Stream.from_dict(d[name]) if d.get(name) else
                              ev.Stream.start(self.config.nulls(), components=cfg.components()))
             d.setdefault(name, {})  # marks it present; written by _flush
@@ -458,7 +483,7 @@ class Ledger:
             raise LedgerError(f"candidate {cid}: unit {(dup or units)[0]!r} already counted in stream {stream!r}")
         if not len(x):
             return 0
-        cfg = self.config.evidence_for(c.lever)
+        cfg = self.config.evidence_for(c.lever, stream)
         self._stream(c, "streams", stream).feed(x, lo, hi, cfg)
         if c.state == "accepted":
             self._stream(c, "probation", stream).feed(x, lo, hi, self.config.probation_evidence(c.lever))

@@ -199,20 +199,22 @@ def test_the_coder_spends_its_level_geometrically_and_bets_the_mixture(tmp_path)
     assert c.alpha == pytest.approx(0.045) and s.alpha == pytest.approx(0.025)
     led.add_evidence(c.id, "online", [0.5] * 40, -1.9, 1.9, [f"r{i}" for i in range(40)])
     led.add_evidence(s.id, "replay", [0.1, 0.2], -1, 1, ["t1", "t2"])
+    led.add_evidence(s.id, "online", [0.4, -0.3], -2.0, 2.0, ["s1", "s2"])
     assert led.stream(c, "streams", "online").components() == len(cfg.coder_evidence.mixture_gaps)
-    assert led.stream(s, "streams", "replay").components() == 0
+    assert led.stream(s, "streams", "replay").components() == 0  # the skills replays: the plug-in
+    assert led.stream(s, "streams", "online").components() == len(cfg.online_evidence.mixture_gaps)
     assert led.decide(c.id, "n1") == "accepted"
     led.add_evidence(c.id, "online", [0.1], -1.9, 1.9, ["r40"])
     assert led.stream(c, "probation", "online").components() == 0
     led.save()
     again = Ledger.load(led.path)
-    assert again.data.schema_version == 3 and again.standing(c.id)["n"] == 41
+    assert again.data.schema_version == 4 and again.standing(c.id)["n"] == 41
     assert again.data.model_dump() == led.data.model_dump()
 
 
 def test_a_version_1_ledger_is_read_with_the_rule_it_was_written_under(tmp_path):
     """A ledger written before the mixture and the geometric levels (schema 1): its coder candidates keep their
-    plug-in streams and alpha / (j (j + 1)), it goes on taking evidence, and it is written back as version 3."""
+    plug-in streams and alpha / (j (j + 1)), it goes on taking evidence, and it is written back as version 4."""
     p = tmp_path / "ledger.json"
     led = Ledger.load(p)
     c, _ = led.propose("coder", "pin coder to B (round 1)", night="n1")
@@ -235,11 +237,38 @@ def test_a_version_1_ledger_is_read_with_the_rule_it_was_written_under(tmp_path)
     d, _ = old.propose("coder", "pin coder to A (round 1)", night="n2")
     assert d.alpha == pytest.approx(0.05 / 6)
     old.save()
-    assert json.loads(p.read_text())["schema_version"] == 3
-    raw["schema_version"] = 4
+    assert json.loads(p.read_text())["schema_version"] == 4
+    raw["schema_version"] = 5
     p.write_text(json.dumps(raw))
     with pytest.raises(LedgerError, match=r"ledger\.json: field 'schema_version'"):
         Ledger.load(p)
+
+
+def test_a_version_3_ledger_goes_on_betting_its_skills_runs_as_it_started(tmp_path):
+    """A ledger written before online_evidence (schema 3): a pending skills candidate's randomised-run stream was
+    started with the plug-in and goes on with it (a stream keeps the bets it started with); a candidate proposed
+    after the upgrade bets the same ledger config, and the file is written back as version 4."""
+    p = tmp_path / "ledger.json"
+    led = Ledger.load(p)
+    s, _ = led.propose("skills", "rule", night="n1")
+    led.add_evidence(s.id, "online", [0.4, -0.3], -2.0, 2.0, ["r1", "r2"])
+    led.save()
+    raw = json.loads(p.read_text())
+    raw["schema_version"] = 3
+    del raw["config"]["online_evidence"]
+    for k in ("comp_plus", "comp_minus"):  # the plug-in stream version 3 wrote
+        del raw["candidates"][0]["streams"]["online"][k]
+    p.write_text(json.dumps(raw))
+    old = Ledger.load(p)
+    assert old.config.online_evidence == old.config.evidence and old.config.online_evidence.bet == "plug_in"
+    old.add_evidence(s.id, "online", [0.5], -2.0, 2.0, ["r3"])
+    assert old.stream(old.get(s.id), "streams", "online").components() == 0 and old.standing(s.id)["n"] == 3
+    t, _ = old.propose("skills", "another rule", night="n2")
+    old.add_evidence(t.id, "online", [0.2], -2.0, 2.0, ["r4"])
+    assert old.stream(t, "streams", "online").components() == 0  # the ledger's own rule, not today's default
+    old.save()
+    assert json.loads(p.read_text())["schema_version"] == 4
+    assert Ledger.load(p).config.online_evidence.bet == "plug_in"
 
 
 def test_a_large_selected_on_is_an_id_set_beside_the_ledger_and_stays_checkable(tmp_path):

@@ -211,7 +211,8 @@ def test_asset_graph_shows_assets_and_latest_materializations(server, browser, s
         for name in set(in_group) & set(sup.SELECTION_NAMES):  # materialized by the fixture: said, with a date
             assert "Materialized" in nodes[name], f"{name}: {nodes[name]}"
             date = nodes[name][nodes[name].index("Materialized") + 1]
-            assert re.match(r"[A-Z][a-z]{2} \d{1,2}, \d{1,2}:\d{2}", date), f"{name}: no date after Materialized: {date}"
+            stamp = r"[A-Z][a-z]{2} \d{1,2}, \d{1,2}:\d{2}"
+            assert re.match(stamp, date), f"{name}: no date after Materialized: {date}"
         for name in set(in_group) - set(sup.SELECTION_NAMES):  # and the UI does not claim more than happened
             assert "Never materialized" in nodes[name], f"{name}: {nodes[name]}"
     # the whole picture, every chain left to right (one box per group once there are several)
