@@ -448,8 +448,17 @@ def dump_policy(served: ServedSagePolicy, fh) -> None:
     different bytes from one process to the next (a Celery worker's checkpoint and an in-process
     run's of the same step differed). The checkpoint's sha256 is the router candidate's ledger
     key and the bundle's content address: an unchanged policy must give the same bytes. A plain
-    pickle writes each array's memory whole, and :func:`canonical_tree` zeroes that padding."""
-    pickle.dump(to_sage_dict(served), fh, protocol=4)
+    pickle writes each array's memory whole, and :func:`canonical_tree` zeroes that padding.
+
+    The pickler's memo is off (``Pickler.fast``): with it, a string met twice is written once if
+    both are the same object and twice if they are equal copies, and which it is depends on the
+    process's history (an identifier interned in a fitted model, a copy in one read back from a
+    pickle): the same trees gave two byte strings (10,315 and 10,295 bytes) in a Celery worker and
+    in-process. Without the memo the bytes depend on the values alone (about 3x larger: ~33 kB
+    for SAGE's nine roles). A policy holds no cycle (a cyclic one is refused by the pickler)."""
+    pickler = pickle.Pickler(fh, protocol=4)
+    pickler.fast = True  # no memo: the same values give the same bytes, whatever objects hold them
+    pickler.dump(to_sage_dict(served))
 
 
 def canonical_tree(model):

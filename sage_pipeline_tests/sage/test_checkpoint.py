@@ -520,3 +520,44 @@ def test_the_same_trees_dump_to_the_same_bytes_whatever_their_padding_held():
     back = _joblib.load(io.BytesIO(dump(dirty)))
     assert back["feature_keys"] == list(ck.FEATURE_KEYS)
     assert np.array_equal(back["models"]["coder"].predict_proba(x), fitted.predict_proba(x))
+
+
+def test_the_same_trees_dump_to_the_same_bytes_whether_fitted_here_or_read_back():
+    """The pickler's memo writes a string once when two references are one object and twice when they
+    are equal copies: a fitted model's attribute names are interned (the tree's own state shares them),
+    a model read back from a pickle holds copies, so the same trees gave two policy.joblib (a Celery
+    worker's and an in-process run's: two router candidates in the ledger). dump_policy writes without
+    the memo: the bytes depend on the values alone, SAGE's joblib.load reads them."""
+    import io
+    import pickle
+    from types import SimpleNamespace
+
+    import joblib as _joblib
+    from sklearn.pipeline import Pipeline
+    from sklearn.preprocessing import FunctionTransformer
+    from sklearn.tree import DecisionTreeClassifier as _Tree
+
+    from sage_pipeline.sage import checkpoint as ck
+
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(300, len(ck.FEATURE_KEYS)))
+    y = (x[:, 1] > 0.2).astype(int)
+    models = {"coder": _Tree(max_depth=3, random_state=0).fit(x, y),
+              "planner": Pipeline([("cells", FunctionTransformer(np.round)),
+                                   ("tree", _Tree(random_state=0))]).fit(x, y)}
+    read_back = pickle.loads(pickle.dumps(models, protocol=4))  # copies of every name, as a worker holds them
+
+    def memo(m) -> bytes:
+        return pickle.dumps({"models": m, "feature_keys": list(ck.FEATURE_KEYS)}, protocol=4)
+
+    def dump(m) -> bytes:
+        buf = io.BytesIO()
+        ck.dump_policy(SimpleNamespace(models=m), buf)
+        return buf.getvalue()
+
+    assert memo(models) != memo(read_back)  # with the memo the two differ: the test would prove nothing else
+    assert dump(models) == dump(read_back)
+    assert dump(read_back) == dump(pickle.loads(pickle.dumps(read_back, protocol=4)))
+    back = _joblib.load(io.BytesIO(dump(read_back)))
+    for role, m in models.items():
+        assert np.array_equal(back["models"][role].predict_proba(x), m.predict_proba(x)), role
