@@ -777,6 +777,16 @@ def atomic_set(root: str | os.PathLike[str], name: str, members: Sequence[str],
 
 
 @contextlib.contextmanager
+def exclusive_set(root: str | os.PathLike[str], name: str, members: Sequence[str],
+                  log: Any = None) -> Iterator[SetStage]:
+    """Write the asset ``name``'s files (``members``, relative to ``root``) as one set: one run at a
+    time (:func:`exclusive`), switched together (:func:`atomic_set`), so a kill at any moment leaves
+    one run's set whole."""
+    with exclusive(root, name, log), atomic_set(root, name, members, log) as stage:
+        yield stage
+
+
+@contextlib.contextmanager
 def _naming_staged_errors(root: Path, stage: Path) -> Iterator[None]:
     """A failed write into an atomic_set's version, named by the path readers know it by
     (``root/<member>``, the staged path beside it)."""

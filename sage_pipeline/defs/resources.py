@@ -50,8 +50,7 @@ class SageResource(dg.ConfigurableResource):
         """Write the asset ``name``'s files (``members``, relative to the root) as one set:
         one run at a time (artifacts.exclusive), switched together (artifacts.atomic_set), so
         a kill at any moment leaves one run's set whole."""
-        with artifacts.exclusive(self.root(), name, log), \
-                artifacts.atomic_set(self.root(), name, members, log) as stage:
+        with artifacts.exclusive_set(self.root(), name, members, log) as stage:
             yield stage
 
     def catalogue_path(self) -> Path:

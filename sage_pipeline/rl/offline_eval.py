@@ -41,7 +41,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import pandas as pd
@@ -59,9 +59,11 @@ from sage_pipeline.routing.features import Contexts, FeatureSpec
 from sage_pipeline.routing.policy import StaticTablePolicy
 from sage_pipeline.routing.reward import RewardSpec
 from sage_pipeline.routing.routing_dataset import session_split
-from sage_pipeline.routing.routing_simulator import RoutingSimulator, SimulatorConfig, Tasks
 from sage_pipeline.sage import checkpoint as sage_router
 from sage_pipeline.sage.table import RoutingTable
+
+if TYPE_CHECKING:  # imported where a simulator is built: SAGE's journals never load the routing simulator
+    from sage_pipeline.routing.routing_simulator import RoutingSimulator, Tasks
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +76,8 @@ def simulator_from_manifest(manifest: str | Path, catalogue: ModelCatalogue, tab
                             reward: RewardSpec) -> RoutingSimulator:
     """The simulator that generated the logs (its config is in the collector's manifest),
     valuing rewards as the dataset does (``reward``: the dataset's recorded spec)."""
+    from sage_pipeline.routing.routing_simulator import RoutingSimulator, SimulatorConfig
+
     raw = json.loads(Path(manifest).read_text(encoding="utf-8"))["simulator"]
     raw["reward"] = reward
     return RoutingSimulator(catalogue, table, SimulatorConfig(**raw))
@@ -101,6 +105,8 @@ def ground_truth_simulator(manifest: str | Path, catalogue: ModelCatalogue, tabl
 
 def eval_tasks(data: ope.LoggedData) -> Tasks:
     """The tasks of the logged episodes: their contexts at the first attempt."""
+    from sage_pipeline.routing.routing_simulator import Tasks
+
     first = np.flatnonzero(data.contexts.step == 0)
     c = data.contexts
     return Tasks(c.role[first], c.task_complexity_score[first], c.prompt_tokens[first])
