@@ -1,58 +1,53 @@
 """The offline chain's learners and their proof:
-routing_dataset -> bc_policy, cql_policy -> offline_eval (with the promotion gate)."""
+routing_dataset -> bc_policy, cql_policy -> offline_eval (with the promotion gate) -> promoted_policy
+-> sage_router_checkpoint.
+
+offline_eval and sage_router_checkpoint are thin: their work is the core's
+``sage_pipeline.rl.offline_eval_night.run_offline_eval_night`` and
+``sage_pipeline.rl.sage_router_checkpoint.write_sage_router_checkpoint``; this module maps the run config
+and the ``sage`` resource in, and the result out as metadata and the blocking check."""
 # No `from __future__ import annotations`: Dagster reads the real annotations.
 
 import json
 import os
 import shutil
-from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated, Literal
 
 import dagster as dg
-import filelock
-import pandas as pd
 from pydantic import Field, model_validator
 
 from sage_pipeline import artifacts, markdown
 from sage_pipeline.decisions import router as ledger_router
-from sage_pipeline.decisions.ledger import LEDGER_NAME, Ledger, LedgerError
-from sage_pipeline.defs.decision_assets import LEDGER_DIR
+from sage_pipeline.decisions.ledger import Ledger, LedgerError
 from sage_pipeline.defs.resources import SageResource
 from sage_pipeline.defs.routing_assets import GROUP, reward_report, routing_dataset
 from sage_pipeline.defs.sections import to_core
-from sage_pipeline.rl import bc, cql, offline_eval as oe, ope
-from sage_pipeline.rl.checkpoint import load_policy, read_meta
-from sage_pipeline.rl.data import REQUIRED, from_dataset
-from sage_pipeline.routing import routing_dataset as rd, task_outcomes as to
-from sage_pipeline.routing.action_space import FILE_NAME as ACTION_SPACE_FILE, SPACES, ActionSpace
+from sage_pipeline.rl import (
+    bc,
+    cql,
+    offline_eval as oe,
+    offline_eval_night as oen,
+    ope,
+    sage_router_checkpoint as router_ckpt,
+)
+from sage_pipeline.rl.checkpoint import load_policy
+from sage_pipeline.rl.data import from_dataset
+from sage_pipeline.routing import routing_dataset as rd
+from sage_pipeline.routing.action_space import SPACES, ActionSpace
 from sage_pipeline.routing.features import FeatureSpec
-from sage_pipeline.routing.policy import StaticTablePolicy
-from sage_pipeline.routing.reward import RewardSpec
-from sage_pipeline.sage import checkpoint as sage_router, explore as sage_explore
-
-# What the learners and estimators read; the provenance columns stay on disk.
-POLICY_COLUMNS = (*REQUIRED, "decision_id", "data_source", "propensity_source")
+from sage_pipeline.sage import explore as sage_explore
 
 
 def _dataset(sage: SageResource):
     path = sage.path("routing", rd.PARQUET_NAME)
-    return path, rd.read_routing_dataset(path, POLICY_COLUMNS)
+    return path, rd.read_routing_dataset(path, oen.POLICY_COLUMNS)
 
 
 def _space(sage: SageResource, name: str = "multi_model") -> ActionSpace:
     """The action space routing_dataset built (roles from the table, models from table and logs)."""
-    return ActionSpace.load(sage.path("routing", ACTION_SPACE_FILE), name)
-
-
-def _checkpoint_rel(kind: str, space: str) -> str:
-    """checkpoints/<kind> for the multi-model space, checkpoints/<kind>_sage_binary for SAGE's."""
-    return f"checkpoints/{kind if space == 'multi_model' else f'{kind}_{space}'}"
-
-
-def _checkpoint_dir(sage: SageResource, kind: str, space: str):
-    return sage.root() / _checkpoint_rel(kind, space)
+    return oen.load_space(sage.root(), name)
 
 
 def _check_spaces(spaces: list[str]) -> list[str]:
@@ -63,15 +58,6 @@ def _check_spaces(spaces: list[str]) -> list[str]:
     return list(dict.fromkeys(spaces))
 
 
-def _behaviour(support: str, bc_model):
-    """The behaviour model OPE's support check uses, or None for the logged-pairs rule."""
-    if support not in oe.SUPPORT_RULES:
-        raise ValueError(f"support {support!r}: use one of {', '.join(oe.SUPPORT_RULES)}")
-    return bc_model if support == "behaviour" else None
-
-
-# offline_eval's files, switched together: a report never names a decision the staged gate lacks
-OFFLINE_EVAL_FILES = ("reports/offline_eval.json", "reports/offline_eval.png", "checkpoints/gate")
 # promoted_policy's: what passed the gate, published (a space that promoted nothing keeps its last one)
 PROMOTED_FILES = tuple(f"checkpoints/{d}" for d in oe.GATE_SPACES.values())
 GATE_CHECK = "gate_decision_is_consistent"
@@ -97,12 +83,12 @@ def bc_policy(context: dg.AssetExecutionContext, config: BCPolicyConfig, sage: S
             "holdout_nll_after",
             "holdout_ece_before", "holdout_ece_after", "holdout_propensity_mae", "seconds")
     meta = {}
-    with sage.writing("bc_policy", [_checkpoint_rel("bc", s) for s in SPACES], context.log.info) as stage:
+    with sage.writing("bc_policy", [oen.checkpoint_rel("bc", s) for s in SPACES], context.log.info) as stage:
         for name in _check_spaces(config.action_spaces):
             space = _space(sage, name)
             data = from_dataset(df, space).split_rows("train").restrict(space)
             res = bc.train_bc(data, FeatureSpec(roles=space.roles), to_core(config, bc.BCConfig), log=context.log.info)
-            ck = stage.public(res.save(stage.path(_checkpoint_rel("bc", name)),
+            ck = stage.public(res.save(stage.path(oen.checkpoint_rel("bc", name)),
                                        training_data_sha256=artifacts.file_sha256(path)))
             m = res.metrics
             sfx = "" if name == "multi_model" else f"_{name}"
@@ -152,13 +138,14 @@ def cql_policy(context: dg.AssetExecutionContext, config: CQLPolicyConfig, sage:
     df, n_estimated = oe.fill_missing_propensities(df, bc_model)
     cfg = to_core(config, cql.CQLConfig)
     meta = {"mode": config.mode, "propensities_estimated_by_bc": n_estimated}
-    with sage.writing("cql_policy", [_checkpoint_rel("cql", s) for s in SPACES], context.log.info) as stage:
+    with sage.writing("cql_policy", [oen.checkpoint_rel("cql", s) for s in SPACES], context.log.info) as stage:
         for name in _check_spaces(config.action_spaces):
             sel = oe.train_select_cql(df, multi.of(name), cfg, config.alphas,
                                       ope.OPEConfig(n_boot=config.n_boot, seed=config.seed), config.selection,
-                                      progress=context.log.info, behaviour=_behaviour(config.support, bc_model))
+                                      progress=context.log.info,
+                                      behaviour=oen.behaviour_model(config.support, bc_model))
             chosen, how, table = sel.result, sel.how, sel.table
-            ck = stage.public(chosen.save(stage.path(_checkpoint_rel("cql", name)), artifacts.file_sha256(path),
+            ck = stage.public(chosen.save(stage.path(oen.checkpoint_rel("cql", name)), artifacts.file_sha256(path),
                                           metrics={"alpha_selection": table, "selected_by": how}))
             sfx = "" if name == "multi_model" else f"_{name}"
             meta |= {
@@ -219,105 +206,6 @@ class OfflineEvalConfig(dg.Config, ope.OPESettings):
                            "'reward_v1' (SAGE's per-decision reward summed: comparison only)")
 
 
-# ------------------------------------------------------------------ the router lever's files
-CANDIDATES_DIR = ("checkpoints", "candidates")  # <sha256>/: each proposed checkpoint, written once, never rewritten
-LEDGER_DEPLOY = "sage_binary_ledger.json"  # in checkpoints/gate/: the ledger's deploy, staged with the decision
-DEPLOY_NOTE = "ledger_deploy.json"  # in checkpoints/promoted_sage/ (and checkpoints/sage/): what the ledger deploys
-
-
-def _ledger_path(sage: SageResource) -> Path:
-    """The one ledger of every lever (what decisions/decision_ledger reads)."""
-    return sage.path(LEDGER_DIR, LEDGER_NAME)
-
-
-def _trained_until(df: pd.DataFrame) -> tuple[pd.Timestamp | None, tuple[str, ...]]:
-    """(latest log time, episode ids) of what tonight's candidates were trained and selected on: the train
-    split (BC, CQL, the distilled classifiers) and the eval split's select part (CQL's alpha, the floor)."""
-    seen = pd.concat([df[df["split"] == "train"], oe.eval_part(df, "select")])
-    ts = pd.to_datetime(seen["timestamp"], utc=True, errors="coerce", format="ISO8601")
-    return (None if ts.isna().all() else ts.max()), tuple(sorted(seen["episode_id"].astype(str).unique()))
-
-
-def _keep_addressed(sage: SageResource, served: dict, evidence: dict) -> tuple[dict, dict, list[str]]:
-    """Each served candidate as the checkpoint SAGE would load, at checkpoints/candidates/<key>/ (the ledger key:
-    its policy.joblib's sha256 with the floor SAGE applies, ``router.candidate_key``), written once: a key already
-    kept is never rewritten. Returns (keys, paths) by served name, and a note per key kept at another floor
-    (only a key written before the floor was part of it can be)."""
-    keys, paths, notes = {}, {}, []
-    for name, sel in served.items():
-        key = oe.served_key(sel.policy)
-        folder = sage.path(*CANDIDATES_DIR, key)
-        if not (folder / sage_router.JOBLIB_NAME).is_file():
-            sage_router.write_sage_checkpoint(folder, sel.policy, {
-                "policy": name, "source": sel.source, "min_confidence_selected_by": sel.how,
-                "agreement_eval": sel.agreement_eval, "ledger_key": key, **evidence})
-            got = ledger_router.folder_key(folder)
-            if got != key:
-                raise RuntimeError(f"{folder}: its policy.joblib and floor give key {got[:12]}, not its ledger key "
-                                   f"{key[:12]} (oe.served_key): the candidate could not be kept at its content "
-                                   "address")
-        elif float(sage_router.read_manifest(folder)["min_confidence"]) != float(sel.policy.min_confidence):
-            notes.append(f"{name}: the classifiers of {key[:12]} were kept at floor "
-                         f"{sage_router.read_manifest(folder)['min_confidence']}, tonight's floor is "
-                         f"{sel.policy.min_confidence}: the ledger values the one kept")
-        keys[name], paths[name] = key, str(folder)
-    return keys, paths, notes
-
-
-def _kept_at(sage: SageResource, key: str, path: str | None) -> Path:
-    """Where candidate ``key`` is kept: checkpoints/candidates/<key>/ under this root, else the path its ledger
-    payload recorded (a root moved or copied keeps working: the folder is checked against the key)."""
-    here = sage.path(*CANDIDATES_DIR, key)
-    return here if (here / sage_router.JOBLIB_NAME).is_file() or not path else Path(path)
-
-
-def _candidate_loader(sage: SageResource):
-    """LedgerGateInputs.load: a candidate of an earlier night, read back from its content address
-    (:func:`_kept_at`) and checked against its key."""
-    table, binary = sage.table, _space(sage, "sage_binary")
-
-    def load(key: str, payload: dict):
-        folder = _kept_at(sage, key, payload.get("path"))
-        policy = sage_router.load_sage_checkpoint(folder, table, binary)
-        if not ledger_router.folder_matches(folder, key):
-            raise ValueError(f"{folder}: its policy.joblib and floor give key {ledger_router.folder_key(folder)[:12]}, "
-                             f"not the ledger's key {key[:12]}: the kept checkpoint changed; restore it from the "
-                             "bundle that deployed it")
-        return policy
-    return load
-
-
-def _save_router_lever(led: Ledger, path: Path) -> Path:
-    """Save the router lever's candidates as ``led`` has them and every other lever's as the file has them
-    now (another lever's night may have saved meanwhile), under ``<ledger>.lock`` (the lock
-    decisions.skills.save_merged takes)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with filelock.FileLock(str(path) + ".lock"):
-        if path.exists():
-            disk = Ledger.load(path)
-            led.data.candidates = ([c for c in disk.data.candidates if c.lever != ledger_router.LEVER]
-                                   + [c for c in led.data.candidates if c.lever == ledger_router.LEVER])
-            led.data.next_index = {**disk.data.next_index,
-                                   ledger_router.LEVER: led.data.next_index.get(ledger_router.LEVER, 1)}
-            led.data.seq = max(led.data.seq, disk.data.seq)
-        return led.save(path)
-
-
-def _stage_deployed(gate_dir: Path, sage: SageResource, deploy: dict, facts: dict) -> None:
-    """The ledger's deployed checkpoint staged as gate/sage_binary (its policy.joblib copied byte for byte, so
-    its sha256 stays the ledger key; the manifest names tonight's dataset and where SAGE will find it)."""
-    src = _kept_at(sage, deploy["key"], deploy["path"])
-    if not ledger_router.folder_matches(src, deploy["key"]):
-        raise dg.Failure(f"offline_eval: {src / sage_router.JOBLIB_NAME} is not the checkpoint the ledger deploys "
-                         f"({deploy['key'][:12]}): restore it from the bundle that deployed it")
-    manifest = sage_router.read_manifest(src)
-    served_at = Path(os.path.abspath(sage.path("checkpoints", oe.GATE_SPACES["sage_binary"])))
-    env = {**manifest.get("sage_env", {}), "SAGE_RL_CHECKPOINT": str(served_at / sage_router.JOBLIB_NAME)}
-    with artifacts.atomic_dir(gate_dir / "sage_binary") as tmp:
-        shutil.copyfile(src / sage_router.JOBLIB_NAME, tmp / sage_router.JOBLIB_NAME)
-        artifacts.write_json(tmp / sage_router.MANIFEST_NAME, {**manifest, **facts, "sage_env": env})
-
-
 LEFT_OUT = {"before_proposal": "before its proposal", "selected_on": "selected on", "already_judged": "already judged",
             "inexact": "inexact propensity", "below_bound": "explored below min_propensity"}
 
@@ -342,30 +230,6 @@ def _ledger_rows(rows: dict, night: str) -> str:
             "tonight": _tonight(r.get("tonight"), r.get("proposed"), night), "why": r.get("why", "")}
            for cid, r in rows.items()]
     return markdown.table(out) if out else "_no router candidate yet_"
-
-
-def _ledger_gate(sage: SageResource, config: OfflineEvalConfig, rep, served: dict, df_seen: pd.DataFrame,
-                 df: pd.DataFrame, binary: ActionSpace, evidence: dict, decided_at: str, log):
-    """SAGE's binary space through the ledger's router lever (oe.ledger_gate): tonight's candidates kept at
-    their content addresses, the ledger loaded, judged, tonight's candidates proposed, the lever saved."""
-    keys, paths, notes = _keep_addressed(sage, served, evidence)
-    until, seen = _trained_until(df_seen)
-    if until is None:
-        log("no parsable log time in the train and select episodes: tonight's candidates are judged on episodes "
-            f"logged after {decided_at}")
-    path = _ledger_path(sage)
-    try:
-        led = Ledger.load(path)
-    except LedgerError as exc:
-        raise dg.Failure(f"offline_eval: {exc}") from exc
-    inputs = oe.LedgerGateInputs(led, config.night or decided_at[:10], until if until is not None else decided_at,
-                                 keys, paths, _candidate_loader(sage), seen,
-                                 to_core(config.router_gate, ledger_router.RouterGateConfig))
-    gate = oe.ledger_gate(rep.gate, {n: s.policy for n, s in served.items()}, df, binary, sage.table, inputs)
-    _save_router_lever(led, path)
-    log(f"ledger {path}: {gate.reason}")
-    per_night = f"tonight's per-night verdict (valid for one night only): {rep.gate.reason}"
-    return replace(rep, gate=gate), [*notes, per_night]
 
 
 @dg.asset(group_name=GROUP, deps=[bc_policy, cql_policy], kinds={"python", "json"},
@@ -397,154 +261,63 @@ def _ledger_gate(sage: SageResource, config: OfflineEvalConfig, rep, served: dic
                                          "is staged with its ledger key (promoted_policy runs only then)")])
 def offline_eval(context: dg.AssetExecutionContext, config: OfflineEvalConfig,
                  sage: SageResource) -> dg.MaterializeResult:
-    path = sage.path("routing", rd.PARQUET_NAME)
-    # who decided (the support sentences), and when (the ledger judges episodes logged after a proposal)
-    df = rd.read_routing_dataset(path, (*POLICY_COLUMNS, "policy_source", "timestamp"))
-    df_seen = df  # what tonight's candidates were trained and selected on: every row, before the objective
-    multi, table = _space(sage), sage.table
-    spec = FeatureSpec(roles=multi.roles)
-    bc_model = load_policy(sage.path("checkpoints", "bc"), spec, multi.actions)
-    df_eval, n_estimated = oe.fill_missing_propensities(oe.eval_part(df, "report"), bc_model)
-    manifest = sage.path("sessions", "synthetic", "simulator.json")
-    sim, truth = oe.ground_truth_simulator(manifest, sage.catalogue, table, rd.read_reward_spec(path) or RewardSpec(),
-                                           df_eval, multi.actions)
-    outcomes = sage.path("routing", to.TASK_OUTCOMES_NAME)
-    df, judged = oe.objective_rows(df, pd.read_parquet(outcomes) if outcomes.is_file() else None, config.objective,
-                                   simulated=sim is not None)
-    if judged["judged_on"] != "reward_v1":  # the report half again, on the rows the objective scores
-        df_eval, n_estimated = oe.fill_missing_propensities(oe.eval_part(df, "report"), bc_model)
-    context.log.info(f"offline_eval judges {judged['judged_on']}: {judged['why']}")
-    no_interval = oe.one_outcome_reason(df_eval)  # all report tasks ended alike: no interval can show the other
-    ope_cfg, gate = to_core(config, ope.OPEConfig), to_core(config.gate, oe.PromotionGateConfig)
-    behaviour = _behaviour(config.support, bc_model)
-    evidence = {"dataset_sha256": artifacts.file_sha256(path)}
-    reports, meta = {}, {"gate_mode": config.gate_mode}
-    # the multi-model space: the static table, BC and CQL as trained
-    ckpts = {"bc": sage.path("checkpoints", "bc"), "cql": sage.path("checkpoints", "cql")}
-    policies = {"static_table": StaticTablePolicy(table, multi), "bc": bc_model,
-                "cql": load_policy(ckpts["cql"], spec, multi.actions)}
-    rep = reports["multi_model"] = oe.run_offline_eval(df_eval, policies, multi, ope_cfg, sim=sim,
-                                                       progress=context.log.info, behaviour=behaviour, gate=gate,
-                                                       evidence=df, no_interval=no_interval)
-    decided_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    with sage.writing("offline_eval", list(OFFLINE_EVAL_FILES), context.log.info) as stage:
-        gate_dir = stage.path("checkpoints", "gate")
-        gate_dir.mkdir(parents=True, exist_ok=True)
-        oe.promote(rep.gate, ckpts, gate_dir / "multi_model", evidence | {"summary": rep.summary()})
-        meta |= {"promoted": rep.gate.promoted or "none", "promotion": rep.gate.reason}
-        # SAGE's binary space, when trained on this dataset: judge what SAGE's router would run
-        binary = multi.binary()
-        trained = {k: _checkpoint_dir(sage, k, "sage_binary") for k in ("bc", "cql")}
-        fresh = all((p / "policy.json").is_file() and read_meta(p).training_data_sha256 == evidence["dataset_sha256"]
-                    for p in trained.values())
-        if not fresh:
-            context.log.info("sage_binary: no BC and CQL checkpoints trained on this dataset (add 'sage_binary' to "
-                             "bc_policy's and cql_policy's action_spaces); only the multi-model space is evaluated")
-        else:
-            df_binary = oe.fill_missing_propensities(df, bc_model)[0]
-            rep, served = oe.run_sage_binary_eval(
-                df_binary, df_eval, binary, table,
-                {k: load_policy(p, spec, binary.actions) for k, p in trained.items()}, ope_cfg, sim,
-                context.log.info, behaviour, config.floor_selection, gate, no_interval, mode="per_night")
-            if config.gate_mode == "ledger":
-                rep, notes = _ledger_gate(sage, config, rep, served, df_seen, df_binary, binary, evidence, decided_at,
-                                          context.log.info)
-                deploy = rep.gate.ledger["deploy"]
-                if deploy["key"] != ledger_router.TABLE:  # staged for promoted_policy, byte for byte
-                    _stage_deployed(gate_dir, sage, deploy, evidence | {
-                        "reason": rep.gate.reason, "ledger_candidate": deploy["candidate"],
-                        "summary": rep.summary()})
-                artifacts.write_json(gate_dir / LEDGER_DEPLOY, {
-                    "mode": "ledger", "night": rep.gate.ledger["night"], "decided_at": decided_at,
-                    "deploy": deploy, "ledger": str(_ledger_path(sage)), "reason": rep.gate.reason,
-                    "accepted": rep.gate.ledger["accepted"], "reverted": rep.gate.ledger["reverted"]})
-                meta |= {"ledger_path": dg.MetadataValue.path(str(_ledger_path(sage))),
-                         "ledger_deploy": ("SAGE's YAML table" if deploy["key"] == ledger_router.TABLE
-                                           else f"{deploy['candidate']} ({deploy['name']}, {deploy['key'][:12]})"),
-                         "ledger_router": dg.MetadataValue.md(_ledger_rows(rep.gate.candidates,
-                                                                          rep.gate.ledger["night"])),
-                         "promotion_sage_per_night": notes.pop(),
-                         "ledger_tonight": dg.MetadataValue.json({k: rep.gate.ledger[k] for k in (
-                             "night", "accepted", "reverted", "dropped", "episodes", "episodes_without_timestamp",
-                             "weight_bound")} | {"floor_notes": notes})}
-            else:  # staged with the path SAGE will be pointed at once promoted_policy publishes it
-                oe.promote_served(rep.gate, served, gate_dir / "sage_binary", evidence | {"summary": rep.summary()},
-                                  served_at=sage.path("checkpoints", oe.GATE_SPACES["sage_binary"]))
-            reports["sage_binary"] = rep
-            oe.keep_candidates(served, gate_dir / oe.CANDIDATES_DIR, evidence,  # what the gate judged, for audit
-                               served_at=sage.path("checkpoints", "gate", oe.CANDIDATES_DIR))
-            meta |= {"promoted_sage": rep.gate.promoted or "none", "promotion_sage": rep.gate.reason,
-                     "served_floor_selection": dg.MetadataValue.md("\n\n".join(
-                         f"**{n}** (from {s.source}; floor chosen by {s.how}; agreement with the network on eval "
-                         f"states: {s.agreement_eval})\n\n{markdown.table(s.table)}" for n, s in served.items()))}
-        oe.write_decision(gate_dir, decided_at, evidence["dataset_sha256"],
-                          {k: r.gate for k, r in reports.items()})
-        out = stage.public(artifacts.write_json(
-            stage.path("reports", "offline_eval.json"),
-            {k: r.to_dict() for k, r in reports.items()} | {"propensities_estimated_by_bc": n_estimated,
-                                                            "objective": judged}))
-        png = oe.plot_offline_eval(reports["multi_model"])
-        artifacts.write_bytes(stage.path("reports", "offline_eval.png"), png)
-    for name, r in reports.items():
-        context.log.info(f"{name}: {r.gate.reason}")
+    settings = oen.OfflineEvalSettings(
+        ope=to_core(config, ope.OPEConfig), gate=to_core(config.gate, oe.PromotionGateConfig),
+        router_gate=to_core(config.router_gate, ledger_router.RouterGateConfig), support=config.support,
+        floor_selection=config.floor_selection, gate_mode=config.gate_mode, objective=config.objective,
+        night=config.night)
+    try:
+        night = oen.run_offline_eval_night(sage.root(), sage.table, sage.catalogue_path(), settings, context.log.info)
+    except oen.OfflineEvalError as exc:
+        raise dg.Failure(f"offline_eval: {exc}") from exc
+    problems = night.problems
+    return dg.MaterializeResult(metadata=_offline_eval_metadata(night, config.gate_mode), check_results=[
+        dg.AssetCheckResult(
+            check_name=GATE_CHECK, passed=not problems, severity=dg.AssetCheckSeverity.ERROR,
+            description="; ".join(problems)
+            or "the staged decision is for this dataset and every promoted policy loads",
+            metadata={"decided_at": night.decided_at, "problems": len(problems)})])
+
+
+def _offline_eval_metadata(night: oen.OfflineEvalNight, gate_mode: str) -> dict:
+    """offline_eval's metadata, from the night's result."""
+    multi = night.reports["multi_model"]
+    meta = {"gate_mode": gate_mode, "promoted": multi.gate.promoted or "none", "promotion": multi.gate.reason}
+    rep = night.reports.get("sage_binary")
+    if rep is not None and night.ledger is not None:
+        deploy = rep.gate.ledger["deploy"]
+        meta |= {"ledger_path": dg.MetadataValue.path(str(night.ledger.path)),
+                 "ledger_deploy": ("SAGE's YAML table" if deploy["key"] == ledger_router.TABLE
+                                   else f"{deploy['candidate']} ({deploy['name']}, {deploy['key'][:12]})"),
+                 "ledger_router": dg.MetadataValue.md(_ledger_rows(rep.gate.candidates, rep.gate.ledger["night"])),
+                 "promotion_sage_per_night": night.ledger.per_night,
+                 "ledger_tonight": dg.MetadataValue.json({k: rep.gate.ledger[k] for k in (
+                     "night", "accepted", "reverted", "dropped", "episodes", "episodes_without_timestamp",
+                     "weight_bound")} | {"floor_notes": list(night.ledger.floor_notes)})}
+    if rep is not None:
+        meta |= {"promoted_sage": rep.gate.promoted or "none", "promotion_sage": rep.gate.reason,
+                 "served_floor_selection": dg.MetadataValue.md("\n\n".join(
+                     f"**{n}** (from {s.source}; floor chosen by {s.how}; agreement with the network on eval "
+                     f"states: {s.agreement_eval})\n\n{markdown.table(s.table)}" for n, s in night.served.items()))}
+    for name, r in night.reports.items():
         sfx = "" if name == "multi_model" else f"_{name}"
         meta |= {f"summary{sfx}": dg.MetadataValue.md(markdown.table(r.summary())),
                  f"estimates{sfx}": dg.MetadataValue.md(markdown.table(r.rows())),
                  f"sample_size_warning{sfx}": r.warning or "none",
                  f"sessions{sfx}": r.n_sessions, f"intervals{sfx}": r.interval_reason or "given",
                  f"support_by_role{sfx}": dg.MetadataValue.md(markdown.table(r.support_table()) or "no decisions")}
-    gate_dir = sage.path("checkpoints", "gate")
-    problems = (oe.check_decision(gate_dir, evidence["dataset_sha256"], _staged_loaders(sage))
-                + _ledger_stage_problems(gate_dir, _staged_loaders(sage)))
-    return dg.MaterializeResult(metadata=meta | {
-        "action_spaces": list(reports),
-        "plot": dg.MetadataValue.md(markdown.image(png, "OPE estimates with 95% intervals; ground truth dashed")),
-        "ground_truth": "simulator" if sim is not None else f"none ({truth})",
-        "propensities_estimated_by_bc": n_estimated,
+    judged = night.objective
+    return meta | {
+        "action_spaces": list(night.reports),
+        "plot": dg.MetadataValue.md(markdown.image(night.plot,
+                                                   "OPE estimates with 95% intervals; ground truth dashed")),
+        "ground_truth": night.ground_truth,
+        "propensities_estimated_by_bc": night.propensities_estimated_by_bc,
         "objective": f"{judged['judged_on']}: {judged['why']}",
         "objective_episodes": dg.MetadataValue.json(judged),
-        "decided_at": decided_at,
-        "path": dg.MetadataValue.path(str(out)),
-    }, check_results=[dg.AssetCheckResult(
-        check_name=GATE_CHECK, passed=not problems, severity=dg.AssetCheckSeverity.ERROR,
-        description="; ".join(problems) or "the staged decision is for this dataset and every promoted policy loads",
-        metadata={"decided_at": decided_at, "problems": len(problems)})])
-
-
-def _staged_loaders(sage: SageResource) -> dict:
-    """How each space's staged (or published) policy is loaded, to check it."""
-    multi = _space(sage)
-    return {"multi_model": lambda p: load_policy(p, FeatureSpec(roles=multi.roles), multi.actions),
-            "sage_binary": lambda p: sage_router.load_sage_checkpoint(p, sage.table, _space(sage, "sage_binary"))}
-
-
-def _read_ledger_deploy(gate_dir: Path) -> dict | None:
-    """The ledger's deploy staged by offline_eval (None: the last offline_eval ran in 'per_night' mode, or
-    judged no sage_binary space)."""
-    p = gate_dir / LEDGER_DEPLOY
-    return json.loads(p.read_text(encoding="utf-8")) if p.is_file() else None
-
-
-def _ledger_stage_problems(gate_dir: Path, loaders: dict) -> list[str]:
-    """What is wrong with the ledger's staged deploy: a checkpoint it deploys must be staged, load, and be
-    the very file the ledger keys (its sha256)."""
-    try:
-        d = _read_ledger_deploy(gate_dir)
-    except (OSError, ValueError) as e:
-        return [f"{gate_dir / LEDGER_DEPLOY}: unreadable ({e}); re-materialize offline_eval"]
-    if d is None or d["deploy"]["key"] == ledger_router.TABLE:
-        return []
-    folder = gate_dir / "sage_binary"
-    try:
-        loaders["sage_binary"](folder)
-        got = ledger_router.folder_key(folder)
-        same = ledger_router.folder_matches(folder, d["deploy"]["key"])
-    except Exception as e:  # noqa: BLE001 - any failure to load is the finding
-        return [f"sage_binary: the ledger's deployed {d['deploy']['candidate']} staged at {folder} does not load: {e}"]
-    if not same:
-        return [f"sage_binary: the staged {folder} (its policy.joblib and floor) has key {got[:12]}, the ledger "
-                f"deploys {d['deploy']['key'][:12]}; re-materialize offline_eval"]
-    return []
+        "decided_at": night.decided_at,
+        "path": dg.MetadataValue.path(str(night.report_path)),
+    }
 
 
 def _publish_ledger_deploy(sage: SageResource, gate_dir: Path, dest: Path, loaders: dict) -> str:
@@ -552,24 +325,24 @@ def _publish_ledger_deploy(sage: SageResource, gate_dir: Path, dest: Path, loade
     gate/sage_binary, the ledger key's bytes) or, for SAGE's YAML table, a folder holding only
     ledger_deploy.json (no policy.joblib: SAGE, and sage_router_checkpoint, run the YAML). Refused when the
     ledger deploys something else than offline_eval staged (it changed since: re-materialize offline_eval)."""
-    d = _read_ledger_deploy(gate_dir)
+    d = oen.read_ledger_deploy(gate_dir)
     deploy = d["deploy"]
     try:
-        now = ledger_router.deployed_key(Ledger.load(_ledger_path(sage)))
+        now = ledger_router.deployed_key(Ledger.load(oen.ledger_path(sage.root())))
     except LedgerError as exc:
         raise dg.Failure(f"promoted_policy: {exc}") from exc
     if now != deploy["key"]:
         raise dg.Failure(f"promoted_policy: offline_eval staged {deploy['candidate'] or 'the YAML table'} "
-                         f"({deploy['key'][:12]}) on night {d['night']}, the ledger {_ledger_path(sage)} now deploys "
-                         f"{now[:12]}: re-materialize offline_eval, which stages what the ledger deploys")
+                         f"({deploy['key'][:12]}) on night {d['night']}, the ledger {oen.ledger_path(sage.root())} "
+                         f"now deploys {now[:12]}: re-materialize offline_eval, which stages what the ledger deploys")
     note = d | {"published_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     with artifacts.atomic_dir(dest) as tmp:
         if deploy["key"] != ledger_router.TABLE:
-            problems = _ledger_stage_problems(gate_dir, loaders)
+            problems = oen.ledger_stage_problems(gate_dir, loaders)
             if problems:
                 raise dg.Failure("promoted_policy: " + "; ".join(problems))
             shutil.copytree(gate_dir / "sage_binary", tmp, dirs_exist_ok=True, symlinks=False)
-        artifacts.write_json(tmp / DEPLOY_NOTE, note)
+        artifacts.write_json(tmp / oen.DEPLOY_NOTE, note)
     if deploy["key"] == ledger_router.TABLE:
         return f"none (the YAML table: the ledger deploys it, night {d['night']})"
     return f"{deploy['candidate']} ({deploy['name']}, {deploy['key'][:12]}; the ledger deploys it, night {d['night']})"
@@ -588,13 +361,13 @@ def _publish_ledger_deploy(sage: SageResource, gate_dir: Path, dest: Path, loade
 def promoted_policy(context: dg.AssetExecutionContext, sage: SageResource) -> dg.MaterializeResult:
     gate_dir = sage.path("checkpoints", "gate")
     decision = oe.read_decision(gate_dir)
-    loaders, meta = _staged_loaders(sage), {"decided_at": decision["decided_at"]}
+    loaders, meta = oen.staged_loaders(sage.root(), sage.table), {"decided_at": decision["decided_at"]}
     # run on its own, after the dataset changed, it must not publish a decision about other data
     problems = oe.check_decision(gate_dir, artifacts.file_sha256(sage.path("routing", rd.PARQUET_NAME)), loaders)
     if problems:
         raise dg.Failure(f"promoted_policy: the gate decision staged in {gate_dir} cannot be published: "
                          + "; ".join(problems))
-    ledger = _read_ledger_deploy(gate_dir)
+    ledger = oen.read_ledger_deploy(gate_dir)
     with sage.writing("promoted_policy", list(PROMOTED_FILES), context.log.info) as stage:
         for space, folder in oe.GATE_SPACES.items():
             entry, public = decision["spaces"].get(space), sage.path("checkpoints", folder)
@@ -642,40 +415,6 @@ class SageRouterCheckpointConfig(dg.Config):
                                            "mean advantage over the other model in value")
 
 
-RECORD = ("Once SAGE runs it, record the deployment (`python -m sage_pipeline.sage.explore deploy {what}`, which "
-          "prints the exports{extra}) so each logged decision's probability can be reconstructed.")
-
-
-def _yaml_alone(context, sage: SageResource, dest: Path, note: dict | None) -> dg.MaterializeResult:
-    """SAGE runs its YAML alone. When the ledger deploys the table (a revert, or nothing accepted) and
-    checkpoints/sage holds a checkpoint, that folder is replaced by one without policy.joblib (SAGE's loader
-    then finds no file and routes by its YAML); nothing is written where no checkpoint was."""
-    by_ledger = note is not None and note["deploy"]["key"] == ledger_router.TABLE
-    record = RECORD.format(what="--yaml", extra="")
-    if by_ledger and (dest / sage_router.JOBLIB_NAME).is_file():
-        with artifacts.exclusive(sage.root(), "sage_router_checkpoint", context.log.info):
-            with artifacts.atomic_dir(dest) as tmp:
-                artifacts.write_json(tmp / DEPLOY_NOTE, note | {"sage_runs": "its YAML table (no policy.joblib "
-                                                                "here: SAGE_RL_POLICY may be unset)"})
-        context.log.warning(f"the ledger deploys SAGE's YAML table ({note['reason']}): {dest} no longer holds a "
-                            "checkpoint")
-        return dg.MaterializeResult(metadata={"written": False, "removed": True, "deploy": "SAGE's YAML table",
-                                              "reason": f"the ledger deploys SAGE's YAML table: {note['reason']}",
-                                              "record": record})
-    context.log.warning("no sage_binary policy is deployed: SAGE keeps its YAML table")
-    reason = (f"the ledger deploys SAGE's YAML table: {note['reason']}" if by_ledger
-              else "no sage_binary policy promoted (see offline_eval's promotion_sage)")
-    return dg.MaterializeResult(metadata={"written": False, "deploy": "SAGE's YAML table", "reason": reason})
-
-
-def _deployed_label(note: dict | None, manifest: dict, promoted: bool) -> str:
-    if not promoted:
-        return "SAGE's YAML table"
-    if note is not None:
-        return f"{note['deploy']['candidate']} ({note['deploy']['name']}, {note['deploy']['key'][:12]}: the ledger's)"
-    return f"{manifest.get('policy', 'the promoted policy')} (the last per-night promotion)"
-
-
 @dg.asset(group_name=GROUP, deps=[promoted_policy], kinds={"python", "sklearn"},
           description="The deployed sage_binary policy (checkpoints/promoted_sage/: the top of the ledger's "
                       "deployed stack, or the last per-night promotion) as the file SAGE's router loads unchanged "
@@ -690,51 +429,33 @@ def _deployed_label(note: dict | None, manifest: dict, promoted: bool) -> str:
                       "policy.joblib (SAGE runs its table alone).")
 def sage_router_checkpoint(context: dg.AssetExecutionContext, config: SageRouterCheckpointConfig,
                            sage: SageResource) -> dg.MaterializeResult:
-    src, dest = sage.path("checkpoints", "promoted_sage"), sage.path("checkpoints", "sage")
-    promoted = (src / sage_router.JOBLIB_NAME).is_file()
-    note = json.loads((src / DEPLOY_NOTE).read_text(encoding="utf-8")) if (src / DEPLOY_NOTE).is_file() else None
-    # exploring around SAGE's YAML needs no logs yet (a first deployment): the table's own binary space
-    binary = (_space(sage, "sage_binary") if promoted or sage.path("routing", ACTION_SPACE_FILE).is_file()
-              else ActionSpace.build(sage.table).binary())
-    if not promoted and not config.explore:
-        return _yaml_alone(context, sage, dest, note)
-    try:  # written only for the table SAGE runs
-        sage_table = sage_router.check_table(sage.table, config.sage_models_yaml or os.environ.get("SAGE_MODELS_YAML")
-                                             or sage.table_path())
-    except ValueError as exc:
+    try:
+        res = router_ckpt.write_sage_router_checkpoint(
+            sage.root(), sage.table, config.sage_models_yaml or os.environ.get("SAGE_MODELS_YAML") or sage.table_path(),
+            config.explore, config.exploration_rate, context.log.info)
+    except router_ckpt.RouterCheckpointError as exc:
         raise dg.Failure(f"sage_router_checkpoint: {exc}") from exc
-    manifest = sage_router.read_manifest(src) if promoted else {"source": f"SAGE's YAML ({sage.table.source})"}
-    served = sage_router.load_sage_checkpoint(src, sage.table, binary).with_every_role() if promoted else sage.table
-    if config.explore:
-        explore = (sage_explore.ExploreConfig() if config.exploration_rate is None
-                   else sage_explore.ExploreConfig(rate=config.exploration_rate))
-        served = sage_explore.build_exploring(served, binary, explore, table=sage.table)
-    ledger = {} if note is None else {"ledger_candidate": note["deploy"]["candidate"],
-                                      "ledger_key": note["deploy"]["key"], "ledger_night": note["night"]}
-    with artifacts.exclusive(sage.root(), "sage_router_checkpoint", context.log.info):  # both files: one run's
-        paths = sage_router.write_sage_checkpoint(dest, served, {k: v for k, v in manifest.items()
-                                                                 if k in sage_router.CARRIED_MANIFEST_KEYS} | ledger,
-                                                  sage_table=sage_table)
-        checked = (sage_explore.check_loads(paths[0], served, binary) if config.explore
-                   else sage_router.check_loads_as_sage(paths[0], served, binary))
-        written = sage_router.read_manifest(dest)
-        sha256 = artifacts.file_sha256(paths[0])
-    context.log.info(f"SAGE router checkpoint {paths[0]}: {checked} decisions checked as SAGE makes them")
+    if res.warning:
+        context.log.warning(res.warning)
+    if not res.written:
+        return dg.MaterializeResult(metadata={"written": False, **({"removed": True} if res.removed else {}),
+                                              "deploy": res.deploy, "reason": res.reason,
+                                              **({"record": res.record} if res.record else {})})
+    written = res.manifest
     return dg.MaterializeResult(metadata={
-        "written": True, "kind": written["kind"], "path": dg.MetadataValue.path(str(paths[0])),
-        "manifest": dg.MetadataValue.path(str(paths[1])), "sha256": sha256,
-        "min_confidence": served.min_confidence, "roles": sorted(served.models),
-        "yaml_roles": list(written["yaml_roles"]), "source": manifest.get("source", "unknown"),
-        "deploy": (("explored around " if config.explore else "") + _deployed_label(note, manifest, promoted)),
+        "written": True, "kind": res.kind, "path": dg.MetadataValue.path(str(res.path)),
+        "manifest": dg.MetadataValue.path(str(res.manifest_path)), "sha256": res.sha256,
+        "min_confidence": res.min_confidence, "roles": res.roles,
+        "yaml_roles": list(written["yaml_roles"]), "source": res.source, "deploy": res.deploy,
         "sage_table": dg.MetadataValue.json({k: written["sage_table"][k] for k in ("path", "sha256", "routing_sha256",
                                                                                   "roles")}),
         "exploration": dg.MetadataValue.json(written.get("exploration", {})),
-        "agreement_on_eval_states": dg.MetadataValue.json(manifest.get("agreement_eval", {})),
-        "agreement_on_train_states": dg.MetadataValue.json(manifest.get("agreement", {})),
+        "agreement_on_eval_states": dg.MetadataValue.json(res.agreement_eval),
+        "agreement_on_train_states": dg.MetadataValue.json(res.agreement),
         "sage_env": dg.MetadataValue.md("Set in SAGE's environment:\n\n```bash\n" + "\n".join(
-            f"export {k}={v}" for k, v in written["sage_env"].items()) + "\n```\n\n" + RECORD.format(
+            f"export {k}={v}" for k, v in written["sage_env"].items()) + "\n```\n\n" + router_ckpt.RECORD.format(
             what="<this folder>", extra=" for its kept copy")),
-        "decisions_checked_as_sage": checked,
+        "decisions_checked_as_sage": res.decisions_checked,
         "roles_sage_never_consults": dg.MetadataValue.md(
             "none" if not written["roles_sage_never_consults"] else
             f"{', '.join(written['roles_sage_never_consults'])}: SAGE never asks the checkpoint for these roles "

@@ -251,3 +251,47 @@ def test_the_first_exploring_checkpoint_needs_no_logs(tmp_path):
                                                  ActionSpace.build(table).binary())
     p = pol.fallback_probs("debugger", 0.1, 1)  # YAML takes the fallback there; the checkpoint explores
     assert 0.5 < float(p[0]) < 1.0
+
+
+def test_the_nights_core_alone_never_reaches_the_routing_simulator(chain, tmp_path, monkeypatch):
+    """offline_eval's core (rl/offline_eval_night.py) called without dagster on a copy of this chain's root:
+    SAGE's journals are no simulator's data, so neither the model catalogue is read nor the routing simulator
+    built (each raises here), and the night reports what the asset reported."""
+    import shutil
+
+    from sage_pipeline.decisions import router as ledger_router
+    from sage_pipeline.rl import offline_eval as oe, offline_eval_night as oen, ope
+    from sage_pipeline.routing import catalogue, routing_simulator
+    from sage_pipeline.sage.table import RoutingTable
+
+    def refused(*args, **kwargs):
+        raise AssertionError("the routing simulator (or its catalogue) was reached for SAGE's journals")
+
+    monkeypatch.setattr(oe, "simulator_from_manifest", refused)
+    monkeypatch.setattr(routing_simulator.RoutingSimulator, "__init__", refused)
+    monkeypatch.setattr(catalogue.ModelCatalogue, "load", refused)
+    root, result = chain
+    copy = tmp_path / "root"
+    shutil.copytree(root, copy, symlinks=True)  # the links are relative: they resolve in the copy
+    cfg = ope.OPEConfig.model_validate(ope.OPESettings(n_boot=RUN["ops"]["offline_eval"]["config"]["n_boot"])
+                                       .model_dump(include=set(ope.OPEConfig.model_fields)))
+    settings = oen.OfflineEvalSettings(ope=cfg, gate=oe.PromotionGateConfig(),
+                                       router_gate=ledger_router.RouterGateConfig(), support="logged_pairs",
+                                       floor_selection="fqe", gate_mode="ledger", objective="task",
+                                       night=None)
+    said = []
+    night = oen.run_offline_eval_night(copy, RoutingTable.load(FIXTURE / "models.yaml"), copy / "no_catalogue.yaml",
+                                       settings, said.append)
+    ev = _metadata(result, "offline_eval")
+    assert night.ground_truth == ev["ground_truth"] == "none (not simulated data)"
+    assert list(night.reports) == ev["action_spaces"] and night.problems == []
+    assert night.report_path == copy / "reports" / "offline_eval.json"
+    assert (copy / "reports" / "offline_eval.png").is_file() and (night.gate_dir / "decision.json").is_file()
+    assert night.ledger is not None and night.ledger.path == copy / "decisions" / "ledger.json"
+    assert f"{night.objective['judged_on']}: {night.objective['why']}" == ev["objective"]
+    # the same dataset and checkpoints: the same reports as the asset's (the ledger's rows aside: a second run)
+    mine, theirs = (json.loads((r / "reports" / "offline_eval.json").read_text()) for r in (copy, root))
+    assert mine["multi_model"] == theirs["multi_model"]
+    assert mine["sage_binary"]["summary"] == theirs["sage_binary"]["summary"]
+    assert any(m.startswith("offline_eval judges task_v1") for m in said)
+    assert any(m.startswith("sage_binary: ") for m in said)
