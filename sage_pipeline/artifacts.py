@@ -779,9 +779,9 @@ def atomic_set(root: str | os.PathLike[str], name: str, members: Sequence[str],
 @contextlib.contextmanager
 def exclusive_set(root: str | os.PathLike[str], name: str, members: Sequence[str],
                   log: Any = None) -> Iterator[SetStage]:
-    """Write the asset ``name``'s files (``members``, relative to ``root``) as one set: one run at a
+    """Write the writer ``name``'s files (``members``, relative to ``root``) as one set: one run at a
     time (:func:`exclusive`), switched together (:func:`atomic_set`), so a kill at any moment leaves
-    one run's set whole."""
+    one run's set whole. ``log`` (a callable) is told when a run waits or sweeps."""
     with exclusive(root, name, log), atomic_set(root, name, members, log) as stage:
         yield stage
 

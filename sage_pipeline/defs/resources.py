@@ -49,7 +49,8 @@ class SageResource(dg.ConfigurableResource):
     def writing(self, name: str, members: Sequence[str], log: Callable[[str], None]) -> Iterator[artifacts.SetStage]:
         """Write the asset ``name``'s files (``members``, relative to the root) as one set:
         one run at a time (artifacts.exclusive), switched together (artifacts.atomic_set), so
-        a kill at any moment leaves one run's set whole."""
+        a kill at any moment leaves one run's set whole (``artifacts.exclusive_set``, which the
+        core calls itself where it writes an asset's set)."""
         with artifacts.exclusive_set(self.root(), name, members, log) as stage:
             yield stage
 

@@ -13,25 +13,22 @@ Thin on purpose: read config, call the pure core, write artifacts, return metada
 # types from the real annotations of asset functions.
 
 
-import json
 import os
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal
 
 import dagster as dg
-import pyarrow.parquet as pq
 from pydantic import Field
 
 from sage_pipeline import artifacts, markdown
 from sage_pipeline.defs.resources import SageResource
 from sage_pipeline.defs.sections import section, to_core
 from sage_pipeline.routing import collector, ingest, reward_report as rr, routing_dataset as rd, task_outcomes as to
-from sage_pipeline.routing.action_space import FILE_NAME as ACTION_SPACE_FILE
 from sage_pipeline.routing.reward import DatasetRewardSpec
 from sage_pipeline.routing.routing_simulator import OutcomeSpec, RoutingSimulator, SimulatorConfig
 from sage_pipeline.routing.schema import DATASET_COLUMNS, ROLES
-from sage_pipeline.sage import explore as sage_explore, week as W
+from sage_pipeline.sage import week as W
 from sage_pipeline.sage.objective import TaskObjective
 from sage_pipeline.sage_world.sage_week import WeekConfig
 
@@ -293,50 +290,23 @@ class RoutingDatasetConfig(dg.Config, rd.DatasetConfig):
                       "wrote none, from its agents' decision insights).")
 def routing_dataset(context: dg.AssetExecutionContext, config: RoutingDatasetConfig,
                     sage: SageResource) -> dg.MaterializeResult:
-    cfg = to_core(config, rd.DatasetConfig)  # the reward's other components: RewardSpec's (SAGE's)
-    outcomes_cfg = to_core(config.task_outcomes, to.TaskOutcomeConfig)
-    clock_file = sage.path(*SAGE_SESSIONS, JOURNAL_CLOCK)
-    if config.journal_clock and clock_file.is_file():
-        declared = json.loads(clock_file.read_text(encoding="utf-8")).get("clock_scale")
-        outcomes_cfg = to.TaskOutcomeConfig(**{**outcomes_cfg.model_dump(), "clock_scale": declared})
-        context.log.info(f"task outcomes: journal clock {declared:g} (declared by sage_week in {clock_file})")
-    members = [f"routing/{n}" for n in (rd.PARQUET_NAME, rd.JSONL_NAME, ACTION_SPACE_FILE, rd.BUILD_REPORT_NAME,
-                                         to.TASK_OUTCOMES_NAME)]
-    with sage.writing("routing_dataset", members, context.log.info) as stage:
-        files, space, built = rd.build_routing_dataset_files(
-            sage.path("routing", "trajectories.parquet"), sage.table, sage.catalogue, cfg, stage.path("routing"),
-            sage.path("routing", "routing_decisions.parquet"), sage.path("routing", "token_usage.parquet"),
-            price_source=str(sage.catalogue_path()), chunk_rows=config.chunk_rows,
-            propensity_of=sage_explore.propensity_reconstructor(sage.path(*sage_explore.DEPLOYMENTS_FILE),
-                                                                sage.path("routing", "routing_decisions.parquet")))
-        space.save(stage.path("routing", ACTION_SPACE_FILE))
-        artifacts.write_json(stage.path("routing", rd.BUILD_REPORT_NAME), built.to_dict())
-        tasks = to.task_outcome_files(sage.path("routing", "trajectories.parquet"),
-                                      sage.path("routing", "routing_decisions.parquet"),
-                                      sage.path("routing", "token_usage.parquet"),
-                                      stage.path("routing", to.TASK_OUTCOMES_NAME), outcomes_cfg,
-                                      agent_insights=sage.path("routing", ingest.AGENT_INSIGHTS_NAME))
-        df = rd.read_routing_dataset(files.parquet, ["role", "split", "episode_id", "session_id",
-                                                     "episode_complete", "propensity_source", "schema_version"])
-        schema = pq.read_schema(files.parquet)
-        parquet, jsonl = stage.public(files.parquet), stage.public(files.jsonl)
-    context.log.info(f"routing dataset: {len(df):,} decisions, {df['episode_id'].nunique():,} episodes; "
-                     f"{built.steps_derived:,} steps derived, {built.routing_decisions_joined:,} routing decisions "
-                     f"joined; roles left out (not in the table): {built.excluded_roles or 'none'}; decisions not "
-                     f"joined: {sum(built.not_joined.values()):,} ({built.not_joined or 'none'})")
-    dtypes = schema.empty_table().to_pandas().dtypes  # the frame's dtypes, from the file
-    per_role = df.groupby("role").size().reindex(list(space.roles), fill_value=0)
+    clock = sage.path(*SAGE_SESSIONS, JOURNAL_CLOCK) if config.journal_clock else None  # sage_week's, if there
+    run = rd.run_routing_dataset(  # the reward's other components: RewardSpec's (SAGE's)
+        sage.root(), sage.table, sage.catalogue, to_core(config, rd.DatasetConfig),
+        to_core(config.task_outcomes, to.TaskOutcomeConfig), price_source=str(sage.catalogue_path()),
+        chunk_rows=config.chunk_rows, journal_clock=clock, progress=context.log.info)
+    built = run.report
     return dg.MaterializeResult(metadata={
-        "dagster/row_count": len(df),
+        "dagster/row_count": run.rows,
         "dagster/column_schema": dg.TableSchema(columns=[
-            dg.TableColumn(c, str(dtypes[c]), description=d) for c, d in DATASET_COLUMNS.items()]),
-        "episodes": int(df["episode_id"].nunique()), "sessions": int(df["session_id"].nunique()),
-        "rows_per_role": dg.MetadataValue.json({r: int(n) for r, n in per_role.items()}),
-        "rows_per_split": dg.MetadataValue.json(df["split"].value_counts().to_dict()),
-        "incomplete_episodes": int((~df["episode_complete"]).groupby(df["episode_id"]).any().sum()),
-        "reward_version": cfg.reward.version, "schema_version": int(df["schema_version"].iat[0]),
-        "propensities_logged": float((df["propensity_source"] != "missing").mean()),
-        "propensity_source": dg.MetadataValue.json(df["propensity_source"].value_counts().to_dict()),
+            dg.TableColumn(c, run.column_types[c], description=d) for c, d in DATASET_COLUMNS.items()]),
+        "episodes": run.episodes, "sessions": run.sessions,
+        "rows_per_role": dg.MetadataValue.json(run.rows_per_role),
+        "rows_per_split": dg.MetadataValue.json(run.rows_per_split),
+        "incomplete_episodes": run.incomplete_episodes,
+        "reward_version": run.reward_version, "schema_version": run.schema_version,
+        "propensities_logged": run.propensities_logged,
+        "propensity_source": dg.MetadataValue.json(run.propensity_source),
         "propensity_unknown": dg.MetadataValue.md(markdown.table(
             [{"reason": k, "decisions": v} for k, v in built.propensity_unknown.items()])
             if built.propensity_unknown else "none"),
@@ -348,12 +318,12 @@ def routing_dataset(context: dg.AssetExecutionContext, config: RoutingDatasetCon
         "routing_decisions_without_row": dg.MetadataValue.md(markdown.table(
             [{"reason": k, "count": v} for k, v in built.routing_decisions_unused.items()])
             if built.routing_decisions_unused else "none"),
-        "action_space": dg.MetadataValue.json(space.describe()),
-        "journal_clock_scale": outcomes_cfg.clock_scale,
-        "tasks": tasks.report["tasks"], "tasks_verdict_unknown": tasks.report.get("tasks_unknown", 0),
-        "task_outcomes": dg.MetadataValue.md(to.summary_markdown(tasks)),
-        "path": dg.MetadataValue.path(str(parquet)), "jsonl": dg.MetadataValue.path(str(jsonl)),
-        "sha256": files.parquet_sha256,
+        "action_space": dg.MetadataValue.json(run.space.describe()),
+        "journal_clock_scale": run.clock_scale,
+        "tasks": run.tasks.report["tasks"], "tasks_verdict_unknown": run.tasks.report.get("tasks_unknown", 0),
+        "task_outcomes": dg.MetadataValue.md(to.summary_markdown(run.tasks)),
+        "path": dg.MetadataValue.path(str(run.parquet)), "jsonl": dg.MetadataValue.path(str(run.jsonl)),
+        "sha256": run.sha256,
     })
 
 

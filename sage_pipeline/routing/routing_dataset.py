@@ -25,7 +25,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import msgspec
 import numpy as np
@@ -36,11 +36,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sage_pipeline import artifacts
 from sage_pipeline.routing import ingest
-from sage_pipeline.routing.action_space import ActionSpace
+from sage_pipeline.routing.action_space import FILE_NAME as ACTION_SPACE_FILE, ActionSpace
 from sage_pipeline.routing.catalogue import ModelCatalogue
 from sage_pipeline.routing.reward import RewardSpec, apply_version, dataset_reward_spec, sage_composite_reward
 from sage_pipeline.routing.schema import DATASET_COLUMNS, SCHEMA_VERSION
 from sage_pipeline.sage.table import RoutingTable
+
+if TYPE_CHECKING:  # task_outcomes imports this module: run_routing_dataset imports it when it runs
+    from sage_pipeline.routing.task_outcomes import TaskOutcomeConfig, TaskOutcomes
 
 PARQUET_NAME = f"routing_v{SCHEMA_VERSION}.parquet"
 BUILD_REPORT_NAME = "build_report.json"  # BuildReport.to_dict(): joins, derivations and what was left out
@@ -999,3 +1002,95 @@ def read_routing_dataset(path: str | Path, columns: list[str] | tuple[str, ...] 
             raise ValueError(f"routing dataset {path} lacks columns {missing}: rematerialize routing_dataset")
         columns = list(dict.fromkeys(columns))
     return pq.read_table(path, columns=columns).to_pandas()
+
+
+# ---------------------------------------------------------------- the routing_dataset asset's work
+DIR = "routing"  # under the artifact root: the ingest's files (trajectories), the dataset's, the task outcomes
+SET_NAME = "routing_dataset"  # the set's name: <root>/.locks/routing_dataset.lock, <root>/.sets/routing_dataset/
+FRAME_COLUMNS = ("role", "split", "episode_id", "session_id", "episode_complete", "propensity_source",
+                 "schema_version")  # what the run's figures are read from
+
+
+@dataclass
+class RoutingDatasetRun:
+    """What :func:`run_routing_dataset` wrote (paths where they are read after the switch) and its figures."""
+
+    parquet: Path  # <root>/routing/routing_v1.parquet
+    jsonl: Path  # <root>/routing/routing_v1.jsonl
+    sha256: str  # the Parquet file's content hash
+    space: ActionSpace
+    report: BuildReport  # joins, derivations and what was left out (also build_report.json)
+    tasks: TaskOutcomes  # each `sage run` task's outcome and cost (task_outcomes.parquet)
+    clock_scale: float  # the task outcomes' journal clock: the one sage_week declared, else the config's
+    reward_version: str
+    rows: int
+    episodes: int
+    sessions: int
+    rows_per_role: dict[str, int]  # every role of the action space, 0 where it has no row
+    rows_per_split: dict[str, int]
+    incomplete_episodes: int
+    schema_version: int
+    propensities_logged: float  # share of rows whose propensity is known (logged or reconstructed)
+    propensity_source: dict[str, int]
+    column_types: dict[str, str]  # each column's dtype as the file reads back into pandas
+
+
+def run_routing_dataset(root: str | Path, table: RoutingTable, catalogue: ModelCatalogue, config: DatasetConfig,
+                        outcomes: TaskOutcomeConfig, *, price_source: str = "the model catalogue",
+                        chunk_rows: int = CHUNK_ROWS, journal_clock: str | Path | None = None,
+                        progress: Callable[[str], None] | None = None) -> RoutingDatasetRun:
+    """The ``routing_dataset`` asset's work, under the artifact root ``root``: the dataset
+    (:func:`build_routing_dataset_files` from the ingest's files in ``<root>/routing/``, each decision's
+    probability reconstructed from the deployments record, ``explore.DEPLOYMENTS_FILE``), its action space
+    and build report, and the task outcomes (under ``outcomes``, its clock replaced by the one
+    ``journal_clock``, a JSON file with ``clock_scale``, declares when that file exists), written as one
+    set (:func:`artifacts.exclusive_set`: one run at a time, switched together).
+
+    A missing ``trajectories.parquet`` is a FileNotFoundError naming it, before anything is written.
+    ``progress`` gets the journal clock used, a wait for another run, and the dataset's counts."""
+    from sage_pipeline.routing import task_outcomes as to  # here: task_outcomes imports this module
+    from sage_pipeline.sage import explore  # here: it loads joblib, which reading a dataset does not need
+
+    log = progress or (lambda _msg: None)
+    root = Path(root)
+    where = root / DIR
+    trajectories, decisions, tokens = (where / "trajectories.parquet", where / "routing_decisions.parquet",
+                                       where / "token_usage.parquet")
+    if not trajectories.is_file():
+        raise FileNotFoundError(f"no trajectories at {trajectories}: materialize trajectories first (it ingests "
+                                "SAGE's journals into routing/)")
+    if journal_clock is not None and Path(journal_clock).is_file():
+        declared = json.loads(Path(journal_clock).read_text(encoding="utf-8")).get("clock_scale")
+        outcomes = to.TaskOutcomeConfig(**{**outcomes.model_dump(), "clock_scale": declared})
+        log(f"task outcomes: journal clock {declared:g} (declared by sage_week in {journal_clock})")
+    members = [f"{DIR}/{n}" for n in (PARQUET_NAME, JSONL_NAME, ACTION_SPACE_FILE, BUILD_REPORT_NAME,
+                                      to.TASK_OUTCOMES_NAME)]
+    with artifacts.exclusive_set(root, SET_NAME, members, log) as stage:
+        files, space, built = build_routing_dataset_files(
+            trajectories, table, catalogue, config, stage.path(DIR), decisions, tokens, price_source=price_source,
+            chunk_rows=chunk_rows,
+            propensity_of=explore.propensity_reconstructor(root.joinpath(*explore.DEPLOYMENTS_FILE), decisions))
+        space.save(stage.path(DIR, ACTION_SPACE_FILE))
+        artifacts.write_json(stage.path(DIR, BUILD_REPORT_NAME), built.to_dict())
+        tasks = to.task_outcome_files(trajectories, decisions, tokens, stage.path(DIR, to.TASK_OUTCOMES_NAME),
+                                      outcomes, agent_insights=where / ingest.AGENT_INSIGHTS_NAME)
+        df = read_routing_dataset(files.parquet, list(FRAME_COLUMNS))
+        schema = pq.read_schema(files.parquet)
+        parquet, jsonl = stage.public(files.parquet), stage.public(files.jsonl)
+    log(f"routing dataset: {len(df):,} decisions, {df['episode_id'].nunique():,} episodes; "
+        f"{built.steps_derived:,} steps derived, {built.routing_decisions_joined:,} routing decisions "
+        f"joined; roles left out (not in the table): {built.excluded_roles or 'none'}; decisions not "
+        f"joined: {sum(built.not_joined.values()):,} ({built.not_joined or 'none'})")
+    dtypes = schema.empty_table().to_pandas().dtypes  # the frame's dtypes, from the file
+    per_role = df.groupby("role").size().reindex(list(space.roles), fill_value=0)
+    return RoutingDatasetRun(
+        parquet=parquet, jsonl=jsonl, sha256=files.parquet_sha256, space=space, report=built, tasks=tasks,
+        clock_scale=outcomes.clock_scale, reward_version=config.reward.version, rows=len(df),
+        episodes=int(df["episode_id"].nunique()), sessions=int(df["session_id"].nunique()),
+        rows_per_role={r: int(n) for r, n in per_role.items()},
+        rows_per_split=df["split"].value_counts().to_dict(),
+        incomplete_episodes=int((~df["episode_complete"]).groupby(df["episode_id"]).any().sum()),
+        schema_version=int(df["schema_version"].iat[0]),
+        propensities_logged=float((df["propensity_source"] != "missing").mean()),
+        propensity_source=df["propensity_source"].value_counts().to_dict(),
+        column_types={c: str(dtypes[c]) for c in DATASET_COLUMNS})

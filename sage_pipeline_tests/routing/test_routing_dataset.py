@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -569,3 +570,54 @@ def test_a_build_in_session_chunks_writes_the_same_files(tmp_path, catalogue, ta
     assert pq.read_schema(parts.parquet).metadata[b"sage.reward_spec"] == \
         pq.read_schema(whole.parquet).metadata[b"sage.reward_spec"]
     assert not list((tmp_path / "parts").glob(".*parts*"))      # the chunks' folder is gone
+
+
+SAGE_JOURNAL = Path(__file__).resolve().parent / "fixtures" / "sage_journal"  # SAGE's shape, its models.yaml
+
+
+def test_the_assets_work_writes_the_set_and_reports_its_figures(tmp_path):
+    """run_routing_dataset (the routing_dataset asset's work), called without Dagster on SAGE's journals
+    ingested into <root>/routing/: the dataset's files, the action space, the build report and the task
+    outcomes, at the paths readers know; the figures are the files'; the clock sage_week declares is used."""
+    from sage_pipeline import artifacts
+    from sage_pipeline.routing import task_outcomes as to
+    from sage_pipeline.routing.action_space import FILE_NAME
+    from sage_pipeline.routing.catalogue import SAGE_CATALOGUE, ModelCatalogue
+    from sage_pipeline.routing.routing_dataset import BUILD_REPORT_NAME, run_routing_dataset
+    from sage_pipeline.sage.table import RoutingTable
+
+    ing = ingest.ingest(ingest.IngestConfig([SAGE_JOURNAL / "memory" / "sessions"]), tmp_path / "routing",
+                        progress=lambda m: None)
+    assert ing.stats.quarantined == 0
+    clock = tmp_path / "journal_clock.json"
+    clock.write_text(json.dumps({"clock_scale": 4.0}))
+    said: list[str] = []
+    run = run_routing_dataset(tmp_path, RoutingTable.load(SAGE_JOURNAL / "models.yaml"),
+                              ModelCatalogue.load(SAGE_CATALOGUE), DatasetConfig(), to.TaskOutcomeConfig(),
+                              journal_clock=clock, progress=said.append)
+    out = tmp_path / "routing"
+    assert (run.parquet, run.jsonl) == (out / PARQUET_NAME, out / JSONL_NAME)
+    for name in (PARQUET_NAME, JSONL_NAME, FILE_NAME, BUILD_REPORT_NAME, to.TASK_OUTCOMES_NAME):
+        assert (out / name).is_file(), name
+    df = read_routing_dataset(run.parquet)
+    assert run.rows == len(df) > 0 and run.sha256 == artifacts.file_sha256(run.parquet)
+    assert (run.episodes, run.sessions) == (df["episode_id"].nunique(), df["session_id"].nunique())
+    assert set(run.rows_per_role) == set(run.space.roles) and sum(run.rows_per_role.values()) == run.rows
+    assert run.rows_per_split == df["split"].value_counts().to_dict()
+    assert run.schema_version == SCHEMA_VERSION and run.reward_version == DatasetConfig().reward.version
+    assert set(run.column_types) == set(DATASET_COLUMNS)
+    assert run.clock_scale == 4.0 and run.tasks.report["tasks"] == len(pd.read_parquet(out / to.TASK_OUTCOMES_NAME))
+    assert run.tasks.report["tasks"] > 0
+    assert json.loads((out / BUILD_REPORT_NAME).read_text()) == json.loads(json.dumps(run.report.to_dict()))
+    assert any(f"journal clock 4 (declared by sage_week in {clock})" in m for m in said)
+    assert any(m.startswith(f"routing dataset: {run.rows:,} decisions") for m in said)
+
+
+def test_the_assets_work_without_trajectories_names_the_file_and_writes_nothing(tmp_path, catalogue, table):
+    from sage_pipeline.routing import task_outcomes as to
+    from sage_pipeline.routing.routing_dataset import run_routing_dataset
+
+    with pytest.raises(FileNotFoundError, match="materialize trajectories first") as err:
+        run_routing_dataset(tmp_path, table, catalogue, DatasetConfig(), to.TaskOutcomeConfig())
+    assert str(tmp_path / "routing" / "trajectories.parquet") in str(err.value)
+    assert not list(tmp_path.iterdir())  # no lock, no set, no folder
