@@ -107,6 +107,7 @@ from sage_pipeline import artifacts, untrusted as ut
 from sage_pipeline.routing.ingest import SAGE_TEXT_LINES, IngestConfig, discover_logs, iter_blocks, journal_order
 from sage_pipeline.sage.table import ROLES
 from sage_pipeline.sim.runner import workspace_problem
+from sage_pipeline.sim.sandbox import SandboxConfig
 from sage_pipeline.sleep.records import (
     DEFAULT_SPLIT,
     Quarantined,
@@ -190,7 +191,8 @@ class SageHarvestConfig(BaseModel):
     max_file_bytes: int = Field(ut.DEFAULT_MAX_BYTES, ge=1, description="the largest test file or code file read "
                                 "from a workspace; a larger one is counted unsafe_tests_file / unsafe_code_file "
                                 "(too_large) and never read")
-    sandbox_workers: int = Field(1, ge=1, description="sandbox workers for validation")
+    sandbox_workers: int = Field(SandboxConfig.model_fields["workers"].default, ge=1,
+                                 description="sandbox workers for validation (default: the sandbox's own)")
     local_python: str | None = Field(None, min_length=1, description="sandbox 'local' only: the interpreter that runs "
                                      "SAGE's verification command (SAGE's own virtualenv's, which has what its tests "
                                      "import: FastAPI, httpx); null: the pipeline's own. Docker runs the image's")

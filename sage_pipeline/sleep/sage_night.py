@@ -119,6 +119,7 @@ from sage_pipeline import artifacts
 from sage_pipeline.decisions import skills as lever_skills
 from sage_pipeline.decisions.ledger import Candidate, Ledger, LedgerError
 from sage_pipeline.sage import skills as sk
+from sage_pipeline.sim.sandbox import SandboxConfig
 from sage_pipeline.sleep.backends import (
     BACKENDS,
     BackendError,
@@ -1245,7 +1246,9 @@ class SageSkillsSettings(BaseModel):
                                         "whatever you can (a hostile test can write files on this machine); only "
                                         "for a throwaway machine or code you trust (the model world's). The "
                                         "night's diagnostics say when it was used")
-    sandbox_workers: int = Field(1, ge=1, description="parallel sandbox workers")
+    sandbox_workers: int = Field(SandboxConfig.model_fields["workers"].default, ge=1,
+                                 description="parallel sandbox workers (default: the sandbox's own): the harvest's "
+                                 "validation and the replays' judge")
     harvest_days: int = Field(0, ge=0, description="harvest the runs of this many days before the night's end "
                               "(0: every run before it)")
     clock_scale: float = Field(1.0, gt=0, description="journal seconds per model second (1 for a real SAGE; the "
