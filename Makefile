@@ -1,6 +1,7 @@
 # The README's commands. Each target creates the virtualenv and installs what it needs.
 #   make run    materialize every asset on embedded defaults (DAGSTER_HOME=.dagster_home); SAGE_SRC=<a SAGE
 #               checkout>: a live SAGE day in the model world first, beside the shipped SAGE week
+#               RUN_ARGS=--cli: a `dagster asset materialize` command per step (CI), not one process
 #   make sage-week SAGE_SRC=<a SAGE checkout> [DAYS=5 RUNS=40]  remake the SAGE week make run learns from
 #   make test   run the test suite
 #   make test-fast  the tests that need no Docker, browser or database and take under a second each, 2 workers
@@ -61,7 +62,7 @@ SAGE_RUN_PY = if [ -n "$(SAGE_SRC)" ]; then SAGE_PYTHON=$$(scripts/sage_venv.sh 
 run: install
 	@mkdir -p $(DAGSTER_HOME)
 	@sim/setup_docker.sh || echo "No Docker sandbox here: the simulator runs the project's own generated tasks in unisolated local processes (see README)." >&2
-	@$(SAGE_RUN_PY); scripts/materialize_all.sh
+	@$(SAGE_RUN_PY); scripts/materialize_all.sh $(RUN_ARGS)
 	@echo "Done. Open the UI on these runs with: make dev"
 
 test: install sysdeps

@@ -70,6 +70,8 @@ _SLOW = (
     "rl/test_policy_iteration.py",
     "rl/test_ppo.py",
     "test_artifact_sets.py",
+    "test_materialize_all.py::test_a_step_in_process_is_a_dagster_run_and_a_failed_step_is_named",
+    "test_readme_path.py",  # the README's path to a deployed bundle, run as written
     "test_fault_injection.py",
     "ui/test_run_summary.py",
     "defs/test_run_monitoring.py::test_shipped_instance_enables_run_monitoring",

@@ -56,7 +56,6 @@ def test_cli_args_are_the_dagster_commands():
         "--select", "group:sleep_cycle", "--partition", "2026-11-01"]
 
 
-@pytest.mark.slow
 def test_a_step_in_process_is_a_dagster_run_and_a_failed_step_is_named(tmp_path):
     home, data = tmp_path / "home", tmp_path / "data"
     home.mkdir()
