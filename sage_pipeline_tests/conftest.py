@@ -72,6 +72,7 @@ _SLOW = (
     "test_artifact_sets.py",
     "test_materialize_all.py::test_a_step_in_process_is_a_dagster_run_and_a_failed_step_is_named",
     "test_readme_path.py",  # the README's path to a deployed bundle, run as written
+    "test_readme_commands.py::test_make_test_fast_selects_tests_and_leaves_out_the_slow_ones",  # a pytest collection
     "test_fault_injection.py",
     "ui/test_run_summary.py",
     "defs/test_run_monitoring.py::test_shipped_instance_enables_run_monitoring",
