@@ -80,3 +80,12 @@ def test_a_step_in_process_is_a_dagster_run_and_a_failed_step_is_named(tmp_path)
         assert [r.status for r in reversed(runs)] == [dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE]
         assert runs[0].tags.get("dagster/partition") == "shard-00"  # the tags the CLI gives a partition
         assert instance.fetch_materializations(dg.AssetKey(["decisions", "decision_ledger"]), limit=1).records
+
+
+def test_without_a_dagster_home_it_says_what_to_set(monkeypatch, tmp_path, capsys):
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    assert m.main([]) == 2
+    assert "DAGSTER_HOME='' is not a folder" in capsys.readouterr().err
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "missing"))
+    assert m.main(["--cli"]) == 2
+    assert "make run sets it to .dagster_home" in capsys.readouterr().err

@@ -111,6 +111,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cli", action="store_true",
                         help="one `dagster asset materialize` command per step (CI), not one process")
     args = parser.parse_args(argv)
+    home = os.environ.get("DAGSTER_HOME", "")
+    if not home or not os.path.isdir(home):
+        print(f"make run: DAGSTER_HOME={home!r} is not a folder: set it to the Dagster instance's folder (make run "
+              "sets it to .dagster_home and creates it)", file=sys.stderr)
+        return 2
     from sage_pipeline.defs import run_reaper
 
     # a run of this instance killed earlier (kill -9, a closed laptop) would hold its pool slot and leave the
