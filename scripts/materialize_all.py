@@ -41,7 +41,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 MODULE = "sage_pipeline.definitions"
-LEFT_OUT = ("closed_loop", "sage_in_the_loop", "decisions", "routing_demo")  # groups not in step 1
 
 
 @dataclass(frozen=True)
@@ -62,11 +61,14 @@ class Step:
 
 def steps(nights: int) -> list[Step]:
     """The five steps, in lineage order; ``nights`` sleep-cycle nights (partition keys from the shipped week)."""
+    from run_summary import ON_DEMAND  # scripts/run_summary.py: the groups make run leaves out
+
     from sage_pipeline.defs.sim_assets import SHARDS
     from sage_pipeline.defs.sleep_assets import default_nights
 
+    # step 1: neither the later steps' assets nor the groups run on demand
     first = " and ".join(["not key:sandbox_rollouts", "not key:ppo_policy", "not group:sleep_cycle",
-                          *(f"not group:{g}" for g in LEFT_OUT)])
+                          "not group:decisions", *(f"not group:{g}" for g in ON_DEMAND)])
     keys = SHARDS.get_partition_keys()
     shards = f"{keys[0]}...{keys[-1]}"
     out = [Step("1/5 unpartitioned assets", first),
